@@ -1,0 +1,87 @@
+/* Private declarations of the core: allocation, checked arithmetic, error helpers, layout
+ * internals and the backend wrappers. Nothing here is part of the public API. */
+#ifndef TPF_INTERNAL_H
+#define TPF_INTERNAL_H
+
+#include "tpflex/tpflex_backend.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define TPF_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Propagate a non-OK status. */
+#define TPF_CHECK(expr)                                                                            \
+  do {                                                                                             \
+    tpf_status tpf_check_rc_ = (expr);                                                             \
+    if (tpf_check_rc_ != TPF_OK)                                                                   \
+      return tpf_check_rc_;                                                                        \
+  } while (0)
+
+/* Store a non-OK status in rc and jump to the cleanup label. */
+#define TPF_CHECK_GOTO(expr, rc, label)                                                            \
+  do {                                                                                             \
+    (rc) = (expr);                                                                                 \
+    if ((rc) != TPF_OK)                                                                            \
+      goto label;                                                                                  \
+  } while (0)
+
+/* Return `code` with a detail message when `cond` holds. */
+#define TPF_RETURN_IF(cond, code, ...)                                                             \
+  do {                                                                                             \
+    if (cond)                                                                                      \
+      return tpf_set_error((code), __VA_ARGS__);                                                   \
+  } while (0)
+
+/* ---- alloc.c: hookable allocator with live accounting and a test-only failure budget ---- */
+void *tpf__malloc(size_t n);
+void *tpf__calloc(size_t count, size_t n);
+void *tpf__realloc(void *p, size_t n);
+void tpf__free(void *p);
+char *tpf__strdup(const char *s);
+/* Test hooks: allocations currently live, and a budget after which every allocation fails
+ * (-1 = unlimited). Thread-safe (C11 atomics). */
+long tpf__alloc_live_count(void);
+void tpf__alloc_set_budget(long allocations_left);
+
+/* ---- checked arithmetic: true on success, *out untouched on overflow ---- */
+static inline bool tpf__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  if (a > UINT64_MAX - b)
+    return false;
+  *out = a + b;
+  return true;
+}
+static inline bool tpf__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
+  if (a != 0 && b > UINT64_MAX / a)
+    return false;
+  *out = a * b;
+  return true;
+}
+static inline bool tpf__mul3_u64(uint64_t a, uint64_t b, uint64_t c, uint64_t *out) {
+  uint64_t ab;
+  return tpf__mul_u64(a, b, &ab) && tpf__mul_u64(ab, c, out);
+}
+
+/* ---- status.c ---- */
+/* Clears the calling thread's detail. */
+void tpf__clear_error(void);
+
+/* ---- layout.c ---- */
+/* tpf_layout_check with an explicit alignment (the backend's); 0 means 1. */
+tpf_status tpf__layout_check_align(const tpf_layout_desc *d, uint64_t align_bytes);
+/* The split count a descriptor resolves to (num_splits, or its default). d must be valid. */
+int tpf__layout_splits(const tpf_layout_desc *d);
+/* True for fp8 dtypes (quantized communicators). */
+bool tpf__dtype_quantized(tpf_dtype t);
+
+/* ---- backend.c: the only call path from the core into a backend ---- */
+tpf_status tpf__be_validate(const tpf_backend *be);
+tpf_status tpf__be_reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                              void **local);
+tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg);
+tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
+tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
+tpf_status tpf__be_sync(tpf_backend *be, void *stream);
+
+#endif /* TPF_INTERNAL_H */

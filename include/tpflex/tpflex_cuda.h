@@ -1,0 +1,43 @@
+/* tpflex CUDA backend: registrations through cudaMalloc + CUDA IPC (or direct pointers for ranks
+ * in one process), copy-engine ring exchange with stream-ordered flags, cuBLASLt GEMMs and
+ * reduction kernels. Built when TPF_WITH_CUDA is ON (AUTO: when a CUDA compiler is found). */
+#ifndef TPFLEX_CUDA_H
+#define TPFLEX_CUDA_H
+
+#include "tpflex.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How the ranks of a group find each other. allgather: every rank contributes bytes_per_rank
+ * bytes from send; recv receives tp_size * bytes_per_rank bytes in rank order. */
+typedef struct {
+  int tp_size, rank, device; /* P, r, the CUDA device this rank uses */
+  tpf_status (*allgather)(void *ctx, const void *send, void *recv, size_t bytes_per_rank);
+  tpf_status (*barrier)(void *ctx);
+  void *ctx;
+} tpf_bootstrap;
+
+/* Creates this rank's backend (collective over the bootstrap group). */
+tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out);
+tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
+
+/* In-process ranks (threads, possibly several on one GPU): one group object shared by the
+ * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
+typedef struct tpf_cuda_threads tpf_cuda_threads;
+tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out);
+tpf_status tpf_cuda_threads_bootstrap(tpf_cuda_threads *g, int rank, int device,
+                                      tpf_bootstrap *out);
+tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g);
+
+/* Bootstrap over an existing NCCL communicator (ncclComm_t passed as void *), one process per
+ * rank; `device` is the rank's CUDA device. The returned bootstrap's ctx is owned by the caller
+ * and freed with tpf_cuda_nccl_bootstrap_free. */
+tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out);
+void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPFLEX_CUDA_H */
