@@ -1,0 +1,51 @@
+/* The only call path from the core into a backend (SQLite's sqlite3OsXxx): argument checks,
+ * defaults for optional ops, and the place to hang tracing. Backends translate their foreign
+ * errors themselves and record the detail with tpf_set_error before returning. */
+#include "internal.h"
+
+tpf_status tpf__be_validate(const tpf_backend *be) {
+  TPF_RETURN_IF(!be, TPF_EINVAL, "backend is NULL");
+  TPF_RETURN_IF(!be->ops, TPF_EINVAL, "backend has no ops table");
+  const tpf_backend_ops *o = be->ops;
+  TPF_RETURN_IF(o->abi_version != TPF_BACKEND_ABI_VERSION, TPF_EUNSUPPORTED,
+                "backend '%s' has ABI version %d, this core speaks %d", o->name ? o->name : "?",
+                o->abi_version, TPF_BACKEND_ABI_VERSION);
+  TPF_RETURN_IF(!o->reg_create || !o->reg_destroy || !o->execute || !o->sync, TPF_EINVAL,
+                "backend '%s' lacks a required op (reg_create, reg_destroy, execute, sync)",
+                o->name ? o->name : "?");
+  int max_ranks = o->max_ranks > 0 ? o->max_ranks : TPF_MAX_RANKS;
+  TPF_RETURN_IF(be->tp_size < 1 || be->tp_size > max_ranks, TPF_EINVAL,
+                "backend '%s' tp_size %d outside 1..%d", o->name ? o->name : "?", be->tp_size,
+                max_ranks);
+  TPF_RETURN_IF(be->rank < 0 || be->rank >= be->tp_size, TPF_EINVAL,
+                "backend '%s' rank %d outside 0..%d", o->name ? o->name : "?", be->rank,
+                be->tp_size - 1);
+  return TPF_OK;
+}
+
+tpf_status tpf__be_reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                              void **local) {
+  TPF_RETURN_IF(bytes == 0, TPF_EINVAL, "registration of 0 bytes for '%s'", name);
+  return be->ops->reg_create(be, name, bytes, reg, local);
+}
+
+tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg) {
+  return be->ops->reg_destroy(be, reg);
+}
+
+tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes) {
+  /* Optional op: a backend without a canary has nothing to do on a shape change. */
+  if (!be->ops->reg_activate)
+    return TPF_OK;
+  return be->ops->reg_activate(be, reg, active_bytes);
+}
+
+tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream) {
+  TPF_RETURN_IF(!a->sched || a->sched->nsteps < 1, TPF_EINVAL, "empty schedule for '%s'",
+                a->comm_name);
+  return be->ops->execute(be, reg, a, stream);
+}
+
+tpf_status tpf__be_sync(tpf_backend *be, void *stream) {
+  return be->ops->sync(be, stream);
+}

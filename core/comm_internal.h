@@ -1,0 +1,26 @@
+/* The communicator object, shared by comm.c and manager.c. */
+#ifndef TPF_COMM_INTERNAL_H
+#define TPF_COMM_INTERNAL_H
+
+#include "internal.h"
+
+struct tpf_comm {
+  tpf_backend *be;       /* the rank's backend */
+  tpf_comm_config cfg;   /* as created; cfg.name points to name */
+  char *name;            /* owned copy of the name */
+  tpf_shape active;      /* active shape; == capacity until the first set */
+  uint64_t epoch;        /* successful set_active_shape calls */
+  uint64_t seq;          /* operations handed to the backend (the flag sequence number) */
+  uint64_t ops;          /* operations attempted on the backend */
+  tpf_status failed;     /* TPF_OK, or the status that made it refuse further work */
+  tpf_reg *reg;          /* backend registration */
+  void *base;            /* this rank's registered data */
+  uint64_t reg_bytes;    /* registered (capacity) bytes */
+};
+
+/* Validates `active` for c without changing anything; yields the active layout's bytes. */
+tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *active_bytes);
+/* Commits a shape that tpf__comm_check_shape accepted. */
+tpf_status tpf__comm_apply_shape(tpf_comm *c, tpf_shape active, uint64_t active_bytes);
+
+#endif

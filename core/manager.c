@@ -1,0 +1,135 @@
+/* The manager: named communicators of one TP group that share one active shape.
+ *
+ * tpf_manager_set_active_shape is all-or-nothing: every eligible communicator (unquantized, not
+ * external) is validated first, and only when all accept the shape is it applied. Should a
+ * backend refuse while applying (it must not, but a fault-injecting backend may), the
+ * communicators already changed are put back to their previous shapes. */
+#include "comm_internal.h"
+
+#include <string.h>
+
+struct tpf_manager {
+  tpf_backend *be;   /* shared by every communicator */
+  tpf_comm **comms;  /* in creation order */
+  int count;         /* communicators */
+  int cap;           /* allocated entries of comms */
+};
+
+tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out) {
+  TPF_RETURN_IF(!out, TPF_EINVAL, "tpf_manager_create: out is NULL");
+  TPF_CHECK(tpf__be_validate(be));
+  tpf_manager *m = tpf__calloc(1, sizeof *m);
+  TPF_RETURN_IF(!m, TPF_ENOMEM, "cannot allocate the manager");
+  m->be = be;
+  *out = m;
+  return TPF_OK;
+}
+
+static tpf_comm *find(const tpf_manager *m, const char *name) {
+  for (int i = 0; i < m->count; i++)
+    if (strcmp(m->comms[i]->cfg.name, name) == 0)
+      return m->comms[i];
+  return NULL;
+}
+
+tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out) {
+  TPF_RETURN_IF(!m || !cfg, TPF_EINVAL, "tpf_manager_add: NULL argument");
+  TPF_RETURN_IF(cfg->name && find(m, cfg->name), TPF_EINVAL,
+                "the manager already has a communicator named '%s'", cfg->name);
+  if (m->count == m->cap) {
+    int cap = m->cap ? 2 * m->cap : 8;
+    tpf_comm **grown = tpf__realloc(m->comms, (size_t)cap * sizeof *grown);
+    TPF_RETURN_IF(!grown, TPF_ENOMEM, "cannot grow the manager to %d communicators", cap);
+    m->comms = grown;
+    m->cap = cap;
+  }
+  tpf_comm *c = NULL;
+  TPF_CHECK(tpf_comm_create(m->be, cfg, &c));
+  m->comms[m->count++] = c;
+  if (out)
+    *out = c;
+  return TPF_OK;
+}
+
+tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out) {
+  TPF_RETURN_IF(!m || !name || !out, TPF_EINVAL, "tpf_manager_get: NULL argument");
+  tpf_comm *c = find(m, name);
+  TPF_RETURN_IF(!c, TPF_EINVAL, "the manager has no communicator named '%s'", name);
+  *out = c;
+  return TPF_OK;
+}
+
+int tpf_manager_count(const tpf_manager *m) {
+  return m ? m->count : 0;
+}
+
+tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out) {
+  TPF_RETURN_IF(!m || !out, TPF_EINVAL, "tpf_manager_at: NULL argument");
+  TPF_RETURN_IF(i < 0 || i >= m->count, TPF_EINVAL, "communicator index %d outside 0..%d", i,
+                m->count - 1);
+  *out = m->comms[i];
+  return TPF_OK;
+}
+
+static bool eligible(const tpf_comm *c) {
+  return !tpf__dtype_quantized(c->cfg.dtype) && !c->cfg.external;
+}
+
+tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
+  TPF_RETURN_IF(!m, TPF_EINVAL, "tpf_manager_set_active_shape: manager is NULL");
+  if (m->count == 0)
+    return TPF_OK;
+  uint64_t *bytes = tpf__calloc((size_t)m->count, sizeof *bytes);
+  tpf_shape *old = tpf__calloc((size_t)m->count, sizeof *old);
+  tpf_status rc = TPF_OK;
+  if (!bytes || !old) {
+    rc = tpf_set_error(TPF_ENOMEM, "cannot allocate %d entries for a manager shape change",
+                       m->count);
+    goto out;
+  }
+  /* Phase 1: validate all; nothing changes on failure. */
+  for (int i = 0; i < m->count; i++) {
+    if (eligible(m->comms[i]))
+      TPF_CHECK_GOTO(tpf__comm_check_shape(m->comms[i], active, &bytes[i]), rc, out);
+  }
+  /* Phase 2: apply; roll back on the (unexpected) failure of a backend. */
+  for (int i = 0; i < m->count; i++) {
+    tpf_comm *c = m->comms[i];
+    old[i] = c->active;
+    if (!eligible(c))
+      continue;
+    rc = tpf__comm_apply_shape(c, active, bytes[i]);
+    if (rc != TPF_OK) {
+      for (int j = i - 1; j >= 0; j--) {
+        tpf_comm *u = m->comms[j];
+        if (!eligible(u))
+          continue;
+        uint64_t ob = 0;
+        if (tpf__comm_check_shape(u, old[j], &ob) == TPF_OK &&
+            tpf__be_reg_activate(u->be, u->reg, ob) == TPF_OK) {
+          u->active = old[j];
+          u->epoch--;
+        }
+      }
+      goto out;
+    }
+  }
+out:
+  tpf__free(old);
+  tpf__free(bytes);
+  return rc;
+}
+
+tpf_status tpf_manager_destroy(tpf_manager *m) {
+  TPF_RETURN_IF(!m, TPF_EINVAL, "tpf_manager_destroy: manager is NULL");
+  tpf_status rc = TPF_OK;
+  /* Reverse creation order, so registrations unwind as they were made on every rank. */
+  for (int i = m->count - 1; i >= 0; i--) {
+    tpf_status r = tpf_comm_destroy(m->comms[i]);
+    if (rc == TPF_OK)
+      rc = r;
+  }
+  tpf__free(m->comms);
+  tpf__free(m);
+  return rc;
+}

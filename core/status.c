@@ -1,0 +1,53 @@
+/* Status names, meanings and the thread-local failure detail. The three tables come from
+ * TPF_STATUS_MAP so they cannot drift from the enum. */
+#include "internal.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+
+/* The detail of the last failure on this thread. Thread-local, so ranks running as threads
+ * (simulator, in-process CUDA) never see each other's messages. */
+static _Thread_local char tpf_last_error_buf[512];
+
+const char *tpf_status_name(tpf_status s) {
+  switch (s) {
+#define TPF_STATUS_NAME_(name, value, text)                                                        \
+  case TPF_##name:                                                                                 \
+    return "TPF_" #name;
+    TPF_STATUS_MAP(TPF_STATUS_NAME_)
+#undef TPF_STATUS_NAME_
+  case TPF_STATUS_COUNT:
+    break;
+  }
+  return "TPF_UNKNOWN";
+}
+
+const char *tpf_strerror(tpf_status s) {
+  switch (s) {
+#define TPF_STATUS_TEXT_(name, value, text)                                                        \
+  case TPF_##name:                                                                                 \
+    return text;
+    TPF_STATUS_MAP(TPF_STATUS_TEXT_)
+#undef TPF_STATUS_TEXT_
+  case TPF_STATUS_COUNT:
+    break;
+  }
+  return "unknown status";
+}
+
+const char *tpf_last_error(void) {
+  return tpf_last_error_buf;
+}
+
+void tpf__clear_error(void) {
+  tpf_last_error_buf[0] = '\0';
+}
+
+tpf_status tpf_set_error(tpf_status s, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  /* vsnprintf formats into memory only; the core does no I/O. */
+  (void)vsnprintf(tpf_last_error_buf, sizeof tpf_last_error_buf, fmt, ap);
+  va_end(ap);
+  return s;
+}

@@ -1,0 +1,50 @@
+/* The one header tests include for CMocka (CMocka 2.0 changed its API; this is the only place
+ * that knows). Also pulls in the public and internal headers and the mock backend. */
+#ifndef TPF_TEST_H
+#define TPF_TEST_H
+
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "internal.h"
+#include "tpflex/tpflex.h"
+#include "tpflex/tpflex_backend.h"
+
+/* Asserts a status, printing both names and the detail on failure. */
+#define TPF_ASSERT_STATUS(expr, want)                                                              \
+  do {                                                                                             \
+    tpf_status tpf_got_ = (expr);                                                                  \
+    if (tpf_got_ != (want))                                                                        \
+      fail_msg("%s returned %s, expected %s (detail: %s)", #expr, tpf_status_name(tpf_got_),       \
+               tpf_status_name(want), tpf_last_error());                                           \
+  } while (0)
+#define TPF_ASSERT_OK(expr) TPF_ASSERT_STATUS(expr, TPF_OK)
+
+/* ---- mock_backend.c: a host-memory backend that records calls and executes nothing ---- */
+typedef struct {
+  tpf_backend hdr;          /* core-visible header */
+  int reg_live;             /* registrations alive */
+  int reg_total;            /* registrations ever made */
+  int activations;          /* reg_activate calls */
+  int executions;           /* execute calls */
+  uint64_t last_active_bytes;
+  uint64_t last_seq;
+  tpf_schedule last_sched;  /* header fields of the last executed schedule (steps = NULL) */
+  tpf_status fail_execute;  /* returned by execute when not TPF_OK */
+  tpf_status fail_activate; /* returned by reg_activate when not TPF_OK */
+  int fail_activate_at;      /* only the activation with this index fails (-1: every one) */
+  int activate_calls;       /* reg_activate calls, failed ones included */
+  int fail_reg_after;       /* reg_create fails once reg_total reaches it (-1: never) */
+} tpf_mock_backend;
+
+void tpf_mock_init(tpf_mock_backend *m, int tp_size, int rank);
+extern const tpf_backend_ops tpf_mock_ops;
+
+#endif

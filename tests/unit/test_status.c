@@ -1,0 +1,69 @@
+/* Status names, meanings and the thread-local detail. */
+#include "tpf_test.h"
+
+static void test_status__names_and_texts_cover_the_enum(void **state) {
+  (void)state;
+  for (int s = 0; s < TPF_STATUS_COUNT; s++) {
+    const char *n = tpf_status_name((tpf_status)s);
+    assert_non_null(n);
+    assert_true(strncmp(n, "TPF_", 4) == 0);
+    assert_string_not_equal(n, "TPF_UNKNOWN");
+    assert_true(strlen(tpf_strerror((tpf_status)s)) > 5);
+  }
+  assert_string_equal(tpf_status_name(TPF_ECAPACITY), "TPF_ECAPACITY");
+  assert_string_equal(tpf_status_name(TPF_OK), "TPF_OK");
+  assert_string_equal(tpf_status_name((tpf_status)999), "TPF_UNKNOWN");
+  assert_string_equal(tpf_strerror((tpf_status)-1), "unknown status");
+  assert_int_equal(TPF_EBACKEND, 12); /* values are never renumbered */
+}
+
+static void test_status__detail_is_recorded_and_cleared(void **state) {
+  (void)state;
+  assert_int_equal(tpf_set_error(TPF_ECAPACITY, "active rows %d exceed capacity %d", 4100, 4096),
+                   TPF_ECAPACITY);
+  assert_string_equal(tpf_last_error(), "active rows 4100 exceed capacity 4096");
+  tpf__clear_error();
+  assert_string_equal(tpf_last_error(), "");
+}
+
+static void test_status__dtype_conversions_round_trip(void **state) {
+  (void)state;
+  const float vals[] = {0.0f, 1.0f, -2.5f, 0.15625f, 1000.0f, -0.0009765625f};
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(vals); i++) {
+    unsigned char buf[4];
+    tpf_float_to_elem(TPF_BF16, vals[i], buf);
+    assert_float_equal(tpf_elem_to_float(TPF_BF16, buf), vals[i], 1e-6);
+    tpf_float_to_elem(TPF_FP16, vals[i], buf);
+    assert_float_equal(tpf_elem_to_float(TPF_FP16, buf), vals[i], 1e-6);
+    tpf_float_to_elem(TPF_FP32, vals[i], buf);
+    assert_float_equal(tpf_elem_to_float(TPF_FP32, buf), vals[i], 0.0);
+  }
+  /* Round to nearest even: 1 + 2^-8 is halfway between two bf16 values; even mantissa wins. */
+  unsigned char b[2];
+  tpf_float_to_elem(TPF_BF16, 1.00390625f, b);
+  assert_float_equal(tpf_elem_to_float(TPF_BF16, b), 1.0f, 0.0);
+  tpf_float_to_elem(TPF_FP16, 70000.0f, b);
+  assert_true(tpf_elem_to_float(TPF_FP16, b) > 65504.0f); /* overflow to +Inf */
+  tpf_float_to_elem(TPF_FP8_E4M3, 1000.0f, b);
+  assert_float_equal(tpf_elem_to_float(TPF_FP8_E4M3, b), 448.0f, 0.0); /* saturates */
+  tpf_float_to_elem(TPF_FP8_E5M2, -3.0f, b);
+  assert_float_equal(tpf_elem_to_float(TPF_FP8_E5M2, b), -3.0f, 0.0);
+}
+
+static void test_status__allocator_hooks_need_all_four(void **state) {
+  (void)state;
+  TPF_ASSERT_STATUS(tpf_set_allocator(malloc, NULL, NULL, NULL), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "calloc=NULL"));
+  TPF_ASSERT_OK(tpf_set_allocator(malloc, calloc, realloc, free));
+  TPF_ASSERT_OK(tpf_set_allocator(NULL, NULL, NULL, NULL));
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_status__names_and_texts_cover_the_enum),
+      cmocka_unit_test(test_status__detail_is_recorded_and_cleared),
+      cmocka_unit_test(test_status__dtype_conversions_round_trip),
+      cmocka_unit_test(test_status__allocator_hooks_need_all_four),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}

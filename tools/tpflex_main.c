@@ -1,0 +1,42 @@
+/* tpflex: the command-line tool. Subcommands: plan (layout and schedule), demo (the main job:
+ * packed-sequence microbatches through one fixed-capacity manager), bench (benchmarks). */
+#include "cmds.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "tpflex/tpflex.h"
+
+static void usage(FILE *f) {
+  fprintf(f, "usage: tpflex <command> [options]\n"
+             "  plan   print the registered bytes, active layout and schedule of one operation\n"
+             "  demo   run packed-sequence microbatches of varying T through one manager\n"
+             "  bench  benchmark set_active_shape, dynamic vs padded, chunking and overlap\n"
+             "  version\n"
+             "`tpflex <command> --help` describes each command's options.\n");
+}
+
+int main(int argc, char **argv) {
+  if (argc < 2) {
+    usage(stderr);
+    return 2;
+  }
+  const char *cmd = argv[1];
+  if (strcmp(cmd, "plan") == 0)
+    return tpf_cmd_plan(argc - 1, argv + 1);
+  if (strcmp(cmd, "demo") == 0)
+    return tpf_cmd_demo(argc - 1, argv + 1);
+  if (strcmp(cmd, "bench") == 0)
+    return tpf_cmd_bench(argc - 1, argv + 1);
+  if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+    printf("tpflex %d.%d.%d\n", TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH);
+    return 0;
+  }
+  if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
+    usage(stdout);
+    return 0;
+  }
+  fprintf(stderr, "tpflex: unknown command '%s'\n", cmd);
+  usage(stderr);
+  return 2;
+}
