@@ -182,19 +182,26 @@ static tpf_status compute_sizes(const tpf_layout_desc *d, const char *what, uint
   return TPF_OK;
 }
 
-static tpf_status check_align(const tpf_layout_desc *d, const char *what, const shape_sizes *z,
+/* Chunk sizes of both shapes first, then the pipeline block sizes, so that a misaligned active
+ * chunk is reported as such whatever the algorithm. */
+static tpf_status check_align(const tpf_layout_desc *d, const shape_sizes *c, const shape_sizes *a,
                               uint64_t align) {
-  TPF_RETURN_IF(z->chunk_bytes % align != 0, TPF_EALIGN,
-                "%s chunk bytes %llu (%llu rows) not a multiple of the %llu-byte alignment", what,
-                (ull)z->chunk_bytes, (ull)z->chunk_rows, (ull)align);
-  if (d->algo == TPF_ALGO_PIPELINE) {
-    TPF_RETURN_IF(z->block_bytes % align != 0, TPF_EALIGN,
-                  "%s pipeline block bytes %llu not a multiple of the %llu-byte alignment", what,
-                  (ull)z->block_bytes, (ull)align);
-    TPF_RETURN_IF(z->part_bytes % align != 0, TPF_EALIGN,
+  const shape_sizes *z[2] = {c, a};
+  const char *what[2] = {"capacity", "active"};
+  for (int i = 0; i < 2; i++)
+    TPF_RETURN_IF(z[i]->chunk_bytes % align != 0, TPF_EALIGN,
+                  "%s chunk bytes %llu (%llu rows) not a multiple of the %llu-byte alignment",
+                  what[i], (ull)z[i]->chunk_bytes, (ull)z[i]->chunk_rows, (ull)align);
+  if (d->algo != TPF_ALGO_PIPELINE)
+    return TPF_OK;
+  for (int i = 0; i < 2; i++) {
+    TPF_RETURN_IF(z[i]->block_bytes % align != 0, TPF_EALIGN,
+                  "%s pipeline block bytes %llu not a multiple of the %llu-byte alignment",
+                  what[i], (ull)z[i]->block_bytes, (ull)align);
+    TPF_RETURN_IF(z[i]->part_bytes % align != 0, TPF_EALIGN,
                   "%s pipeline per-rank block offset %llu bytes not a multiple of the %llu-byte "
                   "alignment",
-                  what, (ull)z->part_bytes, (ull)align);
+                  what[i], (ull)z[i]->part_bytes, (ull)align);
   }
   return TPF_OK;
 }
@@ -230,8 +237,7 @@ static tpf_status validate(const tpf_layout_desc *d, uint64_t align, shape_sizes
   TPF_CHECK(compute_sizes(d, "capacity", d->capacity.rows, &c));
   TPF_CHECK(compute_sizes(d, "active", d->active.rows, &a));
 
-  TPF_CHECK(check_align(d, "capacity", &c, align));
-  TPF_CHECK(check_align(d, "active", &a, align));
+  TPF_CHECK(check_align(d, &c, &a, align));
 
   TPF_RETURN_IF(tpf__dtype_quantized(d->dtype) && d->active.rows != d->capacity.rows,
                 TPF_EUNSUPPORTED,
