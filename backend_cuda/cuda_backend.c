@@ -1,0 +1,813 @@
+/* The CUDA backend: creation over a bootstrap, registration at capacity, and execution of the
+ * core's schedules on CUDA streams.
+ *
+ * Method. Each rank's backend owns TPF_NUM_STREAMS non-blocking streams (compute 0..2 at normal
+ * priority, send and receive at the highest). An operation forks them from the caller's stream
+ * (one event recorded there, waited on by every stream the schedule uses), enqueues its steps in
+ * schedule order on the step's stream, records a pooled event after every step that a step on
+ * another stream depends on and makes that stream wait on it, and finally joins every used
+ * stream back into the caller's stream. Nothing waits on the host: execute only enqueues.
+ *
+ * Step mapping:
+ *   HANDSHAKE   1-thread kernel: ready word into every peer, wait for every peer's, compare rows.
+ *   GEMM        cuBLASLt (cuda_gemm.c); PIPELINE and BULK leave comm_ctas SMs to the collective.
+ *   SEND        RING: cudaMemcpyAsync into the peer's registration (copy engine, no SMs), BULK:
+ *               a copy kernel of at most comm_ctas CTAs; then a 1-thread kernel that stores seq
+ *               into the peer's flag [me][tag] (one store per message).
+ *   RECV        1-thread kernel waiting until my flag [peer][tag] >= seq.
+ *   BARRIER     1-thread kernel: store seq into every peer's flag [me][tag], wait for all.
+ *   REDUCE /    vectorised fp32-accumulating kernel with at most comm_ctas CTAs; PEER_REDUCE
+ *   PEER_REDUCE reads the peers' registrations through their mapped pointers.
+ *
+ * Failures. Device-side waits are bounded (timeout_ns, %globaltimer). The first failing wait
+ * writes a code into a host-mapped status area; every later kernel of the backend sees it and
+ * returns without touching memory, and the host reports it (TPF_EMISMATCH or TPF_ETIMEOUT) at the
+ * next execute or sync; sync clears it. Known limitation: copy-engine transfers cannot observe the
+ * code, so the cudaMemcpyAsync of a RING SEND still runs after a failed handshake, with this
+ * rank's offsets and sizes (always inside the peer's registration, since both are bounded by the
+ * capacity the core validated). A peer whose operation failed may therefore find its buffer
+ * overwritten; the reliability work replaces this with a host-side agreement check.
+ *
+ * Registration. One cudaMalloc per communicator holds data, flags and ready words (layout in
+ * cuda_internal.h), zeroed before the bootstrap exchange so no peer can see stale flags. Peers in
+ * this process use the raw pointer (with peer access enabled when the devices differ); peers in
+ * other processes open a CUDA IPC handle, through a process-wide reference-counted cache because
+ * several ranks of one process may import the same allocation.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cuda_internal.h"
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#define TPF_CUDA_DEFAULT_TIMEOUT_MS 30000u
+#define TPF_CUDA_DEFAULT_COMM_CTAS 16
+#define TPF_CUDA_WORKSPACE_BYTES (32ull << 20)
+#define TPF_CUDA_DATA_ALIGN 256ull
+
+typedef struct {
+  uint64_t proc_token; /* identifies the process (host and pid) */
+  int32_t device;      /* CUDA ordinal in that process */
+  int32_t rank;
+} tpf_cuda_peer_info;
+
+typedef struct {
+  uint64_t base;        /* the owner's device pointer (valid in the owner's process) */
+  uint64_t alloc_bytes; /* whole allocation */
+  uint64_t data_bytes;  /* registered data bytes */
+  cudaIpcMemHandle_t handle;
+  int32_t has_handle;
+  int32_t rank;
+} tpf_cuda_reg_info;
+
+struct tpf_reg {
+  char name[64];
+  uint64_t data_bytes, alloc_bytes, flags_off, ready_off;
+  char *base;                           /* my allocation */
+  char *peer_base[TPF_MAX_RANKS];       /* each rank's allocation, mapped in my context */
+  bool peer_ipc[TPF_MAX_RANKS];         /* imported through CUDA IPC (closed at destroy) */
+};
+
+typedef struct {
+  tpf_backend base;
+  tpf_bootstrap boot;
+  int device;
+  int num_sms;
+  int comm_ctas;
+  int compute_streams; /* distinct compute streams (TPF_CUDA_COMPUTE_STREAMS may lower it) */
+  uint64_t timeout_ns;
+  cudaStream_t streams[TPF_NUM_STREAMS];
+  cudaEvent_t fork_ev;
+  cudaEvent_t join_ev[TPF_NUM_STREAMS];
+  cudaEvent_t *step_ev; /* pool, one per step of the longest schedule so far */
+  int nstep_ev;
+  uint8_t *need_ev; /* scratch: step needs an event */
+  int nneed_ev;
+  tpf_cuda_status *status_host; /* mapped pinned memory */
+  tpf_cuda_status *status_dev;  /* its device pointer */
+  unsigned int *claim_dev;      /* device word guarding the status area */
+  tpf_cuda_gemm *gemm;
+  tpf_cuda_peer_info peers[TPF_MAX_RANKS];
+} tpf_cuda_backend;
+
+tpf_status tpf_cuda__err(cudaError_t e, const char *what) {
+  return tpf_set_error(TPF_EBACKEND, "CUDA %s failed: %s (%s)", what, cudaGetErrorString(e),
+                       cudaGetErrorName(e));
+}
+
+#define TPF_CUDA_TRY(call, what)                                                                   \
+  do {                                                                                             \
+    cudaError_t tpf_cuda_e_ = (call);                                                              \
+    if (tpf_cuda_e_ != cudaSuccess)                                                                \
+      return tpf_cuda__err(tpf_cuda_e_, what);                                                     \
+  } while (0)
+
+static tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) { return (tpf_cuda_backend *)be; }
+
+static uint64_t tpf_cuda__env_u64(const char *name, uint64_t dflt) {
+  const char *v = getenv(name);
+  if (v == NULL || *v == '\0')
+    return dflt;
+  char *end = NULL;
+  unsigned long long x = strtoull(v, &end, 10);
+  return (end != NULL && *end == '\0') ? (uint64_t)x : dflt;
+}
+
+/* Host name hash and pid: equal exactly for ranks of one process (fork gives a new pid). */
+static uint64_t tpf_cuda__proc_token(void) {
+  char host[256];
+  memset(host, 0, sizeof(host));
+  if (gethostname(host, sizeof(host) - 1) != 0)
+    host[0] = '\0';
+  uint64_t h = 1469598103934665603ull;
+  for (const char *p = host; *p; p++)
+    h = (h ^ (unsigned char)*p) * 1099511628211ull;
+  return (h << 20) ^ (uint64_t)getpid();
+}
+
+/* ---- process-wide cache of imported IPC allocations ---- */
+
+typedef struct tpf_cuda_ipc_entry {
+  struct tpf_cuda_ipc_entry *next;
+  cudaIpcMemHandle_t handle;
+  int device; /* importing device */
+  void *ptr;
+  int refs;
+} tpf_cuda_ipc_entry;
+
+static pthread_mutex_t tpf_cuda__ipc_mu = PTHREAD_MUTEX_INITIALIZER;
+static tpf_cuda_ipc_entry *tpf_cuda__ipc_list;
+
+static tpf_status tpf_cuda__ipc_open(const cudaIpcMemHandle_t *h, int device, void **out) {
+  tpf_status rc = TPF_OK;
+  pthread_mutex_lock(&tpf_cuda__ipc_mu);
+  for (tpf_cuda_ipc_entry *e = tpf_cuda__ipc_list; e != NULL; e = e->next) {
+    if (e->device == device && memcmp(&e->handle, h, sizeof(*h)) == 0) {
+      e->refs++;
+      *out = e->ptr;
+      pthread_mutex_unlock(&tpf_cuda__ipc_mu);
+      return TPF_OK;
+    }
+  }
+  tpf_cuda_ipc_entry *e = tpf__calloc(1, sizeof(*e));
+  if (e == NULL) {
+    rc = tpf_set_error(TPF_ENOMEM, "cannot allocate an IPC cache entry");
+    goto out;
+  }
+  cudaError_t ce = cudaIpcOpenMemHandle(&e->ptr, *h, cudaIpcMemLazyEnablePeerAccess);
+  if (ce != cudaSuccess) {
+    tpf__free(e);
+    rc = tpf_cuda__err(ce, "cudaIpcOpenMemHandle");
+    goto out;
+  }
+  e->handle = *h;
+  e->device = device;
+  e->refs = 1;
+  e->next = tpf_cuda__ipc_list;
+  tpf_cuda__ipc_list = e;
+  *out = e->ptr;
+out:
+  pthread_mutex_unlock(&tpf_cuda__ipc_mu);
+  return rc;
+}
+
+static void tpf_cuda__ipc_close(void *ptr) {
+  pthread_mutex_lock(&tpf_cuda__ipc_mu);
+  for (tpf_cuda_ipc_entry **pp = &tpf_cuda__ipc_list; *pp != NULL; pp = &(*pp)->next) {
+    tpf_cuda_ipc_entry *e = *pp;
+    if (e->ptr != ptr)
+      continue;
+    if (--e->refs == 0) {
+      *pp = e->next;
+      cudaIpcCloseMemHandle(e->ptr);
+      tpf__free(e);
+    }
+    break;
+  }
+  pthread_mutex_unlock(&tpf_cuda__ipc_mu);
+}
+
+/* ---- status area ---- */
+
+/* Reads the device-side status; on a failure fills the detail and returns its status. Does not
+ * clear it. */
+static tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
+  const uint32_t code = b->status_host->code;
+  if (code == TPF_CUDA_DEV_OK)
+    return TPF_OK;
+  const tpf_cuda_status *st = b->status_host;
+  const char *kind = tpf_step_kind_name((int)st->kind);
+  if (code == TPF_CUDA_DEV_MISMATCH)
+    return tpf_set_error(TPF_EMISMATCH,
+                         "rank %d, operation %llu: active rows %llu here but %llu on rank %d "
+                         "(detected by the handshake before any byte moved on this rank)",
+                         b->base.rank, (unsigned long long)st->seq, (unsigned long long)st->mine,
+                         (unsigned long long)st->theirs, (int)st->peer);
+  return tpf_set_error(TPF_ETIMEOUT,
+                       "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
+                       "(wanted %llu, saw %llu)",
+                       b->base.rank, (unsigned long long)st->seq, kind ? kind : "?", (int)st->peer,
+                       (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
+                       (unsigned long long)st->mine, (unsigned long long)st->theirs);
+}
+
+/* Clears the status after everything that could write it has finished. */
+static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b) {
+  cudaStream_t s = b->streams[TPF_STREAM_SEND];
+  TPF_CUDA_TRY(cudaMemsetAsync(b->claim_dev, 0, sizeof(unsigned int), s), "cudaMemsetAsync");
+  TPF_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+  b->status_host->code = TPF_CUDA_DEV_OK;
+  return TPF_OK;
+}
+
+/* ---- backend lifetime ---- */
+
+static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t bytes,
+                                       tpf_reg **reg, void **local);
+static tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *reg);
+static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a,
+                                    void *stream);
+static tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
+
+static const tpf_backend_ops tpf_cuda__ops = {
+    .abi_version = TPF_BACKEND_ABI_VERSION,
+    .name = "cuda",
+    .caps = TPF_BE_CAP_ASYNC,
+    .align_bytes = 16,
+    .max_ranks = TPF_MAX_RANKS,
+    .reg_create = tpf_cuda__reg_create,
+    .reg_destroy = tpf_cuda__reg_destroy,
+    .reg_activate = NULL, /* a shape change needs no device work at all */
+    .execute = tpf_cuda__execute,
+    .sync = tpf_cuda__sync,
+};
+
+static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
+  cudaSetDevice(b->device);
+  for (int i = 0; i < TPF_NUM_STREAMS; i++)
+    if (b->streams[i] != NULL)
+      cudaStreamSynchronize(b->streams[i]);
+  for (int i = 0; i < b->nstep_ev; i++)
+    cudaEventDestroy(b->step_ev[i]);
+  tpf__free(b->step_ev);
+  tpf__free(b->need_ev);
+  for (int i = 0; i < TPF_NUM_STREAMS; i++) {
+    if (b->join_ev[i] != NULL)
+      cudaEventDestroy(b->join_ev[i]);
+    if (b->streams[i] != NULL && (i < b->compute_streams || i >= TPF_STREAM_SEND))
+      cudaStreamDestroy(b->streams[i]);
+  }
+  if (b->fork_ev != NULL)
+    cudaEventDestroy(b->fork_ev);
+  tpf_cuda__gemm_destroy(b->gemm);
+  if (b->claim_dev != NULL)
+    cudaFree(b->claim_dev);
+  if (b->status_host != NULL)
+    cudaFreeHost(b->status_host);
+  tpf__free(b);
+}
+
+static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
+  const tpf_bootstrap *boot = &b->boot;
+  TPF_CUDA_TRY(cudaSetDevice(boot->device), "cudaSetDevice");
+  TPF_CUDA_TRY(cudaDeviceGetAttribute(&b->num_sms, cudaDevAttrMultiProcessorCount, boot->device),
+               "cudaDeviceGetAttribute(multiProcessorCount)");
+  /* Who is where: decides direct pointers versus CUDA IPC at registration. */
+  tpf_cuda_peer_info me;
+  memset(&me, 0, sizeof(me));
+  me.proc_token = tpf_cuda__proc_token();
+  me.device = boot->device;
+  me.rank = boot->rank;
+  TPF_CHECK(boot->allgather(boot->ctx, &me, b->peers, sizeof(me)));
+  for (int q = 0; q < boot->tp_size; q++)
+    TPF_RETURN_IF(b->peers[q].rank != q, TPF_EINVAL,
+                  "bootstrap allgather put rank %d's record in slot %d", (int)b->peers[q].rank,
+                  q);
+  /* Hardware queues: CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (default 8) per
+   * process and device. Streams that share a queue are ordered behind each other, so a spinning
+   * wait could block the very signal it waits for. When several ranks of this process share the
+   * device, use fewer compute streams so that every rank's streams (and its caller's) get queues of
+   * their own where possible; aliased compute streams keep every dependency, only GEMM overlap is
+   * lost. TPF_CUDA_COMPUTE_STREAMS overrides. */
+  int sharing = 0;
+  for (int q = 0; q < boot->tp_size; q++)
+    sharing += b->peers[q].proc_token == me.proc_token && b->peers[q].device == boot->device;
+  if (getenv("TPF_CUDA_COMPUTE_STREAMS") == NULL && sharing > 1) {
+    const int conns = (int)tpf_cuda__env_u64("CUDA_DEVICE_MAX_CONNECTIONS", 8);
+    int per_rank = conns / sharing - 3; /* send, recv and the caller's stream */
+    b->compute_streams = per_rank < 1 ? 1 : per_rank > b->compute_streams ? b->compute_streams
+                                                                          : per_rank;
+  }
+  int lo = 0, hi = 0;
+  TPF_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
+  for (int i = 0; i < b->compute_streams; i++)
+    TPF_CUDA_TRY(cudaStreamCreateWithPriority(&b->streams[i], cudaStreamNonBlocking, lo),
+                 "cudaStreamCreateWithPriority(compute)");
+  /* Fewer distinct compute streams alias the rest onto stream 0 (see above). */
+  for (int i = b->compute_streams; i < TPF_MAX_COMPUTE_STREAMS; i++)
+    b->streams[i] = b->streams[0];
+  TPF_CUDA_TRY(cudaStreamCreateWithPriority(&b->streams[TPF_STREAM_SEND], cudaStreamNonBlocking,
+                                            hi),
+               "cudaStreamCreateWithPriority(send)");
+  TPF_CUDA_TRY(cudaStreamCreateWithPriority(&b->streams[TPF_STREAM_RECV], cudaStreamNonBlocking,
+                                            hi),
+               "cudaStreamCreateWithPriority(recv)");
+  TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->fork_ev, cudaEventDisableTiming), "cudaEventCreate");
+  for (int i = 0; i < TPF_NUM_STREAMS; i++)
+    TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->join_ev[i], cudaEventDisableTiming),
+                 "cudaEventCreate");
+  void *host = NULL;
+  TPF_CUDA_TRY(cudaHostAlloc(&host, sizeof(tpf_cuda_status), cudaHostAllocMapped),
+               "cudaHostAlloc(status)");
+  b->status_host = host;
+  memset(host, 0, sizeof(tpf_cuda_status));
+  void *dev = NULL;
+  TPF_CUDA_TRY(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
+  b->status_dev = dev;
+  void *claim = NULL;
+  TPF_CUDA_TRY(cudaMalloc(&claim, sizeof(unsigned int)), "cudaMalloc(claim)");
+  b->claim_dev = claim;
+  TPF_CUDA_TRY(cudaMemsetAsync(claim, 0, sizeof(unsigned int), b->streams[TPF_STREAM_SEND]),
+               "cudaMemsetAsync");
+  TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[TPF_STREAM_SEND]), "cudaStreamSynchronize");
+  TPF_CHECK(tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
+                                  tpf_cuda__env_u64("TPF_CUDA_WORKSPACE_BYTES",
+                                                    TPF_CUDA_WORKSPACE_BYTES),
+                                  &b->gemm));
+  return boot->barrier(boot->ctx);
+}
+
+tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out) {
+  TPF_RETURN_IF(boot == NULL || out == NULL, TPF_EINVAL, "tpf_cuda_backend_create: NULL argument");
+  TPF_RETURN_IF(boot->tp_size < 1 || boot->tp_size > TPF_MAX_RANKS, TPF_EINVAL,
+                "tp_size %d outside 1..%d", boot->tp_size, TPF_MAX_RANKS);
+  TPF_RETURN_IF(boot->rank < 0 || boot->rank >= boot->tp_size, TPF_EINVAL,
+                "rank %d outside 0..%d", boot->rank, boot->tp_size - 1);
+  TPF_RETURN_IF(boot->allgather == NULL || boot->barrier == NULL, TPF_EINVAL,
+                "bootstrap lacks allgather or barrier");
+  TPF_RETURN_IF(boot->device < 0, TPF_EINVAL, "device %d is negative", boot->device);
+  tpf_cuda_backend *b = tpf__calloc(1, sizeof(*b));
+  TPF_RETURN_IF(b == NULL, TPF_ENOMEM, "cannot allocate the CUDA backend");
+  b->base.ops = &tpf_cuda__ops;
+  b->base.tp_size = boot->tp_size;
+  b->base.rank = boot->rank;
+  b->boot = *boot;
+  b->device = boot->device;
+  b->timeout_ns =
+      tpf_cuda__env_u64("TPF_CUDA_TIMEOUT_MS", TPF_CUDA_DEFAULT_TIMEOUT_MS) * 1000000ull;
+  uint64_t ctas = tpf_cuda__env_u64("TPF_CUDA_COMM_CTAS", TPF_CUDA_DEFAULT_COMM_CTAS);
+  b->comm_ctas = (int)(ctas < 1 ? 1 : ctas > 1024 ? 1024 : ctas);
+  uint64_t ncs = tpf_cuda__env_u64("TPF_CUDA_COMPUTE_STREAMS", TPF_MAX_COMPUTE_STREAMS);
+  b->compute_streams = (int)(ncs < 1 ? 1 : ncs > TPF_MAX_COMPUTE_STREAMS ? TPF_MAX_COMPUTE_STREAMS
+                                                                         : ncs);
+  tpf_status rc = tpf_cuda__backend_init(b);
+  if (rc != TPF_OK) {
+    tpf_cuda__backend_free(b);
+    return rc;
+  }
+  *out = &b->base;
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_backend_destroy(tpf_backend *be) {
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops, TPF_EINVAL,
+                "tpf_cuda_backend_destroy: not a CUDA backend");
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  tpf_status rc = tpf_cuda__sync(be, NULL);
+  tpf_cuda__backend_free(b);
+  return rc;
+}
+
+tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms) {
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops, TPF_EINVAL,
+                "tpf_cuda_backend_set_timeout: not a CUDA backend");
+  TPF_RETURN_IF(timeout_ms == 0, TPF_EINVAL, "timeout of 0 ms");
+  tpf_cuda__of(be)->timeout_ns = (uint64_t)timeout_ms * 1000000ull;
+  return TPF_OK;
+}
+
+/* ---- registration ---- */
+
+static uint64_t tpf_cuda__round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+
+static tpf_status tpf_cuda__reg_map_peers(tpf_cuda_backend *b, tpf_reg *r,
+                                          const tpf_cuda_reg_info *infos) {
+  const int P = b->base.tp_size, me = b->base.rank;
+  for (int q = 0; q < P; q++) {
+    const tpf_cuda_reg_info *in = &infos[q];
+    TPF_RETURN_IF(in->data_bytes != r->data_bytes, TPF_EMISMATCH,
+                  "registration '%s': rank %d registers %llu bytes, rank %d %llu", r->name, me,
+                  (unsigned long long)r->data_bytes, q, (unsigned long long)in->data_bytes);
+    if (q == me) {
+      r->peer_base[q] = r->base;
+      continue;
+    }
+    const tpf_cuda_peer_info *pi = &b->peers[q];
+    if (pi->proc_token == b->peers[me].proc_token) {
+      if (pi->device != b->device) {
+        int can = 0;
+        TPF_CUDA_TRY(cudaDeviceCanAccessPeer(&can, b->device, pi->device),
+                     "cudaDeviceCanAccessPeer");
+        TPF_RETURN_IF(!can, TPF_EUNSUPPORTED,
+                      "device %d cannot access peer device %d (rank %d); NCCL transport for "
+                      "such peers is not implemented",
+                      b->device, pi->device, q);
+        cudaError_t e = cudaDeviceEnablePeerAccess(pi->device, 0);
+        if (e == cudaErrorPeerAccessAlreadyEnabled)
+          (void)cudaGetLastError();
+        else if (e != cudaSuccess)
+          return tpf_cuda__err(e, "cudaDeviceEnablePeerAccess");
+      }
+      r->peer_base[q] = (char *)(uintptr_t)in->base;
+    } else {
+      TPF_RETURN_IF(!in->has_handle, TPF_EBACKEND, "rank %d exported no IPC handle for '%s'", q,
+                    r->name);
+      void *p = NULL;
+      TPF_CHECK(tpf_cuda__ipc_open(&in->handle, b->device, &p));
+      r->peer_base[q] = p;
+      r->peer_ipc[q] = true;
+    }
+  }
+  return TPF_OK;
+}
+
+static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
+  for (int q = 0; q < b->base.tp_size; q++)
+    if (r->peer_ipc[q])
+      tpf_cuda__ipc_close(r->peer_base[q]);
+  if (r->base != NULL)
+    cudaFree(r->base);
+  tpf__free(r);
+}
+
+static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t bytes,
+                                       tpf_reg **reg, void **local) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  const int P = be->tp_size, me = be->rank;
+  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
+  tpf_reg *r = tpf__calloc(1, sizeof(*r));
+  TPF_RETURN_IF(r == NULL, TPF_ENOMEM, "cannot allocate registration '%s'", name);
+  snprintf(r->name, sizeof(r->name), "%s", name ? name : "?");
+  r->data_bytes = bytes;
+  r->flags_off = tpf_cuda__round_up(bytes, TPF_CUDA_DATA_ALIGN);
+  r->ready_off = r->flags_off + (uint64_t)P * TPF_MAX_TAGS * sizeof(uint64_t);
+  r->alloc_bytes = r->ready_off + (uint64_t)P * sizeof(uint64_t);
+  tpf_status rc = TPF_OK;
+  tpf_cuda_reg_info *infos = tpf__calloc((size_t)P, sizeof(*infos));
+  if (infos == NULL) {
+    rc = tpf_set_error(TPF_ENOMEM, "cannot allocate registration exchange for '%s'", name);
+    goto fail;
+  }
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, r->alloc_bytes);
+  if (e != cudaSuccess) {
+    rc = e == cudaErrorMemoryAllocation
+             ? tpf_set_error(TPF_ENOMEM, "cudaMalloc of %llu bytes for '%s' failed: %s",
+                             (unsigned long long)r->alloc_bytes, r->name, cudaGetErrorString(e))
+             : tpf_cuda__err(e, "cudaMalloc(registration)");
+    goto fail;
+  }
+  r->base = p;
+  /* Zero data and flags before any peer learns the address. */
+  cudaStream_t s = b->streams[TPF_STREAM_SEND];
+  e = cudaMemsetAsync(r->base, 0, r->alloc_bytes, s);
+  if (e == cudaSuccess)
+    e = cudaStreamSynchronize(s);
+  if (e != cudaSuccess) {
+    rc = tpf_cuda__err(e, "cudaMemsetAsync(registration)");
+    goto fail;
+  }
+  tpf_cuda_reg_info mine;
+  memset(&mine, 0, sizeof(mine));
+  mine.base = (uint64_t)(uintptr_t)r->base;
+  mine.alloc_bytes = r->alloc_bytes;
+  mine.data_bytes = r->data_bytes;
+  mine.rank = me;
+  bool remote = false;
+  for (int q = 0; q < P; q++)
+    remote = remote || b->peers[q].proc_token != b->peers[me].proc_token;
+  if (remote) {
+    e = cudaIpcGetMemHandle(&mine.handle, r->base);
+    if (e != cudaSuccess) {
+      rc = tpf_cuda__err(e, "cudaIpcGetMemHandle");
+      goto fail;
+    }
+    mine.has_handle = 1;
+  }
+  TPF_CHECK_GOTO(b->boot.allgather(b->boot.ctx, &mine, infos, sizeof(mine)), rc, fail);
+  TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
+  tpf__free(infos);
+  *reg = r;
+  *local = r->base;
+  return TPF_OK;
+fail:
+  tpf__free(infos);
+  tpf_cuda__reg_free(b, r);
+  return rc;
+}
+
+static tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *r) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  TPF_RETURN_IF(r == NULL, TPF_EINVAL, "registration is NULL");
+  cudaSetDevice(b->device);
+  tpf_status rc = tpf_cuda__sync(be, NULL);
+  /* No peer may still read or write this memory: importers unmap first, then everyone waits for
+   * everyone before the owner frees. */
+  for (int q = 0; q < be->tp_size; q++) {
+    if (r->peer_ipc[q]) {
+      tpf_cuda__ipc_close(r->peer_base[q]);
+      r->peer_ipc[q] = false;
+    }
+  }
+  tpf_status rc2 = b->boot.barrier(b->boot.ctx);
+  tpf_cuda__reg_free(b, r);
+  return rc != TPF_OK ? rc : rc2;
+}
+
+/* ---- execution ---- */
+
+static uint64_t *tpf_cuda__flags(const tpf_reg *r, int owner) {
+  return (uint64_t *)(r->peer_base[owner] + r->flags_off);
+}
+static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner) {
+  return (uint64_t *)(r->peer_base[owner] + r->ready_off);
+}
+
+/* A resolved operand: pointer to element (row, col), leading dimension, dtype. */
+typedef struct {
+  char *ptr;
+  uint64_t ld;
+  tpf_dtype dtype;
+} tpf_cuda_view;
+
+static tpf_status tpf_cuda__resolve(const tpf_reg *r, const tpf_exec_args *a, const tpf_mref *m,
+                                    int owner, tpf_cuda_view *out) {
+  const tpf_matrix *um = NULL;
+  switch (m->id) {
+  case TPF_MAT_BUF: {
+    const tpf_dtype dt = a->sched->dtype;
+    const uint64_t e = tpf_dtype_size(dt);
+    out->ptr = r->peer_base[owner] + m->off_bytes + (m->row * m->ld + m->col) * e;
+    out->ld = m->ld;
+    out->dtype = dt;
+    return TPF_OK;
+  }
+  case TPF_MAT_X:
+    um = &a->x;
+    break;
+  case TPF_MAT_W:
+    um = &a->w;
+    break;
+  case TPF_MAT_D:
+    um = &a->d;
+    break;
+  default:
+    return tpf_set_error(TPF_EINVAL, "'%s': step operand id %d is not a matrix", a->comm_name,
+                         (int)m->id);
+  }
+  TPF_RETURN_IF(um->ptr == NULL, TPF_EINVAL, "'%s': the schedule uses operand %d, which is NULL",
+                a->comm_name, (int)m->id);
+  const uint64_t ld = m->ld != 0 ? m->ld : um->ld;
+  out->ptr = (char *)um->ptr + (m->row * ld + m->col) * tpf_dtype_size(um->dtype);
+  out->ld = ld;
+  out->dtype = um->dtype;
+  return TPF_OK;
+}
+
+static void tpf_cuda__flag_init(tpf_cuda_backend *b, const tpf_exec_args *a, tpf_step_kind kind,
+                                uint32_t tag, tpf_cuda_flag_args *f) {
+  memset(f, 0, sizeof(*f));
+  f->status = b->status_dev;
+  f->claim = b->claim_dev;
+  f->timeout_ns = b->timeout_ns;
+  f->seq = a->seq;
+  f->store_value = a->seq;
+  f->wait_value = a->seq;
+  f->nranks = b->base.tp_size;
+  f->kind = (uint32_t)kind;
+  f->tag = tag;
+}
+
+static tpf_status tpf_cuda__launch_flags_checked(const tpf_cuda_flag_args *f, cudaStream_t s) {
+  TPF_CUDA_TRY(tpf_cuda__launch_flags(f, s), "flag kernel launch");
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                 const tpf_step *st, cudaStream_t s) {
+  const tpf_schedule *sc = a->sched;
+  const int P = b->base.tp_size, me = b->base.rank;
+  const bool collective_kernels = sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE;
+  tpf_cuda_flag_args f;
+  switch (st->kind) {
+  case TPF_STEP_HANDSHAKE:
+    if (P == 1)
+      return TPF_OK;
+    tpf_cuda__flag_init(b, a, TPF_STEP_HANDSHAKE, 0, &f);
+    f.handshake = 1;
+    f.store_value = TPF_READY_WORD(a->seq, sc->rows);
+    f.wait_value = a->seq & 0xFFFFFFull;
+    f.rows = sc->rows & ((1ull << TPF_READY_ROWS_BITS) - 1);
+    for (int q = 0; q < P; q++) {
+      if (q == me)
+        continue;
+      f.remote[q] = tpf_cuda__ready(r, q) + me;
+      f.local[q] = tpf_cuda__ready(r, me) + q;
+    }
+    return tpf_cuda__launch_flags_checked(&f, s);
+  case TPF_STEP_GEMM: {
+    tpf_cuda_view va, vw, vd;
+    TPF_CHECK(tpf_cuda__resolve(r, a, &st->a, me, &va));
+    TPF_CHECK(tpf_cuda__resolve(r, a, &st->w, me, &vw));
+    TPF_CHECK(tpf_cuda__resolve(r, a, &st->d, me, &vd));
+    int sm_target = 0;
+    if (collective_kernels && b->num_sms > b->comm_ctas)
+      sm_target = b->num_sms - b->comm_ctas;
+    const int ws = st->stream < TPF_MAX_COMPUTE_STREAMS ? (int)st->stream : 0;
+    return tpf_cuda__gemm_run(b->gemm, va.ptr, va.dtype, va.ld, vw.ptr, vw.dtype, vw.ld, vd.ptr,
+                              vd.dtype, vd.ld, st->m, st->n, st->k, sm_target, ws, s);
+  }
+  case TPF_STEP_SEND: {
+    TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
+                  TPF_EINVAL, "'%s': SEND to peer %d tag %u", a->comm_name, (int)st->peer,
+                  (unsigned)st->tag);
+    char *dst = r->peer_base[st->peer] + st->dst_off;
+    const char *src = r->base + st->src_off;
+    if (sc->algo == TPF_ALGO_BULK) {
+      TPF_CUDA_TRY(tpf_cuda__launch_copy(dst, src, st->bytes, b->status_dev, b->comm_ctas, s),
+                   "copy kernel launch");
+    } else {
+      /* Copy engine: no SMs. Runs even after a failed handshake (see the file comment). */
+      TPF_CUDA_TRY(cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s),
+                   "cudaMemcpyAsync(send)");
+    }
+    tpf_cuda__flag_init(b, a, TPF_STEP_SEND, st->tag, &f);
+    f.remote[st->peer] = tpf_cuda__flags(r, st->peer) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
+    return tpf_cuda__launch_flags_checked(&f, s);
+  }
+  case TPF_STEP_RECV:
+    TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
+                  TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
+                  (unsigned)st->tag);
+    tpf_cuda__flag_init(b, a, TPF_STEP_RECV, st->tag, &f);
+    f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
+    return tpf_cuda__launch_flags_checked(&f, s);
+  case TPF_STEP_BARRIER:
+    if (P == 1)
+      return TPF_OK;
+    TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
+                  (unsigned)st->tag);
+    tpf_cuda__flag_init(b, a, TPF_STEP_BARRIER, st->tag, &f);
+    for (int q = 0; q < P; q++) {
+      if (q == me)
+        continue;
+      f.remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
+      f.local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
+    }
+    return tpf_cuda__launch_flags_checked(&f, s);
+  case TPF_STEP_REDUCE:
+  case TPF_STEP_PEER_REDUCE: {
+    TPF_RETURN_IF(st->count < 1 || st->count > (uint32_t)TPF_MAX_RANKS ||
+                      (st->kind == TPF_STEP_PEER_REDUCE && st->count > (uint32_t)P),
+                  TPF_EINVAL, "'%s': reduction over %u views", a->comm_name, (unsigned)st->count);
+    tpf_cuda_reduce_args ra;
+    memset(&ra, 0, sizeof(ra));
+    tpf_cuda_view vd;
+    TPF_CHECK(tpf_cuda__resolve(r, a, &st->d, me, &vd));
+    for (uint32_t t = 0; t < st->count; t++) {
+      tpf_cuda_view va;
+      if (st->kind == TPF_STEP_REDUCE) {
+        TPF_CHECK(tpf_cuda__resolve(r, a, &st->a, me, &va));
+        va.ptr += (uint64_t)t * st->stride_bytes;
+      } else {
+        TPF_CHECK(tpf_cuda__resolve(r, a, &st->a, (me + (int)t) % P, &va));
+      }
+      ra.srcs[t] = va.ptr;
+      ra.src_ld = va.ld;
+      ra.src_dtype = (int32_t)va.dtype;
+    }
+    ra.dst = vd.ptr;
+    ra.dst_ld = vd.ld;
+    ra.dst_dtype = (int32_t)vd.dtype;
+    ra.rows = st->m;
+    ra.cols = st->n;
+    ra.count = (int32_t)st->count;
+    TPF_CUDA_TRY(tpf_cuda__launch_reduce(&ra, b->status_dev, b->comm_ctas, s),
+                 "reduce kernel launch");
+    return TPF_OK;
+  }
+  default:
+    return tpf_set_error(TPF_EINVAL, "'%s': unknown step kind %d", a->comm_name, (int)st->kind);
+  }
+}
+
+static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
+  if (n <= b->nstep_ev)
+    return TPF_OK;
+  int want = b->nstep_ev > 0 ? b->nstep_ev : 32;
+  while (want < n)
+    want *= 2;
+  cudaEvent_t *ev = tpf__realloc(b->step_ev, (size_t)want * sizeof(*ev));
+  TPF_RETURN_IF(ev == NULL, TPF_ENOMEM, "cannot grow the event pool to %d", want);
+  b->step_ev = ev;
+  for (; b->nstep_ev < want; b->nstep_ev++)
+    TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->step_ev[b->nstep_ev], cudaEventDisableTiming),
+                 "cudaEventCreate");
+  uint8_t *need = tpf__realloc(b->need_ev, (size_t)want);
+  TPF_RETURN_IF(need == NULL, TPF_ENOMEM, "cannot grow the event scratch to %d", want);
+  b->need_ev = need;
+  b->nneed_ev = want;
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a,
+                                    void *stream) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  const tpf_schedule *sc = a->sched;
+  TPF_RETURN_IF(sc->tp_size != be->tp_size || sc->rank != be->rank, TPF_EINVAL,
+                "'%s': schedule for rank %d of %d on backend rank %d of %d", a->comm_name,
+                sc->rank, sc->tp_size, be->rank, be->tp_size);
+  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
+  /* A failure of an earlier operation is reported here until a sync clears it. */
+  TPF_CHECK(tpf_cuda__check_status(b));
+  TPF_CHECK(tpf_cuda__ensure_events(b, sc->nsteps));
+  const int n = sc->nsteps;
+  bool used[TPF_NUM_STREAMS] = {false};
+  memset(b->need_ev, 0, (size_t)n);
+  for (int i = 0; i < n; i++) {
+    const tpf_step *st = &sc->steps[i];
+    TPF_RETURN_IF(st->stream >= TPF_NUM_STREAMS || st->ndeps > TPF_STEP_MAX_DEPS, TPF_EINVAL,
+                  "'%s': step %d has stream %d and %d deps", a->comm_name, i, (int)st->stream,
+                  (int)st->ndeps);
+    used[st->stream] = true;
+    for (int k = 0; k < st->ndeps; k++) {
+      const int d = st->deps[k];
+      TPF_RETURN_IF(d >= i, TPF_EINVAL, "'%s': step %d depends on later step %d", a->comm_name,
+                    i, d);
+      if (b->streams[sc->steps[d].stream] != b->streams[st->stream])
+        b->need_ev[d] = 1;
+    }
+  }
+  cudaStream_t user = (cudaStream_t)stream;
+  TPF_CUDA_TRY(cudaEventRecord(b->fork_ev, user), "cudaEventRecord(fork)");
+  for (int k = 0; k < TPF_NUM_STREAMS; k++) {
+    /* Aliased compute streams are forked once. */
+    if (used[k] && (k == 0 || b->streams[k] != b->streams[0] || !used[0]))
+      TPF_CUDA_TRY(cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0), "cudaStreamWaitEvent(fork)");
+  }
+  for (int i = 0; i < n; i++) {
+    const tpf_step *st = &sc->steps[i];
+    cudaStream_t s = b->streams[st->stream];
+    for (int k = 0; k < st->ndeps; k++) {
+      const int d = st->deps[k];
+      if (b->streams[sc->steps[d].stream] != s)
+        TPF_CUDA_TRY(cudaStreamWaitEvent(s, b->step_ev[d], 0), "cudaStreamWaitEvent(dep)");
+    }
+    tpf_status rc = tpf_cuda__step(b, r, a, st, s);
+    if (rc != TPF_OK)
+      return rc; /* the enqueued prefix still joins nothing: the caller's stream is not ordered */
+    if (b->need_ev[i])
+      TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
+  }
+  for (int k = 0; k < TPF_NUM_STREAMS; k++) {
+    if (!used[k] || (k > 0 && k < TPF_MAX_COMPUTE_STREAMS && b->streams[k] == b->streams[0] &&
+                     used[0]))
+      continue;
+    TPF_CUDA_TRY(cudaEventRecord(b->join_ev[k], b->streams[k]), "cudaEventRecord(join)");
+    TPF_CUDA_TRY(cudaStreamWaitEvent(user, b->join_ev[k], 0), "cudaStreamWaitEvent(join)");
+  }
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
+  if (stream != NULL) {
+    TPF_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+  } else {
+    /* Only this backend's streams: other ranks may share the device, and a device-wide
+     * synchronisation would wait for their spinning waits, which may wait for this thread. */
+    for (int k = 0; k < TPF_NUM_STREAMS; k++)
+      TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[k]), "cudaStreamSynchronize");
+  }
+  tpf_status rc = tpf_cuda__check_status(b);
+  if (rc != TPF_OK) {
+    const tpf_status rc2 = tpf_cuda__clear_status(b);
+    return rc2 != TPF_OK ? rc2 : rc;
+  }
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
+                "tpf_cuda_backend_stats: not a CUDA backend, or out is NULL");
+  tpf_cuda_stats s;
+  tpf_cuda__gemm_stats(tpf_cuda__of(be)->gemm, &s.gemm_heuristic_queries, &s.gemm_cache_hits);
+  *out = s;
+  return TPF_OK;
+}

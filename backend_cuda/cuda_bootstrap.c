@@ -1,0 +1,301 @@
+/* Bootstrap helpers of the CUDA backend (SPEC §4): ranks that are threads of one process, and
+ * ranks that already share an NCCL communicator.
+ *
+ * Method (threads): one shared group object holds a generation barrier (mutex + condition
+ * variable; waiting threads leave when the generation they entered with has passed, so the
+ * barrier can be reused at once) and a host buffer for the allgather. An allgather is: every rank
+ * writes its bytes into its slot, barrier, every rank copies all slots out, barrier (so the buffer
+ * is free for the next call). Waits are bounded (TPF_CUDA_BOOT_TIMEOUT_MS, default 120 s) so a
+ * rank that never arrives yields TPF_ETIMEOUT instead of a hang.
+ *
+ * Method (NCCL): allgather is ncclAllGather of a device staging buffer on a private stream,
+ * followed by a synchronisation of that stream; barrier is an ncclAllReduce of one int.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cuda_internal.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* ---- threads ---- */
+
+typedef struct {
+  tpf_cuda_threads *group;
+  int rank;
+} tpf_cuda_thread_rank;
+
+struct tpf_cuda_threads {
+  int tp_size;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived;
+  uint64_t generation;
+  unsigned char *buf; /* tp_size * buf_bytes_per_rank */
+  size_t buf_bytes_per_rank;
+  uint64_t timeout_ms;
+  tpf_cuda_thread_rank ranks[TPF_MAX_RANKS];
+};
+
+tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out) {
+  TPF_RETURN_IF(out == NULL, TPF_EINVAL, "tpf_cuda_threads_create: out is NULL");
+  TPF_RETURN_IF(tp_size < 1 || tp_size > TPF_MAX_RANKS, TPF_EINVAL, "tp_size %d outside 1..%d",
+                tp_size, TPF_MAX_RANKS);
+  tpf_cuda_threads *g = tpf__calloc(1, sizeof(*g));
+  TPF_RETURN_IF(g == NULL, TPF_ENOMEM, "cannot allocate the threads bootstrap");
+  g->tp_size = tp_size;
+  int e = pthread_mutex_init(&g->mu, NULL);
+  if (e != 0) {
+    tpf__free(g);
+    return tpf_set_error(TPF_EBACKEND, "pthread_mutex_init failed: %s", strerror(e));
+  }
+  pthread_condattr_t ca;
+  pthread_condattr_init(&ca);
+  pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+  e = pthread_cond_init(&g->cv, &ca);
+  pthread_condattr_destroy(&ca);
+  if (e != 0) {
+    pthread_mutex_destroy(&g->mu);
+    tpf__free(g);
+    return tpf_set_error(TPF_EBACKEND, "pthread_cond_init failed: %s", strerror(e));
+  }
+  const char *t = getenv("TPF_CUDA_BOOT_TIMEOUT_MS");
+  g->timeout_ms = (t != NULL && *t) ? strtoull(t, NULL, 10) : 120000u;
+  if (g->timeout_ms == 0)
+    g->timeout_ms = 120000u;
+  for (int r = 0; r < tp_size; r++) {
+    g->ranks[r].group = g;
+    g->ranks[r].rank = r;
+  }
+  *out = g;
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g) {
+  TPF_RETURN_IF(g == NULL, TPF_EINVAL, "tpf_cuda_threads_destroy: group is NULL");
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+  tpf__free(g->buf);
+  tpf__free(g);
+  return TPF_OK;
+}
+
+/* Called with g->mu held. */
+static tpf_status tpf_cuda__threads_barrier_locked(tpf_cuda_threads *g, int rank) {
+  const uint64_t gen = g->generation;
+  if (++g->arrived == g->tp_size) {
+    g->arrived = 0;
+    g->generation++;
+    pthread_cond_broadcast(&g->cv);
+    return TPF_OK;
+  }
+  struct timespec dl;
+  clock_gettime(CLOCK_MONOTONIC, &dl);
+  dl.tv_sec += (time_t)(g->timeout_ms / 1000u);
+  dl.tv_nsec += (long)(g->timeout_ms % 1000u) * 1000000L;
+  if (dl.tv_nsec >= 1000000000L) {
+    dl.tv_sec++;
+    dl.tv_nsec -= 1000000000L;
+  }
+  while (g->generation == gen) {
+    int e = pthread_cond_timedwait(&g->cv, &g->mu, &dl);
+    if (e == ETIMEDOUT && g->generation == gen) {
+      g->arrived--;
+      return tpf_set_error(TPF_ETIMEOUT,
+                           "threads bootstrap: rank %d waited %llu ms for the other ranks "
+                           "(%d of %d arrived)",
+                           rank, (unsigned long long)g->timeout_ms, g->arrived + 1, g->tp_size);
+    }
+  }
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__threads_barrier(void *ctx) {
+  tpf_cuda_thread_rank *tr = ctx;
+  tpf_cuda_threads *g = tr->group;
+  pthread_mutex_lock(&g->mu);
+  tpf_status rc = tpf_cuda__threads_barrier_locked(g, tr->rank);
+  pthread_mutex_unlock(&g->mu);
+  return rc;
+}
+
+static tpf_status tpf_cuda__threads_allgather(void *ctx, const void *send, void *recv,
+                                              size_t bytes) {
+  tpf_cuda_thread_rank *tr = ctx;
+  tpf_cuda_threads *g = tr->group;
+  tpf_status rc = TPF_OK;
+  pthread_mutex_lock(&g->mu);
+  /* Nobody reads the buffer between the second barrier of the previous call and the first of
+   * this one, so whoever comes first may resize it. */
+  if (g->buf_bytes_per_rank < bytes) {
+    unsigned char *nb = tpf__realloc(g->buf, bytes * (size_t)g->tp_size);
+    if (nb == NULL) {
+      pthread_mutex_unlock(&g->mu);
+      return tpf_set_error(TPF_ENOMEM, "threads bootstrap: cannot grow the allgather buffer");
+    }
+    /* Slots already written by earlier arrivals move with the stride change. */
+    for (int r = g->tp_size - 1; r >= 0; r--)
+      memmove(nb + (size_t)r * bytes, nb + (size_t)r * g->buf_bytes_per_rank,
+              g->buf_bytes_per_rank);
+    g->buf = nb;
+    g->buf_bytes_per_rank = bytes;
+  }
+  memcpy(g->buf + (size_t)tr->rank * g->buf_bytes_per_rank, send, bytes);
+  rc = tpf_cuda__threads_barrier_locked(g, tr->rank);
+  if (rc == TPF_OK) {
+    for (int r = 0; r < g->tp_size; r++)
+      memcpy((unsigned char *)recv + (size_t)r * bytes, g->buf + (size_t)r * g->buf_bytes_per_rank,
+             bytes);
+    rc = tpf_cuda__threads_barrier_locked(g, tr->rank);
+  }
+  pthread_mutex_unlock(&g->mu);
+  return rc;
+}
+
+tpf_status tpf_cuda_threads_bootstrap(tpf_cuda_threads *g, int rank, int device,
+                                      tpf_bootstrap *out) {
+  TPF_RETURN_IF(g == NULL || out == NULL, TPF_EINVAL, "tpf_cuda_threads_bootstrap: NULL argument");
+  TPF_RETURN_IF(rank < 0 || rank >= g->tp_size, TPF_EINVAL, "rank %d outside 0..%d", rank,
+                g->tp_size - 1);
+  TPF_RETURN_IF(device < 0, TPF_EINVAL, "device %d is negative", device);
+  memset(out, 0, sizeof(*out));
+  out->tp_size = g->tp_size;
+  out->rank = rank;
+  out->device = device;
+  out->allgather = tpf_cuda__threads_allgather;
+  out->barrier = tpf_cuda__threads_barrier;
+  out->ctx = &g->ranks[rank];
+  return TPF_OK;
+}
+
+/* ---- NCCL ---- */
+
+typedef struct {
+  ncclComm_t comm;
+  int device;
+  cudaStream_t stream;
+  void *dbuf; /* staging: nranks * dbuf_per_rank bytes */
+  size_t dbuf_per_rank;
+  int nranks;
+} tpf_cuda_nccl_ctx;
+
+static tpf_status tpf_cuda__nccl_err(ncclResult_t r, const char *what) {
+  return tpf_set_error(TPF_EBACKEND, "NCCL %s failed: %s (%d)", what, ncclGetErrorString(r),
+                       (int)r);
+}
+
+static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *recv,
+                                           size_t bytes) {
+  tpf_cuda_nccl_ctx *c = ctx;
+  cudaError_t e = cudaSetDevice(c->device);
+  if (e != cudaSuccess)
+    return tpf_cuda__err(e, "cudaSetDevice");
+  if (c->dbuf_per_rank < bytes) {
+    if (c->dbuf != NULL)
+      cudaFree(c->dbuf);
+    c->dbuf = NULL;
+    c->dbuf_per_rank = 0;
+    e = cudaMalloc(&c->dbuf, bytes * (size_t)c->nranks);
+    if (e != cudaSuccess)
+      return tpf_cuda__err(e, "cudaMalloc(bootstrap staging)");
+    c->dbuf_per_rank = bytes;
+  }
+  int me = 0;
+  ncclResult_t nr = ncclCommUserRank(c->comm, &me);
+  if (nr != ncclSuccess)
+    return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
+  unsigned char *slot = (unsigned char *)c->dbuf + (size_t)me * bytes;
+  e = cudaMemcpyAsync(slot, send, bytes, cudaMemcpyHostToDevice, c->stream);
+  if (e != cudaSuccess)
+    return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
+  nr = ncclAllGather(slot, c->dbuf, bytes, ncclUint8, c->comm, c->stream);
+  if (nr != ncclSuccess)
+    return tpf_cuda__nccl_err(nr, "ncclAllGather");
+  e = cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost,
+                      c->stream);
+  if (e != cudaSuccess)
+    return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
+  e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess)
+    return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
+  tpf_cuda_nccl_ctx *c = ctx;
+  cudaError_t e = cudaSetDevice(c->device);
+  if (e != cudaSuccess)
+    return tpf_cuda__err(e, "cudaSetDevice");
+  if (c->dbuf_per_rank < sizeof(int)) {
+    /* Reuse the allgather path's staging; an int per rank is enough. */
+    int dummy = 0;
+    int *all = tpf__calloc((size_t)c->nranks, sizeof(int));
+    if (all == NULL)
+      return tpf_set_error(TPF_ENOMEM, "NCCL bootstrap barrier: out of memory");
+    tpf_status rc = tpf_cuda__nccl_allgather(ctx, &dummy, all, sizeof(int));
+    tpf__free(all);
+    return rc;
+  }
+  ncclResult_t nr = ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream);
+  if (nr != ncclSuccess)
+    return tpf_cuda__nccl_err(nr, "ncclAllReduce");
+  e = cudaStreamSynchronize(c->stream);
+  if (e != cudaSuccess)
+    return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out) {
+  TPF_RETURN_IF(nccl_comm == NULL || out == NULL, TPF_EINVAL,
+                "tpf_cuda_nccl_bootstrap: NULL argument");
+  ncclComm_t comm = (ncclComm_t)nccl_comm;
+  int n = 0, me = 0;
+  ncclResult_t nr = ncclCommCount(comm, &n);
+  if (nr != ncclSuccess)
+    return tpf_cuda__nccl_err(nr, "ncclCommCount");
+  nr = ncclCommUserRank(comm, &me);
+  if (nr != ncclSuccess)
+    return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
+  TPF_RETURN_IF(n < 1 || n > TPF_MAX_RANKS, TPF_EINVAL, "NCCL communicator has %d ranks (1..%d)",
+                n, TPF_MAX_RANKS);
+  tpf_cuda_nccl_ctx *c = tpf__calloc(1, sizeof(*c));
+  TPF_RETURN_IF(c == NULL, TPF_ENOMEM, "cannot allocate the NCCL bootstrap");
+  c->comm = comm;
+  c->device = device;
+  c->nranks = n;
+  cudaError_t e = cudaSetDevice(device);
+  if (e == cudaSuccess)
+    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  if (e != cudaSuccess) {
+    tpf__free(c);
+    return tpf_cuda__err(e, "cudaStreamCreateWithFlags(bootstrap)");
+  }
+  memset(out, 0, sizeof(*out));
+  out->tp_size = n;
+  out->rank = me;
+  out->device = device;
+  out->allgather = tpf_cuda__nccl_allgather;
+  out->barrier = tpf_cuda__nccl_barrier;
+  out->ctx = c;
+  return TPF_OK;
+}
+
+void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b) {
+  if (b == NULL || b->ctx == NULL)
+    return;
+  tpf_cuda_nccl_ctx *c = b->ctx;
+  cudaSetDevice(c->device);
+  if (c->stream != NULL)
+    cudaStreamSynchronize(c->stream);
+  if (c->dbuf != NULL)
+    cudaFree(c->dbuf);
+  if (c->stream != NULL)
+    cudaStreamDestroy(c->stream);
+  tpf__free(c);
+  b->ctx = NULL;
+}

@@ -1,0 +1,297 @@
+/* cuBLASLt GEMMs of the CUDA backend, with the heuristic's choice cached per shape.
+ *
+ * Method: tpflex's GEMM is row-major d[m, n] = a[m, k] * w[n, k]^T. A row-major matrix with
+ * leading dimension ld is the column-major transpose with the same ld, so the call computes, in
+ * column-major terms, D^T[n, m] = W^T' * A^T with
+ *   cuBLASLt A := w  (stored k x n, ld ldw, op T)  -> n x k
+ *   cuBLASLt B := a  (stored k x m, ld lda, op N)  -> k x m
+ *   cuBLASLt D := d  (stored n x m, ld ldd)
+ * i.e. the "TN" GEMM with M = n, N = m, K = k. Accumulation and scaling are fp32
+ * (CUBLAS_COMPUTE_32F, also for fp32 inputs: no TF32, so fp32 results match to 1e-5).
+ *
+ * Cache: the matmul descriptor, the three layouts and the heuristic's first algorithm are kept
+ * per key (dims, leading dimensions, dtypes, pointer alignments, SM target), so an operation with
+ * a new T costs one heuristic query the first time and a table lookup after. The alignments are
+ * part of the key because the heuristic must be told them (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*):
+ * a chunk of D at row cs*R may be less aligned than D itself. Each compute stream has its own
+ * workspace, since GEMMs on different compute streams run at the same time.
+ */
+#include "cuda_internal.h"
+
+#include "internal.h"
+
+#include <cublasLt.h>
+#include <stdio.h>
+#include <string.h>
+
+#define TPF_CUDA_GEMM_CACHE 256
+
+typedef struct {
+  uint64_t m, n, k, lda, ldw, ldd;
+  int at, wt, dt;
+  int align_a, align_w, align_d;
+  int sm_target;
+} tpf_cuda_gemm_key;
+
+typedef struct {
+  bool used;
+  tpf_cuda_gemm_key key;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t la, lb, ld;
+  cublasLtMatmulAlgo_t algo;
+} tpf_cuda_gemm_entry;
+
+struct tpf_cuda_gemm {
+  cublasLtHandle_t handle;
+  void *ws;           /* nworkspaces * ws_bytes of device memory */
+  uint64_t ws_bytes;  /* per workspace */
+  int nworkspaces;
+  uint64_t lookups, hits;
+  unsigned next_victim;
+  tpf_cuda_gemm_entry cache[TPF_CUDA_GEMM_CACHE];
+};
+
+static tpf_status tpf_cuda__lt_err(cublasStatus_t st, const char *what) {
+  return tpf_set_error(TPF_EBACKEND, "cuBLASLt %s failed: %s (%d)", what,
+                       cublasLtGetStatusString(st), (int)st);
+}
+
+tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out) {
+  tpf_cuda_gemm *g = tpf__calloc(1, sizeof(*g));
+  if (g == NULL)
+    return tpf_set_error(TPF_ENOMEM, "cannot allocate the cuBLASLt GEMM state");
+  cublasStatus_t st = cublasLtCreate(&g->handle);
+  if (st != CUBLAS_STATUS_SUCCESS) {
+    tpf__free(g);
+    return tpf_cuda__lt_err(st, "cublasLtCreate");
+  }
+  g->ws_bytes = ws_bytes;
+  g->nworkspaces = nworkspaces;
+  cudaError_t e = cudaMalloc(&g->ws, (size_t)ws_bytes * (size_t)nworkspaces);
+  if (e != cudaSuccess) {
+    cublasLtDestroy(g->handle);
+    tpf__free(g);
+    return tpf_cuda__err(e, "cudaMalloc(cuBLASLt workspace)");
+  }
+  *out = g;
+  return TPF_OK;
+}
+
+static void tpf_cuda__gemm_entry_free(tpf_cuda_gemm_entry *en) {
+  if (!en->used)
+    return;
+  cublasLtMatrixLayoutDestroy(en->la);
+  cublasLtMatrixLayoutDestroy(en->lb);
+  cublasLtMatrixLayoutDestroy(en->ld);
+  cublasLtMatmulDescDestroy(en->desc);
+  memset(en, 0, sizeof(*en));
+}
+
+void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g) {
+  if (g == NULL)
+    return;
+  for (int i = 0; i < TPF_CUDA_GEMM_CACHE; i++)
+    tpf_cuda__gemm_entry_free(&g->cache[i]);
+  cudaFree(g->ws);
+  cublasLtDestroy(g->handle);
+  tpf__free(g);
+}
+
+void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits) {
+  *lookups = g->lookups;
+  *hits = g->hits;
+}
+
+static cudaDataType_t tpf_cuda__data_type(int t) {
+  switch (t) {
+  case TPF_BF16:
+    return CUDA_R_16BF;
+  case TPF_FP16:
+    return CUDA_R_16F;
+  default:
+    return CUDA_R_32F;
+  }
+}
+
+/* Largest power of two (<= 256) dividing the address: what the heuristic may assume. */
+static int tpf_cuda__ptr_align(const void *p) {
+  uintptr_t v = (uintptr_t)p;
+  int a = 256;
+  while (a > 1 && (v % (uintptr_t)a) != 0)
+    a /= 2;
+  return a;
+}
+
+static bool tpf_cuda__key_eq(const tpf_cuda_gemm_key *x, const tpf_cuda_gemm_key *y) {
+  return memcmp(x, y, sizeof(*x)) == 0;
+}
+
+static uint64_t tpf_cuda__key_hash(const tpf_cuda_gemm_key *k) {
+  const unsigned char *p = (const unsigned char *)k;
+  uint64_t h = 1469598103934665603ull;
+  for (size_t i = 0; i < sizeof(*k); i++)
+    h = (h ^ p[i]) * 1099511628211ull;
+  return h;
+}
+
+#define TPF_LT_TRY(call, what)                                                                     \
+  do {                                                                                             \
+    cublasStatus_t tpf_lt_st_ = (call);                                                            \
+    if (tpf_lt_st_ != CUBLAS_STATUS_SUCCESS) {                                                     \
+      rc = tpf_cuda__lt_err(tpf_lt_st_, what);                                                     \
+      goto fail;                                                                                   \
+    }                                                                                              \
+  } while (0)
+
+static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key *key,
+                                       tpf_cuda_gemm_entry *en) {
+  tpf_status rc = TPF_OK;
+  cublasLtMatmulPreference_t pref = NULL;
+  memset(en, 0, sizeof(*en));
+  en->key = *key;
+  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  TPF_LT_TRY(cublasLtMatmulDescCreate(&en->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+             "cublasLtMatmulDescCreate");
+  TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
+                                            sizeof(opT)),
+             "set TRANSA");
+  TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
+                                            sizeof(opN)),
+             "set TRANSB");
+  if (key->sm_target > 0) {
+    int32_t sms = key->sm_target;
+    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                              &sms, sizeof(sms)),
+               "set SM_COUNT_TARGET");
+  }
+  /* w: k x n column-major (op T); a: k x m (op N); d: n x m. */
+  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->la, tpf_cuda__data_type(key->wt), key->k, key->n,
+                                        (int64_t)key->ldw),
+             "layout(w)");
+  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->lb, tpf_cuda__data_type(key->at), key->k, key->m,
+                                        (int64_t)key->lda),
+             "layout(a)");
+  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->ld, tpf_cuda__data_type(key->dt), key->n, key->m,
+                                        (int64_t)key->ldd),
+             "layout(d)");
+  TPF_LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference create");
+  uint64_t ws = g->ws_bytes;
+  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                  &ws, sizeof(ws)),
+             "set MAX_WORKSPACE_BYTES");
+  uint32_t al_w = (uint32_t)key->align_w, al_a = (uint32_t)key->align_a,
+           al_d = (uint32_t)key->align_d;
+  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
+                                                  &al_w, sizeof(al_w)),
+             "set MIN_ALIGNMENT_A");
+  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+                                                  &al_a, sizeof(al_a)),
+             "set MIN_ALIGNMENT_B");
+  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
+                                                  &al_d, sizeof(al_d)),
+             "set MIN_ALIGNMENT_C");
+  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
+                                                  &al_d, sizeof(al_d)),
+             "set MIN_ALIGNMENT_D");
+  cublasLtMatmulHeuristicResult_t res;
+  int found = 0;
+  g->lookups++;
+  TPF_LT_TRY(cublasLtMatmulAlgoGetHeuristic(g->handle, en->desc, en->la, en->lb, en->ld, en->ld,
+                                            pref, 1, &res, &found),
+             "cublasLtMatmulAlgoGetHeuristic");
+  if (found < 1) {
+    rc = tpf_set_error(TPF_EBACKEND,
+                       "cuBLASLt has no algorithm for d[%llu, %llu] = a[%llu, %llu] * w^T "
+                       "(ld %llu/%llu/%llu, dtypes %s/%s -> %s)",
+                       (unsigned long long)key->m, (unsigned long long)key->n,
+                       (unsigned long long)key->m, (unsigned long long)key->k,
+                       (unsigned long long)key->lda, (unsigned long long)key->ldw,
+                       (unsigned long long)key->ldd, tpf_dtype_name((tpf_dtype)key->at),
+                       tpf_dtype_name((tpf_dtype)key->wt), tpf_dtype_name((tpf_dtype)key->dt));
+    goto fail;
+  }
+  en->algo = res.algo;
+  en->used = true;
+  cublasLtMatmulPreferenceDestroy(pref);
+  return TPF_OK;
+fail:
+  if (pref != NULL)
+    cublasLtMatmulPreferenceDestroy(pref);
+  if (en->la != NULL)
+    cublasLtMatrixLayoutDestroy(en->la);
+  if (en->lb != NULL)
+    cublasLtMatrixLayoutDestroy(en->lb);
+  if (en->ld != NULL)
+    cublasLtMatrixLayoutDestroy(en->ld);
+  if (en->desc != NULL)
+    cublasLtMatmulDescDestroy(en->desc);
+  memset(en, 0, sizeof(*en));
+  return rc;
+}
+
+static tpf_status tpf_cuda__gemm_lookup(tpf_cuda_gemm *g, const tpf_cuda_gemm_key *key,
+                                        tpf_cuda_gemm_entry **out) {
+  const unsigned start = (unsigned)(tpf_cuda__key_hash(key) % TPF_CUDA_GEMM_CACHE);
+  /* Open addressing over a small window; when the window is full, evict round-robin in it. */
+  enum { WINDOW = 8 };
+  for (unsigned i = 0; i < WINDOW; i++) {
+    tpf_cuda_gemm_entry *en = &g->cache[(start + i) % TPF_CUDA_GEMM_CACHE];
+    if (en->used && tpf_cuda__key_eq(&en->key, key)) {
+      g->hits++;
+      *out = en;
+      return TPF_OK;
+    }
+  }
+  tpf_cuda_gemm_entry *slot = NULL;
+  for (unsigned i = 0; i < WINDOW && slot == NULL; i++) {
+    tpf_cuda_gemm_entry *en = &g->cache[(start + i) % TPF_CUDA_GEMM_CACHE];
+    if (!en->used)
+      slot = en;
+  }
+  if (slot == NULL) {
+    slot = &g->cache[(start + (g->next_victim++ % WINDOW)) % TPF_CUDA_GEMM_CACHE];
+    tpf_cuda__gemm_entry_free(slot);
+  }
+  TPF_CHECK(tpf_cuda__gemm_build(g, key, slot));
+  *out = slot;
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
+                              const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
+                              uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
+                              int ws, cudaStream_t s) {
+  if (m == 0 || n == 0)
+    return TPF_OK;
+  TPF_RETURN_IF(at != wt, TPF_EUNSUPPORTED, "GEMM operand dtypes differ: a %s, w %s",
+                tpf_dtype_name(at), tpf_dtype_name(wt));
+  TPF_RETURN_IF(at != TPF_BF16 && at != TPF_FP16 && at != TPF_FP32, TPF_EUNSUPPORTED,
+                "GEMM input dtype %s is not supported (bf16, fp16, fp32)", tpf_dtype_name(at));
+  TPF_RETURN_IF(dt != at && dt != TPF_FP32, TPF_EUNSUPPORTED,
+                "GEMM output dtype %s with input %s is not supported", tpf_dtype_name(dt),
+                tpf_dtype_name(at));
+  tpf_cuda_gemm_key key;
+  memset(&key, 0, sizeof(key)); /* padding too: the key is compared and hashed bytewise */
+  key.m = m;
+  key.n = n;
+  key.k = k;
+  key.lda = lda;
+  key.ldw = ldw;
+  key.ldd = ldd;
+  key.at = (int)at;
+  key.wt = (int)wt;
+  key.dt = (int)dt;
+  key.align_a = tpf_cuda__ptr_align(a);
+  key.align_w = tpf_cuda__ptr_align(w);
+  key.align_d = tpf_cuda__ptr_align(d);
+  key.sm_target = sm_target;
+  tpf_cuda_gemm_entry *en = NULL;
+  TPF_CHECK(tpf_cuda__gemm_lookup(g, &key, &en));
+  const float alpha = 1.0f, beta = 0.0f;
+  void *wsp = (char *)g->ws + (size_t)g->ws_bytes * (size_t)(ws % g->nworkspaces);
+  cublasStatus_t st = cublasLtMatmul(g->handle, en->desc, &alpha, w, en->la, a, en->lb, &beta, d,
+                                     en->ld, d, en->ld, &en->algo, wsp, g->ws_bytes, s);
+  if (st != CUBLAS_STATUS_SUCCESS)
+    return tpf_cuda__lt_err(st, "cublasLtMatmul");
+  return TPF_OK;
+}

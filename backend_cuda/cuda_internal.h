@@ -1,0 +1,100 @@
+/* Private declarations of the CUDA backend: the backend and registration objects, the kernel
+ * launchers (cuda_kernels.cu) and the cuBLASLt GEMM cache (cuda_gemm.c). Nothing here is public.
+ *
+ * Device-visible layout of one registration (one cudaMalloc, so one CUDA IPC handle):
+ *   [0, data_bytes)                   data (the registered buffer the core lays out)
+ *   [flags_off, +P*TPF_MAX_TAGS*8)    flags[sender][tag], uint64, written by the senders
+ *   [ready_off, +P*8)                 ready[sender], uint64 TPF_READY_WORD, written by the senders
+ * A rank only ever writes into a peer's flags/ready rows indexed by its own rank, and only reads
+ * its own rows, so every word has exactly one writer.
+ */
+#ifndef TPF_CUDA_INTERNAL_H
+#define TPF_CUDA_INTERNAL_H
+
+#include "tpflex/tpflex_backend.h"
+#include "tpflex/tpflex_cuda.h"
+
+#include <cuda_runtime.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Error codes a device-side wait writes into the host-mapped status area. */
+enum { TPF_CUDA_DEV_OK = 0, TPF_CUDA_DEV_MISMATCH = 1, TPF_CUDA_DEV_TIMEOUT = 2 };
+
+/* Per-backend status area in mapped pinned host memory. The first failing device-side wait wins
+ * a claim word in device memory (no atomics on host memory, which PCIe may not support), stores
+ * its details and then `code` (after a system fence), so the host reads `code` first and the
+ * details only when it is non-zero. Every kernel reads `code` at entry and skips its work while
+ * it is set. */
+typedef struct {
+  volatile uint32_t code;   /* TPF_CUDA_DEV_* */
+  volatile uint32_t kind;   /* tpf_step_kind of the failing wait */
+  volatile int32_t peer;    /* the peer waited for */
+  volatile uint32_t tag;    /* flag tag (RECV/BARRIER) */
+  volatile uint64_t seq;    /* operation sequence number */
+  volatile uint64_t mine;   /* HANDSHAKE: my rows; waits: the value waited for */
+  volatile uint64_t theirs; /* HANDSHAKE: the peer's rows; waits: the last value seen */
+} tpf_cuda_status;
+
+/* Arguments of the 1-thread flag kernels. Pointers are device pointers valid in this rank's
+ * context (peer pointers included). */
+#define TPF_CUDA_MAX_PEERS TPF_MAX_RANKS
+typedef struct {
+  tpf_cuda_status *status;                    /* device view of the status area */
+  unsigned int *claim;                        /* device word: first failing wait wins it */
+  uint64_t *remote[TPF_CUDA_MAX_PEERS];       /* word to store into, per peer (NULL: none) */
+  const uint64_t *local[TPF_CUDA_MAX_PEERS];  /* own word to wait on, per peer (NULL: none) */
+  uint64_t store_value;                       /* value stored into every remote word */
+  uint64_t wait_value;                        /* HANDSHAKE: expected seq (24 bits); else >= */
+  uint64_t rows;                              /* HANDSHAKE: my active rows */
+  uint64_t timeout_ns;                        /* bound of every wait */
+  uint64_t seq;                               /* for the error record */
+  int32_t nranks;                             /* entries of remote/local considered */
+  int32_t handshake;                          /* 1: compare ready words; 0: flag >= wait_value */
+  uint32_t kind, tag;                         /* for the error record */
+} tpf_cuda_flag_args;
+
+/* A strided view for the reduction kernels: element (i, j) at base + (i * ld + j) * esize. */
+typedef struct {
+  const void *srcs[TPF_CUDA_MAX_PEERS]; /* count views (REDUCE: base + t*stride) */
+  void *dst;
+  uint64_t src_ld, dst_ld; /* elements */
+  uint64_t rows, cols;
+  int32_t count;
+  int32_t src_dtype, dst_dtype; /* tpf_dtype */
+} tpf_cuda_reduce_args;
+
+/* ---- cuda_kernels.cu (launchers return the cudaError_t of the launch) ---- */
+cudaError_t tpf_cuda__launch_flags(const tpf_cuda_flag_args *a, cudaStream_t s);
+cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a, tpf_cuda_status *status,
+                                    int ctas, cudaStream_t s);
+/* Copies `bytes` from src to dst (a peer's buffer) with a bounded grid; skipped on error. */
+cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_t bytes,
+                                  tpf_cuda_status *status, int ctas, cudaStream_t s);
+
+/* ---- cuda_gemm.c ---- */
+typedef struct tpf_cuda_gemm tpf_cuda_gemm;
+/* One cuBLASLt handle, `nworkspaces` workspaces of ws_bytes each (one per compute stream, since
+ * GEMMs on different streams may run at once) and the algorithm cache. */
+tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out);
+void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g);
+/* Row-major d[m, n] = a[m, k] * w[n, k]^T with fp32 accumulation. lda/ldw/ldd in elements.
+ * sm_target 0: all SMs. ws: which workspace (the compute stream index). */
+tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
+                              const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
+                              uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
+                              int ws, cudaStream_t s);
+/* Statistics for tests: heuristic queries made and cache hits. */
+void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits);
+
+/* ---- translation of foreign errors (cuda_backend.c) ---- */
+tpf_status tpf_cuda__err(cudaError_t e, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPF_CUDA_INTERNAL_H */

@@ -1,0 +1,288 @@
+/* Device code of the CUDA backend: the 1-thread flag kernels (HANDSHAKE, SEND signal, RECV,
+ * BARRIER), the reduction kernel of REDUCE and PEER_REDUCE, and the bounded-grid copy of the
+ * bulk collective.
+ *
+ * Method: flags are monotonic 64-bit words with exactly one writer each (see cuda_internal.h).
+ * A signal is a system-scope release store of the operation's sequence number, issued after
+ * __threadfence_system(), once per message: the receiver waits for `flag >= seq`, so a message is
+ * never counted twice and a skipped operation cannot leave a counter drifting (TE's per-block
+ * adder of te-userbuffers §7.2 is the bug this avoids). Waits are acquire loads bounded by
+ * %globaltimer; the first wait that fails records the reason in the host-mapped status area, and
+ * every later kernel of the backend sees the code and returns without touching memory. Copy
+ * engine transfers (cudaMemcpyAsync) cannot see that code and still run: a known limitation,
+ * documented in cuda_backend.c.
+ *
+ * Reductions accumulate in fp32 and round once to the output dtype. They move 16-byte vectors
+ * when every row start of every view is 16-byte aligned and a row is a whole number of vectors,
+ * and fall back to scalar accesses otherwise.
+ */
+#include "cuda_internal.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <stdint.h>
+
+namespace {
+
+__device__ __forceinline__ uint64_t tpf_cuda__now_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__device__ __forceinline__ uint64_t tpf_cuda__ld_acquire(const uint64_t *p) {
+  uint64_t v;
+  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void tpf_cuda__st_release(uint64_t *p, uint64_t v) {
+  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
+}
+
+__device__ __forceinline__ uint32_t tpf_cuda__status_code(const tpf_cuda_status *st) {
+  return st->code;
+}
+
+/* Records the first failure of this backend; later failures keep the first one's details. */
+__device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int peer,
+                               uint64_t mine, uint64_t theirs) {
+  if (atomicCAS(a.claim, 0u, 1u) != 0u)
+    return;
+  tpf_cuda_status *st = a.status;
+  st->kind = a.kind;
+  st->peer = peer;
+  st->tag = a.tag;
+  st->seq = a.seq;
+  st->mine = mine;
+  st->theirs = theirs;
+  __threadfence_system();
+  st->code = code;
+  __threadfence_system();
+}
+
+/* One thread: store into every remote word, then wait on every local word. */
+__global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
+  if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK)
+    return;
+  /* Make this stream's earlier writes (kernel outputs, completed copies) visible system-wide
+   * before any peer can observe the flag. */
+  __threadfence_system();
+  for (int q = 0; q < a.nranks; q++)
+    if (a.remote[q] != nullptr)
+      tpf_cuda__st_release(a.remote[q], a.store_value);
+  const uint64_t start = tpf_cuda__now_ns();
+  unsigned spins = 0;
+  for (int q = 0; q < a.nranks; q++) {
+    const uint64_t *w = a.local[q];
+    if (w == nullptr)
+      continue;
+    for (;;) {
+      const uint64_t v = tpf_cuda__ld_acquire(w);
+      if (a.handshake) {
+        if (TPF_READY_SEQ(v) == a.wait_value) {
+          if (TPF_READY_ROWS(v) != a.rows) {
+            tpf_cuda__fail(a, TPF_CUDA_DEV_MISMATCH, q, a.rows, TPF_READY_ROWS(v));
+            return;
+          }
+          break;
+        }
+      } else if (v >= a.wait_value) {
+        break;
+      }
+      if ((++spins & 255u) == 0u) {
+        /* Another wait of this backend failed: give up quietly, the first reason stands. */
+        if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK)
+          return;
+        if (tpf_cuda__now_ns() - start > a.timeout_ns) {
+          tpf_cuda__fail(a, TPF_CUDA_DEV_TIMEOUT, q, a.wait_value, v);
+          return;
+        }
+      }
+      __nanosleep(64);
+    }
+  }
+}
+
+/* ---- reductions ---- */
+
+template <typename T> struct tpf_cuda__elem;
+template <> struct tpf_cuda__elem<float> {
+  static __device__ __forceinline__ float load(float v) { return v; }
+  static __device__ __forceinline__ float store(float v) { return v; }
+};
+template <> struct tpf_cuda__elem<__nv_bfloat16> {
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
+  static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+};
+template <> struct tpf_cuda__elem<__half> {
+  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
+  static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
+};
+
+/* Vector path: VEC = 16 / sizeof(Tin) elements per unit; one 16-byte load per source and unit,
+ * sizeof(Tout) * VEC bytes stored (16 or 32: whole uint4 stores). */
+template <typename Tin, typename Tout>
+__global__ void tpf_cuda__reduce_vec_kernel(tpf_cuda_reduce_args a, const tpf_cuda_status *st) {
+  __shared__ uint32_t skip;
+  if (threadIdx.x == 0)
+    skip = tpf_cuda__status_code(st);
+  __syncthreads();
+  if (skip != TPF_CUDA_DEV_OK)
+    return;
+  constexpr int VEC = 16 / sizeof(Tin);
+  constexpr int OUT_U4 = (int)(sizeof(Tout) * VEC / 16);
+  const uint64_t upr = a.cols / VEC;
+  const uint64_t units = a.rows * upr;
+  for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < units;
+       u += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t i = u / upr, j = (u % upr) * VEC;
+    float acc[VEC];
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+      acc[e] = 0.0f;
+    const uint64_t soff = i * a.src_ld + j;
+    for (int t = 0; t < a.count; t++) {
+      union {
+        uint4 v;
+        Tin x[VEC];
+      } in;
+      in.v = *reinterpret_cast<const uint4 *>(static_cast<const Tin *>(a.srcs[t]) + soff);
+#pragma unroll
+      for (int e = 0; e < VEC; e++)
+        acc[e] += tpf_cuda__elem<Tin>::load(in.x[e]);
+    }
+    union {
+      uint4 v[OUT_U4];
+      Tout x[VEC];
+    } out;
+#pragma unroll
+    for (int e = 0; e < VEC; e++)
+      out.x[e] = tpf_cuda__elem<Tout>::store(acc[e]);
+    uint4 *d = reinterpret_cast<uint4 *>(static_cast<Tout *>(a.dst) + i * a.dst_ld + j);
+#pragma unroll
+    for (int e = 0; e < OUT_U4; e++)
+      d[e] = out.v[e];
+  }
+}
+
+template <typename Tin, typename Tout>
+__global__ void tpf_cuda__reduce_scalar_kernel(tpf_cuda_reduce_args a,
+                                               const tpf_cuda_status *st) {
+  __shared__ uint32_t skip;
+  if (threadIdx.x == 0)
+    skip = tpf_cuda__status_code(st);
+  __syncthreads();
+  if (skip != TPF_CUDA_DEV_OK)
+    return;
+  const uint64_t n = a.rows * a.cols;
+  for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n;
+       u += (uint64_t)gridDim.x * blockDim.x) {
+    const uint64_t i = u / a.cols, j = u % a.cols;
+    float acc = 0.0f;
+    for (int t = 0; t < a.count; t++)
+      acc += tpf_cuda__elem<Tin>::load(static_cast<const Tin *>(a.srcs[t])[i * a.src_ld + j]);
+    static_cast<Tout *>(a.dst)[i * a.dst_ld + j] = tpf_cuda__elem<Tout>::store(acc);
+  }
+}
+
+__global__ void tpf_cuda__copy_kernel(uint4 *dst, const uint4 *src, uint64_t n16,
+                                      unsigned char *dtail, const unsigned char *stail,
+                                      uint64_t ntail, const tpf_cuda_status *st) {
+  __shared__ uint32_t skip;
+  if (threadIdx.x == 0)
+    skip = tpf_cuda__status_code(st);
+  __syncthreads();
+  if (skip != TPF_CUDA_DEV_OK)
+    return;
+  const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
+  const uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+  for (uint64_t u = first; u < n16; u += stride)
+    dst[u] = src[u];
+  for (uint64_t u = first; u < ntail; u += stride)
+    dtail[u] = stail[u];
+}
+
+constexpr int kThreads = 512;
+
+bool tpf_cuda__aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+int tpf_cuda__grid(uint64_t work, int ctas) {
+  uint64_t g = (work + kThreads - 1) / kThreads;
+  if (g < 1)
+    g = 1;
+  if (g > (uint64_t)ctas)
+    g = (uint64_t)ctas;
+  return (int)g;
+}
+
+template <typename Tin, typename Tout>
+cudaError_t tpf_cuda__reduce_typed(const tpf_cuda_reduce_args &a, tpf_cuda_status *st, int ctas,
+                                   cudaStream_t s) {
+  constexpr int VEC = 16 / sizeof(Tin);
+  bool vec = (a.cols % VEC) == 0 && ((a.src_ld * sizeof(Tin)) % 16) == 0 &&
+             ((a.dst_ld * sizeof(Tout)) % 16) == 0 && tpf_cuda__aligned16(a.dst);
+  for (int t = 0; vec && t < a.count; t++)
+    vec = tpf_cuda__aligned16(a.srcs[t]);
+  if (vec) {
+    tpf_cuda__reduce_vec_kernel<Tin, Tout>
+        <<<tpf_cuda__grid(a.rows * (a.cols / VEC), ctas), kThreads, 0, s>>>(a, st);
+  } else {
+    tpf_cuda__reduce_scalar_kernel<Tin, Tout>
+        <<<tpf_cuda__grid(a.rows * a.cols, ctas), kThreads, 0, s>>>(a, st);
+  }
+  return cudaGetLastError();
+}
+
+template <typename Tin>
+cudaError_t tpf_cuda__reduce_out(const tpf_cuda_reduce_args &a, tpf_cuda_status *st, int ctas,
+                                 cudaStream_t s) {
+  switch (a.dst_dtype) {
+  case TPF_BF16:
+    return tpf_cuda__reduce_typed<Tin, __nv_bfloat16>(a, st, ctas, s);
+  case TPF_FP16:
+    return tpf_cuda__reduce_typed<Tin, __half>(a, st, ctas, s);
+  case TPF_FP32:
+    return tpf_cuda__reduce_typed<Tin, float>(a, st, ctas, s);
+  default:
+    return cudaErrorInvalidValue;
+  }
+}
+
+} // namespace
+
+extern "C" cudaError_t tpf_cuda__launch_flags(const tpf_cuda_flag_args *a, cudaStream_t s) {
+  tpf_cuda__flag_kernel<<<1, 1, 0, s>>>(*a);
+  return cudaGetLastError();
+}
+
+extern "C" cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a,
+                                               tpf_cuda_status *status, int ctas, cudaStream_t s) {
+  if (a->rows == 0 || a->cols == 0)
+    return cudaSuccess;
+  switch (a->src_dtype) {
+  case TPF_BF16:
+    return tpf_cuda__reduce_out<__nv_bfloat16>(*a, status, ctas, s);
+  case TPF_FP16:
+    return tpf_cuda__reduce_out<__half>(*a, status, ctas, s);
+  case TPF_FP32:
+    return tpf_cuda__reduce_out<float>(*a, status, ctas, s);
+  default:
+    return cudaErrorInvalidValue;
+  }
+}
+
+extern "C" cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_t bytes,
+                                             tpf_cuda_status *status, int ctas, cudaStream_t s) {
+  if (bytes == 0)
+    return cudaSuccess;
+  uint64_t n16 = 0;
+  if (tpf_cuda__aligned16(dst) && tpf_cuda__aligned16(src))
+    n16 = bytes / 16;
+  const uint64_t head = n16 * 16;
+  tpf_cuda__copy_kernel<<<tpf_cuda__grid(n16 > 0 ? n16 : bytes, ctas), kThreads, 0, s>>>(
+      static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), n16,
+      static_cast<unsigned char *>(dst) + head, static_cast<const unsigned char *>(src) + head,
+      bytes - head, status);
+  return cudaGetLastError();
+}
