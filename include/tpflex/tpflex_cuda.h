@@ -23,6 +23,19 @@ typedef struct {
 tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out);
 tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
 
+/* Bound of every device-side wait of this backend (default 30000 ms, or the environment variable
+ * TPF_CUDA_TIMEOUT_MS at creation). Applies to operations enqueued afterwards. TPF_EINVAL for a
+ * non-CUDA backend or 0. */
+tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms);
+
+/* Counters for tests and tuning. gemm_heuristic_queries counts cuBLASLt heuristic calls (one per
+ * new GEMM shape); gemm_cache_hits the GEMMs served from the per-shape cache. */
+typedef struct {
+  uint64_t gemm_heuristic_queries;
+  uint64_t gemm_cache_hits;
+} tpf_cuda_stats;
+tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out);
+
 /* In-process ranks (threads, possibly several on one GPU): one group object shared by the
  * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
 typedef struct tpf_cuda_threads tpf_cuda_threads;
