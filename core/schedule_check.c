@@ -67,6 +67,7 @@ typedef struct {
   ivl init;
   wrt *w;
   size_t nw;
+  uint64_t (*wtags)[2]; /* per write: barrier tags of this rank it precedes */
   prod *pr;
   size_t npr, cappr;
 } rank_state;
@@ -489,6 +490,13 @@ static tpf_status check_writes(chk *c, int r, ivec *tmp) {
   }
   tpf__free(sorted);
   TPF_CHECK(rc);
+  /* Which of my barriers each write precedes: peers may read it after passing those. */
+  k->wtags = tpf__calloc(k->nw ? k->nw : 1, sizeof *k->wtags);
+  TPF_RETURN_IF(!k->wtags, TPF_ENOMEM, "%s", "schedule check: out of memory");
+  for (size_t j = 0; j < k->nw; j++)
+    for (int t = 0; t < TPF_MAX_TAGS; t++)
+      if (k->barrier[t] >= 0 && anc_has(c, r, k->barrier[t], k->w[j].step))
+        k->wtags[j][t / 64] |= 1ull << (t % 64);
   if (k->has_init)
     TPF_CHECK(ivec_push(tmp, k->init.lo, k->init.hi));
   ivec_normalize(tmp);
@@ -505,20 +513,17 @@ static tpf_status check_writes(chk *c, int r, ivec *tmp) {
  * before the read (same rank: predecessors; a peer: predecessors of a barrier both passed). */
 static tpf_status readable(const chk *c, int r, int i, int q, ivec *out) {
   const rank_state *kq = &c->rk[q];
+  uint64_t passed[2] = {0, 0}; /* barrier tags step i of rank r comes after */
   out->n = 0;
   if (kq->has_init)
     TPF_CHECK(ivec_push(out, kq->init.lo, kq->init.hi));
+  if (q != r)
+    for (int t = 0; t < TPF_MAX_TAGS; t++)
+      if (c->rk[r].barrier[t] >= 0 && anc_has(c, r, i, c->rk[r].barrier[t]))
+        passed[t / 64] |= 1ull << (t % 64);
   for (size_t j = 0; j < kq->nw; j++) {
-    int ws = kq->w[j].step;
-    bool ok = false;
-    if (q == r) {
-      ok = anc_has(c, r, i, ws);
-    } else {
-      for (int t = 0; t < TPF_MAX_TAGS && !ok; t++) {
-        int br = c->rk[r].barrier[t], bq = kq->barrier[t];
-        ok = br >= 0 && bq >= 0 && anc_has(c, r, i, br) && anc_has(c, q, bq, ws);
-      }
-    }
+    bool ok = q == r ? anc_has(c, r, i, kq->w[j].step)
+                     : ((kq->wtags[j][0] & passed[0]) | (kq->wtags[j][1] & passed[1])) != 0;
     if (ok)
       TPF_CHECK(ivec_push(out, kq->w[j].lo, kq->w[j].hi));
   }
@@ -851,6 +856,7 @@ static void free_state(chk *c) {
     tpf__free(k->send_at);
     tpf__free(k->recv_at);
     tpf__free(k->w);
+    tpf__free(k->wtags);
     tpf__free(k->pr);
   }
   tpf__free(c->rk);
