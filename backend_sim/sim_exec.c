@@ -1,0 +1,574 @@
+/* Executing one rank's schedule on its stream workers.
+ *
+ * Method: execute publishes the operation to the rank's TPF_NUM_STREAMS workers and sleeps until
+ * all of them let go of it. Worker s walks the schedule in order and runs the steps whose stream
+ * is s, which gives CUDA's in-stream order; before a step it waits for the steps named in deps
+ * (events between streams), then sleeps a seeded random 0..max_delay_us so that interleavings
+ * differ from run to run, then runs the step. GEMM chunks on compute workers and transfers on
+ * the send worker therefore really overlap.
+ *
+ * Cross-rank protocol (tpflex_backend.h): a SEND copies into the peer's block of the shared
+ * registration and then stores seq into the peer's flag [me][tag] with release order; a RECV
+ * waits for its flag >= seq with acquire order, so the bytes are visible after it. BARRIER
+ * raises its flag on every peer and waits for all of theirs. HANDSHAKE publishes
+ * TPF_READY_WORD(seq, rows) to every peer and waits for theirs; different rows fail the
+ * operation with TPF_EMISMATCH on every rank (each rank sees at least one different word) before
+ * any byte moves. Every cross-rank wait sleeps on the rank's doorbell with a deadline of
+ * timeout_ms and fails with TPF_ETIMEOUT naming the rank, the step and the peer awaited.
+ *
+ * Failure: the first failing step records its status and message in the operation, marks it
+ * failed and rings the rank's doorbell, so the other workers of the rank stop at their next
+ * wait; execute re-raises the message on the calling thread (tpf_last_error is thread-local).
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "sim_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+/* Re-check period of a waiter that got no doorbell (guards against a lost wakeup only). */
+#define SIM_POLL_NS 20000000ull
+
+typedef struct {
+  tpf_sim_worker *wk;
+  tpf_sim_rank *rk;
+  tpf_sim_world *w;
+  tpf_sim_op *op;
+  const tpf_schedule *sched;
+  const tpf_exec_args *args;
+  tpf_sim_shared *sh;
+  int me;
+  int step_index;
+  uint64_t moved; /* bytes this step moved between ranks */
+  uint64_t flops;
+} sim_ctx;
+
+static void cond_init_mono(pthread_cond_t *cv) {
+  pthread_condattr_t at;
+  pthread_condattr_init(&at);
+  pthread_condattr_setclock(&at, CLOCK_MONOTONIC);
+  pthread_cond_init(cv, &at);
+  pthread_condattr_destroy(&at);
+}
+
+static struct timespec mono_ts(uint64_t ns) {
+  struct timespec ts;
+  ts.tv_sec = (time_t)(ns / 1000000000ull);
+  ts.tv_nsec = (long)(ns % 1000000000ull);
+  return ts;
+}
+
+static const char *comm_name(const sim_ctx *c) {
+  return c->args->comm_name ? c->args->comm_name : c->sh->name;
+}
+
+/* Records the first failure of the operation and wakes every waiter of this rank. */
+static tpf_status op_fail(sim_ctx *c, tpf_status st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+static tpf_status op_fail(sim_ctx *c, tpf_status st, const char *fmt, ...) {
+  char msg[TPF_SIM_MSG_LEN];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  pthread_mutex_lock(&c->op->mu);
+  if (!atomic_load(&c->op->failed)) {
+    c->op->status = st;
+    snprintf(c->op->msg, sizeof c->op->msg, "%s", msg);
+    atomic_store(&c->op->failed, 1);
+  }
+  pthread_cond_broadcast(&c->op->cv);
+  pthread_mutex_unlock(&c->op->mu);
+  tpf_sim__ring(c->rk);
+  return st;
+}
+
+/* ---- bounded waits on this rank's doorbell ---- */
+
+typedef struct {
+  _Atomic uint64_t *word;
+  uint64_t want;
+  bool ready_word; /* compare TPF_READY_SEQ (mod 2^24) instead of >= */
+} sim_pred;
+
+static bool pred_holds(const sim_pred *p) {
+  uint64_t v = atomic_load_explicit(p->word, memory_order_acquire);
+  if (p->ready_word) {
+    /* Equal, or ahead by less than half the 24-bit space (a protocol break, reported by the
+     * caller as a mismatch rather than waited on forever). */
+    uint64_t d = (TPF_READY_SEQ(v) - (p->want & 0xFFFFFFu)) & 0xFFFFFFu;
+    return v != 0 && d < 0x800000u;
+  }
+  return v >= p->want;
+}
+
+/* TPF_OK when the predicate holds, TPF_ETIMEOUT at the deadline, TPF_ESTATE when the operation
+ * failed elsewhere meanwhile (the caller then stops without a message of its own). */
+static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t deadline_ns) {
+  tpf_sim_rank *rk = c->rk;
+  for (;;) {
+    pthread_mutex_lock(&rk->bell_mu);
+    uint64_t gen = rk->bell_gen;
+    pthread_mutex_unlock(&rk->bell_mu);
+    if (pred_holds(p))
+      return TPF_OK;
+    if (atomic_load(&c->op->failed))
+      return TPF_ESTATE;
+    uint64_t now = tpf_sim__now_ns();
+    if (now >= deadline_ns)
+      return TPF_ETIMEOUT;
+    uint64_t until = now + SIM_POLL_NS < deadline_ns ? now + SIM_POLL_NS : deadline_ns;
+    struct timespec ts = mono_ts(until);
+    pthread_mutex_lock(&rk->bell_mu);
+    if (rk->bell_gen == gen) /* nothing rung since we looked: sleep */
+      pthread_cond_timedwait(&rk->bell_cv, &rk->bell_mu, &ts);
+    pthread_mutex_unlock(&rk->bell_mu);
+  }
+}
+
+static uint64_t deadline_from_now(const sim_ctx *c) {
+  return tpf_sim__now_ns() + (uint64_t)c->w->timeout_ms * 1000000ull;
+}
+
+/* Stores seq into a flag the peer waits on, unless the fault hook drops this signal. */
+static void raise_flag(sim_ctx *c, int receiver, uint32_t tag) {
+  tpf_sim_world *w = c->w;
+  atomic_fetch_add(&w->signals, 1);
+  if (w->fault.drop_signal != 0 && atomic_fetch_add(&w->fault_signals, 1) + 1 == w->fault.drop_signal)
+    return;
+  atomic_store_explicit(tpf_sim__flag(c->sh, receiver, c->me, tag), c->args->seq,
+                        memory_order_release);
+  tpf_sim__ring(&w->ranks[receiver]);
+}
+
+/* ---- operands ---- */
+
+static tpf_status span_check(sim_ctx *c, const char *what, uint64_t off, uint64_t len,
+                             uint64_t limit) {
+  uint64_t end;
+  if (!tpf__add_u64(off, len, &end) || end > limit)
+    return op_fail(c, TPF_EINVAL,
+                   "'%s' rank %d step %d: %s bytes [%llu, +%llu) outside the %llu registered "
+                   "bytes",
+                   comm_name(c), c->me, c->step_index, what, (unsigned long long)off,
+                   (unsigned long long)len, (unsigned long long)limit);
+  return TPF_OK;
+}
+
+/* Resolves an operand reference for an m x n access. BUF views are taken in rank buf_rank's
+ * block and bounds-checked against the registration; user matrices against their shape. */
+static tpf_status resolve(sim_ctx *c, const tpf_mref *r, int buf_rank, uint64_t m, uint64_t n,
+                          const char *which, tpf_sim_view *out) {
+  if (r->id == TPF_MAT_BUF) {
+    size_t esz = tpf_dtype_size(c->sched->dtype);
+    uint64_t first, last, start, len;
+    if (r->ld < n || !tpf__mul_u64(r->row, r->ld, &first) || !tpf__add_u64(first, r->col, &first) ||
+        !tpf__mul_u64(first, esz, &start) || !tpf__add_u64(start, r->off_bytes, &start) ||
+        !tpf__mul_u64(m - 1, r->ld, &last) || !tpf__add_u64(last, n, &last) ||
+        !tpf__mul_u64(last, esz, &len))
+      return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: operand %s has ld %llu < %llu columns",
+                     comm_name(c), c->me, c->step_index, which, (unsigned long long)r->ld,
+                     (unsigned long long)n);
+    TPF_CHECK(span_check(c, which, start, len, c->sh->data_bytes));
+    out->base = tpf_sim__data(c->sh, buf_rank) + start;
+    out->ld = r->ld;
+    out->dtype = c->sched->dtype;
+    return TPF_OK;
+  }
+  const tpf_matrix *mat = r->id == TPF_MAT_X   ? &c->args->x
+                          : r->id == TPF_MAT_W ? &c->args->w
+                          : r->id == TPF_MAT_D ? &c->args->d
+                                               : NULL;
+  if (!mat || !mat->ptr)
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: operand %s names matrix %d, not given",
+                   comm_name(c), c->me, c->step_index, which, (int)r->id);
+  uint64_t ld = r->ld ? r->ld : mat->ld;
+  if (r->ld == 0 && (r->row + m > mat->rows || r->col + n > mat->cols))
+    return op_fail(c, TPF_EINVAL,
+                   "'%s' rank %d step %d: operand %s [%llu+%llu, %llu+%llu] exceeds its matrix "
+                   "[%llu, %llu]",
+                   comm_name(c), c->me, c->step_index, which, (unsigned long long)r->row,
+                   (unsigned long long)m, (unsigned long long)r->col, (unsigned long long)n,
+                   (unsigned long long)mat->rows, (unsigned long long)mat->cols);
+  out->base = (unsigned char *)mat->ptr + (r->row * ld + r->col) * tpf_dtype_size(mat->dtype);
+  out->ld = ld;
+  out->dtype = mat->dtype;
+  return TPF_OK;
+}
+
+/* ---- steps ---- */
+
+static tpf_status step_gemm(sim_ctx *c, const tpf_step *s) {
+  tpf_sim_view a, wv, d;
+  TPF_CHECK(resolve(c, &s->a, c->me, s->m, s->k, "a", &a));
+  TPF_CHECK(resolve(c, &s->w, c->me, s->n, s->k, "w", &wv));
+  TPF_CHECK(resolve(c, &s->d, c->me, s->m, s->n, "d", &d));
+  tpf_status st = tpf_sim__gemm(&c->wk->scratch, a, wv, d, s->m, s->n, s->k);
+  if (st != TPF_OK)
+    return op_fail(c, st, "'%s' rank %d step %d: %s", comm_name(c), c->me, c->step_index,
+                   tpf_last_error());
+  c->flops = 2ull * s->m * s->n * s->k;
+  return TPF_OK;
+}
+
+static tpf_status check_peer(sim_ctx *c, const tpf_step *s) {
+  if (s->peer < 0 || s->peer >= c->sched->tp_size || s->peer == c->me || s->tag >= TPF_MAX_TAGS)
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: peer %d or tag %u invalid",
+                   comm_name(c), c->me, c->step_index, (int)s->peer, (unsigned)s->tag);
+  return TPF_OK;
+}
+
+static tpf_status step_send(sim_ctx *c, const tpf_step *s) {
+  TPF_CHECK(check_peer(c, s));
+  TPF_CHECK(span_check(c, "SEND source", s->src_off, s->bytes, c->sh->data_bytes));
+  TPF_CHECK(span_check(c, "SEND destination", s->dst_off, s->bytes, c->sh->data_bytes));
+  /* The copy engine: straight into the peer's block, then the flag (release). */
+  memcpy(tpf_sim__data(c->sh, s->peer) + s->dst_off, tpf_sim__data(c->sh, c->me) + s->src_off,
+         (size_t)s->bytes);
+  raise_flag(c, s->peer, s->tag);
+  c->moved = s->bytes;
+  return TPF_OK;
+}
+
+static tpf_status step_recv(sim_ctx *c, const tpf_step *s) {
+  TPF_CHECK(check_peer(c, s));
+  sim_pred p = {tpf_sim__flag(c->sh, c->me, s->peer, s->tag), c->args->seq, false};
+  tpf_status st = wait_pred(c, &p, deadline_from_now(c));
+  if (st == TPF_ETIMEOUT)
+    return op_fail(c, st,
+                   "timeout after %u ms: rank %d, step %d (RECV chunk %d, tag %u) of '%s' "
+                   "operation %llu waits for rank %d (its flag is at %llu)",
+                   c->w->timeout_ms, c->me, c->step_index, (int)s->chunk, (unsigned)s->tag,
+                   comm_name(c), (unsigned long long)c->args->seq, (int)s->peer,
+                   (unsigned long long)atomic_load(p.word));
+  return st;
+}
+
+static tpf_status step_barrier(sim_ctx *c, const tpf_step *s) {
+  int P = c->sched->tp_size;
+  if (s->tag >= TPF_MAX_TAGS)
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: tag %u invalid", comm_name(c), c->me,
+                   c->step_index, (unsigned)s->tag);
+  for (int q = 0; q < P; q++)
+    if (q != c->me)
+      raise_flag(c, q, s->tag);
+  uint64_t deadline = deadline_from_now(c);
+  for (int q = 0; q < P; q++) {
+    if (q == c->me)
+      continue;
+    sim_pred p = {tpf_sim__flag(c->sh, c->me, q, s->tag), c->args->seq, false};
+    tpf_status st = wait_pred(c, &p, deadline);
+    if (st == TPF_ETIMEOUT)
+      return op_fail(c, st,
+                     "timeout after %u ms: rank %d, step %d (BARRIER tag %u) of '%s' operation "
+                     "%llu waits for rank %d (its flag is at %llu)",
+                     c->w->timeout_ms, c->me, c->step_index, (unsigned)s->tag, comm_name(c),
+                     (unsigned long long)c->args->seq, q, (unsigned long long)atomic_load(p.word));
+    if (st != TPF_OK)
+      return st;
+  }
+  return TPF_OK;
+}
+
+static tpf_status step_handshake(sim_ctx *c) {
+  int P = c->sched->tp_size;
+  uint64_t seq = c->args->seq, rows = c->sched->rows;
+  uint64_t word = TPF_READY_WORD(seq, rows);
+  for (int q = 0; q < P; q++) {
+    if (q == c->me)
+      continue;
+    atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me), word, memory_order_release);
+    tpf_sim__ring(&c->w->ranks[q]);
+  }
+  uint64_t deadline = deadline_from_now(c);
+  for (int q = 0; q < P; q++) {
+    if (q == c->me)
+      continue;
+    sim_pred p = {tpf_sim__ready(c->sh, c->me, q), seq, true};
+    tpf_status st = wait_pred(c, &p, deadline);
+    uint64_t got = atomic_load_explicit(p.word, memory_order_acquire);
+    if (st == TPF_ETIMEOUT)
+      return op_fail(c, st,
+                     "timeout after %u ms: rank %d, step %d (HANDSHAKE) of '%s' operation %llu "
+                     "waits for rank %d (its last operation announced is %llu)",
+                     c->w->timeout_ms, c->me, c->step_index, comm_name(c),
+                     (unsigned long long)seq, q, (unsigned long long)TPF_READY_SEQ(got));
+    if (st != TPF_OK)
+      return st;
+    if (TPF_READY_SEQ(got) != (seq & 0xFFFFFFu))
+      return op_fail(c, TPF_EMISMATCH,
+                     "ranks disagree on the operation sequence of '%s': rank %d is at operation "
+                     "%llu, rank %d already announced %llu",
+                     comm_name(c), c->me, (unsigned long long)seq, q,
+                     (unsigned long long)TPF_READY_SEQ(got));
+    if (TPF_READY_ROWS(got) != rows)
+      return op_fail(c, TPF_EMISMATCH,
+                     "active shapes differ on '%s' operation %llu: rank %d has [%llu, %llu], "
+                     "rank %d has [%llu, %llu]",
+                     comm_name(c), (unsigned long long)seq, c->me, (unsigned long long)rows,
+                     (unsigned long long)c->sched->cols, q,
+                     (unsigned long long)TPF_READY_ROWS(got), (unsigned long long)c->sched->cols);
+  }
+  return TPF_OK;
+}
+
+static tpf_status step_reduce(sim_ctx *c, const tpf_step *s, bool peers) {
+  int P = c->sched->tp_size;
+  tpf_sim_view src[TPF_MAX_RANKS], d;
+  if (s->count == 0 || s->count > TPF_MAX_RANKS || (peers && s->count > (uint32_t)P))
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: reduction count %u invalid",
+                   comm_name(c), c->me, c->step_index, (unsigned)s->count);
+  size_t esz = tpf_dtype_size(c->sched->dtype);
+  for (uint32_t t = 0; t < s->count; t++) {
+    tpf_mref r = s->a;
+    int owner = c->me;
+    if (peers) {
+      owner = (c->me + (int)t) % P;
+    } else {
+      uint64_t shift;
+      if (!tpf__mul_u64(t, s->stride_bytes, &shift) || !tpf__add_u64(r.off_bytes, shift, &r.off_bytes))
+        return op_fail(c, TPF_EOVERFLOW, "'%s' rank %d step %d: reduction stride overflows",
+                       comm_name(c), c->me, c->step_index);
+    }
+    TPF_CHECK(resolve(c, &r, owner, s->m, s->n, "a", &src[t]));
+    if (owner != c->me)
+      c->moved += s->m * s->n * esz;
+  }
+  TPF_CHECK(resolve(c, &s->d, c->me, s->m, s->n, "d", &d));
+  tpf_status st = tpf_sim__reduce(&c->wk->scratch, src, s->count, d, s->m, s->n);
+  if (st != TPF_OK)
+    return op_fail(c, st, "'%s' rank %d step %d: %s", comm_name(c), c->me, c->step_index,
+                   tpf_last_error());
+  return TPF_OK;
+}
+
+static tpf_status run_step(sim_ctx *c, const tpf_step *s) {
+  switch (s->kind) {
+  case TPF_STEP_HANDSHAKE:
+    return step_handshake(c);
+  case TPF_STEP_GEMM:
+    return step_gemm(c, s);
+  case TPF_STEP_SEND:
+    return step_send(c, s);
+  case TPF_STEP_RECV:
+    return step_recv(c, s);
+  case TPF_STEP_REDUCE:
+    return step_reduce(c, s, false);
+  case TPF_STEP_PEER_REDUCE:
+    return step_reduce(c, s, true);
+  case TPF_STEP_BARRIER:
+    return step_barrier(c, s);
+  default:
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: unknown step kind %d", comm_name(c),
+                   c->me, c->step_index, (int)s->kind);
+  }
+}
+
+/* Waits until step `dep` of this rank has finished. The awaited step's own waits are bounded,
+ * so this only needs a generous bound against a schedule the pre-check let through. */
+static tpf_status wait_dep(sim_ctx *c, int dep) {
+  uint64_t deadline = tpf_sim__now_ns() + 2ull * c->w->timeout_ms * 1000000ull;
+  struct timespec ts = mono_ts(deadline);
+  tpf_status st = TPF_OK;
+  pthread_mutex_lock(&c->op->mu);
+  while (!c->op->done[dep]) {
+    if (atomic_load(&c->op->failed)) {
+      st = TPF_ESTATE;
+      break;
+    }
+    if (pthread_cond_timedwait(&c->op->cv, &c->op->mu, &ts) == ETIMEDOUT && !c->op->done[dep]) {
+      st = TPF_ETIMEOUT;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->op->mu);
+  if (st == TPF_ETIMEOUT)
+    return op_fail(c, st, "timeout: rank %d step %d of '%s' waited %u ms for its step %d",
+                   c->me, c->step_index, comm_name(c), 2u * c->w->timeout_ms, dep);
+  return st;
+}
+
+static void random_delay(tpf_sim_worker *wk, unsigned max_us) {
+  if (max_us == 0)
+    return;
+  uint64_t z = (wk->rng += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  z ^= z >> 31;
+  uint64_t us = z % ((uint64_t)max_us + 1);
+  if (us == 0)
+    return;
+  struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
+  nanosleep(&ts, NULL);
+}
+
+static void run_stream(tpf_sim_worker *wk, tpf_sim_op *op) {
+  tpf_sim_rank *rk = wk->rank;
+  sim_ctx c;
+  memset(&c, 0, sizeof c);
+  c.wk = wk;
+  c.rk = rk;
+  c.w = rk->world;
+  c.op = op;
+  c.sched = op->sched;
+  c.args = op->args;
+  c.sh = op->reg->sh;
+  c.me = rk->rank;
+  for (int i = 0; i < c.sched->nsteps; i++) {
+    const tpf_step *s = &c.sched->steps[i];
+    if (s->stream != wk->stream)
+      continue;
+    if (atomic_load(&op->failed))
+      return;
+    c.step_index = i;
+    for (int j = 0; j < s->ndeps; j++)
+      if (wait_dep(&c, s->deps[j]) != TPF_OK)
+        return;
+    random_delay(wk, c.w->max_delay_us);
+    c.moved = 0;
+    c.flops = 0;
+    uint64_t t0 = tpf_sim__now_ns();
+    if (run_step(&c, s) != TPF_OK)
+      return;
+    uint64_t t1 = tpf_sim__now_ns();
+    atomic_fetch_add(&c.w->steps, 1);
+    if (c.moved)
+      atomic_fetch_add(&c.w->bytes_moved, c.moved);
+    if (c.flops)
+      atomic_fetch_add(&c.w->flops, c.flops);
+    if (c.w->trace_fn) {
+      tpf_sim_trace_event ev;
+      ev.rank = c.me;
+      ev.stream = s->stream;
+      ev.step = i;
+      ev.kind = s->kind;
+      ev.peer = s->peer;
+      ev.chunk = s->chunk;
+      ev.tag = s->tag;
+      ev.comm = comm_name(&c);
+      ev.seq = c.args->seq;
+      ev.bytes = c.moved;
+      ev.flops = c.flops;
+      ev.t0_ns = t0 - c.w->t0_ns;
+      ev.t1_ns = t1 - c.w->t0_ns;
+      c.w->trace_fn(c.w->trace_ctx, &ev);
+    }
+    pthread_mutex_lock(&op->mu);
+    op->done[i] = 1;
+    pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mu);
+  }
+}
+
+void *tpf_sim__worker_main(void *arg) {
+  tpf_sim_worker *wk = arg;
+  tpf_sim_rank *rk = wk->rank;
+  uint64_t seen = 0;
+  for (;;) {
+    pthread_mutex_lock(&rk->mu);
+    while (rk->job_gen == seen && !rk->shutdown)
+      pthread_cond_wait(&rk->cv, &rk->mu);
+    if (rk->shutdown) {
+      pthread_mutex_unlock(&rk->mu);
+      return NULL;
+    }
+    seen = rk->job_gen;
+    tpf_sim_op *op = rk->job;
+    pthread_mutex_unlock(&rk->mu);
+
+    run_stream(wk, op);
+
+    pthread_mutex_lock(&op->mu);
+    if (--op->workers_left == 0)
+      pthread_cond_broadcast(&op->cv);
+    pthread_mutex_unlock(&op->mu);
+  }
+}
+
+/* Structural pre-check: what the workers rely on to never deadlock or index out of range. */
+static tpf_status precheck(const tpf_sim_rank *rk, const tpf_exec_args *a) {
+  const tpf_schedule *s = a->sched;
+  if (s->tp_size != rk->hdr.tp_size || s->rank != rk->rank)
+    return tpf_set_error(TPF_EINVAL,
+                         "sim execute '%s': schedule is for rank %d of %d, backend is rank %d of %d",
+                         a->comm_name ? a->comm_name : "?", s->rank, s->tp_size, rk->rank,
+                         rk->hdr.tp_size);
+  if (s->nsteps < 0 || (s->nsteps > 0 && !s->steps) || s->nsteps > 65535 ||
+      tpf_dtype_size(s->dtype) == 0)
+    return tpf_set_error(TPF_EINVAL, "sim execute '%s': schedule with %d steps is malformed",
+                         a->comm_name ? a->comm_name : "?", s->nsteps);
+  for (int i = 0; i < s->nsteps; i++) {
+    const tpf_step *st = &s->steps[i];
+    if (st->stream >= TPF_NUM_STREAMS || st->kind >= TPF_STEP_KIND_COUNT ||
+        st->ndeps > TPF_STEP_MAX_DEPS)
+      return tpf_set_error(TPF_EINVAL,
+                           "sim execute '%s': step %d has stream %u, kind %u, %u deps",
+                           a->comm_name ? a->comm_name : "?", i, st->stream, st->kind, st->ndeps);
+    for (int j = 0; j < st->ndeps; j++)
+      if (st->deps[j] >= i)
+        return tpf_set_error(TPF_EINVAL,
+                             "sim execute '%s': step %d depends on step %u, not an earlier one",
+                             a->comm_name ? a->comm_name : "?", i, st->deps[j]);
+  }
+  return TPF_OK;
+}
+
+tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+  (void)stream; /* the simulator completes every operation before returning */
+  TPF_CHECK(tpf_sim__fault_call(rk->world, "execute", rk->rank));
+  if (!h || !a || !a->sched)
+    return tpf_set_error(TPF_EINVAL, "sim execute: NULL %s", !h ? "registration" : "arguments");
+  TPF_CHECK(precheck(rk, a));
+
+  tpf_sim_op op;
+  memset(&op, 0, sizeof op);
+  op.sched = a->sched;
+  op.args = a;
+  op.reg = h;
+  op.workers_left = TPF_NUM_STREAMS;
+  atomic_init(&op.failed, 0);
+  op.done = calloc((size_t)a->sched->nsteps + 1, 1);
+  if (!op.done)
+    return tpf_set_error(TPF_ENOMEM, "sim execute: %d step flags", a->sched->nsteps);
+  pthread_mutex_init(&op.mu, NULL);
+  cond_init_mono(&op.cv);
+
+  pthread_mutex_lock(&rk->mu);
+  rk->job = &op;
+  rk->job_gen++;
+  pthread_cond_broadcast(&rk->cv);
+  pthread_mutex_unlock(&rk->mu);
+
+  pthread_mutex_lock(&op.mu);
+  while (op.workers_left > 0)
+    pthread_cond_wait(&op.cv, &op.mu);
+  pthread_mutex_unlock(&op.mu);
+
+  atomic_fetch_add(&rk->world->ops, 1);
+  tpf_status st = TPF_OK;
+  if (atomic_load(&op.failed))
+    st = tpf_set_error(op.status, "%s", op.msg);
+  else
+    st = tpf_sim__canary_verify(h, a->comm_name);
+  pthread_cond_destroy(&op.cv);
+  pthread_mutex_destroy(&op.mu);
+  free(op.done);
+  return st;
+}
+
+tpf_status tpf_sim__sync(tpf_backend *be, void *stream) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  (void)stream; /* nothing is ever left in flight */
+  return tpf_sim__fault_call(rk->world, "sync", rk->rank);
+}
+
+void tpf_sim__cond_init_mono(pthread_cond_t *cv) { cond_init_mono(cv); }

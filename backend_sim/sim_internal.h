@@ -1,0 +1,187 @@
+/* Private structures of the simulator backend. See sim_world.c for the overall method. */
+#ifndef TPF_SIM_INTERNAL_H
+#define TPF_SIM_INTERNAL_H
+
+#include "internal.h"
+#include "tpflex/tpflex_backend.h"
+#include "tpflex/tpflex_sim.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#define TPF_SIM_DEFAULT_TIMEOUT_MS 10000u
+#define TPF_SIM_DEFAULT_ARENA_BYTES (1ull << 30)
+#define TPF_SIM_ARENA_ALIGN 4096u
+#define TPF_SIM_MSG_LEN 512
+#define TPF_SIM_NAME_LEN 64
+
+typedef struct tpf_sim_rank tpf_sim_rank;
+
+/* One collective registration: P per-rank blocks in the arena. Block r holds rank r's data
+ * (data_bytes, rounded up to 64), then its incoming flags [sender][TPF_MAX_TAGS] and its
+ * incoming ready words [sender]: everything a rank waits on lives in its own block, so a writer
+ * knows whose doorbell to ring. */
+typedef struct tpf_sim_shared {
+  char name[TPF_SIM_NAME_LEN];
+  int tp_size;
+  uint64_t data_bytes;   /* registered bytes */
+  uint64_t data_span;    /* data_bytes rounded up to 64 */
+  uint64_t block_bytes;  /* one rank's block */
+  uint64_t arena_off;    /* start in the arena */
+  uint64_t arena_len;    /* reserved length */
+  unsigned char *base;   /* arena + arena_off */
+  int refs;              /* ranks that still hold it; world mutex */
+} tpf_sim_shared;
+
+/* A rank's handle on a registration (what the core calls tpf_reg). */
+typedef struct tpf_sim_reg {
+  tpf_sim_shared *sh;
+  int rank;
+  uint64_t canary_off; /* bytes from here to data_bytes hold the canary */
+} tpf_sim_reg;
+
+/* Registration rendezvous: the k-th reg_create of every rank meets in group k. */
+typedef struct tpf_sim_group {
+  struct tpf_sim_group *next;
+  uint64_t k;
+  int arrived, taken;
+  bool decided;
+  tpf_status status;
+  char msg[TPF_SIM_MSG_LEN];
+  uint64_t bytes[TPF_MAX_RANKS];
+  char names[TPF_MAX_RANKS][TPF_SIM_NAME_LEN];
+  tpf_sim_shared *sh;
+} tpf_sim_group;
+
+/* A free extent of the arena (sorted by offset, coalesced). */
+typedef struct tpf_sim_extent {
+  struct tpf_sim_extent *next;
+  uint64_t off, len;
+} tpf_sim_extent;
+
+/* One operation being executed by a rank's stream workers. Lives on the stack of execute, which
+ * waits until every worker has let go of it. */
+typedef struct tpf_sim_op {
+  const tpf_schedule *sched;
+  const tpf_exec_args *args;
+  tpf_sim_reg *reg;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  unsigned char *done;  /* per step; mu */
+  int workers_left;     /* mu */
+  atomic_int failed;
+  tpf_status status;    /* first failure; mu */
+  char msg[TPF_SIM_MSG_LEN];
+} tpf_sim_op;
+
+/* Scratch of one stream worker (fp32 staging for GEMM and reductions). */
+typedef struct {
+  float *buf;
+  size_t cap;
+} tpf_sim_scratch;
+
+typedef struct {
+  tpf_sim_rank *rank;
+  int stream;
+  pthread_t thread;
+  uint64_t rng;
+  tpf_sim_scratch scratch;
+} tpf_sim_worker;
+
+/* A rank: the backend object the core sees, its stream workers and its doorbell. */
+struct tpf_sim_rank {
+  struct tpf_backend hdr; /* must stay first: the core casts */
+  tpf_sim_world *world;
+  int rank;
+  uint64_t reg_count; /* registrations requested so far (rank thread only) */
+  tpf_sim_worker workers[TPF_NUM_STREAMS];
+  bool workers_started[TPF_NUM_STREAMS];
+  /* Job dispatch to the workers. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  uint64_t job_gen;
+  tpf_sim_op *job;
+  bool shutdown;
+  /* Doorbell: rung after every store into this rank's flags or ready words. */
+  pthread_mutex_t bell_mu;
+  pthread_cond_t bell_cv;
+  uint64_t bell_gen;
+  /* tpf_sim_run: the rank function's result and detail. */
+  tpf_status run_status;
+  char run_msg[TPF_SIM_MSG_LEN];
+  void *run_arg;
+  tpf_status (*run_fn)(tpf_backend *be, int rank, void *arg);
+  pthread_t run_thread;
+};
+
+struct tpf_sim_world {
+  int tp_size;
+  uint64_t seed;
+  unsigned max_delay_us;
+  unsigned timeout_ms;
+  uint64_t t0_ns;
+  /* Arena. */
+  unsigned char *arena;
+  uint64_t arena_bytes;
+  tpf_sim_extent *free_list; /* mu */
+  /* Registration rendezvous. */
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  tpf_sim_group *groups;
+  /* Observation. */
+  tpf_sim_trace_fn trace_fn;
+  void *trace_ctx;
+  atomic_uint_fast64_t ops, steps, bytes_moved, flops, registrations, backend_calls, signals;
+  /* Faults. */
+  tpf_sim_fault fault;
+  atomic_uint_fast64_t fault_calls, fault_signals;
+  tpf_sim_rank *ranks; /* tp_size entries */
+};
+
+extern const tpf_backend_ops tpf_sim_ops;
+
+/* sim_world.c */
+uint64_t tpf_sim__now_ns(void);
+tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off);
+void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len);
+void tpf_sim__ring(tpf_sim_rank *rk);
+/* Counts one backend call; returns the injected failure when it is the chosen one. */
+tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank);
+
+/* sim_reg.c */
+tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                               void **local);
+tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg);
+tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
+tpf_status tpf_sim__canary_verify(const tpf_sim_reg *r, const char *comm);
+unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
+_Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
+_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender);
+void tpf_sim__free_groups(tpf_sim_world *w);
+
+/* sim_exec.c */
+tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
+tpf_status tpf_sim__sync(tpf_backend *be, void *stream);
+void *tpf_sim__worker_main(void *arg);
+/* Condition variable timed against CLOCK_MONOTONIC (deadlines from tpf_sim__now_ns). */
+void tpf_sim__cond_init_mono(pthread_cond_t *cv);
+
+/* sim_math.c */
+tpf_status tpf_sim__scratch_reserve(tpf_sim_scratch *s, size_t floats);
+void tpf_sim__scratch_free(tpf_sim_scratch *s);
+/* A strided view of elements: element (i, j) at base + (i * ld + j) * elem size. */
+typedef struct {
+  unsigned char *base;
+  uint64_t ld;
+  tpf_dtype dtype;
+} tpf_sim_view;
+/* d[m, n] = a[m, k] * w[n, k]^T with fp32 accumulation, rounded to d's dtype. */
+tpf_status tpf_sim__gemm(tpf_sim_scratch *s, tpf_sim_view a, tpf_sim_view w, tpf_sim_view d,
+                         uint64_t m, uint64_t n, uint64_t k);
+/* d[m, n] = sum over t < count of src[t][m, n] in fp32 (in t order), rounded once. */
+tpf_status tpf_sim__reduce(tpf_sim_scratch *s, const tpf_sim_view *src, uint32_t count,
+                           tpf_sim_view d, uint64_t m, uint64_t n);
+
+#endif /* TPF_SIM_INTERNAL_H */

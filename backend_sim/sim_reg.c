@@ -1,0 +1,246 @@
+/* Collective registrations in the shared arena, and the canary beyond the active layout.
+ *
+ * Method: reg_create is a rendezvous. The k-th call of every rank meets in group k; the last rank
+ * to arrive compares every rank's size and name (any difference: TPF_EMISMATCH on all ranks),
+ * takes one arena extent for all P blocks, zeroes the data and the flags, and wakes the others.
+ * An arrival waits at most the world's timeout (TPF_ETIMEOUT, and the group is marked failed so
+ * that late ranks fail too instead of waiting). The extent is returned when the last rank
+ * destroys its handle, so a peer that is slow to let go never finds its memory reused.
+ *
+ * Canary: after every reg_activate the owner fills data[active_bytes, data_bytes) with a pattern
+ * that depends on the offset, and after every successful operation it checks the pattern. A
+ * schedule (or backend) that writes outside the active layout is caught on the next operation
+ * with the communicator, rank and first offset in the message.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "sim_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank) {
+  return sh->base + (uint64_t)rank * sh->block_bytes;
+}
+
+_Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag) {
+  unsigned char *p = tpf_sim__data(sh, receiver) + sh->data_span;
+  return (_Atomic uint64_t *)(void *)p + (size_t)sender * TPF_MAX_TAGS + tag;
+}
+
+_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender) {
+  unsigned char *p = tpf_sim__data(sh, receiver) + sh->data_span;
+  return (_Atomic uint64_t *)(void *)p + (size_t)sh->tp_size * TPF_MAX_TAGS + sender;
+}
+
+void tpf_sim__free_groups(tpf_sim_world *w) {
+  while (w->groups) {
+    tpf_sim_group *g = w->groups;
+    w->groups = g->next;
+    free(g);
+  }
+}
+
+static void abs_deadline(struct timespec *ts, unsigned timeout_ms) {
+  clock_gettime(CLOCK_REALTIME, ts);
+  ts->tv_sec += timeout_ms / 1000u;
+  ts->tv_nsec += (long)(timeout_ms % 1000u) * 1000000L;
+  if (ts->tv_nsec >= 1000000000L) {
+    ts->tv_sec++;
+    ts->tv_nsec -= 1000000000L;
+  }
+}
+
+/* Called by the last arrival, world mutex held: checks agreement and builds the shared region. */
+static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
+  int P = w->tp_size;
+  g->decided = true;
+  for (int r = 1; r < P; r++) {
+    if (g->bytes[r] != g->bytes[0] || strcmp(g->names[r], g->names[0]) != 0) {
+      g->status = TPF_EMISMATCH;
+      snprintf(g->msg, sizeof g->msg,
+               "registration %llu differs between ranks: rank 0 registers '%s' with %llu bytes, "
+               "rank %d '%s' with %llu bytes",
+               (unsigned long long)g->k, g->names[0], (unsigned long long)g->bytes[0], r,
+               g->names[r], (unsigned long long)g->bytes[r]);
+      return;
+    }
+  }
+  tpf_sim_shared *sh = calloc(1, sizeof *sh);
+  if (!sh) {
+    g->status = TPF_ENOMEM;
+    snprintf(g->msg, sizeof g->msg, "registration '%s': shared descriptor", g->names[0]);
+    return;
+  }
+  snprintf(sh->name, sizeof sh->name, "%s", g->names[0]);
+  sh->tp_size = P;
+  sh->data_bytes = g->bytes[0];
+  sh->data_span = (g->bytes[0] + 63u) / 64u * 64u;
+  uint64_t sync_bytes = ((uint64_t)P * TPF_MAX_TAGS + (uint64_t)P) * sizeof(uint64_t);
+  sh->block_bytes = (sh->data_span + sync_bytes + 63u) / 64u * 64u;
+  uint64_t total;
+  if (!tpf__mul_u64(sh->block_bytes, (uint64_t)P, &total) ||
+      tpf_sim__arena_alloc(w, total, &sh->arena_off) != TPF_OK) {
+    g->status = TPF_ENOMEM;
+    snprintf(g->msg, sizeof g->msg,
+             "registration '%s' of %llu bytes x %d ranks does not fit the simulator arena (%llu "
+             "bytes; raise tpf_sim_config.arena_bytes)",
+             g->names[0], (unsigned long long)g->bytes[0], P, (unsigned long long)w->arena_bytes);
+    free(sh);
+    return;
+  }
+  sh->arena_len = total;
+  sh->base = w->arena + sh->arena_off;
+  sh->refs = P;
+  for (int r = 0; r < P; r++) {
+    memset(tpf_sim__data(sh, r), 0, (size_t)sh->data_span);
+    for (int s = 0; s < P; s++) {
+      for (uint32_t t = 0; t < TPF_MAX_TAGS; t++)
+        atomic_init(tpf_sim__flag(sh, r, s, t), 0);
+      atomic_init(tpf_sim__ready(sh, r, s), 0);
+    }
+  }
+  atomic_fetch_add(&w->registrations, 1);
+  g->sh = sh;
+  g->status = TPF_OK;
+}
+
+static void group_release(tpf_sim_world *w, tpf_sim_group *g) {
+  if (++g->taken < w->tp_size)
+    return;
+  for (tpf_sim_group **pp = &w->groups; *pp; pp = &(*pp)->next) {
+    if (*pp == g) {
+      *pp = g->next;
+      free(g);
+      return;
+    }
+  }
+}
+
+tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                               void **local) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  tpf_sim_world *w = rk->world;
+  TPF_CHECK(tpf_sim__fault_call(w, "reg_create", rk->rank));
+  if (!reg || !local || bytes == 0)
+    return tpf_set_error(TPF_EINVAL, "sim reg_create: %s", bytes ? "NULL out" : "zero bytes");
+  tpf_sim_reg *h = calloc(1, sizeof *h);
+  if (!h)
+    return tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
+  uint64_t k = rk->reg_count++;
+
+  pthread_mutex_lock(&w->mu);
+  tpf_sim_group *g = w->groups;
+  while (g && g->k != k)
+    g = g->next;
+  if (!g) {
+    g = calloc(1, sizeof *g);
+    if (!g) {
+      pthread_mutex_unlock(&w->mu);
+      free(h);
+      return tpf_set_error(TPF_ENOMEM, "sim reg_create: rendezvous");
+    }
+    g->k = k;
+    g->next = w->groups;
+    w->groups = g;
+  }
+  g->bytes[rk->rank] = bytes;
+  snprintf(g->names[rk->rank], TPF_SIM_NAME_LEN, "%s", name ? name : "");
+  g->arrived++;
+  if (!g->decided && g->arrived == w->tp_size) {
+    group_decide(w, g);
+    pthread_cond_broadcast(&w->cv);
+  }
+  struct timespec dl;
+  abs_deadline(&dl, w->timeout_ms);
+  while (!g->decided) {
+    if (pthread_cond_timedwait(&w->cv, &w->mu, &dl) == ETIMEDOUT && !g->decided) {
+      g->decided = true;
+      g->status = TPF_ETIMEOUT;
+      snprintf(g->msg, sizeof g->msg,
+               "registration %llu ('%s'): rank %d waited %u ms; only %d of %d ranks arrived",
+               (unsigned long long)k, g->names[rk->rank], rk->rank, w->timeout_ms, g->arrived,
+               w->tp_size);
+      pthread_cond_broadcast(&w->cv);
+    }
+  }
+  tpf_status st = g->status;
+  char msg[TPF_SIM_MSG_LEN];
+  snprintf(msg, sizeof msg, "%s", g->msg);
+  tpf_sim_shared *sh = g->sh;
+  group_release(w, g);
+  pthread_mutex_unlock(&w->mu);
+
+  if (st != TPF_OK) {
+    free(h);
+    return tpf_set_error(st, "%s", msg);
+  }
+  h->sh = sh;
+  h->rank = rk->rank;
+  h->canary_off = sh->data_bytes; /* active == capacity until the first set */
+  *reg = (tpf_reg *)h;
+  *local = tpf_sim__data(sh, rk->rank);
+  return TPF_OK;
+}
+
+tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  tpf_sim_world *w = rk->world;
+  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+  /* Counted for the fault loop, but a destroy never fails: the caller could not recover. */
+  atomic_fetch_add(&w->backend_calls, 1);
+  if (!h)
+    return tpf_set_error(TPF_EINVAL, "sim reg_destroy: NULL registration");
+  pthread_mutex_lock(&w->mu);
+  tpf_sim_shared *sh = h->sh;
+  if (--sh->refs == 0) {
+    tpf_sim__arena_free(w, sh->arena_off, sh->arena_len);
+    free(sh);
+  }
+  pthread_mutex_unlock(&w->mu);
+  free(h);
+  return TPF_OK;
+}
+
+static inline unsigned char canary_byte(uint64_t off, int rank) {
+  /* Depends on the offset and the owner, so that bytes copied from elsewhere in a canary, or from
+   * the same offset of a peer's canary (an over-long transfer), are still seen. */
+  return (unsigned char)(0xA5u ^ (unsigned)(off & 0xFFu) ^ (unsigned)((off >> 8) * 0x3Bu) ^
+                         (unsigned)(rank * 0x6Du + 1));
+}
+
+tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+  TPF_CHECK(tpf_sim__fault_call(rk->world, "reg_activate", rk->rank));
+  if (!h)
+    return tpf_set_error(TPF_EINVAL, "sim reg_activate: NULL registration");
+  if (active_bytes > h->sh->data_bytes)
+    return tpf_set_error(TPF_ECAPACITY,
+                         "sim reg_activate: active layout of %llu bytes exceeds the %llu bytes "
+                         "registered for '%s'",
+                         (unsigned long long)active_bytes, (unsigned long long)h->sh->data_bytes,
+                         h->sh->name);
+  unsigned char *d = tpf_sim__data(h->sh, h->rank);
+  for (uint64_t o = active_bytes; o < h->sh->data_bytes; o++)
+    d[o] = canary_byte(o, h->rank);
+  h->canary_off = active_bytes;
+  return TPF_OK;
+}
+
+tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm) {
+  const unsigned char *d = tpf_sim__data(h->sh, h->rank);
+  for (uint64_t o = h->canary_off; o < h->sh->data_bytes; o++) {
+    if (d[o] != canary_byte(o, h->rank))
+      return tpf_set_error(TPF_EBACKEND,
+                           "canary overwritten in '%s' on rank %d at byte offset %llu (active "
+                           "layout ends at %llu of %llu registered bytes): found 0x%02x, expected "
+                           "0x%02x",
+                           comm ? comm : h->sh->name, h->rank, (unsigned long long)o,
+                           (unsigned long long)h->canary_off,
+                           (unsigned long long)h->sh->data_bytes, d[o], canary_byte(o, h->rank));
+  }
+  return TPF_OK;
+}

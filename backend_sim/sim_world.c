@@ -1,0 +1,333 @@
+/* The simulator world: P ranks as threads, one shared arena, stream worker threads per rank.
+ *
+ * Method: a world owns one anonymous mmap (the arena) from which every collective registration
+ * takes one extent holding all P ranks' blocks, so a peer's buffer is just an address and a
+ * "copy-engine transfer" is a memcpy into it. Each rank is a tpf_sim_rank (the backend object the
+ * core receives) with TPF_NUM_STREAMS persistent worker threads standing for its CUDA streams;
+ * execute (sim_exec.c) hands a schedule to them and waits. Cross-rank flags are C11 atomics in
+ * the arena; a waiter sleeps on its own rank's doorbell (mutex + condition + generation), which
+ * every writer into that rank's flags rings, so waits cost no CPU on a 2-core machine and every
+ * wait carries a deadline. tpf_sim_run starts one thread per rank for the user's function; the
+ * workers outlive runs, so objects created in one run are usable in the next.
+ */
+#define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
+#include "sim_internal.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+uint64_t tpf_sim__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- arena: first fit over a sorted, coalesced free list (world mutex held by callers) ---- */
+
+tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off) {
+  len = (len + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN * TPF_SIM_ARENA_ALIGN;
+  for (tpf_sim_extent **pp = &w->free_list; *pp; pp = &(*pp)->next) {
+    tpf_sim_extent *e = *pp;
+    if (e->len < len)
+      continue;
+    *off = e->off;
+    e->off += len;
+    e->len -= len;
+    if (e->len == 0) {
+      *pp = e->next;
+      free(e);
+    }
+    return TPF_OK;
+  }
+  return tpf_set_error(TPF_ENOMEM,
+                       "simulator arena exhausted: no free extent of %llu bytes in an arena of "
+                       "%llu bytes (raise tpf_sim_config.arena_bytes)",
+                       (unsigned long long)len, (unsigned long long)w->arena_bytes);
+}
+
+void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
+  len = (len + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN * TPF_SIM_ARENA_ALIGN;
+  tpf_sim_extent **pp = &w->free_list;
+  while (*pp && (*pp)->off < off)
+    pp = &(*pp)->next;
+  tpf_sim_extent *next = *pp;
+  /* Merge with the predecessor (found by a second walk: the list is short). */
+  tpf_sim_extent *prev = NULL;
+  for (tpf_sim_extent *e = w->free_list; e && e != next; e = e->next)
+    prev = e;
+  if (prev && prev->off + prev->len == off) {
+    prev->len += len;
+    if (next && prev->off + prev->len == next->off) {
+      prev->len += next->len;
+      prev->next = next->next;
+      free(next);
+    }
+    return;
+  }
+  if (next && off + len == next->off) {
+    next->off = off;
+    next->len += len;
+    return;
+  }
+  tpf_sim_extent *e = malloc(sizeof *e);
+  if (!e)
+    return; /* the extent is lost to the arena, nothing else: better than failing a destroy */
+  e->off = off;
+  e->len = len;
+  e->next = next;
+  *pp = e;
+}
+
+/* ---- doorbell ---- */
+
+void tpf_sim__ring(tpf_sim_rank *rk) {
+  pthread_mutex_lock(&rk->bell_mu);
+  rk->bell_gen++;
+  pthread_cond_broadcast(&rk->bell_cv);
+  pthread_mutex_unlock(&rk->bell_mu);
+}
+
+/* ---- faults ---- */
+
+tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank) {
+  uint64_t n = atomic_fetch_add(&w->backend_calls, 1) + 1;
+  (void)n;
+  if (w->fault.fail_call == 0)
+    return TPF_OK;
+  uint64_t k = atomic_fetch_add(&w->fault_calls, 1) + 1;
+  if (k != w->fault.fail_call)
+    return TPF_OK;
+  tpf_status st = w->fault.fail_status != TPF_OK ? w->fault.fail_status : TPF_EBACKEND;
+  return tpf_set_error(st, "injected fault: backend call %llu (%s on rank %d) fails",
+                       (unsigned long long)k, what, rank);
+}
+
+/* ---- the ops table ---- */
+
+const tpf_backend_ops tpf_sim_ops = {
+    .abi_version = TPF_BACKEND_ABI_VERSION,
+    .name = "sim",
+    .caps = TPF_BE_CAP_HOST_MEMORY | TPF_BE_CAP_CANARY,
+    .align_bytes = 16,
+    .max_ranks = TPF_MAX_RANKS,
+    .reg_create = tpf_sim__reg_create,
+    .reg_destroy = tpf_sim__reg_destroy,
+    .reg_activate = tpf_sim__reg_activate,
+    .execute = tpf_sim__execute,
+    .sync = tpf_sim__sync,
+};
+
+/* ---- world ---- */
+
+static tpf_status pthread_error(int err, const char *what) {
+  return tpf_set_error(TPF_EBACKEND, "simulator: %s failed: %s", what, strerror(err));
+}
+
+static void rank_stop_workers(tpf_sim_rank *rk) {
+  pthread_mutex_lock(&rk->mu);
+  rk->shutdown = true;
+  pthread_cond_broadcast(&rk->cv);
+  pthread_mutex_unlock(&rk->mu);
+  for (int s = 0; s < TPF_NUM_STREAMS; s++) {
+    if (rk->workers_started[s])
+      pthread_join(rk->workers[s].thread, NULL);
+    rk->workers_started[s] = false;
+    tpf_sim__scratch_free(&rk->workers[s].scratch);
+  }
+}
+
+static tpf_status rank_init(tpf_sim_world *w, int r) {
+  tpf_sim_rank *rk = &w->ranks[r];
+  rk->hdr.ops = &tpf_sim_ops;
+  rk->hdr.tp_size = w->tp_size;
+  rk->hdr.rank = r;
+  rk->world = w;
+  rk->rank = r;
+  pthread_mutex_init(&rk->mu, NULL);
+  pthread_cond_init(&rk->cv, NULL);
+  pthread_mutex_init(&rk->bell_mu, NULL);
+  tpf_sim__cond_init_mono(&rk->bell_cv);
+  for (int s = 0; s < TPF_NUM_STREAMS; s++) {
+    tpf_sim_worker *wk = &rk->workers[s];
+    wk->rank = rk;
+    wk->stream = s;
+    /* Distinct, reproducible delay streams per (seed, rank, stream). */
+    wk->rng = w->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(r * TPF_NUM_STREAMS + s + 1));
+    int err = pthread_create(&wk->thread, NULL, tpf_sim__worker_main, wk);
+    if (err)
+      return pthread_error(err, "creating a stream worker");
+    rk->workers_started[s] = true;
+  }
+  return TPF_OK;
+}
+
+static void world_free(tpf_sim_world *w) {
+  if (w->ranks) {
+    for (int r = 0; r < w->tp_size; r++) {
+      tpf_sim_rank *rk = &w->ranks[r];
+      if (!rk->world)
+        continue;
+      rank_stop_workers(rk);
+      pthread_mutex_destroy(&rk->mu);
+      pthread_cond_destroy(&rk->cv);
+      pthread_mutex_destroy(&rk->bell_mu);
+      pthread_cond_destroy(&rk->bell_cv);
+    }
+    free(w->ranks);
+  }
+  tpf_sim__free_groups(w);
+  while (w->free_list) {
+    tpf_sim_extent *e = w->free_list;
+    w->free_list = e->next;
+    free(e);
+  }
+  if (w->arena)
+    munmap(w->arena, (size_t)w->arena_bytes);
+  pthread_mutex_destroy(&w->mu);
+  pthread_cond_destroy(&w->cv);
+  free(w);
+}
+
+tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) {
+  if (!cfg || !out)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
+  if (cfg->tp_size < 1 || cfg->tp_size > TPF_MAX_RANKS)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: tp_size %d outside 1..%d",
+                         cfg->tp_size, TPF_MAX_RANKS);
+  tpf_sim_world *w = calloc(1, sizeof *w);
+  if (!w)
+    return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: world");
+  w->tp_size = cfg->tp_size;
+  w->seed = cfg->seed;
+  w->max_delay_us = cfg->max_delay_us;
+  w->timeout_ms = cfg->timeout_ms ? cfg->timeout_ms : TPF_SIM_DEFAULT_TIMEOUT_MS;
+  w->t0_ns = tpf_sim__now_ns();
+  pthread_mutex_init(&w->mu, NULL);
+  pthread_cond_init(&w->cv, NULL);
+  w->fault.fail_status = TPF_OK;
+
+  /* The arena is reserved, not committed: pages appear as registrations touch them. */
+  w->arena_bytes = cfg->arena_bytes ? cfg->arena_bytes : TPF_SIM_DEFAULT_ARENA_BYTES;
+  w->arena_bytes = (w->arena_bytes + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN *
+                   TPF_SIM_ARENA_ALIGN;
+  void *a = mmap(NULL, (size_t)w->arena_bytes, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (a == MAP_FAILED) {
+    int err = errno;
+    world_free(w);
+    return tpf_set_error(TPF_ENOMEM, "simulator arena: mmap of %llu bytes failed: %s",
+                         (unsigned long long)(cfg->arena_bytes ? cfg->arena_bytes
+                                                               : TPF_SIM_DEFAULT_ARENA_BYTES),
+                         strerror(err));
+  }
+  w->arena = a;
+  w->free_list = malloc(sizeof *w->free_list);
+  w->ranks = calloc((size_t)w->tp_size, sizeof *w->ranks);
+  if (!w->free_list || !w->ranks) {
+    world_free(w);
+    return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: rank table");
+  }
+  w->free_list->off = 0;
+  w->free_list->len = w->arena_bytes;
+  w->free_list->next = NULL;
+  for (int r = 0; r < w->tp_size; r++) {
+    tpf_status st = rank_init(w, r);
+    if (st != TPF_OK) {
+      char msg[TPF_SIM_MSG_LEN];
+      snprintf(msg, sizeof msg, "%s", tpf_last_error());
+      world_free(w);
+      return tpf_set_error(st, "%s", msg);
+    }
+  }
+  *out = w;
+  return TPF_OK;
+}
+
+static void *run_main(void *arg) {
+  tpf_sim_rank *rk = arg;
+  tpf_status st = rk->run_fn(&rk->hdr, rk->rank, rk->run_arg);
+  rk->run_status = st;
+  if (st != TPF_OK)
+    snprintf(rk->run_msg, sizeof rk->run_msg, "%s", tpf_last_error());
+  return NULL;
+}
+
+tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int rank, void *arg),
+                       void *arg) {
+  if (!w || !fn)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_run: NULL %s", w ? "function" : "world");
+  int started = 0;
+  tpf_status st = TPF_OK;
+  for (int r = 0; r < w->tp_size; r++) {
+    tpf_sim_rank *rk = &w->ranks[r];
+    rk->run_fn = fn;
+    rk->run_arg = arg;
+    rk->run_status = TPF_OK;
+    rk->run_msg[0] = '\0';
+    int err = pthread_create(&rk->run_thread, NULL, run_main, rk);
+    if (err) {
+      /* The ranks already started would wait for this one until their timeout; they still
+       * end, because every wait is bounded. */
+      st = pthread_error(err, "creating a rank thread");
+      break;
+    }
+    started++;
+  }
+  for (int r = 0; r < started; r++)
+    pthread_join(w->ranks[r].run_thread, NULL);
+  if (st != TPF_OK)
+    return st;
+  for (int r = 0; r < w->tp_size; r++) {
+    tpf_sim_rank *rk = &w->ranks[r];
+    if (rk->run_status != TPF_OK)
+      return tpf_set_error(rk->run_status, "rank %d: %s", r, rk->run_msg);
+  }
+  return TPF_OK;
+}
+
+tpf_status tpf_sim_world_destroy(tpf_sim_world *w) {
+  if (!w)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_world_destroy: NULL world");
+  world_free(w);
+  return TPF_OK;
+}
+
+tpf_status tpf_sim_set_trace(tpf_sim_world *w, tpf_sim_trace_fn fn, void *ctx) {
+  if (!w)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_set_trace: NULL world");
+  w->trace_fn = fn;
+  w->trace_ctx = ctx;
+  return TPF_OK;
+}
+
+tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out) {
+  if (!w || !out)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_get_stats: NULL %s", w ? "out" : "world");
+  tpf_sim_world *mw = (tpf_sim_world *)w; /* atomics are read through a non-const lvalue */
+  tpf_sim_stats s;
+  s.ops = atomic_load(&mw->ops);
+  s.steps = atomic_load(&mw->steps);
+  s.bytes_moved = atomic_load(&mw->bytes_moved);
+  s.flops = atomic_load(&mw->flops);
+  s.registrations = atomic_load(&mw->registrations);
+  s.backend_calls = atomic_load(&mw->backend_calls);
+  s.signals = atomic_load(&mw->signals);
+  *out = s;
+  return TPF_OK;
+}
+
+tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
+  if (!w)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault: NULL world");
+  if (f)
+    w->fault = *f;
+  else
+    memset(&w->fault, 0, sizeof w->fault);
+  atomic_store(&w->fault_calls, 0);
+  atomic_store(&w->fault_signals, 0);
+  return TPF_OK;
+}

@@ -1,0 +1,672 @@
+/* The conformance sweep, compiled once per backend (conformance_sim.c, conformance_cuda.c).
+ *
+ * Method: for every P the environment can run, one collective run executes, on every rank, the
+ * whole sweep for that P: every algorithm/collective variant (RING AG plain, with one GEMM and
+ * aggregate; RING RS; PIPELINE RS with 4 and 2 splits; BULK AG and RS) times every buffer dtype
+ * (bf16, fp16, fp32) times every T that is a multiple of P up to the capacity C. Each rank
+ * generates every rank's inputs from seeds that depend only on (P, variant, dtype, T, role,
+ * owner), so it can compute its own expected result with the independent host reference
+ * (tests/support/reference.c) without talking to the others; nothing here is backend specific:
+ * operand memory goes through env->mem_alloc/upload/download and streams through env->stream.
+ *
+ * Checked per case: the GEMM output against the reference with SPEC §7's rule (tolerance of the
+ * buffer dtype, the coarser of the two), gathered buffers byte for byte (a transfer must not
+ * change a bit), reduced chunks against the fp32 sum of the partials rounded as the buffer
+ * stores them. The backend checks its canary itself after every operation. Shape histories
+ * (capacity, shrink, grow, shrink, repeat, back to capacity) on one communicator must give
+ * results bitwise equal to a fresh communicator's at the same T, which is what "results do not
+ * depend on T's history" means.
+ *
+ * Outputs alternate per T between the buffer dtype and fp32, and between ld == cols and a padded
+ * ld, so both paths of every operand are exercised.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "conformance.h"
+
+#include "internal.h" /* TPF_CHECK, TPF_CHECK_GOTO */
+#include "reference.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+  const char *label;
+  tpf_algo algo;
+  tpf_coll coll;
+  int splits;
+  bool aggregate;
+} conf_kind;
+
+static const conf_kind kKinds[] = {
+    {"ring-ag", TPF_ALGO_RING, TPF_COLL_AG, 0, false},
+    {"ring-ag-1gemm", TPF_ALGO_RING, TPF_COLL_AG, 1, false},
+    {"ring-ag-aggregate", TPF_ALGO_RING, TPF_COLL_AG, 0, true},
+    {"ring-rs", TPF_ALGO_RING, TPF_COLL_RS, 0, false},
+    {"pipeline-rs", TPF_ALGO_PIPELINE, TPF_COLL_RS, 0, false},
+    {"pipeline-rs-2", TPF_ALGO_PIPELINE, TPF_COLL_RS, 2, false},
+    {"bulk-ag", TPF_ALGO_BULK, TPF_COLL_AG, 0, false},
+    {"bulk-rs", TPF_ALGO_BULK, TPF_COLL_RS, 0, false},
+};
+#define NKINDS ((int)(sizeof kKinds / sizeof kKinds[0]))
+static const tpf_dtype kDtypes[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+#define NDTYPES 3
+
+#define CONF_MSG 600
+#define CONF_MAX_PRINTED 20
+
+typedef struct {
+  uint64_t cases, failed;
+  char first[CONF_MSG + 200];
+} conf_rank_result;
+
+typedef struct {
+  tpf_conf_env *env;
+  int P;
+  uint64_t C, H, K, N; /* capacity rows, buffer columns, RS inner dim, AG weight rows */
+  bool histories;
+  int only_kind; /* -1: all */
+  uint64_t seed;
+  int verbose;
+  conf_rank_result rk[TPF_MAX_RANKS];
+} conf_run;
+
+typedef struct {
+  conf_run *run;
+  tpf_backend *be;
+  int rank;
+  void *stream;
+  conf_rank_result *res;
+} conf_ctx;
+
+/* ---- small helpers ---- */
+
+static uint64_t mix(uint64_t h, uint64_t v) {
+  uint64_t s = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  return tpf_ref_rand_u64(&s);
+}
+
+/* The seed of one input: the same on every rank and in every history. */
+static uint64_t seed_of(const conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, int role,
+                        int owner) {
+  uint64_t h = cx->run->seed;
+  h = mix(h, (uint64_t)cx->run->P);
+  h = mix(h, (uint64_t)kind);
+  h = mix(h, (uint64_t)dt);
+  h = mix(h, T);
+  h = mix(h, (uint64_t)role);
+  return mix(h, (uint64_t)owner);
+}
+
+static double now_s(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+/* A matrix in backend memory with its host mirror (same ld). */
+typedef struct {
+  tpf_matrix dev, host;
+  size_t bytes;
+} conf_mat;
+
+static tpf_status mat_new(conf_ctx *cx, conf_mat *m, uint64_t rows, uint64_t cols, uint64_t ld,
+                          tpf_dtype dt) {
+  memset(m, 0, sizeof *m);
+  m->bytes = (size_t)(rows * ld * tpf_dtype_size(dt));
+  void *h = calloc(1, m->bytes ? m->bytes : 1);
+  void *d = cx->run->env->mem_alloc(cx->run->env, cx->rank, m->bytes ? m->bytes : 1);
+  if (!h || !d) {
+    free(h);
+    if (d)
+      cx->run->env->mem_free(cx->run->env, cx->rank, d);
+    return tpf_set_error(TPF_ENOMEM, "conformance: operand of %zu bytes", m->bytes);
+  }
+  tpf_matrix t = {NULL, rows, cols, ld, dt};
+  m->host = t;
+  m->host.ptr = h;
+  m->dev = t;
+  m->dev.ptr = d;
+  return TPF_OK;
+}
+
+static void mat_free(conf_ctx *cx, conf_mat *m) {
+  if (m->dev.ptr)
+    cx->run->env->mem_free(cx->run->env, cx->rank, m->dev.ptr);
+  free(m->host.ptr);
+  memset(m, 0, sizeof *m);
+}
+
+static tpf_status mat_upload(conf_ctx *cx, conf_mat *m) {
+  return cx->run->env->upload(cx->run->env, cx->rank, m->dev.ptr, m->host.ptr, m->bytes);
+}
+
+static tpf_status mat_download(conf_ctx *cx, conf_mat *m) {
+  return cx->run->env->download(cx->run->env, cx->rank, m->host.ptr, m->dev.ptr, m->bytes);
+}
+
+/* A host-only matrix. */
+static tpf_status host_new(tpf_matrix *m, uint64_t rows, uint64_t cols, tpf_dtype dt) {
+  tpf_matrix t = {calloc(1, (size_t)(rows * cols * tpf_dtype_size(dt)) + 1), rows, cols, cols, dt};
+  *m = t;
+  return t.ptr ? TPF_OK : tpf_set_error(TPF_ENOMEM, "conformance: host matrix");
+}
+
+/* Rows [r0, r0 + n) of m as a view. */
+static tpf_matrix rows_of(const tpf_matrix *m, uint64_t r0, uint64_t n) {
+  tpf_matrix v = *m;
+  v.ptr = (unsigned char *)m->ptr + r0 * m->ld * tpf_dtype_size(m->dtype);
+  v.rows = n;
+  return v;
+}
+
+/* A signature of a case's results, for history-versus-fresh comparisons. */
+typedef struct {
+  unsigned char *bytes;
+  size_t len, cap;
+} conf_sig;
+
+static void sig_add(conf_sig *s, const tpf_matrix *m) {
+  if (!s)
+    return;
+  size_t esz = tpf_dtype_size(m->dtype), row = (size_t)m->cols * esz;
+  size_t need = s->len + (size_t)m->rows * row;
+  if (need > s->cap) {
+    unsigned char *p = realloc(s->bytes, need);
+    if (!p)
+      return;
+    s->bytes = p;
+    s->cap = need;
+  }
+  for (uint64_t i = 0; i < m->rows; i++) {
+    memcpy(s->bytes + s->len, (unsigned char *)m->ptr + i * m->ld * esz, row);
+    s->len += row;
+  }
+}
+
+/* Case verdicts. */
+typedef struct {
+  bool pass;
+  char why[CONF_MSG];
+} conf_verdict;
+
+static void verdict_fail(conf_verdict *v, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void verdict_fail(conf_verdict *v, const char *fmt, ...) {
+  if (!v->pass)
+    return; /* keep the first reason */
+  v->pass = false;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(v->why, sizeof v->why, fmt, ap);
+  va_end(ap);
+}
+
+static void check_close(conf_verdict *v, const char *what, const tpf_matrix *got,
+                        const tpf_matrix *want, tpf_dtype buf_dtype) {
+  tpf_ref_result r;
+  if (tpf_ref_compare(got, want, tpf_ref_tolerance_pair(buf_dtype, got->dtype), &r) != TPF_OK) {
+    verdict_fail(v, "%s: shapes differ", what);
+    return;
+  }
+  if (!r.pass) {
+    char line[300];
+    tpf_ref_format(&r, line, sizeof line);
+    verdict_fail(v, "%s: %s", what, line);
+  }
+}
+
+static void check_exact(conf_verdict *v, const char *what, const tpf_matrix *got,
+                        const tpf_matrix *want) {
+  size_t esz = tpf_dtype_size(got->dtype);
+  for (uint64_t i = 0; i < got->rows; i++) {
+    const unsigned char *g = (const unsigned char *)got->ptr + i * got->ld * esz;
+    const unsigned char *w = (const unsigned char *)want->ptr + i * want->ld * esz;
+    if (memcmp(g, w, (size_t)got->cols * esz) != 0) {
+      uint64_t j = 0;
+      while (j < got->cols && memcmp(g + j * esz, w + j * esz, esz) == 0)
+        j++;
+      verdict_fail(v, "%s: element (%llu, %llu) is %g, expected %g (bytes must be copied exactly)",
+                   what, (unsigned long long)i, (unsigned long long)j,
+                   (double)tpf_ref_get(got, i, j), (double)tpf_ref_get(want, i, j));
+      return;
+    }
+  }
+}
+
+/* Output dtype and ld padding of a case: alternate with T so both paths run. */
+static tpf_dtype out_dtype(tpf_dtype buf, uint64_t T, int P) {
+  return ((T / (uint64_t)P) % 2 == 1) ? buf : TPF_FP32;
+}
+static uint64_t pad_ld(uint64_t cols, uint64_t T, int P) {
+  return ((T / (uint64_t)P) % 3 == 2) ? cols + 3 : cols;
+}
+
+enum { ROLE_X = 1, ROLE_W, ROLE_A, ROLE_B, ROLE_PART };
+
+/* ---- the cases ---- */
+
+/* Writes rank r's local shard (rows [r*R, (r+1)*R) of x) into the communicator. */
+static tpf_status put_local(conf_ctx *cx, tpf_comm *c, const tpf_matrix *x, uint64_t R) {
+  tpf_matrix loc;
+  TPF_CHECK(tpf_comm_local_chunk(c, &loc));
+  tpf_matrix src = rows_of(x, (uint64_t)cx->rank * R, R);
+  return cx->run->env->upload(cx->run->env, cx->rank, loc.ptr, src.ptr,
+                              (size_t)(R * loc.cols * tpf_dtype_size(loc.dtype)));
+}
+
+static tpf_status get_buffer(conf_ctx *cx, tpf_comm *c, tpf_matrix *host) {
+  tpf_matrix full;
+  TPF_CHECK(tpf_comm_buffer(c, &full));
+  TPF_CHECK(host_new(host, full.rows, full.cols, full.dtype));
+  return cx->run->env->download(cx->run->env, cx->rank, host->ptr, full.ptr,
+                                (size_t)(full.rows * full.cols * tpf_dtype_size(full.dtype)));
+}
+
+static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
+                          conf_verdict *v, conf_sig *sig) {
+  conf_run *run = cx->run;
+  const uint64_t H = run->H, N = run->N, R = T / (uint64_t)run->P;
+  tpf_matrix x = {0}, dref = {0}, bufh = {0};
+  conf_mat w, d;
+  memset(&w, 0, sizeof w);
+  memset(&d, 0, sizeof d);
+  tpf_status rc;
+  TPF_CHECK_GOTO(host_new(&x, T, H, dt), rc, out);
+  tpf_ref_fill(&x, seed_of(cx, kind, dt, T, ROLE_X, 0), -1.0f, 1.0f);
+  TPF_CHECK_GOTO(mat_new(cx, &w, N, H, pad_ld(H, T, run->P), dt), rc, out);
+  tpf_ref_fill(&w.host, seed_of(cx, kind, dt, T, ROLE_W, cx->rank), -1.0f, 1.0f);
+  TPF_CHECK_GOTO(mat_upload(cx, &w), rc, out);
+  tpf_dtype od = out_dtype(dt, T, run->P);
+  TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, run->P), od), rc, out);
+  TPF_CHECK_GOTO(put_local(cx, c, &x, R), rc, out);
+
+  TPF_CHECK_GOTO(tpf_ag_gemm(c, &w.dev, &d.dev, cx->stream), rc, out);
+  TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
+
+  TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
+  TPF_CHECK_GOTO(host_new(&dref, T, N, od), rc, out);
+  TPF_CHECK_GOTO(tpf_ref_gemm(&x, &w.host, &dref), rc, out);
+  check_close(v, "D = AG(X) W^T", &d.host, &dref, dt);
+  TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
+  check_exact(v, "gathered buffer", &bufh, &x);
+  sig_add(sig, &d.host);
+  sig_add(sig, &bufh);
+out:
+  free(x.ptr);
+  free(dref.ptr);
+  free(bufh.ptr);
+  mat_free(cx, &w);
+  mat_free(cx, &d);
+  return rc;
+}
+
+/* Expected rows [r*R, (r+1)*R) of sum_q round_buf(X_q W_q^T), rounded to out's dtype. */
+static tpf_status expected_rs(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, tpf_matrix *out) {
+  conf_run *run = cx->run;
+  const uint64_t H = run->H, K = run->K, R = T / (uint64_t)run->P;
+  tpf_matrix xq = {0}, wq = {0};
+  float *part = malloc((size_t)(R * H) * sizeof(float));
+  float *acc = calloc((size_t)(R * H), sizeof(float));
+  tpf_status rc = TPF_OK;
+  if (!part || !acc) {
+    rc = tpf_set_error(TPF_ENOMEM, "conformance: RS reference");
+    goto out;
+  }
+  TPF_CHECK_GOTO(host_new(&xq, T, K, dt), rc, out);
+  TPF_CHECK_GOTO(host_new(&wq, H, K, dt), rc, out);
+  for (int q = 0; q < run->P; q++) {
+    tpf_ref_fill(&xq, seed_of(cx, kind, dt, T, ROLE_X, q), -1.0f, 1.0f);
+    tpf_ref_fill(&wq, seed_of(cx, kind, dt, T, ROLE_W, q), -1.0f, 1.0f);
+    tpf_matrix mine = rows_of(&xq, (uint64_t)cx->rank * R, R);
+    TPF_CHECK_GOTO(tpf_ref_gemm_f32(&mine, &wq, part), rc, out);
+    /* The partial lives in the buffer dtype before it is summed (SPEC §2: slots of the buffer). */
+    for (uint64_t i = 0; i < R * H; i++)
+      acc[i] += tpf_ref_round(dt, part[i]);
+  }
+  for (uint64_t i = 0; i < R; i++)
+    for (uint64_t j = 0; j < H; j++)
+      tpf_ref_set(out, i, j, acc[i * H + j]);
+out:
+  free(part);
+  free(acc);
+  free(xq.ptr);
+  free(wq.ptr);
+  return rc;
+}
+
+static tpf_status case_rs(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
+                          conf_verdict *v, conf_sig *sig) {
+  conf_run *run = cx->run;
+  const uint64_t H = run->H, K = run->K, R = T / (uint64_t)run->P;
+  conf_mat x, w, o;
+  memset(&x, 0, sizeof x);
+  memset(&w, 0, sizeof w);
+  memset(&o, 0, sizeof o);
+  tpf_matrix oref = {0};
+  tpf_status rc;
+  TPF_CHECK_GOTO(mat_new(cx, &x, T, K, pad_ld(K, T, run->P), dt), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &w, H, K, K, dt), rc, out);
+  tpf_ref_fill(&x.host, seed_of(cx, kind, dt, T, ROLE_X, cx->rank), -1.0f, 1.0f);
+  tpf_ref_fill(&w.host, seed_of(cx, kind, dt, T, ROLE_W, cx->rank), -1.0f, 1.0f);
+  TPF_CHECK_GOTO(mat_upload(cx, &x), rc, out);
+  TPF_CHECK_GOTO(mat_upload(cx, &w), rc, out);
+  tpf_dtype od = out_dtype(dt, T, run->P);
+  TPF_CHECK_GOTO(mat_new(cx, &o, R, H, pad_ld(H, T, run->P), od), rc, out);
+
+  TPF_CHECK_GOTO(tpf_gemm_rs(c, &x.dev, &w.dev, &o.dev, cx->stream), rc, out);
+  TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
+  TPF_CHECK_GOTO(mat_download(cx, &o), rc, out);
+
+  TPF_CHECK_GOTO(host_new(&oref, R, H, od), rc, out);
+  TPF_CHECK_GOTO(expected_rs(cx, kind, dt, T, &oref), rc, out);
+  check_close(v, "out = RS(X W^T)", &o.host, &oref, dt);
+  sig_add(sig, &o.host);
+out:
+  free(oref.ptr);
+  mat_free(cx, &x);
+  mat_free(cx, &w);
+  mat_free(cx, &o);
+  return rc;
+}
+
+static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
+                            bool rs, conf_verdict *v, conf_sig *sig) {
+  conf_run *run = cx->run;
+  const uint64_t H = run->H, K = run->K, N = run->N, R = T / (uint64_t)run->P;
+  const int P = run->P;
+  tpf_matrix x = {0}, dref = {0}, bufh = {0}, want = {0}, part = {0};
+  conf_mat a, b, d;
+  memset(&a, 0, sizeof a);
+  memset(&b, 0, sizeof b);
+  memset(&d, 0, sizeof d);
+  tpf_status rc;
+  /* The independent GEMM: a [T, K] x b [N, K]^T (a dgrad/wgrad stand-in). */
+  TPF_CHECK_GOTO(mat_new(cx, &a, T, K, pad_ld(K, T, P), dt), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &b, N, K, K, dt), rc, out);
+  tpf_ref_fill(&a.host, seed_of(cx, kind, dt, T, ROLE_A, cx->rank), -1.0f, 1.0f);
+  tpf_ref_fill(&b.host, seed_of(cx, kind, dt, T, ROLE_B, cx->rank), -1.0f, 1.0f);
+  TPF_CHECK_GOTO(mat_upload(cx, &a), rc, out);
+  TPF_CHECK_GOTO(mat_upload(cx, &b), rc, out);
+  tpf_dtype od = out_dtype(dt, T, P);
+  TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, P), od), rc, out);
+
+  if (!rs) {
+    TPF_CHECK_GOTO(host_new(&x, T, H, dt), rc, out);
+    tpf_ref_fill(&x, seed_of(cx, kind, dt, T, ROLE_X, 0), -1.0f, 1.0f);
+    TPF_CHECK_GOTO(put_local(cx, c, &x, R), rc, out);
+  } else {
+    /* Every rank's [T, H] partial fills its whole active buffer. */
+    tpf_matrix full;
+    TPF_CHECK_GOTO(tpf_comm_buffer(c, &full), rc, out);
+    TPF_CHECK_GOTO(host_new(&part, T, H, dt), rc, out);
+    tpf_ref_fill(&part, seed_of(cx, kind, dt, T, ROLE_PART, cx->rank), -1.0f, 1.0f);
+    TPF_CHECK_GOTO(run->env->upload(run->env, cx->rank, full.ptr, part.ptr,
+                                    (size_t)(T * H * tpf_dtype_size(dt))),
+                   rc, out);
+  }
+
+  TPF_CHECK_GOTO(tpf_bulk_overlap(c, &a.dev, &b.dev, &d.dev, cx->stream), rc, out);
+  TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
+
+  TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
+  TPF_CHECK_GOTO(host_new(&dref, T, N, od), rc, out);
+  TPF_CHECK_GOTO(tpf_ref_gemm(&a.host, &b.host, &dref), rc, out);
+  check_close(v, "independent D = A B^T", &d.host, &dref, dt);
+  sig_add(sig, &d.host);
+
+  TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
+  if (!rs) {
+    check_exact(v, "bulk all-gathered buffer", &bufh, &x);
+    sig_add(sig, &bufh);
+  } else {
+    /* Chunk r = sum over ranks of rows [r*R, (r+1)*R) of their partials, in the buffer dtype. */
+    TPF_CHECK_GOTO(host_new(&want, R, H, dt), rc, out);
+    float *acc = calloc((size_t)(R * H), sizeof(float));
+    if (!acc) {
+      rc = tpf_set_error(TPF_ENOMEM, "conformance: bulk RS reference");
+      goto out;
+    }
+    for (int q = 0; q < P; q++) {
+      tpf_ref_fill(&part, seed_of(cx, kind, dt, T, ROLE_PART, q), -1.0f, 1.0f);
+      for (uint64_t i = 0; i < R; i++)
+        for (uint64_t j = 0; j < H; j++)
+          acc[i * H + j] += tpf_ref_get(&part, (uint64_t)cx->rank * R + i, j);
+    }
+    for (uint64_t i = 0; i < R; i++)
+      for (uint64_t j = 0; j < H; j++)
+        tpf_ref_set(&want, i, j, acc[i * H + j]);
+    free(acc);
+    tpf_matrix mine = rows_of(&bufh, (uint64_t)cx->rank * R, R);
+    check_close(v, "bulk reduce-scattered chunk", &mine, &want, dt);
+    sig_add(sig, &mine);
+  }
+out:
+  free(x.ptr);
+  free(dref.ptr);
+  free(bufh.ptr);
+  free(want.ptr);
+  free(part.ptr);
+  mat_free(cx, &a);
+  mat_free(cx, &b);
+  mat_free(cx, &d);
+  return rc;
+}
+
+/* Sets the shape and runs one case; API failures are returned, wrong results go to v. */
+static tpf_status run_case(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
+                           conf_verdict *v, conf_sig *sig) {
+  tpf_shape s = {T, cx->run->H};
+  TPF_CHECK(tpf_comm_set_active_shape(c, s));
+  const conf_kind *k = &kKinds[kind];
+  if (k->algo == TPF_ALGO_BULK)
+    return case_bulk(cx, c, kind, dt, T, k->coll == TPF_COLL_RS, v, sig);
+  if (k->coll == TPF_COLL_AG)
+    return case_ag(cx, c, kind, dt, T, v, sig);
+  return case_rs(cx, c, kind, dt, T, v, sig);
+}
+
+static bool kind_runs(const conf_kind *k, int P) { return !(k->aggregate && P % 2 != 0); }
+
+static tpf_status comm_new(conf_ctx *cx, int kind, tpf_dtype dt, tpf_comm **out) {
+  const conf_kind *k = &kKinds[kind];
+  char name[64];
+  snprintf(name, sizeof name, "%s.%s", k->label, tpf_dtype_name(dt));
+  tpf_comm_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.name = name;
+  cfg.algo = k->algo;
+  cfg.coll = k->coll;
+  cfg.dtype = dt;
+  cfg.capacity.rows = cx->run->C;
+  cfg.capacity.cols = cx->run->H;
+  cfg.num_splits = k->splits;
+  cfg.aggregate = k->aggregate;
+  return tpf_comm_create(cx->be, &cfg, out);
+}
+
+static void record(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, const char *what,
+                   const conf_verdict *v) {
+  if (cx->rank == 0)
+    cx->res->cases++;
+  if (v->pass)
+    return;
+  cx->res->failed++;
+  char line[CONF_MSG + 200];
+  snprintf(line, sizeof line, "FAIL P=%d rank %d %s %s T=%llu%s: %s", cx->run->P, cx->rank,
+           kKinds[kind].label, tpf_dtype_name(dt), (unsigned long long)T, what, v->why);
+  if (cx->res->failed == 1)
+    snprintf(cx->res->first, sizeof cx->res->first, "%s", line);
+  if (cx->res->failed <= CONF_MAX_PRINTED)
+    fprintf(stdout, "%s\n", line);
+}
+
+/* The main sweep for one (kind, dtype): one communicator, every T ascending. */
+static tpf_status sweep_one(conf_ctx *cx, int kind, tpf_dtype dt) {
+  tpf_comm *c = NULL;
+  TPF_CHECK(comm_new(cx, kind, dt, &c));
+  tpf_status rc = TPF_OK;
+  for (uint64_t T = (uint64_t)cx->run->P; T <= cx->run->C; T += (uint64_t)cx->run->P) {
+    conf_verdict v = {true, ""};
+    rc = run_case(cx, c, kind, dt, T, &v, NULL);
+    if (rc != TPF_OK)
+      break;
+    record(cx, kind, dt, T, "", &v);
+  }
+  tpf_status rc2 = tpf_comm_destroy(c);
+  return rc != TPF_OK ? rc : rc2;
+}
+
+/* A shape history on one communicator versus a fresh communicator per step. */
+static tpf_status history_one(conf_ctx *cx, int kind, tpf_dtype dt) {
+  const uint64_t P = (uint64_t)cx->run->P, C = cx->run->C, u = C / P; /* units of P rows */
+  /* capacity, shrink, grow, shrink, repeat, grow, back to capacity */
+  uint64_t units[] = {u, (u + 1) / 2, u > 1 ? u - 1 : 1, 1, 1, u > 2 ? 3 : u, u};
+  tpf_comm *hist = NULL;
+  TPF_CHECK(comm_new(cx, kind, dt, &hist));
+  tpf_status rc = TPF_OK;
+  for (size_t i = 0; i < sizeof units / sizeof units[0] && rc == TPF_OK; i++) {
+    uint64_t T = units[i] * P;
+    conf_sig sh = {0}, sf = {0};
+    conf_verdict v = {true, ""};
+    rc = run_case(cx, hist, kind, dt, T, &v, &sh);
+    tpf_comm *fresh = NULL;
+    if (rc == TPF_OK)
+      rc = comm_new(cx, kind, dt, &fresh);
+    if (rc == TPF_OK) {
+      conf_verdict vf = {true, ""};
+      rc = run_case(cx, fresh, kind, dt, T, &vf, &sf);
+      tpf_status rd = tpf_comm_destroy(fresh);
+      if (rc == TPF_OK)
+        rc = rd;
+      if (!vf.pass)
+        verdict_fail(&v, "fresh communicator: %s", vf.why);
+    }
+    if (rc == TPF_OK) {
+      if (sh.len != sf.len || memcmp(sh.bytes, sf.bytes, sh.len) != 0) {
+        size_t at = 0;
+        while (at < sh.len && at < sf.len && sh.bytes[at] == sf.bytes[at])
+          at++;
+        verdict_fail(&v, "result after history step %zu differs from a fresh communicator's at "
+                         "result byte %zu of %zu",
+                     i, at, sh.len);
+      }
+      char what[48];
+      snprintf(what, sizeof what, " (history step %zu)", i);
+      record(cx, kind, dt, T, what, &v);
+    }
+    free(sh.bytes);
+    free(sf.bytes);
+  }
+  tpf_status rc2 = tpf_comm_destroy(hist);
+  return rc != TPF_OK ? rc : rc2;
+}
+
+static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
+  conf_run *run = arg;
+  conf_ctx cx = {run, be, rank, run->env->stream(run->env, rank), &run->rk[rank]};
+  for (int kind = 0; kind < NKINDS; kind++) {
+    if (!kind_runs(&kKinds[kind], run->P) || (run->only_kind >= 0 && kind != run->only_kind))
+      continue;
+    for (int di = 0; di < NDTYPES; di++) {
+      TPF_CHECK(sweep_one(&cx, kind, kDtypes[di]));
+      if (run->histories)
+        TPF_CHECK(history_one(&cx, kind, kDtypes[di]));
+    }
+  }
+  return TPF_OK;
+}
+
+static void usage(const char *env) {
+  printf("conformance[%s] options: --quick (capacity 4P instead of 16P), --tp N (only P = N), "
+         "--kind NAME (one variant), --seed N, --no-history\n",
+         env);
+}
+
+int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
+  static const int kPs[] = {1, 2, 3, 4, 5, 6, 8};
+  bool quick = false, histories = true;
+  int only_tp = 0, only_kind = -1;
+  uint64_t seed = 42;
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else if (!strcmp(argv[i], "--no-history")) {
+      histories = false;
+    } else if (!strcmp(argv[i], "--tp") && i + 1 < argc) {
+      only_tp = atoi(argv[++i]);
+    } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
+      seed = strtoull(argv[++i], NULL, 0);
+    } else if (!strcmp(argv[i], "--kind") && i + 1 < argc) {
+      const char *n = argv[++i];
+      for (int k = 0; k < NKINDS; k++)
+        if (!strcmp(n, kKinds[k].label))
+          only_kind = k;
+      if (only_kind < 0) {
+        fprintf(stderr, "unknown --kind %s\n", n);
+        return 2;
+      }
+    } else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
+      usage(env->name);
+      return 0;
+    } else {
+      fprintf(stderr, "conformance: unknown argument %s\n", argv[i]);
+      usage(env->name);
+      return 2;
+    }
+  }
+
+  printf("conformance[%s]: P in {1,2,3,4,5,6,8} (up to %d), capacity %s, H 32, %d variants x "
+         "bf16/fp16/fp32, every T multiple of P%s\n",
+         env->name, env->max_ranks, quick ? "4P" : "16P", NKINDS,
+         histories ? ", shape histories vs fresh communicators" : "");
+  fflush(stdout);
+  double t_all = now_s();
+  uint64_t cases = 0, failed = 0, run_errors = 0;
+  for (size_t pi = 0; pi < sizeof kPs / sizeof kPs[0]; pi++) {
+    int P = kPs[pi];
+    if (P > env->max_ranks || (only_tp && P != only_tp))
+      continue;
+    conf_run *run = calloc(1, sizeof *run);
+    if (!run) {
+      fprintf(stderr, "conformance: out of memory\n");
+      return 1;
+    }
+    run->env = env;
+    run->P = P;
+    run->C = (uint64_t)P * (quick ? 4u : 16u);
+    run->H = 32;
+    run->K = 16;
+    run->N = 24;
+    run->histories = histories;
+    run->only_kind = only_kind;
+    run->seed = seed;
+    double t0 = now_s();
+    tpf_status st = env->run(env, P, rank_main, run);
+    double dt = now_s() - t0;
+    uint64_t pf = 0;
+    for (int r = 0; r < P; r++)
+      pf += run->rk[r].failed;
+    printf("  P=%d: %llu cases, %llu failed checks, %.2f s%s%s\n", P,
+           (unsigned long long)run->rk[0].cases, (unsigned long long)pf, dt,
+           st != TPF_OK ? ", run error: " : "", st != TPF_OK ? tpf_status_name(st) : "");
+    if (st != TPF_OK) {
+      printf("    %s\n", tpf_last_error());
+      run_errors++;
+    }
+    fflush(stdout);
+    cases += run->rk[0].cases;
+    failed += pf;
+    free(run);
+  }
+  double total = now_s() - t_all;
+  printf("conformance[%s]: %llu cases, %llu failed checks, %llu run errors, wall %.2f s: %s\n",
+         env->name, (unsigned long long)cases, (unsigned long long)failed,
+         (unsigned long long)run_errors, total, (failed || run_errors) ? "FAILED" : "PASSED");
+  return (failed || run_errors) ? 1 : 0;
+}

@@ -1,0 +1,105 @@
+/* The conformance sweep on the simulator backend: fills a tpf_conf_env with host memory and one
+ * simulator world per run, then hands over to the shared body (conformance_body.c).
+ *
+ * Options of its own, removed before the body sees argv: --delay-us N (random delay before each
+ * step, default 20: interleavings differ from run to run), --sim-seed N (seed of those delays,
+ * default: from the clock, printed), --timeout-ms N (bound of every wait, default 20000). */
+#define _POSIX_C_SOURCE 200809L
+#include "conformance.h"
+#include "tpflex/tpflex_sim.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+typedef struct {
+  unsigned delay_us, timeout_ms;
+  uint64_t seed;
+  unsigned runs;
+} sim_env_ctx;
+
+static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *arg) {
+  sim_env_ctx *ctx = env->ctx;
+  tpf_sim_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.tp_size = P;
+  cfg.seed = ctx->seed + 1000003u * ctx->runs++;
+  cfg.max_delay_us = ctx->delay_us;
+  cfg.timeout_ms = ctx->timeout_ms;
+  cfg.arena_bytes = 256ull << 20;
+  tpf_sim_world *w = NULL;
+  tpf_status st = tpf_sim_world_create(&cfg, &w);
+  if (st != TPF_OK)
+    return st;
+  st = tpf_sim_run(w, fn, arg);
+  char detail[1024];
+  snprintf(detail, sizeof detail, "%s", tpf_last_error());
+  tpf_status st2 = tpf_sim_world_destroy(w);
+  if (st != TPF_OK)
+    return tpf_set_error(st, "%s", detail);
+  return st2;
+}
+
+static void *sim_alloc(tpf_conf_env *env, int rank, size_t bytes) {
+  (void)env;
+  (void)rank;
+  return malloc(bytes);
+}
+static void sim_free(tpf_conf_env *env, int rank, void *p) {
+  (void)env;
+  (void)rank;
+  free(p);
+}
+static tpf_status sim_copy(tpf_conf_env *env, int rank, void *dst, const void *src, size_t n) {
+  (void)env;
+  (void)rank;
+  memcpy(dst, src, n);
+  return TPF_OK;
+}
+static void *sim_stream(tpf_conf_env *env, int rank) {
+  (void)env;
+  (void)rank;
+  return NULL;
+}
+static tpf_status sim_sync(tpf_conf_env *env, int rank, tpf_backend *be) {
+  (void)env;
+  (void)rank;
+  return be->ops->sync(be, NULL);
+}
+
+int main(int argc, char **argv) {
+  sim_env_ctx ctx = {20, 20000, (uint64_t)time(NULL), 0};
+  char **rest = calloc((size_t)argc + 1, sizeof *rest);
+  int nrest = 0;
+  if (!rest)
+    return 1;
+  rest[nrest++] = argv[0];
+  for (int i = 1; i < argc; i++) {
+    if (!strcmp(argv[i], "--delay-us") && i + 1 < argc)
+      ctx.delay_us = (unsigned)strtoul(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--sim-seed") && i + 1 < argc)
+      ctx.seed = strtoull(argv[++i], NULL, 0);
+    else if (!strcmp(argv[i], "--timeout-ms") && i + 1 < argc)
+      ctx.timeout_ms = (unsigned)strtoul(argv[++i], NULL, 0);
+    else
+      rest[nrest++] = argv[i];
+  }
+  printf("simulator: delays 0..%u us before each step, delay seed %llu, timeout %u ms\n",
+         ctx.delay_us, (unsigned long long)ctx.seed, ctx.timeout_ms);
+  tpf_conf_env env = {
+      .name = "sim",
+      .max_ranks = 8,
+      .run = sim_run,
+      .mem_alloc = sim_alloc,
+      .mem_free = sim_free,
+      .upload = sim_copy,
+      .download = sim_copy,
+      .stream = sim_stream,
+      .sync = sim_sync,
+      .ctx = &ctx,
+  };
+  int rc = tpf_conformance_main(&env, nrest, rest);
+  free(rest);
+  return rc;
+}

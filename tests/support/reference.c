@@ -1,0 +1,268 @@
+/* The independent host reference: conversions, GEMM, SPEC §7 comparison, seeded fill.
+ *
+ * Method: conversions are bit manipulations written from the IEEE formats (bf16 is the top half
+ * of an fp32; fp16 has 5 exponent bits, bias 15) with round-to-nearest-even; fp16 subnormals are
+ * rounded by the FPU itself (adding 0.5f aligns the value so that one fp32 ulp is one fp16
+ * subnormal ulp). The GEMM converts W once to fp32 and accumulates every dot product in fp32 in
+ * increasing k, which is what "fp32 accumulation" means in SPEC §1; the backend may use any order,
+ * the tolerance covers it. Nothing here calls into the library, so the reference cannot share a
+ * bug with it.
+ */
+#include "reference.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static uint32_t f2u(float f) {
+  uint32_t u;
+  memcpy(&u, &f, sizeof u);
+  return u;
+}
+static float u2f(uint32_t u) {
+  float f;
+  memcpy(&f, &u, sizeof f);
+  return f;
+}
+
+float tpf_ref_bf16_to_float(uint16_t h) { return u2f((uint32_t)h << 16); }
+
+uint16_t tpf_ref_float_to_bf16(float f) {
+  uint32_t x = f2u(f);
+  if ((x & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it quiet and a NaN after truncation */
+    return (uint16_t)((x >> 16) | 0x40u);
+  x += 0x7fffu + ((x >> 16) & 1u); /* ties to even; a carry into the exponent is correct */
+  return (uint16_t)(x >> 16);
+}
+
+float tpf_ref_fp16_to_float(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+  uint32_t e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 0) {
+    float v = ldexpf((float)m, -24); /* zero or subnormal: exact */
+    return sign ? -v : v;
+  }
+  if (e == 31)
+    return u2f(sign | 0x7f800000u | (m << 13));
+  return u2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+
+uint16_t tpf_ref_float_to_fp16(float f) {
+  uint32_t x = f2u(f);
+  uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
+  uint32_t ax = x & 0x7fffffffu;
+  if (ax > 0x7f800000u)
+    return (uint16_t)(sign | 0x7e00u); /* NaN */
+  if (ax >= 0x477ff000u)
+    return (uint16_t)(sign | 0x7c00u); /* rounds beyond 65504: inf */
+  if (ax < 0x38800000u) {
+    /* Below 2^-14: fp16 subnormal (or zero). In a + 0.5f one fp32 ulp is 2^-24, the fp16
+     * subnormal step, so the FPU's own round-to-nearest-even does the work. A result of 0x400
+     * is the smallest normal, which is the right encoding too. */
+    float a = u2f(ax) + 0.5f;
+    return (uint16_t)(sign | (uint16_t)(f2u(a) - f2u(0.5f)));
+  }
+  uint32_t odd = (ax >> 13) & 1u;
+  ax += 0xc8000fffu + odd; /* rebias the exponent by -112 and round to nearest even */
+  return (uint16_t)(sign | (uint16_t)(ax >> 13));
+}
+
+float tpf_ref_load(tpf_dtype t, const void *base, size_t idx) {
+  switch (t) {
+  case TPF_BF16: {
+    uint16_t h;
+    memcpy(&h, (const unsigned char *)base + idx * 2, 2);
+    return tpf_ref_bf16_to_float(h);
+  }
+  case TPF_FP16: {
+    uint16_t h;
+    memcpy(&h, (const unsigned char *)base + idx * 2, 2);
+    return tpf_ref_fp16_to_float(h);
+  }
+  case TPF_FP32: {
+    float f;
+    memcpy(&f, (const unsigned char *)base + idx * 4, 4);
+    return f;
+  }
+  default:
+    return 0.0f;
+  }
+}
+
+void tpf_ref_store(tpf_dtype t, void *base, size_t idx, float v) {
+  switch (t) {
+  case TPF_BF16: {
+    uint16_t h = tpf_ref_float_to_bf16(v);
+    memcpy((unsigned char *)base + idx * 2, &h, 2);
+    break;
+  }
+  case TPF_FP16: {
+    uint16_t h = tpf_ref_float_to_fp16(v);
+    memcpy((unsigned char *)base + idx * 2, &h, 2);
+    break;
+  }
+  case TPF_FP32:
+    memcpy((unsigned char *)base + idx * 4, &v, 4);
+    break;
+  default:
+    break;
+  }
+}
+
+float tpf_ref_round(tpf_dtype t, float v) {
+  switch (t) {
+  case TPF_BF16:
+    return tpf_ref_bf16_to_float(tpf_ref_float_to_bf16(v));
+  case TPF_FP16:
+    return tpf_ref_fp16_to_float(tpf_ref_float_to_fp16(v));
+  default:
+    return v;
+  }
+}
+
+float tpf_ref_get(const tpf_matrix *m, uint64_t i, uint64_t j) {
+  return tpf_ref_load(m->dtype, m->ptr, (size_t)(i * m->ld + j));
+}
+
+void tpf_ref_set(tpf_matrix *m, uint64_t i, uint64_t j, float v) {
+  tpf_ref_store(m->dtype, m->ptr, (size_t)(i * m->ld + j), v);
+}
+
+uint64_t tpf_ref_rand_u64(uint64_t *state) {
+  uint64_t z = (*state += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+float tpf_ref_rand_uniform(uint64_t *state, float lo, float hi) {
+  /* 24 random bits: every value is an exact fp32 in [0, 1). */
+  float u = (float)(tpf_ref_rand_u64(state) >> 40) * (1.0f / 16777216.0f);
+  return lo + (hi - lo) * u;
+}
+
+void tpf_ref_fill(tpf_matrix *m, uint64_t seed, float lo, float hi) {
+  uint64_t st = seed;
+  for (uint64_t i = 0; i < m->rows; i++)
+    for (uint64_t j = 0; j < m->cols; j++)
+      tpf_ref_set(m, i, j, tpf_ref_rand_uniform(&st, lo, hi));
+}
+
+static bool ref_dtype_ok(tpf_dtype t) { return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32; }
+
+static tpf_status ref_gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d,
+                                float *out) {
+  if (!x || !w || !x->ptr || !w->ptr || !ref_dtype_ok(x->dtype) || !ref_dtype_ok(w->dtype))
+    return TPF_EINVAL;
+  if (x->cols != w->cols)
+    return TPF_EINVAL;
+  if (d && (!d->ptr || !ref_dtype_ok(d->dtype) || d->rows != x->rows || d->cols != w->rows))
+    return TPF_EINVAL;
+  uint64_t m = x->rows, n = w->rows, k = x->cols;
+  float *wf = malloc((size_t)(n * k + k + 1) * sizeof(float));
+  if (!wf)
+    return TPF_ENOMEM;
+  float *xf = wf + n * k;
+  for (uint64_t j = 0; j < n; j++)
+    for (uint64_t p = 0; p < k; p++)
+      wf[j * k + p] = tpf_ref_get(w, j, p);
+  for (uint64_t i = 0; i < m; i++) {
+    for (uint64_t p = 0; p < k; p++)
+      xf[p] = tpf_ref_get(x, i, p);
+    for (uint64_t j = 0; j < n; j++) {
+      const float *wr = wf + j * k;
+      float acc = 0.0f;
+      for (uint64_t p = 0; p < k; p++)
+        acc += xf[p] * wr[p];
+      if (d)
+        tpf_ref_set(d, i, j, acc);
+      else
+        out[i * n + j] = acc;
+    }
+  }
+  free(wf);
+  return TPF_OK;
+}
+
+tpf_status tpf_ref_gemm(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d) {
+  if (!d)
+    return TPF_EINVAL;
+  return ref_gemm_impl(x, w, d, NULL);
+}
+
+tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out) {
+  if (!out)
+    return TPF_EINVAL;
+  return ref_gemm_impl(x, w, NULL, out);
+}
+
+tpf_ref_tol tpf_ref_tolerance(tpf_dtype t) {
+  tpf_ref_tol tol;
+  if (t == TPF_FP32) {
+    tol.rtol = 1e-5;
+    tol.atol = 1e-5;
+  } else {
+    tol.rtol = 0.02;
+    tol.atol = 0.002;
+  }
+  return tol;
+}
+
+tpf_ref_tol tpf_ref_tolerance_pair(tpf_dtype a, tpf_dtype b) {
+  tpf_ref_tol ta = tpf_ref_tolerance(a), tb = tpf_ref_tolerance(b);
+  return ta.rtol >= tb.rtol ? ta : tb;
+}
+
+tpf_status tpf_ref_compare(const tpf_matrix *got, const tpf_matrix *want, tpf_ref_tol tol,
+                           tpf_ref_result *res) {
+  if (!got || !want || !res || got->rows != want->rows || got->cols != want->cols)
+    return TPF_EINVAL;
+  tpf_ref_result r;
+  memset(&r, 0, sizeof r);
+  r.pass = true;
+  double best = -1.0;
+  for (uint64_t i = 0; i < got->rows; i++) {
+    for (uint64_t j = 0; j < got->cols; j++) {
+      double g = tpf_ref_get(got, i, j), w = tpf_ref_get(want, i, j);
+      double diff;
+      bool bad;
+      if (isfinite(g) && isfinite(w)) {
+        diff = fabs(g - w);
+        double rel = diff / fmax(fabs(w), 1e-5);
+        bad = rel > tol.rtol && diff > tol.atol;
+      } else {
+        /* Equal infinities or two NaNs agree; anything else is the worst possible element. */
+        bool same = (isnan(g) && isnan(w)) || g == w;
+        diff = same ? 0.0 : INFINITY;
+        bad = !same;
+      }
+      r.compared++;
+      if (bad)
+        r.wrong++;
+      if (diff > best) {
+        best = diff;
+        r.row = i;
+        r.col = j;
+        r.got = g;
+        r.want = w;
+        r.abs_diff = diff;
+      }
+    }
+  }
+  if (r.compared) {
+    r.rel = r.abs_diff / fmax(fabs(r.want), 1e-5);
+    r.pass = !(r.rel > tol.rtol && r.abs_diff > tol.atol) && !isinf(r.abs_diff);
+  }
+  *res = r;
+  return TPF_OK;
+}
+
+void tpf_ref_format(const tpf_ref_result *res, char *buf, size_t len) {
+  snprintf(buf, len,
+           "max diff at (%llu, %llu): got %.6g want %.6g abs %.3g rel %.3g; %llu of %llu "
+           "elements out of tolerance: %s",
+           (unsigned long long)res->row, (unsigned long long)res->col, res->got, res->want,
+           res->abs_diff, res->rel, (unsigned long long)res->wrong,
+           (unsigned long long)res->compared, res->pass ? "PASS" : "FAIL");
+}

@@ -1,0 +1,84 @@
+/* The independent host reference of tpflex's tests and demo.
+ *
+ * Everything here is written from the definitions in SPEC §1 and §7 and shares no code with the
+ * library: its own bf16/fp16 conversions (round-to-nearest-even), its own GEMM (fp32 accumulation
+ * in k order, rounded once to the output dtype) and the TE-style comparison of SPEC §7 (the
+ * max-abs-diff element decides). The library's tpf_elem_to_float/tpf_float_to_elem are
+ * deliberately not used, so a bug in them cannot cancel out. Compiled into the test support
+ * library and into the tpflex CLI (the demo verifies with it).
+ */
+#ifndef TPF_REFERENCE_H
+#define TPF_REFERENCE_H
+
+#include "tpflex/tpflex.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- element conversions (round-to-nearest-even; NaN stays NaN, overflow goes to inf) ---- */
+float tpf_ref_bf16_to_float(uint16_t h);
+uint16_t tpf_ref_float_to_bf16(float f);
+float tpf_ref_fp16_to_float(uint16_t h);
+uint16_t tpf_ref_float_to_fp16(float f);
+/* Element idx (in elements) of an array of dtype t (bf16, fp16 or fp32; others read as 0). */
+float tpf_ref_load(tpf_dtype t, const void *base, size_t idx);
+void tpf_ref_store(tpf_dtype t, void *base, size_t idx, float v);
+/* v rounded to dtype t and back (fp32: unchanged). */
+float tpf_ref_round(tpf_dtype t, float v);
+
+/* ---- matrices ---- */
+/* Element (i, j) of m as float. */
+float tpf_ref_get(const tpf_matrix *m, uint64_t i, uint64_t j);
+void tpf_ref_set(tpf_matrix *m, uint64_t i, uint64_t j, float v);
+
+/* splitmix64: a tiny seeded generator, the same on every platform. */
+uint64_t tpf_ref_rand_u64(uint64_t *state);
+/* Uniform in [lo, hi). */
+float tpf_ref_rand_uniform(uint64_t *state, float lo, float hi);
+/* Fills m (rows x cols, respecting ld) with uniform values in [lo, hi) rounded to m's dtype, from
+ * a generator seeded with `seed`. Same seed, same values. */
+void tpf_ref_fill(tpf_matrix *m, uint64_t seed, float lo, float hi);
+
+/* d = x * w^T: x [m, k], w [n, k], d [m, n]; any mix of bf16/fp16/fp32; fp32 accumulation over
+ * k in increasing order, rounded once to d's dtype. TPF_EINVAL when dimensions disagree or a
+ * dtype is not bf16/fp16/fp32. */
+tpf_status tpf_ref_gemm(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d);
+/* Same product into an fp32 array out[m * n] (row-major, ld n), without the final rounding. */
+tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out);
+
+/* ---- SPEC §7 comparison ---- */
+typedef struct {
+  double rtol, atol;
+} tpf_ref_tol;
+/* bf16 and fp16: rtol 0.02, atol 0.002 (TE's bf16 test tolerances); fp32: 1e-5 both. */
+tpf_ref_tol tpf_ref_tolerance(tpf_dtype t);
+
+typedef struct {
+  uint64_t row, col;  /* the max-abs-diff element m (0, 0 for an empty matrix) */
+  double got, want;   /* values at m */
+  double abs_diff;    /* |got - want| at m */
+  double rel;         /* abs_diff / max(|want|, 1e-5) */
+  uint64_t wrong;     /* elements that fail the criterion on their own (nccl-tests' #wrong) */
+  uint64_t compared;  /* elements compared */
+  bool pass;          /* !(rel > rtol && abs > atol) at m, and no NaN mismatch */
+} tpf_ref_result;
+
+/* Compares got against want (same rows and cols; dtypes may differ) with tolerance tol. The
+ * verdict follows SPEC §7: fail iff rel > rtol and abs > atol at the max-abs-diff element. A NaN
+ * or inf in one but not the other fails. TPF_EINVAL when the shapes differ. */
+tpf_status tpf_ref_compare(const tpf_matrix *got, const tpf_matrix *want, tpf_ref_tol tol,
+                           tpf_ref_result *res);
+/* Tolerance for comparing results stored in these dtypes: the looser of the two. */
+tpf_ref_tol tpf_ref_tolerance_pair(tpf_dtype a, tpf_dtype b);
+/* Formats a result as one line ("max diff at (3, 7): got 1.5 want 1.25 abs 0.25 rel 0.2 ..."). */
+void tpf_ref_format(const tpf_ref_result *res, char *buf, size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPF_REFERENCE_H */
