@@ -1,0 +1,166 @@
+/* Private declarations of `tpflex bench`: options, the report (table, CSV, JSON), rank groups
+ * (simulator world or in-process CUDA ranks), device-neutral memory and timing helpers, and the
+ * sections. bench_main.c parses options and prints; bench_ops.c runs the sections that go through
+ * the public tpflex API on either backend; bench_cuda.c holds what only a GPU can do (cuBLASLt
+ * baselines, the chunking tax, the cudaMalloc + IPC alternative) and the CUDA halves of the
+ * helpers, with stubs when the CUDA backend is not built. */
+#ifndef TPF_BENCH_H
+#define TPF_BENCH_H
+
+#include "tpflex/tpflex.h"
+#include "tpflex/tpflex_backend.h" /* tpf_set_error */
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+enum {
+  BENCH_SEC_SETSHAPE = 1u << 0,
+  BENCH_SEC_DYNAMIC = 1u << 1,
+  BENCH_SEC_CHUNKING = 1u << 2,
+  BENCH_SEC_TP = 1u << 3, /* one-GPU TP emulation and the serial baseline */
+  BENCH_SEC_ALL = 0xFu
+};
+
+#define BENCH_MAX_ITERS 1000
+#define BENCH_MAX_TS 16
+
+typedef struct {
+  bool cuda;              /* --backend cuda */
+  int tp;                 /* --tp: P of the dynamic section and the largest P of the tp section */
+  uint64_t capacity;      /* C */
+  uint64_t hidden;        /* H (AG: K of the GEMM; RS: buffer columns) */
+  uint64_t n;             /* N per rank (AG: weight rows; RS: K per rank) */
+  int iters, warmup;      /* timed repetitions and warm-up runs per configuration */
+  long setshape_calls;    /* calls timed in section 1 (>= 1e5 unless --quick) */
+  int realloc_iters;      /* destroy + create repetitions in section 1 */
+  const char *csv, *json; /* output files or NULL */
+  bool quick;
+  unsigned sections;      /* BENCH_SEC_* */
+  int device;             /* CUDA device */
+  int ntps;               /* T sweep of the tp section */
+  uint64_t tps[BENCH_MAX_TS];
+} bench_opts;
+
+/* ---- report (bench_main.c) ----------------------------------------------------------------- */
+
+/* Starts a table: id (CSV/JSON name), a title line, and `ncols` column headers. Rows follow with
+ * bench_cell_* and bench_row_end; each row is printed as soon as it is complete. */
+void bench_table(const char *id, const char *title, int ncols, const char *const *cols);
+void bench_cell_s(const char *s);
+void bench_cell_i(long long v);
+void bench_cell_f(double v, int prec); /* NaN prints "n/a" (JSON null) */
+void bench_row_end(void);
+/* A comment line under the current table ("# ..."), kept in the JSON as a note. */
+void bench_note(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+/* The progress line on stderr (overwritten in place on a terminal). */
+void bench_progress(const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 1, 2)))
+#endif
+    ;
+void bench_progress_done(void);
+
+/* ---- small helpers (bench_main.c) ---------------------------------------------------------- */
+double bench_now_ns(void);
+double bench_median(double *v, int n); /* sorts v */
+double bench_quantile(double *v, int n, double q); /* v sorted */
+/* Allocations made through tpflex's allocator hooks since start (malloc, calloc, realloc). */
+long long bench_alloc_calls(void);
+
+/* ---- rank groups (bench_ops.c for the simulator, bench_cuda.c for CUDA) -------------------- */
+
+typedef struct bench_group bench_group;
+typedef struct bench_rank bench_rank;
+typedef tpf_status (*bench_rank_fn)(bench_rank *rk, void *arg);
+/* A group of P ranks. The simulator's is a tpf_sim_world; CUDA's is P persistent threads with a
+ * backend and a stream each (bench_cuda.c), all on one device. */
+struct bench_group {
+  const bench_opts *o;
+  bool cuda;
+  int tp;
+  pthread_barrier_t bar;
+  /* Random inputs: src[i] = pool[i % pool_elems] for i < src_elems, so any element of any
+   * operand view into src is known on the host without copying it back. */
+  uint16_t *pool;
+  uint64_t pool_elems;
+  void *src; /* host (simulator) or device (CUDA) */
+  uint64_t src_elems;
+  double *t0, *t1; /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
+  void *sim_world;
+  void *cu; /* bench_cuda.c's state */
+};
+struct bench_rank {
+  int rank, tp;
+  void *stream;      /* cudaStream_t (CUDA) or NULL (simulator) */
+  bench_group *g;
+  tpf_backend *be;
+};
+
+/* tp == 0 makes a group without ranks: inputs only (the CUDA GEMM baselines). */
+tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out);
+/* Runs fn once per rank, each on its own thread; the same backend objects in every run. */
+tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg);
+void bench_group_destroy(bench_group *g);
+/* Registrations created so far (simulator statistics; -1 when the backend does not count). */
+long long bench_group_registrations(bench_group *g);
+void bench_barrier(bench_rank *rk);
+
+/* Device-neutral memory: host memory on the simulator, device memory on CUDA. */
+void *bench_mem_alloc(bench_group *g, uint64_t bytes);
+void bench_mem_free(bench_group *g, void *p);
+tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes); /* dev->dev */
+tpf_status bench_mem_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes);
+tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes); /* 0xFF: bf16 NaN */
+/* Makes g->src hold at least `elems` elements (see struct bench_group). Call between runs. */
+tpf_status bench_src_reserve(bench_group *g, uint64_t elems);
+/* Host value of src element i. */
+float bench_src_value(const bench_group *g, uint64_t i);
+
+/* Timing of one repetition across all ranks: every rank calls begin, its operation, then end.
+ * Afterwards rank 0's bench_time_collect gives the time from the earliest start to the latest
+ * end of each repetition, in microseconds. On CUDA the interval is measured with events and
+ * begins after a 256 MiB memset that flushes the L2 and lets the host run ahead. */
+tpf_status bench_time_begin(bench_rank *rk, int it);
+tpf_status bench_time_end(bench_rank *rk, int it);
+tpf_status bench_time_collect(bench_rank *rk, int n, double *us);
+tpf_status bench_sync(bench_rank *rk);
+
+/* ---- CUDA halves (bench_cuda.c; stubs returning TPF_EUNSUPPORTED without CUDA) -------------- */
+tpf_status bench_cuda_group_init(bench_group *g);
+tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg);
+void bench_cuda_group_fini(bench_group *g);
+void *bench_cuda_alloc(uint64_t bytes);
+void bench_cuda_free(void *p);
+tpf_status bench_cuda_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes);
+/* dst[0, total) = host[0, unit) repeated (one upload, then device copies). */
+tpf_status bench_cuda_tile(void *dst, const void *host, uint64_t unit_bytes, uint64_t total_bytes);
+tpf_status bench_cuda_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes);
+tpf_status bench_cuda_poison(bench_rank *rk, void *dev, uint64_t bytes);
+tpf_status bench_cuda_time_begin(bench_rank *rk, int it);
+tpf_status bench_cuda_time_end(bench_rank *rk, int it);
+tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us);
+tpf_status bench_cuda_sync(bench_rank *rk);
+long long bench_cuda_dev_used(void); /* bytes in use on the device, -1 without CUDA */
+
+/* ---- CUDA-only pieces (bench_cuda.c) ------------------------------------------------------- */
+/* Median time of one cuBLASLt GEMM d[m, n] = x[m, k] * w[n, k]^T (bf16, fp32 accumulation) on
+ * pool inputs; the whole-layer baseline of the tp section. */
+tpf_status bench_cuda_gemm_us(bench_group *g, uint64_t m, uint64_t n, uint64_t k, double *us);
+void bench_cuda_header(const bench_opts *o);
+int bench_cuda_section_chunking(const bench_opts *o);
+int bench_cuda_setshape_alternatives(const bench_opts *o, bench_group *g);
+/* The hidden helper process of the IPC alternative (`tpflex bench --ipc-peer`). */
+int bench_cuda_ipc_peer(void);
+
+/* ---- sections (bench_ops.c) ---------------------------------------------------------------- */
+int bench_section_setshape(const bench_opts *o);
+int bench_section_dynamic(const bench_opts *o);
+int bench_section_tp(const bench_opts *o);
+
+#endif /* TPF_BENCH_H */

@@ -1,0 +1,524 @@
+/* `tpflex bench`: option parsing, the report (aligned tables on stdout, nccl-tests style, plus
+ * CSV and JSON files), the progress line, allocator accounting and small statistics helpers.
+ *
+ * Output conventions follow nccl-tests (doc/PERFORMANCE.md): size is the whole array of the
+ * collective in bytes (T*H*e), time is the median over the timed repetitions in microseconds,
+ * algbw = size / time, busbw = algbw * (P-1)/P for all-gather and reduce-scatter, and #wrong
+ * counts result elements outside the SPEC §7 tolerance, checked in the same run. */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+#include "cmds.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ---- allocator accounting ----------------------------------------------------------------- */
+
+static atomic_llong bench_allocs;
+static void *bench_malloc_(size_t n) {
+  atomic_fetch_add(&bench_allocs, 1);
+  return malloc(n);
+}
+static void *bench_calloc_(size_t c, size_t n) {
+  atomic_fetch_add(&bench_allocs, 1);
+  return calloc(c, n);
+}
+static void *bench_realloc_(void *p, size_t n) {
+  atomic_fetch_add(&bench_allocs, 1);
+  return realloc(p, n);
+}
+static void bench_free_(void *p) { free(p); }
+long long bench_alloc_calls(void) { return atomic_load(&bench_allocs); }
+
+/* ---- helpers ------------------------------------------------------------------------------- */
+
+double bench_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int bench_cmp_d(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+double bench_median(double *v, int n) {
+  if (n <= 0)
+    return NAN;
+  qsort(v, (size_t)n, sizeof(double), bench_cmp_d);
+  return (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+double bench_quantile(double *v, int n, double q) {
+  if (n <= 0)
+    return NAN;
+  int i = (int)(q * (n - 1) + 0.5);
+  return v[i < 0 ? 0 : (i >= n ? n - 1 : i)];
+}
+
+/* ---- report ------------------------------------------------------------------------------- */
+
+#define BENCH_MAX_COLS 20
+typedef struct {
+  int kind; /* 0 string, 1 integer, 2 float */
+  long long i;
+  double f;
+  int prec;
+  char s[80];
+} bench_cellv;
+typedef struct {
+  char id[32];
+  char title[200];
+  int ncols;
+  char cols[BENCH_MAX_COLS][24];
+  int width[BENCH_MAX_COLS];
+  bench_cellv *cells; /* rows * ncols */
+  int nrows, cap_rows;
+  char **notes;
+  int nnotes;
+} bench_tab;
+
+static bench_tab *bench_tabs;
+static int bench_ntabs;
+static bench_cellv bench_row[BENCH_MAX_COLS];
+static int bench_ncell;
+static bool bench_progress_live;
+static char bench_meta_buf[2048];
+
+static void bench_progress_clear(void) {
+  if (bench_progress_live) {
+    fprintf(stderr, "\r%-100s\r", "");
+    bench_progress_live = false;
+  }
+}
+
+void bench_table(const char *id, const char *title, int ncols, const char *const *cols) {
+  bench_progress_clear();
+  bench_tabs = realloc(bench_tabs, (size_t)(bench_ntabs + 1) * sizeof(*bench_tabs));
+  bench_tab *t = &bench_tabs[bench_ntabs++];
+  memset(t, 0, sizeof(*t));
+  snprintf(t->id, sizeof(t->id), "%s", id);
+  snprintf(t->title, sizeof(t->title), "%s", title);
+  t->ncols = ncols > BENCH_MAX_COLS ? BENCH_MAX_COLS : ncols;
+  printf("\n# %s\n#", title);
+  for (int c = 0; c < t->ncols; c++) {
+    snprintf(t->cols[c], sizeof(t->cols[c]), "%s", cols[c]);
+    int w = (int)strlen(cols[c]) + 1;
+    t->width[c] = c == 0 ? 28 : (w < 9 ? 9 : w);
+    if (c == 0)
+      printf("%-*s", t->width[c] - 1, cols[c]);
+    else
+      printf(" %*s", t->width[c], cols[c]);
+  }
+  printf("\n");
+  fflush(stdout);
+  bench_ncell = 0;
+}
+
+static bench_cellv *bench_next_cell(void) {
+  if (bench_ncell >= BENCH_MAX_COLS)
+    bench_ncell = BENCH_MAX_COLS - 1;
+  bench_cellv *c = &bench_row[bench_ncell++];
+  memset(c, 0, sizeof(*c));
+  return c;
+}
+void bench_cell_s(const char *s) {
+  bench_cellv *c = bench_next_cell();
+  c->kind = 0;
+  snprintf(c->s, sizeof(c->s), "%s", s);
+}
+void bench_cell_i(long long v) {
+  bench_cellv *c = bench_next_cell();
+  c->kind = 1;
+  c->i = v;
+}
+void bench_cell_f(double v, int prec) {
+  bench_cellv *c = bench_next_cell();
+  c->kind = 2;
+  c->f = v;
+  c->prec = prec;
+}
+
+static void bench_cell_text(const bench_cellv *c, char *buf, size_t len) {
+  if (c->kind == 0)
+    snprintf(buf, len, "%s", c->s);
+  else if (c->kind == 1)
+    snprintf(buf, len, "%lld", c->i);
+  else if (isnan(c->f))
+    snprintf(buf, len, "n/a");
+  else
+    snprintf(buf, len, "%.*f", c->prec, c->f);
+}
+
+void bench_row_end(void) {
+  if (bench_ntabs == 0)
+    return;
+  bench_progress_clear();
+  bench_tab *t = &bench_tabs[bench_ntabs - 1];
+  if (t->nrows == t->cap_rows) {
+    t->cap_rows = t->cap_rows ? 2 * t->cap_rows : 16;
+    t->cells = realloc(t->cells, (size_t)t->cap_rows * (size_t)t->ncols * sizeof(bench_cellv));
+  }
+  for (int c = 0; c < t->ncols; c++) {
+    bench_cellv v;
+    if (c < bench_ncell)
+      v = bench_row[c];
+    else {
+      memset(&v, 0, sizeof(v));
+      v.kind = 0;
+    }
+    t->cells[(size_t)t->nrows * (size_t)t->ncols + (size_t)c] = v;
+    char buf[96];
+    bench_cell_text(&v, buf, sizeof(buf));
+    if (c == 0)
+      printf("%-*s", t->width[c], buf);
+    else if (v.kind == 0 && c == t->ncols - 1)
+      printf(" %s", buf);
+    else
+      printf(" %*s", t->width[c], buf);
+  }
+  printf("\n");
+  fflush(stdout);
+  t->nrows++;
+  bench_ncell = 0;
+}
+
+void bench_note(const char *fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  bench_progress_clear();
+  printf("# %s\n", buf);
+  fflush(stdout);
+  if (bench_ntabs == 0)
+    return;
+  bench_tab *t = &bench_tabs[bench_ntabs - 1];
+  t->notes = realloc(t->notes, (size_t)(t->nnotes + 1) * sizeof(char *));
+  t->notes[t->nnotes] = malloc(strlen(buf) + 1);
+  strcpy(t->notes[t->nnotes++], buf);
+}
+
+void bench_progress(const char *fmt, ...) {
+  char buf[200];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof(buf), fmt, ap);
+  va_end(ap);
+  if (isatty(2)) {
+    fprintf(stderr, "\r%-100.100s", buf);
+    bench_progress_live = true;
+  } else {
+    fprintf(stderr, "%s\n", buf);
+  }
+  fflush(stderr);
+}
+void bench_progress_done(void) { bench_progress_clear(); }
+
+static void bench_json_str(FILE *f, const char *s) {
+  fputc('"', f);
+  for (; *s; s++) {
+    if (*s == '"' || *s == '\\')
+      fprintf(f, "\\%c", *s);
+    else if ((unsigned char)*s < 0x20)
+      fprintf(f, "\\u%04x", (unsigned char)*s);
+    else
+      fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
+static int bench_write_csv(const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "tpflex bench: cannot write %s\n", path);
+    return 1;
+  }
+  fprintf(f, "# %s\n", bench_meta_buf);
+  for (int i = 0; i < bench_ntabs; i++) {
+    bench_tab *t = &bench_tabs[i];
+    fprintf(f, "table");
+    for (int c = 0; c < t->ncols; c++)
+      fprintf(f, ",%s", t->cols[c]);
+    fprintf(f, "\n");
+    for (int r = 0; r < t->nrows; r++) {
+      fprintf(f, "%s", t->id);
+      for (int c = 0; c < t->ncols; c++) {
+        char buf[96];
+        bench_cell_text(&t->cells[(size_t)r * (size_t)t->ncols + (size_t)c], buf, sizeof(buf));
+        fprintf(f, ",%s", buf);
+      }
+      fprintf(f, "\n");
+    }
+  }
+  fclose(f);
+  return 0;
+}
+
+static int bench_write_json(const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "tpflex bench: cannot write %s\n", path);
+    return 1;
+  }
+  fprintf(f, "{\n  \"tool\": \"tpflex bench\",\n  \"meta\": ");
+  bench_json_str(f, bench_meta_buf);
+  fprintf(f, ",\n  \"tables\": [");
+  for (int i = 0; i < bench_ntabs; i++) {
+    bench_tab *t = &bench_tabs[i];
+    fprintf(f, "%s\n    {\"id\": ", i ? "," : "");
+    bench_json_str(f, t->id);
+    fprintf(f, ", \"title\": ");
+    bench_json_str(f, t->title);
+    fprintf(f, ",\n     \"columns\": [");
+    for (int c = 0; c < t->ncols; c++) {
+      fprintf(f, "%s", c ? ", " : "");
+      bench_json_str(f, t->cols[c]);
+    }
+    fprintf(f, "],\n     \"rows\": [");
+    for (int r = 0; r < t->nrows; r++) {
+      fprintf(f, "%s\n       [", r ? "," : "");
+      for (int c = 0; c < t->ncols; c++) {
+        const bench_cellv *v = &t->cells[(size_t)r * (size_t)t->ncols + (size_t)c];
+        fprintf(f, "%s", c ? ", " : "");
+        if (v->kind == 0)
+          bench_json_str(f, v->s);
+        else if (v->kind == 1)
+          fprintf(f, "%lld", v->i);
+        else if (isnan(v->f) || isinf(v->f))
+          fprintf(f, "null");
+        else
+          fprintf(f, "%.*f", v->prec, v->f);
+      }
+      fprintf(f, "]");
+    }
+    fprintf(f, "],\n     \"notes\": [");
+    for (int n = 0; n < t->nnotes; n++) {
+      fprintf(f, "%s", n ? ", " : "");
+      bench_json_str(f, t->notes[n]);
+    }
+    fprintf(f, "]}");
+  }
+  fprintf(f, "\n  ]\n}\n");
+  fclose(f);
+  return 0;
+}
+
+static void bench_free_report(void) {
+  for (int i = 0; i < bench_ntabs; i++) {
+    free(bench_tabs[i].cells);
+    for (int n = 0; n < bench_tabs[i].nnotes; n++)
+      free(bench_tabs[i].notes[n]);
+    free(bench_tabs[i].notes);
+  }
+  free(bench_tabs);
+  bench_tabs = NULL;
+  bench_ntabs = 0;
+}
+
+/* ---- options ------------------------------------------------------------------------------ */
+
+static void bench_usage(FILE *f) {
+  fprintf(f,
+          "usage: tpflex bench [options]\n"
+          "  --backend sim|cuda   simulator (default; CPU times) or the CUDA backend\n"
+          "  --tp P               TP size of the dynamic section; the tp section runs P = 2,4,8 up to it\n"
+          "  --capacity C         registered rows (sim default 1024, cuda 32768)\n"
+          "  --hidden H           buffer columns (sim 256, cuda 8192)\n"
+          "  --n N                per-rank GEMM width: AG weight rows, RS reduction dim (sim 256, cuda 3584)\n"
+          "  --iters I            timed repetitions per configuration (sim 5, cuda 30)\n"
+          "  --warmup W           warm-up runs per configuration (sim 1, cuda 5)\n"
+          "  --calls K            set_active_shape calls timed in section 1 (default 100000)\n"
+          "  --csv FILE, --json FILE   also write every table there\n"
+          "  --quick              fewer sizes and repetitions (a smoke test)\n"
+          "  --section setshape|dynamic|chunking|tp|all   (repeatable; default all)\n"
+          "Sections: 1 setshape  set_active_shape cost vs re-registration; 2 dynamic  active T vs\n"
+          "padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs vs one GEMM (GPU only); 4 tp  P ranks\n"
+          "as threads on one device, overlapped vs serial vs one whole-layer GEMM.\n");
+}
+
+static bool bench_parse_u64(const char *s, uint64_t *out) {
+  char *end = NULL;
+  unsigned long long v = strtoull(s, &end, 10);
+  if (!s[0] || *end || s[0] == '-')
+    return false;
+  *out = v;
+  return true;
+}
+
+int tpf_cmd_bench(int argc, char **argv) {
+  bench_opts o;
+  memset(&o, 0, sizeof(o));
+  uint64_t cap = 0, hid = 0, n = 0, tp = 0, iters = 0, warm = 0, calls = 0;
+  bool have_warm = false;
+  unsigned sections = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
+    bool ok = true;
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      bench_usage(stdout);
+      return 0;
+    } else if (strcmp(a, "--ipc-peer") == 0) {
+      return bench_cuda_ipc_peer();
+    } else if (strcmp(a, "--quick") == 0) {
+      o.quick = true;
+      continue;
+    }
+    if (!v) {
+      fprintf(stderr, "tpflex bench: %s needs a value\n", a);
+      bench_usage(stderr);
+      return 2;
+    }
+    i++;
+    if (strcmp(a, "--backend") == 0) {
+      if (strcmp(v, "cuda") == 0)
+        o.cuda = true;
+      else if (strcmp(v, "sim") != 0)
+        ok = false;
+    } else if (strcmp(a, "--tp") == 0)
+      ok = bench_parse_u64(v, &tp) && tp >= 1 && tp <= 64;
+    else if (strcmp(a, "--capacity") == 0)
+      ok = bench_parse_u64(v, &cap) && cap >= 1;
+    else if (strcmp(a, "--hidden") == 0)
+      ok = bench_parse_u64(v, &hid) && hid >= 1;
+    else if (strcmp(a, "--n") == 0)
+      ok = bench_parse_u64(v, &n) && n >= 1;
+    else if (strcmp(a, "--iters") == 0)
+      ok = bench_parse_u64(v, &iters) && iters >= 1 && iters <= BENCH_MAX_ITERS;
+    else if (strcmp(a, "--warmup") == 0)
+      ok = (have_warm = bench_parse_u64(v, &warm)) && warm <= 1000;
+    else if (strcmp(a, "--calls") == 0)
+      ok = bench_parse_u64(v, &calls) && calls >= 100;
+    else if (strcmp(a, "--csv") == 0)
+      o.csv = v;
+    else if (strcmp(a, "--json") == 0)
+      o.json = v;
+    else if (strcmp(a, "--section") == 0) {
+      if (strcmp(v, "setshape") == 0)
+        sections |= BENCH_SEC_SETSHAPE;
+      else if (strcmp(v, "dynamic") == 0)
+        sections |= BENCH_SEC_DYNAMIC;
+      else if (strcmp(v, "chunking") == 0)
+        sections |= BENCH_SEC_CHUNKING;
+      else if (strcmp(v, "tp") == 0 || strcmp(v, "serial") == 0)
+        sections |= BENCH_SEC_TP;
+      else if (strcmp(v, "all") == 0)
+        sections |= BENCH_SEC_ALL;
+      else
+        ok = false;
+    } else {
+      fprintf(stderr, "tpflex bench: unknown option '%s'\n", a);
+      bench_usage(stderr);
+      return 2;
+    }
+    if (!ok) {
+      fprintf(stderr, "tpflex bench: bad value '%s' for %s\n", v, a);
+      return 2;
+    }
+  }
+#ifndef TPF_HAVE_CUDA
+  if (o.cuda) {
+    fprintf(stderr, "tpflex bench: this build has no CUDA backend (configure with "
+                    "-DTPF_WITH_CUDA=ON on a machine with the CUDA toolkit)\n");
+    return 2;
+  }
+#endif
+#ifndef TPF_HAVE_SIM
+  if (!o.cuda) {
+    fprintf(stderr, "tpflex bench: this build has no simulator backend\n");
+    return 2;
+  }
+#endif
+  /* Count every allocation tpflex makes. Only possible before any tpflex object exists, which
+   * is the case here: bench is the whole process. */
+  if (tpf_set_allocator(bench_malloc_, bench_calloc_, bench_realloc_, bench_free_) != TPF_OK)
+    fprintf(stderr, "tpflex bench: allocator hooks refused (%s); allocation counts are void\n",
+            tpf_last_error());
+
+  o.tp = tp ? (int)tp : (o.cuda ? 8 : 4);
+  o.capacity = cap ? cap : (o.cuda ? 32768 : 1024);
+  o.hidden = hid ? hid : (o.cuda ? 8192 : 256);
+  o.n = n ? n : (o.cuda ? 3584 : 256);
+  o.iters = iters ? (int)iters : (o.cuda ? (o.quick ? 10 : 30) : (o.quick ? 3 : 5));
+  o.warmup = have_warm ? (int)warm : (o.cuda ? (o.quick ? 2 : 5) : 1);
+  o.setshape_calls = calls ? (long)calls : (o.quick ? 10000 : 100000);
+  o.realloc_iters = o.cuda ? (o.quick ? 20 : 100) : (o.quick ? 20 : 200);
+  o.sections = sections ? sections : BENCH_SEC_ALL;
+  o.device = 0;
+  /* The tp section's T sweep: GPU {1k, 2k, ..., C} (at most 32k steps of 2); simulator C/8..C. */
+  if (o.cuda) {
+    for (uint64_t t = 1024; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
+      if (!o.quick || t >= o.capacity / 8)
+        o.tps[o.ntps++] = t;
+  } else {
+    for (uint64_t t = o.capacity / 8; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
+      if (t >= 1 && (!o.quick || t >= o.capacity / 4))
+        o.tps[o.ntps++] = t;
+  }
+  if (o.ntps == 0 || o.tps[o.ntps - 1] != o.capacity)
+    o.tps[o.ntps < BENCH_MAX_TS ? o.ntps++ : o.ntps - 1] = o.capacity;
+
+  char date[64];
+  time_t now = time(NULL);
+  struct tm tmv;
+  gmtime_r(&now, &tmv);
+  strftime(date, sizeof(date), "%Y-%m-%d %H:%M:%S UTC", &tmv);
+  char cmdline[512] = "tpflex";
+  for (int i = 0; i < argc; i++) {
+    size_t l = strlen(cmdline);
+    snprintf(cmdline + l, sizeof(cmdline) - l, " %s", argv[i]);
+  }
+  snprintf(bench_meta_buf, sizeof(bench_meta_buf),
+           "%s | %s | backend=%s P=%d C=%llu H=%llu N=%llu dtype=bf16 iters=%d warmup=%d", cmdline,
+           date, o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity,
+           (unsigned long long)o.hidden, (unsigned long long)o.n, o.iters, o.warmup);
+  printf("# tpflex bench %d.%d.%d\n# command: %s\n# date: %s\n", TPF_VERSION_MAJOR,
+         TPF_VERSION_MINOR, TPF_VERSION_PATCH, cmdline, date);
+  printf("# backend=%s  P=%d  capacity C=%llu  hidden H=%llu  N=%llu  dtype=bf16 (fp32 accumulation)"
+         "  iters=%d  warmup=%d\n",
+         o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity,
+         (unsigned long long)o.hidden, (unsigned long long)o.n, o.iters, o.warmup);
+  if (o.cuda) {
+    bench_cuda_header(&o);
+  } else {
+    printf("# NOTE: simulator times are CPU times of a pthread simulator on this host (its GEMM is a "
+           "CPU loop and its\n#       'copy engine' is memcpy). They show the shape of the "
+           "costs, not GPU performance: do not\n#       read them as predictions for a GPU.\n");
+  }
+  printf("# size = T*H*2 bytes (the whole [T, H] array), time = median us, algbw = size/time, "
+         "busbw = algbw*(P-1)/P,\n# #wrong = result elements outside SPEC §7 tolerance (checked "
+         "in the same run on sampled rows).\n");
+
+  int rc = 0;
+  if (o.sections & BENCH_SEC_SETSHAPE)
+    rc |= bench_section_setshape(&o);
+  if (o.sections & BENCH_SEC_DYNAMIC)
+    rc |= bench_section_dynamic(&o);
+  if (o.sections & BENCH_SEC_CHUNKING) {
+    if (o.cuda) {
+      rc |= bench_cuda_section_chunking(&o);
+    } else {
+      bench_table("chunking", "Section 3: chunking tax (one GPU, cuBLASLt)", 1,
+                  (const char *const[]){"status"});
+      bench_note("skipped on the simulator: the chunking tax is a property of cuBLASLt on a GPU; "
+                 "run with --backend cuda");
+    }
+  }
+  if (o.sections & BENCH_SEC_TP)
+    rc |= bench_section_tp(&o);
+  bench_progress_done();
+  if (o.csv)
+    rc |= bench_write_csv(o.csv);
+  if (o.json)
+    rc |= bench_write_json(o.json);
+  printf("\n# %s\n", rc ? "bench finished with failures (see above)" : "bench finished: all checks passed");
+  bench_free_report();
+  return rc ? 1 : 0;
+}

@@ -1,0 +1,1025 @@
+/* The sections of `tpflex bench` that go through the public tpflex API, on either backend:
+ * 1 (set_active_shape cost), 2 (dynamic versus padded) and 4/5 (TP emulation with the serial
+ * baseline), plus the simulator half of the rank-group helpers.
+ *
+ * Method: one per-rank function (bench_op_rank) runs an operation over a sweep of active T on a
+ * communicator registered once at capacity. Every repetition takes fresh operand views at a
+ * rotating offset into a random source array (src[i] = pool[i % pool_elems]), so the host knows
+ * every input element and checks sampled output rows against tests/support/reference.c without
+ * copying inputs back. Timing brackets each repetition across all ranks (earliest start to latest
+ * end); the figure reported is the median. After the timed repetitions the output is poisoned
+ * (0xFF, a bf16 NaN), the operation runs once more and the check counts #wrong. Every rank runs
+ * the same sequence of barriers whatever fails, so a failure ends the job instead of hanging it.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include "reference.h"
+#include "tpflex/tpflex_sim.h"
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../core/internal.h" /* tpf__alloc_live_count */
+
+/* ---- the random source -------------------------------------------------------------------- */
+
+static uint16_t bench_bf16(float f) { return tpf_ref_float_to_bf16(f); }
+
+static tpf_status bench_pool_init(bench_group *g) {
+  g->pool_elems = g->cuda ? (32ull << 20) : (1ull << 20);
+  g->pool = malloc(g->pool_elems * sizeof(uint16_t));
+  if (!g->pool)
+    return tpf_set_error(TPF_ENOMEM, "bench: no memory for the input pool");
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i < g->pool_elems; i++) {
+    /* splitmix64 -> uniform [-1, 1) -> bf16; never zero-filled. */
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+    g->pool[i] = bench_bf16(2.0f * u - 1.0f);
+  }
+  return TPF_OK;
+}
+
+float bench_src_value(const bench_group *g, uint64_t i) {
+  return tpf_ref_bf16_to_float(g->pool[i % g->pool_elems]);
+}
+
+tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
+  if (elems <= g->src_elems)
+    return TPF_OK;
+  if (g->src)
+    bench_mem_free(g, g->src);
+  g->src = NULL;
+  g->src_elems = 0;
+  void *p = bench_mem_alloc(g, elems * 2);
+  if (!p)
+    return tpf_set_error(TPF_ENOMEM, "bench: cannot allocate %llu bytes of inputs",
+                         (unsigned long long)(elems * 2));
+  if (g->cuda) { /* one upload of the pool, then doubling device copies */
+    tpf_status st = bench_cuda_tile(p, g->pool, g->pool_elems * 2, elems * 2);
+    if (st != TPF_OK) {
+      bench_mem_free(g, p);
+      return st;
+    }
+  } else {
+    for (uint64_t off = 0; off < elems; off += g->pool_elems) {
+      uint64_t n = elems - off < g->pool_elems ? elems - off : g->pool_elems;
+      memcpy((uint16_t *)p + off, g->pool, n * 2);
+    }
+  }
+  g->src = p;
+  g->src_elems = elems;
+  return TPF_OK;
+}
+
+/* ---- groups ------------------------------------------------------------------------------- */
+
+typedef struct {
+  bench_group *g;
+  bench_rank_fn fn;
+  void *arg;
+} bench_sim_tramp;
+
+static tpf_status bench_sim_rank(tpf_backend *be, int rank, void *arg) {
+  bench_sim_tramp *t = arg;
+  bench_rank rk = {.rank = rank, .tp = t->g->tp, .stream = NULL, .g = t->g, .be = be};
+  return t->fn(&rk, t->arg);
+}
+
+tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
+  bench_group *g = calloc(1, sizeof(*g));
+  if (!g)
+    return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  g->o = o;
+  g->cuda = o->cuda;
+  g->tp = tp;
+  if (tp > 0) /* tp == 0: inputs and GEMMs only, no ranks (CUDA baselines) */
+    pthread_barrier_init(&g->bar, NULL, (unsigned)tp);
+  g->t0 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
+  g->t1 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
+  tpf_status st = (g->t0 && g->t1) ? bench_pool_init(g) : TPF_ENOMEM;
+  if (st == TPF_OK) {
+    if (g->cuda) {
+      st = bench_cuda_group_init(g);
+    } else {
+#ifdef TPF_HAVE_SIM
+      tpf_sim_config cfg;
+      memset(&cfg, 0, sizeof(cfg));
+      cfg.tp_size = tp;
+      cfg.seed = 1;
+      cfg.timeout_ms = 60000;
+      tpf_sim_world *w = NULL;
+      st = tpf_sim_world_create(&cfg, &w);
+      g->sim_world = w;
+#else
+      st = tpf_set_error(TPF_EUNSUPPORTED, "bench: no simulator in this build");
+#endif
+    }
+  }
+  if (st != TPF_OK) {
+    bench_group_destroy(g);
+    return st;
+  }
+  *out = g;
+  return TPF_OK;
+}
+
+tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
+  if (g->cuda)
+    return bench_cuda_group_run(g, fn, arg);
+#ifdef TPF_HAVE_SIM
+  bench_sim_tramp t = {g, fn, arg};
+  return tpf_sim_run((tpf_sim_world *)g->sim_world, bench_sim_rank, &t);
+#else
+  return TPF_EUNSUPPORTED;
+#endif
+}
+
+void bench_group_destroy(bench_group *g) {
+  if (!g)
+    return;
+  if (g->src)
+    bench_mem_free(g, g->src);
+  if (g->cuda)
+    bench_cuda_group_fini(g);
+#ifdef TPF_HAVE_SIM
+  else if (g->sim_world)
+    tpf_sim_world_destroy((tpf_sim_world *)g->sim_world);
+#endif
+  if (g->tp > 0)
+    pthread_barrier_destroy(&g->bar);
+  free(g->pool);
+  free(g->t0);
+  free(g->t1);
+  free(g);
+}
+
+long long bench_group_registrations(bench_group *g) {
+#ifdef TPF_HAVE_SIM
+  if (!g->cuda && g->sim_world) {
+    tpf_sim_stats s;
+    if (tpf_sim_get_stats((tpf_sim_world *)g->sim_world, &s) == TPF_OK)
+      return (long long)s.registrations;
+  }
+#else
+  (void)g;
+#endif
+  return -1;
+}
+
+void bench_barrier(bench_rank *rk) { pthread_barrier_wait(&rk->g->bar); }
+
+void *bench_mem_alloc(bench_group *g, uint64_t bytes) {
+  return g->cuda ? bench_cuda_alloc(bytes) : malloc(bytes ? bytes : 1);
+}
+void bench_mem_free(bench_group *g, void *p) {
+  if (g->cuda)
+    bench_cuda_free(p);
+  else
+    free(p);
+}
+tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes) {
+  if (rk->g->cuda)
+    return bench_cuda_copy(rk, dst, src, bytes);
+  memcpy(dst, src, bytes);
+  return TPF_OK;
+}
+tpf_status bench_mem_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes) {
+  if (rk->g->cuda)
+    return bench_cuda_download(rk, host, dev, bytes);
+  memcpy(host, dev, bytes);
+  return TPF_OK;
+}
+tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes) {
+  if (rk->g->cuda)
+    return bench_cuda_poison(rk, dev, bytes);
+  memset(dev, 0xFF, bytes);
+  return TPF_OK;
+}
+tpf_status bench_sync(bench_rank *rk) { return rk->g->cuda ? bench_cuda_sync(rk) : TPF_OK; }
+
+tpf_status bench_time_begin(bench_rank *rk, int it) {
+  if (rk->g->cuda)
+    return bench_cuda_time_begin(rk, it);
+  bench_barrier(rk);
+  rk->g->t0[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
+  return TPF_OK;
+}
+tpf_status bench_time_end(bench_rank *rk, int it) {
+  if (rk->g->cuda)
+    return bench_cuda_time_end(rk, it);
+  rk->g->t1[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
+  return TPF_OK;
+}
+tpf_status bench_time_collect(bench_rank *rk, int n, double *us) {
+  if (rk->g->cuda)
+    return bench_cuda_time_collect(rk, n, us);
+  bench_barrier(rk);
+  if (rk->rank == 0) {
+    for (int it = 0; it < n; it++) {
+      double a = INFINITY, b = -INFINITY;
+      for (int r = 0; r < rk->tp; r++) {
+        double x = rk->g->t0[r * BENCH_MAX_ITERS + it], y = rk->g->t1[r * BENCH_MAX_ITERS + it];
+        a = x < a ? x : a;
+        b = y > b ? y : b;
+      }
+      us[it] = (b - a) * 1e-3;
+    }
+  }
+  bench_barrier(rk);
+  return TPF_OK;
+}
+
+/* ---- operations --------------------------------------------------------------------------- */
+
+typedef enum {
+  BOP_RING_AG = 0,
+  BOP_RING_AG_AGGR,
+  BOP_RING_AG_SERIAL,
+  BOP_RING_RS,
+  BOP_PIPE_RS,
+  BOP_PIPE_RS_SERIAL,
+  BOP_COUNT
+} bench_op;
+
+static const struct {
+  const char *name;
+  tpf_algo algo;
+  tpf_coll coll;
+  int splits; /* 0: the default (P, P/2 aggregate, pipeline 4) */
+  bool aggregate;
+} bench_ops[BOP_COUNT] = {
+    [BOP_RING_AG] = {"ring_ag+gemm", TPF_ALGO_RING, TPF_COLL_AG, 0, false},
+    [BOP_RING_AG_AGGR] = {"ring_ag_aggr+gemm", TPF_ALGO_RING, TPF_COLL_AG, 0, true},
+    [BOP_RING_AG_SERIAL] = {"serial_ag,gemm", TPF_ALGO_RING, TPF_COLL_AG, 1, false},
+    [BOP_RING_RS] = {"gemm+ring_rs", TPF_ALGO_RING, TPF_COLL_RS, 0, false},
+    [BOP_PIPE_RS] = {"gemm+pipeline_rs", TPF_ALGO_PIPELINE, TPF_COLL_RS, 0, false},
+    [BOP_PIPE_RS_SERIAL] = {"serial_gemm,rs", TPF_ALGO_PIPELINE, TPF_COLL_RS, 1, false},
+};
+
+/* One operation over a sweep of T at one capacity: inputs, results. */
+typedef struct {
+  bench_op op;
+  uint64_t C, H, N; /* AG: buffer [C, H], w [N, H]. RS: buffer cols H, x [C, N], w [H, N] */
+  int nts;
+  uint64_t ts[BENCH_MAX_TS];
+  int iters, warmup;
+  uint64_t margin; /* rotation span of operand offsets, elements */
+  /* results */
+  double us[BENCH_MAX_TS];
+  atomic_llong wrong[BENCH_MAX_TS];
+  atomic_llong checked[BENCH_MAX_TS];
+  atomic_int failed;
+  tpf_status st;
+  char err[300];
+  pthread_mutex_t mu;
+} bench_job;
+
+static void bench_job_fail(bench_job *j, tpf_status st, const char *what) {
+  pthread_mutex_lock(&j->mu);
+  if (j->st == TPF_OK) {
+    j->st = st;
+    snprintf(j->err, sizeof(j->err), "%s: %s (%s)", what, tpf_status_name(st), tpf_last_error());
+  }
+  pthread_mutex_unlock(&j->mu);
+  atomic_store(&j->failed, 1);
+}
+
+/* Offset (elements) of an operand of rank r at repetition it; salt tells operands apart. */
+static uint64_t bench_off(const bench_job *j, int r, int it, int salt) {
+  uint64_t v = (uint64_t)it * 1009u + (uint64_t)r * 7919u + (uint64_t)salt * 104729u;
+  return (v * 4096u) % (j->margin ? j->margin : 1) / 64u * 64u;
+}
+
+static bool bench_is_ag(bench_op op) { return bench_ops[op].coll == TPF_COLL_AG; }
+
+/* Elements of src the job's operands can reach. */
+static uint64_t bench_job_src_elems(const bench_job *j, int P) {
+  uint64_t need;
+  if (bench_is_ag(j->op)) {
+    uint64_t chunk = j->C / (uint64_t)P * j->H, w = j->N * j->H;
+    need = chunk > w ? chunk : w;
+  } else {
+    uint64_t x = j->C * j->N, w = j->H * j->N;
+    need = x > w ? x : w;
+  }
+  return need + j->margin;
+}
+
+/* Sampled rows of the check: first, middle and last row of each of `parts` blocks of R rows. */
+static int bench_sample_rows(uint64_t parts, uint64_t R, uint64_t *rows, int cap) {
+  int n = 0;
+  for (uint64_t p = 0; p < parts; p++) {
+    uint64_t c[3] = {0, R / 2, R - 1};
+    for (int k = 0; k < 3; k++) {
+      uint64_t v = p * R + c[k];
+      bool dup = false;
+      for (int i = 0; i < n; i++)
+        dup |= rows[i] == v;
+      if (!dup && n < cap)
+        rows[n++] = v;
+    }
+  }
+  return n;
+}
+
+/* Checks this rank's output of the last (poisoned, then re-run) repetition `it`. Returns
+ * elements wrong; *checked gets the elements compared. */
+static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
+                             const tpf_matrix *buf, long long *checked) {
+  bench_group *g = rk->g;
+  const int P = rk->tp, r = rk->rank;
+  const uint64_t R = T / (uint64_t)P, H = j->H, N = j->N;
+  const bool ag = bench_is_ag(j->op);
+  uint64_t rows[3 * 64 + 3];
+  int nr = ag ? bench_sample_rows((uint64_t)P, R, rows, 3 * 64) : bench_sample_rows(1, R, rows, 3);
+  const uint64_t ncols_out = ag ? N : H, kdim = ag ? H : N;
+  const uint64_t nc = ncols_out < 64 ? ncols_out : 64;
+  uint64_t cols[64];
+  for (uint64_t c = 0; c < nc; c++)
+    cols[c] = c * ncols_out / nc;
+  long long wrong = 0;
+  *checked = 0;
+  uint16_t *row = malloc(((ncols_out > H ? ncols_out : H) + 1) * 2);
+  uint16_t *xs = malloc((size_t)nr * kdim * 2), *ws = malloc(nc * kdim * 2);
+  float *want = calloc((size_t)nr * nc, sizeof(float)), *part = malloc((size_t)nr * nc * sizeof(float));
+  uint16_t *got = malloc((size_t)nr * nc * 2);
+  if (!row || !xs || !ws || !want || !part || !got) {
+    wrong = -1;
+    goto out;
+  }
+  /* Reference: want = sampled rows x sampled columns of the operation, from src values. */
+  for (int src_rank = 0; src_rank < (ag ? 1 : P); src_rank++) {
+    for (int i = 0; i < nr; i++) {
+      uint64_t base;
+      if (ag) { /* gathered row t lives in chunk t / R, from that rank's chunk operand */
+        uint64_t t = rows[i], q = t / R;
+        base = bench_off(j, (int)q, it, 0) + (t - q * R) * H;
+      } else { /* rank src_rank's x row (global row r*R + i) */
+        base = bench_off(j, src_rank, it, 0) + ((uint64_t)r * R + rows[i]) * N;
+      }
+      for (uint64_t k = 0; k < kdim; k++)
+        xs[(uint64_t)i * kdim + k] = g->pool[(base + k) % g->pool_elems];
+    }
+    int wr = ag ? r : src_rank;
+    for (uint64_t c = 0; c < nc; c++) {
+      uint64_t base = bench_off(j, wr, it, 1) + cols[c] * kdim;
+      for (uint64_t k = 0; k < kdim; k++)
+        ws[c * kdim + k] = g->pool[(base + k) % g->pool_elems];
+    }
+    tpf_matrix mx = {xs, (uint64_t)nr, kdim, kdim, TPF_BF16};
+    tpf_matrix mw = {ws, nc, kdim, kdim, TPF_BF16};
+    if (tpf_ref_gemm_f32(&mx, &mw, part) != TPF_OK) {
+      wrong = -1;
+      goto out;
+    }
+    /* RS partials pass through the bf16 buffer before the fp32 sum (as the conformance tests
+     * model them); AG has a single product. */
+    for (uint64_t e = 0; e < (uint64_t)nr * nc; e++)
+      want[e] += ag ? part[e] : tpf_ref_round(TPF_BF16, part[e]);
+  }
+  /* Got: the sampled rows of d. */
+  for (int i = 0; i < nr; i++) {
+    const uint8_t *p = (const uint8_t *)d->ptr + rows[i] * d->ld * 2;
+    if (bench_mem_download(rk, row, p, ncols_out * 2) != TPF_OK) {
+      wrong = -1;
+      goto out;
+    }
+    for (uint64_t c = 0; c < nc; c++)
+      got[(uint64_t)i * nc + c] = row[cols[c]];
+  }
+  tpf_matrix mg = {got, (uint64_t)nr, nc, nc, TPF_BF16};
+  tpf_matrix mwant = {want, (uint64_t)nr, nc, nc, TPF_FP32};
+  tpf_ref_result res;
+  if (tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res) != TPF_OK) {
+    wrong = -1;
+    goto out;
+  }
+  wrong += (long long)res.wrong;
+  *checked += (long long)res.compared;
+  if (!res.pass && res.wrong == 0)
+    wrong++; /* a NaN mismatch or the max-diff verdict without a single failing element */
+  if (res.wrong) {
+    char line[256];
+    tpf_ref_format(&res, line, sizeof(line));
+    fprintf(stderr, "bench: %s rank %d T=%llu: %s\n", bench_ops[j->op].name, r,
+                    (unsigned long long)T, line);
+  }
+  /* AG: the buffer must hold the gathered input exactly (sampled rows, every column). */
+  if (ag && buf) {
+    for (int i = 0; i < nr; i++) {
+      uint64_t t = rows[i], q = t / R, base = bench_off(j, (int)q, it, 0) + (t - q * R) * H;
+      if (bench_mem_download(rk, row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) != TPF_OK) {
+        wrong = -1;
+        goto out;
+      }
+      for (uint64_t k = 0; k < H; k++)
+        wrong += row[k] != g->pool[(base + k) % g->pool_elems];
+      *checked += (long long)H;
+    }
+  }
+out:
+  free(row);
+  free(xs);
+  free(ws);
+  free(want);
+  free(part);
+  free(got);
+  return wrong;
+}
+
+static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
+  bench_job *j = arg;
+  bench_group *g = rk->g;
+  const int P = rk->tp, r = rk->rank;
+  const bool ag = bench_is_ag(j->op);
+  tpf_comm *c = NULL;
+  void *dmem = NULL;
+  tpf_status st;
+  char name[64];
+  snprintf(name, sizeof(name), "bench_%s", bench_ops[j->op].name);
+  tpf_comm_config cfg = {.name = name,
+                         .algo = bench_ops[j->op].algo,
+                         .coll = bench_ops[j->op].coll,
+                         .dtype = TPF_BF16,
+                         .capacity = {j->C, j->H},
+                         .num_splits = bench_ops[j->op].splits,
+                         .aggregate = bench_ops[j->op].aggregate};
+  st = tpf_comm_create(rk->be, &cfg, &c);
+  if (st != TPF_OK)
+    bench_job_fail(j, st, "tpf_comm_create");
+  /* Output: AG d [C, N]; RS out [C/P, H]. */
+  uint64_t drows = ag ? j->C : j->C / (uint64_t)P, dcols = ag ? j->N : j->H;
+  if (st == TPF_OK) {
+    dmem = bench_mem_alloc(g, drows * dcols * 2);
+    if (!dmem)
+      bench_job_fail(j, TPF_ENOMEM, "output allocation");
+  }
+  double *us = calloc((size_t)j->iters, sizeof(double));
+  for (int ti = 0; ti < j->nts; ti++) {
+    const uint64_t T = j->ts[ti], R = T / (uint64_t)P;
+    bench_barrier(rk);
+    bool skip = atomic_load(&j->failed) != 0;
+    if (!skip) {
+      st = tpf_comm_set_active_shape(c, (tpf_shape){T, j->H});
+      if (st != TPF_OK) {
+        bench_job_fail(j, st, "tpf_comm_set_active_shape");
+        skip = true;
+      }
+    }
+    tpf_matrix buf = {0}, local = {0};
+    if (!skip && ((st = tpf_comm_buffer(c, &buf)) != TPF_OK ||
+                  (ag && (st = tpf_comm_local_chunk(c, &local)) != TPF_OK))) {
+      bench_job_fail(j, st, "tpf_comm_buffer");
+      skip = true;
+    }
+    tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
+    const int total = j->warmup + j->iters + 1;
+    for (int it = 0; it < total; it++) {
+      const bool timed = it >= j->warmup && it < j->warmup + j->iters;
+      const bool check = it == total - 1;
+      if (check) { /* everything before is done everywhere; poison what the op must write */
+        if (!skip)
+          bench_sync(rk);
+        bench_barrier(rk);
+        skip = skip || atomic_load(&j->failed);
+        if (!skip) {
+          bench_mem_poison(rk, d.ptr, d.rows * d.ld * 2);
+          if (ag)
+            bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
+          bench_sync(rk);
+        }
+        bench_barrier(rk);
+      }
+      /* Operands at this repetition's offsets. */
+      const uint16_t *src = g->src;
+      tpf_matrix x = {0}, w = {0};
+      if (!skip) {
+        if (ag) {
+          w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
+          st = bench_mem_copy(rk, local.ptr, src + bench_off(j, r, it, 0), R * j->H * 2);
+        } else {
+          x = (tpf_matrix){(void *)(src + bench_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
+          w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
+          st = TPF_OK;
+        }
+        if (st != TPF_OK) {
+          bench_job_fail(j, st, "input copy");
+          skip = true;
+        }
+      }
+      if (timed)
+        bench_time_begin(rk, it - j->warmup);
+      if (!skip) {
+        st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
+        if (st != TPF_OK) {
+          bench_job_fail(j, st, bench_ops[j->op].name);
+          skip = true;
+        }
+      }
+      if (timed)
+        bench_time_end(rk, it - j->warmup);
+      if (check && !skip) {
+        st = bench_sync(rk);
+        if (st != TPF_OK) {
+          bench_job_fail(j, st, "synchronize");
+          skip = true;
+        } else {
+          long long checked = 0;
+          long long wr = bench_check(rk, j, T, it, &d, ag ? &buf : NULL, &checked);
+          if (wr < 0)
+            bench_job_fail(j, TPF_ENOMEM, "check");
+          else {
+            atomic_fetch_add(&j->wrong[ti], wr);
+            atomic_fetch_add(&j->checked[ti], checked);
+          }
+        }
+      }
+    }
+    bench_time_collect(rk, j->iters, us);
+    if (r == 0)
+      j->us[ti] = atomic_load(&j->failed) ? NAN : bench_median(us, j->iters);
+  }
+  free(us);
+  bench_barrier(rk);
+  if (c)
+    tpf_comm_destroy(c);
+  if (dmem)
+    bench_mem_free(g, dmem);
+  return TPF_OK;
+}
+
+/* Runs job j on group g (src must cover it). */
+static tpf_status bench_run_job(bench_group *g, bench_job *j) {
+  pthread_mutex_init(&j->mu, NULL);
+  atomic_store(&j->failed, 0);
+  j->st = TPF_OK;
+  j->err[0] = 0;
+  for (int i = 0; i < j->nts; i++) {
+    j->us[i] = NAN;
+    atomic_store(&j->wrong[i], 0);
+    atomic_store(&j->checked[i], 0);
+  }
+  tpf_status st = bench_src_reserve(g, bench_job_src_elems(j, g->tp));
+  if (st == TPF_OK)
+    st = bench_group_run(g, bench_op_rank, j);
+  if (st != TPF_OK && j->st == TPF_OK)
+    bench_job_fail(j, st, "run");
+  pthread_mutex_destroy(&j->mu);
+  return j->st;
+}
+
+static void bench_job_init(bench_job *j, const bench_opts *o, bench_op op, int P, int nts,
+                           const uint64_t *ts) {
+  memset(j, 0, sizeof(*j));
+  j->op = op;
+  j->C = o->capacity;
+  j->H = o->hidden;
+  j->N = o->n;
+  j->iters = o->iters;
+  j->warmup = o->warmup;
+  j->margin = o->cuda ? (8ull << 20) : (64ull << 10);
+  for (int i = 0; i < nts; i++)
+    if (ts[i] % (uint64_t)P == 0 && ts[i] <= o->capacity)
+      j->ts[j->nts++] = ts[i];
+}
+
+/* Time of one GEMM d[T, n] = x[T, k] * w[n, k]^T: cuBLASLt on CUDA; on the simulator, its own
+ * GEMM through a P = 1 RING AG with one split (one GEMM, no exchange). */
+static tpf_status bench_layer_gemm(const bench_opts *o, bench_group *g1, uint64_t T, uint64_t n,
+                                   uint64_t k, double *us) {
+  if (o->cuda)
+    return bench_cuda_gemm_us(g1, T, n, k, us);
+  bench_job j;
+  bench_opts o1 = *o;
+  o1.hidden = k;
+  o1.n = n;
+  o1.capacity = T;
+  bench_job_init(&j, &o1, BOP_RING_AG_SERIAL, 1, 1, &T);
+  tpf_status st = bench_run_job(g1, &j);
+  if (st == TPF_OK)
+    *us = j.us[0];
+  return st;
+}
+
+/* ---- section 1: set_active_shape cost ------------------------------------------------------ */
+
+typedef struct {
+  const bench_opts *o;
+  int phase; /* 0 create, 1 time set_active_shape, 2 time destroy + create, 3 destroy */
+  tpf_comm *comm[64];
+  tpf_manager *mgr[64];
+  long calls;
+  double comm_med_ns, comm_p99_ns, mgr_med_ns, mgr_p99_ns;
+  long long comm_allocs, mgr_allocs, live_delta;
+  long long dev_delta;
+  int realloc_n;
+  double realloc_med_ns, realloc_p99_ns;
+  long long realloc_allocs;
+  atomic_int failed;
+  tpf_status st;
+  char err[300];
+} bench_ss;
+
+static uint64_t bench_ss_t(const bench_opts *o, long i) {
+  static const uint64_t div[4] = {8, 4, 2, 1};
+  return o->capacity / div[i & 3];
+}
+
+static void bench_ss_fail(bench_ss *s, tpf_status st, const char *what) {
+  if (!atomic_exchange(&s->failed, 1)) {
+    s->st = st;
+    snprintf(s->err, sizeof(s->err), "%s: %s (%s)", what, tpf_status_name(st), tpf_last_error());
+  }
+}
+
+/* Times `calls` calls in batches of 100; per-call median and p99 over the batches. */
+static void bench_ss_loop(bench_ss *s, tpf_comm *c, tpf_manager *m, double *med, double *p99,
+                          long long *allocs) {
+  const int B = 100;
+  int nb = (int)(s->calls / B);
+  double *v = malloc((size_t)nb * sizeof(double));
+  long long a0 = bench_alloc_calls();
+  long k = 0;
+  for (int b = 0; b < nb && v; b++) {
+    double t0 = bench_now_ns();
+    for (int i = 0; i < B; i++, k++) {
+      tpf_shape sh = {bench_ss_t(s->o, k), s->o->hidden};
+      tpf_status st = c ? tpf_comm_set_active_shape(c, sh) : tpf_manager_set_active_shape(m, sh);
+      if (st != TPF_OK) {
+        bench_ss_fail(s, st, "set_active_shape");
+        free(v);
+        return;
+      }
+    }
+    v[b] = (bench_now_ns() - t0) / B;
+  }
+  *allocs = bench_alloc_calls() - a0;
+  if (v) {
+    *med = bench_median(v, nb);
+    *p99 = bench_quantile(v, nb, 0.99);
+  }
+  free(v);
+}
+
+static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
+  bench_ss *s = arg;
+  const bench_opts *o = s->o;
+  const int r = rk->rank;
+  tpf_status st = TPF_OK;
+  if (s->phase == 0) {
+    tpf_comm_config cfg = {.name = "fc1_fprop", .algo = TPF_ALGO_RING, .coll = TPF_COLL_AG,
+                           .dtype = TPF_BF16, .capacity = {o->capacity, o->hidden}};
+    st = tpf_comm_create(rk->be, &cfg, &s->comm[r]);
+    if (st == TPF_OK)
+      st = tpf_manager_create(rk->be, &s->mgr[r]);
+    static const struct {
+      const char *name;
+      tpf_algo a;
+      tpf_coll c;
+    } sites[4] = {{"qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG},
+                  {"proj_fprop", TPF_ALGO_RING, TPF_COLL_RS},
+                  {"fc1_fprop", TPF_ALGO_BULK, TPF_COLL_AG},
+                  {"fc2_fprop", TPF_ALGO_PIPELINE, TPF_COLL_RS}};
+    for (int i = 0; i < 4 && st == TPF_OK; i++) {
+      tpf_comm_config mc = {.name = sites[i].name, .algo = sites[i].a, .coll = sites[i].c,
+                            .dtype = TPF_BF16, .capacity = {o->capacity, o->hidden}};
+      tpf_comm *dummy;
+      st = tpf_manager_add(s->mgr[r], &mc, &dummy);
+    }
+    if (st != TPF_OK)
+      bench_ss_fail(s, st, "create");
+  } else if (s->phase == 1) {
+    /* Rank 0 times; the others wait, so the timing host threads do not compete. */
+    bench_barrier(rk);
+    if (r == 0 && !atomic_load(&s->failed)) {
+      long long live0 = tpf__alloc_live_count();
+      long long d0 = rk->g->cuda ? bench_cuda_dev_used() : -1;
+      bench_ss_loop(s, s->comm[0], NULL, &s->comm_med_ns, &s->comm_p99_ns, &s->comm_allocs);
+      bench_ss_loop(s, NULL, s->mgr[0], &s->mgr_med_ns, &s->mgr_p99_ns, &s->mgr_allocs);
+      s->live_delta = tpf__alloc_live_count() - live0;
+      s->dev_delta = rk->g->cuda ? bench_cuda_dev_used() - d0 : 0;
+    }
+    bench_barrier(rk);
+  } else if (s->phase == 2) {
+    double *v = calloc((size_t)s->realloc_n, sizeof(double));
+    long long a0 = bench_alloc_calls();
+    int done = 0;
+    for (int i = 0; i < s->realloc_n; i++) {
+      bench_barrier(rk);
+      if (atomic_load(&s->failed))
+        continue;
+      double t0 = bench_now_ns();
+      tpf_comm_config cfg = {.name = "fc1_fprop", .algo = TPF_ALGO_RING, .coll = TPF_COLL_AG,
+                             .dtype = TPF_BF16, .capacity = {bench_ss_t(o, i), o->hidden}};
+      st = tpf_comm_destroy(s->comm[r]);
+      s->comm[r] = NULL;
+      if (st == TPF_OK)
+        st = tpf_comm_create(rk->be, &cfg, &s->comm[r]);
+      if (st != TPF_OK) {
+        bench_ss_fail(s, st, "destroy + create");
+        continue;
+      }
+      if (v)
+        v[done++] = bench_now_ns() - t0;
+    }
+    bench_barrier(rk);
+    if (r == 0) {
+      s->realloc_allocs = bench_alloc_calls() - a0;
+      s->realloc_med_ns = bench_median(v, done);
+      s->realloc_p99_ns = bench_quantile(v, done, 0.99);
+    }
+    free(v);
+  } else {
+    if (s->comm[r])
+      tpf_comm_destroy(s->comm[r]);
+    if (s->mgr[r])
+      tpf_manager_destroy(s->mgr[r]);
+    s->comm[r] = NULL;
+    s->mgr[r] = NULL;
+  }
+  return TPF_OK;
+}
+
+static void bench_ss_row(const char *method, int P, const bench_opts *o, long long calls,
+                         double med, double p99, double allocs, double regs, double devmb,
+                         const char *what) {
+  bench_cell_s(method);
+  bench_cell_i(P);
+  bench_cell_i((long long)o->capacity);
+  bench_cell_i((long long)o->hidden);
+  bench_cell_i(calls);
+  bench_cell_f(med, med < 1e4 ? 1 : 0);
+  bench_cell_f(p99, p99 < 1e4 ? 1 : 0);
+  bench_cell_f(allocs, 2);
+  bench_cell_f(regs, 2);
+  bench_cell_f(devmb, 1);
+  bench_cell_s(what);
+  bench_row_end();
+}
+
+int bench_section_setshape(const bench_opts *o0) {
+  /* The simulator's reg_activate writes a canary over every inactive byte (a check only the
+   * simulator makes), so its set_active_shape costs O(C*H); a narrow buffer keeps 1e5 calls
+   * quick there. The CUDA backend's activation touches no memory: it runs at the full shape. */
+  bench_opts o1 = *o0;
+  if (!o0->cuda)
+    o1.hidden = 16;
+  const bench_opts *o = &o1;
+  const int P = o->tp;
+  static const char *const cols[] = {"method", "P", "C", "H", "calls", "median_ns", "p99_ns",
+                                     "allocs/call", "regs/call", "devMB/call", "what"};
+  bench_table("setshape", "Section 1: cost of changing T (host time per call; T cycles C/8, C/4, "
+                          "C/2, C)",
+              11, cols);
+  if (!o->cuda)
+    bench_note("simulator: H=16 here; its set_active_shape writes a canary over every inactive "
+               "byte (a simulator-only check), O(C*H) per call");
+  if (o->capacity % (8ull * (uint64_t)P) != 0) {
+    bench_note("skipped: capacity %llu is not a multiple of 8*P", (unsigned long long)o->capacity);
+    return 1;
+  }
+  bench_group *g = NULL;
+  bench_progress("[1/4 setshape] creating a group of %d ranks", P);
+  tpf_status st = bench_group_create(o, P, &g);
+  if (st != TPF_OK) {
+    bench_note("FAILED: group: %s (%s)", tpf_status_name(st), tpf_last_error());
+    return 1;
+  }
+  bench_ss *s = calloc(1, sizeof(*s));
+  s->o = o;
+  s->calls = o->setshape_calls;
+  s->realloc_n = o->realloc_iters;
+  int rc = 0;
+  s->phase = 0;
+  st = bench_group_run(g, bench_ss_rank, s);
+  long long regs0 = bench_group_registrations(g);
+  if (st == TPF_OK && !s->failed) {
+    bench_progress("[1/4 setshape] timing %ld set_active_shape calls", s->calls);
+    s->phase = 1;
+    st = bench_group_run(g, bench_ss_rank, s);
+  }
+  long long regs1 = bench_group_registrations(g);
+  if (st == TPF_OK && !s->failed) {
+    double nregs = regs0 < 0 ? NAN : (double)(regs1 - regs0) / (double)(2 * s->calls);
+    bench_ss_row("tpf_comm_set_active_shape", P, o, s->calls, s->comm_med_ns, s->comm_p99_ns,
+                 (double)s->comm_allocs / (double)s->calls, nregs,
+                 o->cuda ? (double)s->dev_delta / 1048576.0 / (double)(2 * s->calls) : NAN,
+                 "tpflex: one communicator");
+    bench_ss_row("tpf_manager_set_active_shape", P, o, s->calls, s->mgr_med_ns, s->mgr_p99_ns,
+                 (double)s->mgr_allocs / (double)s->calls, nregs, NAN,
+                 "tpflex: manager of 4 communicators");
+    bench_progress("[1/4 setshape] timing %d destroy + create (re-registration)", s->realloc_n);
+    s->phase = 2;
+    st = bench_group_run(g, bench_ss_rank, s);
+    long long regs2 = bench_group_registrations(g);
+    if (st == TPF_OK && !s->failed)
+      bench_ss_row("tpf_comm_destroy+create", P, o, s->realloc_n, s->realloc_med_ns,
+                   s->realloc_p99_ns, (double)s->realloc_allocs / (double)(s->realloc_n * P),
+                   regs0 < 0 ? NAN : (double)(regs2 - regs1) / (double)s->realloc_n, NAN,
+                   o->cuda ? "alternative: re-register at the new size (cudaMalloc path)"
+                           : "alternative: re-register at the new size (arena path)");
+    bench_note("allocs/call: allocations through tpflex's allocator per call (all ranks for "
+               "destroy+create, per rank); live allocations changed by %lld over the "
+               "set_active_shape loops",
+               s->live_delta);
+    if (regs0 >= 0)
+      bench_note("regs/call: collective registrations the simulator counted per call");
+    else
+      bench_note("regs/call: not counted by this backend; devMB/call: device memory in use "
+                 "(cudaMemGetInfo) before minus after, per call");
+  }
+  if (st != TPF_OK || s->failed) {
+    bench_note("FAILED: %s", s->failed ? s->err : tpf_last_error());
+    rc = 1;
+  }
+  s->phase = 3;
+  bench_group_run(g, bench_ss_rank, s);
+  if (o->cuda && rc == 0)
+    rc |= bench_cuda_setshape_alternatives(o, g);
+  free(s);
+  bench_group_destroy(g);
+  return rc;
+}
+
+/* ---- section 2: dynamic versus padded ------------------------------------------------------ */
+
+static double bench_flops(const bench_job *j, uint64_t T) {
+  return 2.0 * (double)T * (double)j->H * (double)j->N;
+}
+
+int bench_section_dynamic(const bench_opts *o) {
+  const int P = o->tp;
+  const bool gpu = o->cuda;
+  const char *cols[] = {"op", "P", "T", "T/C", "size(B)", "count", "time(us)", "algbw(GB/s)",
+                        "busbw(GB/s)", "#wrong", gpu ? "rankTFLOP/s" : "rankGFLOP/s",
+                        "padded(us)", "time/padded"};
+  char title[200];
+  snprintf(title, sizeof(title),
+           "Section 2: dynamic T versus padded to capacity C=%llu (P=%d, H=%llu, N=%llu)",
+           (unsigned long long)o->capacity, P, (unsigned long long)o->hidden,
+           (unsigned long long)o->n);
+  bench_table("dynamic", title, 13, cols);
+  uint64_t ts[4] = {o->capacity / 8, o->capacity / 4, o->capacity / 2, o->capacity};
+  bench_group *g = NULL;
+  tpf_status st = bench_group_create(o, P, &g);
+  if (st != TPF_OK) {
+    bench_note("FAILED: group: %s (%s)", tpf_status_name(st), tpf_last_error());
+    return 1;
+  }
+  static const bench_op ops[] = {BOP_RING_AG, BOP_RING_RS, BOP_PIPE_RS};
+  int rc = 0;
+  for (size_t oi = 0; oi < sizeof(ops) / sizeof(ops[0]); oi++) {
+    bench_job *j = calloc(1, sizeof(*j));
+    bench_job_init(j, o, ops[oi], P, 4, ts);
+    bench_progress("[2/4 dynamic] %s P=%d, T = C/8 .. C", bench_ops[ops[oi]].name, P);
+    st = bench_run_job(g, j);
+    double pad = j->nts ? j->us[j->nts - 1] : NAN; /* the last T is C: the padded run */
+    for (int i = 0; i < j->nts; i++) {
+      uint64_t T = j->ts[i];
+      double size = (double)T * (double)o->hidden * 2.0, t = j->us[i];
+      bench_cell_s(bench_ops[ops[oi]].name);
+      bench_cell_i(P);
+      bench_cell_i((long long)T);
+      bench_cell_f((double)T / (double)o->capacity, 3);
+      bench_cell_i((long long)size);
+      bench_cell_i((long long)(T * o->hidden));
+      bench_cell_f(t, 1);
+      bench_cell_f(size / (t * 1e3), 2);
+      bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
+      bench_cell_i(atomic_load(&j->wrong[i]));
+      bench_cell_f(bench_flops(j, T) / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
+      bench_cell_f(pad, 1);
+      bench_cell_f(t / pad, 3);
+      bench_row_end();
+      if (atomic_load(&j->wrong[i]) != 0)
+        rc = 1;
+    }
+    if (st != TPF_OK) {
+      bench_note("FAILED %s: %s", bench_ops[ops[oi]].name, j->err);
+      rc = 1;
+    }
+    free(j);
+  }
+  bench_note("padded(us): the same operation at T = C (pad-to-max); time/padded should track T/C");
+  bench_group_destroy(g);
+  return rc;
+}
+
+/* ---- section 4/5: TP emulation, serial baseline, whole-layer GEMM ------------------------- */
+
+int bench_section_tp(const bench_opts *o) {
+  const bool gpu = o->cuda;
+  const char *cols[] = {"op", "P", "T", "size(B)", "count", "time(us)", "algbw(GB/s)",
+                        "busbw(GB/s)", "#wrong", gpu ? "TFLOP/s" : "GFLOP/s", "layer_gemm(us)",
+                        "efficiency", "serial(us)", "speedup"};
+  char title[240];
+  snprintf(title, sizeof(title),
+           "Section 4/5: %s TP emulation, C=%llu H=%llu N=%llu per rank (layer GEMM: AG "
+           "[T,H]x[P*N,H]^T, RS [T,P*N]x[H,P*N]^T)",
+           gpu ? "one-GPU" : "simulator", (unsigned long long)o->capacity,
+           (unsigned long long)o->hidden, (unsigned long long)o->n);
+  bench_table("tp", title, 14, cols);
+  int rc = 0;
+  bench_group *g1 = NULL;
+  tpf_status st = bench_group_create(o, gpu ? 0 : 1, &g1);
+  if (st != TPF_OK) {
+    bench_note("FAILED: group of 1: %s (%s)", tpf_status_name(st), tpf_last_error());
+    return 1;
+  }
+  static const int Ps[] = {2, 4, 8};
+  for (size_t pi = 0; pi < 3; pi++) {
+    const int P = Ps[pi];
+    if (P > o->tp && P > 2)
+      continue;
+    bench_group *g = NULL;
+    st = bench_group_create(o, P, &g);
+    if (st != TPF_OK) {
+      bench_note("FAILED: group of %d: %s (%s)", P, tpf_status_name(st), tpf_last_error());
+      rc = 1;
+      continue;
+    }
+    bench_op ops[BOP_COUNT];
+    int nops = 0;
+    ops[nops++] = BOP_RING_AG;
+    if (P % 2 == 0 && P > 2)
+      ops[nops++] = BOP_RING_AG_AGGR;
+    ops[nops++] = BOP_RING_AG_SERIAL;
+    ops[nops++] = BOP_RING_RS;
+    ops[nops++] = BOP_PIPE_RS;
+    ops[nops++] = BOP_PIPE_RS_SERIAL;
+    bench_job *jobs = calloc((size_t)nops, sizeof(bench_job));
+    for (int k = 0; k < nops; k++) {
+      bench_job_init(&jobs[k], o, ops[k], P, o->ntps, o->tps);
+      bench_progress("[4/4 tp] P=%d %s over %d values of T", P, bench_ops[ops[k]].name,
+                     jobs[k].nts);
+      st = bench_run_job(g, &jobs[k]);
+      if (st != TPF_OK) {
+        bench_note("FAILED P=%d %s: %s", P, bench_ops[ops[k]].name, jobs[k].err);
+        rc = 1;
+      }
+    }
+    bench_group_destroy(g);
+    /* Whole-layer GEMM per T (AG layer and RS layer), then the rows. */
+    const bench_job *j0 = &jobs[0];
+    for (int i = 0; i < j0->nts; i++) {
+      const uint64_t T = j0->ts[i];
+      double lay_ag = NAN, lay_rs = NAN;
+      bench_progress("[4/4 tp] P=%d whole-layer GEMMs at T=%llu", P, (unsigned long long)T);
+      if (bench_layer_gemm(o, g1, T, o->n * (uint64_t)P, o->hidden, &lay_ag) != TPF_OK ||
+          bench_layer_gemm(o, g1, T, o->hidden, o->n * (uint64_t)P, &lay_rs) != TPF_OK) {
+        bench_note("layer GEMM at T=%llu failed: %s", (unsigned long long)T, tpf_last_error());
+      }
+      double ser_ag = NAN, ser_rs = NAN;
+      for (int k = 0; k < nops; k++) {
+        if (ops[k] == BOP_RING_AG_SERIAL)
+          ser_ag = jobs[k].us[i];
+        if (ops[k] == BOP_PIPE_RS_SERIAL)
+          ser_rs = jobs[k].us[i];
+      }
+      for (int k = 0; k < nops; k++) {
+        const bench_job *j = &jobs[k];
+        const bool ag = bench_is_ag(j->op);
+        double t = j->us[i], size = (double)T * (double)o->hidden * 2.0;
+        double lay = ag ? lay_ag : lay_rs, ser = ag ? ser_ag : ser_rs;
+        bench_cell_s(bench_ops[j->op].name);
+        bench_cell_i(P);
+        bench_cell_i((long long)T);
+        bench_cell_i((long long)size);
+        bench_cell_i((long long)(T * o->hidden));
+        bench_cell_f(t, 1);
+        bench_cell_f(size / (t * 1e3), 2);
+        bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
+        bench_cell_i(atomic_load(&j->wrong[i]));
+        bench_cell_f(bench_flops(j, T) * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
+        bench_cell_f(lay, 1);
+        bench_cell_f(lay / t, 3);
+        bench_cell_f(ser, 1);
+        bench_cell_f(ser / t, 3);
+        bench_row_end();
+        if (atomic_load(&j->wrong[i]) != 0)
+          rc = 1;
+      }
+    }
+    free(jobs);
+  }
+  bench_note("all P ranks share one %s: FLOP/s counts every rank's GEMMs together; efficiency = "
+             "one GEMM of the whole layer / the P-rank run",
+             gpu ? "GPU" : "host (the simulator)");
+  bench_note("serial: serial_ag,gemm = RING AG with 1 split (the whole exchange, then one GEMM); "
+             "serial_gemm,rs = PIPELINE RS with 1 split (one GEMM, then the reduce-scatter); "
+             "speedup = serial / op");
+  if (gpu)
+    bench_note("NCCL serial baseline: not run here: NCCL <= 2.29 rejects several ranks on one GPU "
+               "(\"Duplicate GPU detected\"), so the serial baseline is tpflex's own 1-split "
+               "schedule (copy-engine exchange, then one cuBLASLt GEMM)");
+  bench_group_destroy(g1);
+  return rc;
+}
