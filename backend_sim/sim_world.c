@@ -320,6 +320,10 @@ tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out) {
   return TPF_OK;
 }
 
+uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w) {
+  return w ? tpf_sim__now_ns() - w->t0_ns : 0;
+}
+
 tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
   if (!w)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault: NULL world");

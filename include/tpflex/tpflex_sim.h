@@ -64,6 +64,9 @@ typedef struct {
   uint64_t signals;       /* flag raises (SEND completions and BARRIER arrivals), all ranks */
 } tpf_sim_stats;
 tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out);
+/* Nanoseconds since the world was created: the clock of tpf_sim_trace_event, so that a caller
+ * can put its own spans on the same time line. 0 for NULL. Thread-safe. */
+uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w);
 
 /* Fault injection for the fault tests (SQLite's test VFS): counts are world-wide, 1-based, in
  * the order the calls happen. 0 disables a fault. */
