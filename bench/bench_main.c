@@ -436,6 +436,11 @@ int tpf_cmd_bench(int argc, char **argv) {
     return 2;
   }
 #endif
+  /* Many streams (P ranks x 5 streams) with device-side flag waits: give every stream its own
+   * hardware queue, as `make test-cuda` does, so no wait can sit in front of the copy it waits
+   * for. Read when the CUDA context is created, so set before any CUDA call. */
+  if (o.cuda)
+    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   /* Count every allocation tpflex makes. Only possible before any tpflex object exists, which
    * is the case here: bench is the whole process. */
   if (tpf_set_allocator(bench_malloc_, bench_calloc_, bench_realloc_, bench_free_) != TPF_OK)

@@ -909,6 +909,11 @@ int bench_section_dynamic(const bench_opts *o) {
     free(j);
   }
   bench_note("padded(us): the same operation at T = C (pad-to-max); time/padded should track T/C");
+  if (gpu)
+    bench_note("all %d ranks are threads on one GPU: their 'peer' copies are device-local (HBM), "
+               "not NVLink, so algbw/busbw here are not comparable with multi-GPU nccl-tests "
+               "figures; they are for comparing T against C",
+               P);
   bench_group_destroy(g);
   return rc;
 }
