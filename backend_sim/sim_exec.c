@@ -117,13 +117,10 @@ static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t deadline_ns)
     pthread_mutex_lock(&rk->bell_mu);
     uint64_t gen = rk->bell_gen;
     pthread_mutex_unlock(&rk->bell_mu);
-    if (pred_holds(p))
-      return TPF_OK;
-    if (atomic_load(&c->op->failed))
-      return TPF_ESTATE;
+    if (pred_holds(p)) return TPF_OK;
+    if (atomic_load(&c->op->failed)) return TPF_ESTATE;
     uint64_t now = tpf_sim__now_ns();
-    if (now >= deadline_ns)
-      return TPF_ETIMEOUT;
+    if (now >= deadline_ns) return TPF_ETIMEOUT;
     uint64_t until = now + SIM_POLL_NS < deadline_ns ? now + SIM_POLL_NS : deadline_ns;
     struct timespec ts = mono_ts(until);
     pthread_mutex_lock(&rk->bell_mu);
@@ -141,7 +138,8 @@ static uint64_t deadline_from_now(const sim_ctx *c) {
 static void raise_flag(sim_ctx *c, int receiver, uint32_t tag) {
   tpf_sim_world *w = c->w;
   atomic_fetch_add(&w->signals, 1);
-  if (w->fault.drop_signal != 0 && atomic_fetch_add(&w->fault_signals, 1) + 1 == w->fault.drop_signal)
+  if (w->fault.drop_signal != 0 &&
+      atomic_fetch_add(&w->fault_signals, 1) + 1 == w->fault.drop_signal)
     return;
   atomic_store_explicit(tpf_sim__flag(c->sh, receiver, c->me, tag), c->args->seq,
                         memory_order_release);
@@ -220,8 +218,8 @@ static tpf_status step_gemm(sim_ctx *c, const tpf_step *s) {
 
 static tpf_status check_peer(sim_ctx *c, const tpf_step *s) {
   if (s->peer < 0 || s->peer >= c->sched->tp_size || s->peer == c->me || s->tag >= TPF_MAX_TAGS)
-    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: peer %d or tag %u invalid",
-                   comm_name(c), c->me, c->step_index, (int)s->peer, (unsigned)s->tag);
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: peer %d or tag %u invalid", comm_name(c),
+                   c->me, c->step_index, (int)s->peer, (unsigned)s->tag);
   return TPF_OK;
 }
 
@@ -257,12 +255,10 @@ static tpf_status step_barrier(sim_ctx *c, const tpf_step *s) {
     return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: tag %u invalid", comm_name(c), c->me,
                    c->step_index, (unsigned)s->tag);
   for (int q = 0; q < P; q++)
-    if (q != c->me)
-      raise_flag(c, q, s->tag);
+    if (q != c->me) raise_flag(c, q, s->tag);
   uint64_t deadline = deadline_from_now(c);
   for (int q = 0; q < P; q++) {
-    if (q == c->me)
-      continue;
+    if (q == c->me) continue;
     sim_pred p = {tpf_sim__flag(c->sh, c->me, q, s->tag), c->args->seq, false};
     tpf_status st = wait_pred(c, &p, deadline);
     if (st == TPF_ETIMEOUT)
@@ -271,8 +267,7 @@ static tpf_status step_barrier(sim_ctx *c, const tpf_step *s) {
                      "%llu waits for rank %d (its flag is at %llu)",
                      c->w->timeout_ms, c->me, c->step_index, (unsigned)s->tag, comm_name(c),
                      (unsigned long long)c->args->seq, q, (unsigned long long)atomic_load(p.word));
-    if (st != TPF_OK)
-      return st;
+    if (st != TPF_OK) return st;
   }
   return TPF_OK;
 }
@@ -282,15 +277,13 @@ static tpf_status step_handshake(sim_ctx *c) {
   uint64_t seq = c->args->seq, rows = c->sched->rows;
   uint64_t word = TPF_READY_WORD(seq, rows);
   for (int q = 0; q < P; q++) {
-    if (q == c->me)
-      continue;
+    if (q == c->me) continue;
     atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me), word, memory_order_release);
     tpf_sim__ring(&c->w->ranks[q]);
   }
   uint64_t deadline = deadline_from_now(c);
   for (int q = 0; q < P; q++) {
-    if (q == c->me)
-      continue;
+    if (q == c->me) continue;
     sim_pred p = {tpf_sim__ready(c->sh, c->me, q), seq, true};
     tpf_status st = wait_pred(c, &p, deadline);
     uint64_t got = atomic_load_explicit(p.word, memory_order_acquire);
@@ -298,10 +291,9 @@ static tpf_status step_handshake(sim_ctx *c) {
       return op_fail(c, st,
                      "timeout after %u ms: rank %d, step %d (HANDSHAKE) of '%s' operation %llu "
                      "waits for rank %d (its last operation announced is %llu)",
-                     c->w->timeout_ms, c->me, c->step_index, comm_name(c),
-                     (unsigned long long)seq, q, (unsigned long long)TPF_READY_SEQ(got));
-    if (st != TPF_OK)
-      return st;
+                     c->w->timeout_ms, c->me, c->step_index, comm_name(c), (unsigned long long)seq,
+                     q, (unsigned long long)TPF_READY_SEQ(got));
+    if (st != TPF_OK) return st;
     if (TPF_READY_SEQ(got) != (seq & 0xFFFFFFu))
       return op_fail(c, TPF_EMISMATCH,
                      "ranks disagree on the operation sequence of '%s': rank %d is at operation "
@@ -313,8 +305,8 @@ static tpf_status step_handshake(sim_ctx *c) {
                      "active shapes differ on '%s' operation %llu: rank %d has [%llu, %llu], "
                      "rank %d has [%llu, %llu]",
                      comm_name(c), (unsigned long long)seq, c->me, (unsigned long long)rows,
-                     (unsigned long long)c->sched->cols, q,
-                     (unsigned long long)TPF_READY_ROWS(got), (unsigned long long)c->sched->cols);
+                     (unsigned long long)c->sched->cols, q, (unsigned long long)TPF_READY_ROWS(got),
+                     (unsigned long long)c->sched->cols);
   }
   return TPF_OK;
 }
@@ -323,8 +315,8 @@ static tpf_status step_reduce(sim_ctx *c, const tpf_step *s, bool peers) {
   int P = c->sched->tp_size;
   tpf_sim_view src[TPF_MAX_RANKS], d;
   if (s->count == 0 || s->count > TPF_MAX_RANKS || (peers && s->count > (uint32_t)P))
-    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: reduction count %u invalid",
-                   comm_name(c), c->me, c->step_index, (unsigned)s->count);
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: reduction count %u invalid", comm_name(c),
+                   c->me, c->step_index, (unsigned)s->count);
   size_t esz = tpf_dtype_size(c->sched->dtype);
   for (uint32_t t = 0; t < s->count; t++) {
     tpf_mref r = s->a;
@@ -333,13 +325,13 @@ static tpf_status step_reduce(sim_ctx *c, const tpf_step *s, bool peers) {
       owner = (c->me + (int)t) % P;
     } else {
       uint64_t shift;
-      if (!tpf__mul_u64(t, s->stride_bytes, &shift) || !tpf__add_u64(r.off_bytes, shift, &r.off_bytes))
+      if (!tpf__mul_u64(t, s->stride_bytes, &shift) ||
+          !tpf__add_u64(r.off_bytes, shift, &r.off_bytes))
         return op_fail(c, TPF_EOVERFLOW, "'%s' rank %d step %d: reduction stride overflows",
                        comm_name(c), c->me, c->step_index);
     }
     TPF_CHECK(resolve(c, &r, owner, s->m, s->n, "a", &src[t]));
-    if (owner != c->me)
-      c->moved += s->m * s->n * esz;
+    if (owner != c->me) c->moved += s->m * s->n * esz;
   }
   TPF_CHECK(resolve(c, &s->d, c->me, s->m, s->n, "d", &d));
   tpf_status st = tpf_sim__reduce(&c->wk->scratch, src, s->count, d, s->m, s->n);
@@ -366,8 +358,8 @@ static tpf_status run_step(sim_ctx *c, const tpf_step *s) {
   case TPF_STEP_BARRIER:
     return step_barrier(c, s);
   default:
-    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: unknown step kind %d", comm_name(c),
-                   c->me, c->step_index, (int)s->kind);
+    return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: unknown step kind %d", comm_name(c), c->me,
+                   c->step_index, (int)s->kind);
   }
 }
 
@@ -390,21 +382,19 @@ static tpf_status wait_dep(sim_ctx *c, int dep) {
   }
   pthread_mutex_unlock(&c->op->mu);
   if (st == TPF_ETIMEOUT)
-    return op_fail(c, st, "timeout: rank %d step %d of '%s' waited %u ms for its step %d",
-                   c->me, c->step_index, comm_name(c), 2u * c->w->timeout_ms, dep);
+    return op_fail(c, st, "timeout: rank %d step %d of '%s' waited %u ms for its step %d", c->me,
+                   c->step_index, comm_name(c), 2u * c->w->timeout_ms, dep);
   return st;
 }
 
 static void random_delay(tpf_sim_worker *wk, unsigned max_us) {
-  if (max_us == 0)
-    return;
+  if (max_us == 0) return;
   uint64_t z = (wk->rng += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   z ^= z >> 31;
   uint64_t us = z % ((uint64_t)max_us + 1);
-  if (us == 0)
-    return;
+  if (us == 0) return;
   struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
   nanosleep(&ts, NULL);
 }
@@ -423,26 +413,20 @@ static void run_stream(tpf_sim_worker *wk, tpf_sim_op *op) {
   c.me = rk->rank;
   for (int i = 0; i < c.sched->nsteps; i++) {
     const tpf_step *s = &c.sched->steps[i];
-    if (s->stream != wk->stream)
-      continue;
-    if (atomic_load(&op->failed))
-      return;
+    if (s->stream != wk->stream) continue;
+    if (atomic_load(&op->failed)) return;
     c.step_index = i;
     for (int j = 0; j < s->ndeps; j++)
-      if (wait_dep(&c, s->deps[j]) != TPF_OK)
-        return;
+      if (wait_dep(&c, s->deps[j]) != TPF_OK) return;
     random_delay(wk, c.w->max_delay_us);
     c.moved = 0;
     c.flops = 0;
     uint64_t t0 = tpf_sim__now_ns();
-    if (run_step(&c, s) != TPF_OK)
-      return;
+    if (run_step(&c, s) != TPF_OK) return;
     uint64_t t1 = tpf_sim__now_ns();
     atomic_fetch_add(&c.w->steps, 1);
-    if (c.moved)
-      atomic_fetch_add(&c.w->bytes_moved, c.moved);
-    if (c.flops)
-      atomic_fetch_add(&c.w->flops, c.flops);
+    if (c.moved) atomic_fetch_add(&c.w->bytes_moved, c.moved);
+    if (c.flops) atomic_fetch_add(&c.w->flops, c.flops);
     if (c.w->trace_fn) {
       tpf_sim_trace_event ev;
       ev.rank = c.me;
@@ -486,8 +470,7 @@ void *tpf_sim__worker_main(void *arg) {
     run_stream(wk, op);
 
     pthread_mutex_lock(&op->mu);
-    if (--op->workers_left == 0)
-      pthread_cond_broadcast(&op->cv);
+    if (--op->workers_left == 0) pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mu);
   }
 }
@@ -496,10 +479,9 @@ void *tpf_sim__worker_main(void *arg) {
 static tpf_status precheck(const tpf_sim_rank *rk, const tpf_exec_args *a) {
   const tpf_schedule *s = a->sched;
   if (s->tp_size != rk->hdr.tp_size || s->rank != rk->rank)
-    return tpf_set_error(TPF_EINVAL,
-                         "sim execute '%s': schedule is for rank %d of %d, backend is rank %d of %d",
-                         a->comm_name ? a->comm_name : "?", s->rank, s->tp_size, rk->rank,
-                         rk->hdr.tp_size);
+    return tpf_set_error(
+        TPF_EINVAL, "sim execute '%s': schedule is for rank %d of %d, backend is rank %d of %d",
+        a->comm_name ? a->comm_name : "?", s->rank, s->tp_size, rk->rank, rk->hdr.tp_size);
   if (s->nsteps < 0 || (s->nsteps > 0 && !s->steps) || s->nsteps > 65535 ||
       tpf_dtype_size(s->dtype) == 0)
     return tpf_set_error(TPF_EINVAL, "sim execute '%s': schedule with %d steps is malformed",
@@ -508,8 +490,7 @@ static tpf_status precheck(const tpf_sim_rank *rk, const tpf_exec_args *a) {
     const tpf_step *st = &s->steps[i];
     if (st->stream >= TPF_NUM_STREAMS || st->kind >= TPF_STEP_KIND_COUNT ||
         st->ndeps > TPF_STEP_MAX_DEPS)
-      return tpf_set_error(TPF_EINVAL,
-                           "sim execute '%s': step %d has stream %u, kind %u, %u deps",
+      return tpf_set_error(TPF_EINVAL, "sim execute '%s': step %d has stream %u, kind %u, %u deps",
                            a->comm_name ? a->comm_name : "?", i, st->stream, st->kind, st->ndeps);
     for (int j = 0; j < st->ndeps; j++)
       if (st->deps[j] >= i)
@@ -537,8 +518,7 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   op.workers_left = TPF_NUM_STREAMS;
   atomic_init(&op.failed, 0);
   op.done = calloc((size_t)a->sched->nsteps + 1, 1);
-  if (!op.done)
-    return tpf_set_error(TPF_ENOMEM, "sim execute: %d step flags", a->sched->nsteps);
+  if (!op.done) return tpf_set_error(TPF_ENOMEM, "sim execute: %d step flags", a->sched->nsteps);
   pthread_mutex_init(&op.mu, NULL);
   cond_init_mono(&op.cv);
 
@@ -571,4 +551,6 @@ tpf_status tpf_sim__sync(tpf_backend *be, void *stream) {
   return tpf_sim__fault_call(rk->world, "sync", rk->rank);
 }
 
-void tpf_sim__cond_init_mono(pthread_cond_t *cv) { cond_init_mono(cv); }
+void tpf_sim__cond_init_mono(pthread_cond_t *cv) {
+  cond_init_mono(cv);
+}

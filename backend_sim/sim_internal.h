@@ -26,13 +26,13 @@ typedef struct tpf_sim_rank tpf_sim_rank;
 typedef struct tpf_sim_shared {
   char name[TPF_SIM_NAME_LEN];
   int tp_size;
-  uint64_t data_bytes;   /* registered bytes */
-  uint64_t data_span;    /* data_bytes rounded up to 64 */
-  uint64_t block_bytes;  /* one rank's block */
-  uint64_t arena_off;    /* start in the arena */
-  uint64_t arena_len;    /* reserved length */
-  unsigned char *base;   /* arena + arena_off */
-  int refs;              /* ranks that still hold it; world mutex */
+  uint64_t data_bytes;  /* registered bytes */
+  uint64_t data_span;   /* data_bytes rounded up to 64 */
+  uint64_t block_bytes; /* one rank's block */
+  uint64_t arena_off;   /* start in the arena */
+  uint64_t arena_len;   /* reserved length */
+  unsigned char *base;  /* arena + arena_off */
+  int refs;             /* ranks that still hold it; world mutex */
 } tpf_sim_shared;
 
 /* A rank's handle on a registration (what the core calls tpf_reg). */
@@ -69,10 +69,10 @@ typedef struct tpf_sim_op {
   tpf_sim_reg *reg;
   pthread_mutex_t mu;
   pthread_cond_t cv;
-  unsigned char *done;  /* per step; mu */
-  int workers_left;     /* mu */
+  unsigned char *done; /* per step; mu */
+  int workers_left;    /* mu */
   atomic_int failed;
-  tpf_status status;    /* first failure; mu */
+  tpf_status status; /* first failure; mu */
   char msg[TPF_SIM_MSG_LEN];
 } tpf_sim_op;
 

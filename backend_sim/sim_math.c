@@ -13,11 +13,9 @@
 #include <string.h>
 
 tpf_status tpf_sim__scratch_reserve(tpf_sim_scratch *s, size_t floats) {
-  if (floats <= s->cap)
-    return TPF_OK;
+  if (floats <= s->cap) return TPF_OK;
   float *p = realloc(s->buf, floats * sizeof(float));
-  if (!p)
-    return tpf_set_error(TPF_ENOMEM, "simulator scratch of %zu floats", floats);
+  if (!p) return tpf_set_error(TPF_ENOMEM, "simulator scratch of %zu floats", floats);
   s->buf = p;
   s->cap = floats;
   return TPF_OK;
@@ -59,8 +57,7 @@ static void store_row(const tpf_sim_view *v, uint64_t i, uint64_t n, const float
 
 tpf_status tpf_sim__gemm(tpf_sim_scratch *s, tpf_sim_view a, tpf_sim_view w, tpf_sim_view d,
                          uint64_t m, uint64_t n, uint64_t k) {
-  if (m == 0 || n == 0)
-    return TPF_OK;
+  if (m == 0 || n == 0) return TPF_OK;
   /* Scratch: the weight block (n*k), one activation row (k), one output row (n). */
   TPF_CHECK(tpf_sim__scratch_reserve(s, (size_t)(n * k + k + n)));
   float *wf = s->buf, *xf = wf + n * k, *df = xf + k;
@@ -82,8 +79,7 @@ tpf_status tpf_sim__gemm(tpf_sim_scratch *s, tpf_sim_view a, tpf_sim_view w, tpf
 
 tpf_status tpf_sim__reduce(tpf_sim_scratch *s, const tpf_sim_view *src, uint32_t count,
                            tpf_sim_view d, uint64_t m, uint64_t n) {
-  if (m == 0 || n == 0)
-    return TPF_OK;
+  if (m == 0 || n == 0) return TPF_OK;
   TPF_CHECK(tpf_sim__scratch_reserve(s, (size_t)(2 * n)));
   float *acc = s->buf, *row = acc + n;
   for (uint64_t i = 0; i < m; i++) {

@@ -108,8 +108,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
 }
 
 static void group_release(tpf_sim_world *w, tpf_sim_group *g) {
-  if (++g->taken < w->tp_size)
-    return;
+  if (++g->taken < w->tp_size) return;
   for (tpf_sim_group **pp = &w->groups; *pp; pp = &(*pp)->next) {
     if (*pp == g) {
       *pp = g->next;
@@ -127,8 +126,7 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
   if (!reg || !local || bytes == 0)
     return tpf_set_error(TPF_EINVAL, "sim reg_create: %s", bytes ? "NULL out" : "zero bytes");
   tpf_sim_reg *h = calloc(1, sizeof *h);
-  if (!h)
-    return tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
+  if (!h) return tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
   uint64_t k = rk->reg_count++;
 
   pthread_mutex_lock(&w->mu);
@@ -191,8 +189,7 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   tpf_sim_reg *h = (tpf_sim_reg *)reg;
   /* Counted for the fault loop, but a destroy never fails: the caller could not recover. */
   atomic_fetch_add(&w->backend_calls, 1);
-  if (!h)
-    return tpf_set_error(TPF_EINVAL, "sim reg_destroy: NULL registration");
+  if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_destroy: NULL registration");
   pthread_mutex_lock(&w->mu);
   tpf_sim_shared *sh = h->sh;
   if (--sh->refs == 0) {
@@ -215,8 +212,7 @@ tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   tpf_sim_reg *h = (tpf_sim_reg *)reg;
   TPF_CHECK(tpf_sim__fault_call(rk->world, "reg_activate", rk->rank));
-  if (!h)
-    return tpf_set_error(TPF_EINVAL, "sim reg_activate: NULL registration");
+  if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_activate: NULL registration");
   if (active_bytes > h->sh->data_bytes)
     return tpf_set_error(TPF_ECAPACITY,
                          "sim reg_activate: active layout of %llu bytes exceeds the %llu bytes "
@@ -239,8 +235,8 @@ tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm) {
                            "layout ends at %llu of %llu registered bytes): found 0x%02x, expected "
                            "0x%02x",
                            comm ? comm : h->sh->name, h->rank, (unsigned long long)o,
-                           (unsigned long long)h->canary_off,
-                           (unsigned long long)h->sh->data_bytes, d[o], canary_byte(o, h->rank));
+                           (unsigned long long)h->canary_off, (unsigned long long)h->sh->data_bytes,
+                           d[o], canary_byte(o, h->rank));
   }
   return TPF_OK;
 }

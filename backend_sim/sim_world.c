@@ -32,8 +32,7 @@ tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off) {
   len = (len + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN * TPF_SIM_ARENA_ALIGN;
   for (tpf_sim_extent **pp = &w->free_list; *pp; pp = &(*pp)->next) {
     tpf_sim_extent *e = *pp;
-    if (e->len < len)
-      continue;
+    if (e->len < len) continue;
     *off = e->off;
     e->off += len;
     e->len -= len;
@@ -74,8 +73,7 @@ void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
     return;
   }
   tpf_sim_extent *e = malloc(sizeof *e);
-  if (!e)
-    return; /* the extent is lost to the arena, nothing else: better than failing a destroy */
+  if (!e) return; /* the extent is lost to the arena, nothing else: better than failing a destroy */
   e->off = off;
   e->len = len;
   e->next = next;
@@ -96,11 +94,9 @@ void tpf_sim__ring(tpf_sim_rank *rk) {
 tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank) {
   uint64_t n = atomic_fetch_add(&w->backend_calls, 1) + 1;
   (void)n;
-  if (w->fault.fail_call == 0)
-    return TPF_OK;
+  if (w->fault.fail_call == 0) return TPF_OK;
   uint64_t k = atomic_fetch_add(&w->fault_calls, 1) + 1;
-  if (k != w->fault.fail_call)
-    return TPF_OK;
+  if (k != w->fault.fail_call) return TPF_OK;
   tpf_status st = w->fault.fail_status != TPF_OK ? w->fault.fail_status : TPF_EBACKEND;
   return tpf_set_error(st, "injected fault: backend call %llu (%s on rank %d) fails",
                        (unsigned long long)k, what, rank);
@@ -133,8 +129,7 @@ static void rank_stop_workers(tpf_sim_rank *rk) {
   pthread_cond_broadcast(&rk->cv);
   pthread_mutex_unlock(&rk->mu);
   for (int s = 0; s < TPF_NUM_STREAMS; s++) {
-    if (rk->workers_started[s])
-      pthread_join(rk->workers[s].thread, NULL);
+    if (rk->workers_started[s]) pthread_join(rk->workers[s].thread, NULL);
     rk->workers_started[s] = false;
     tpf_sim__scratch_free(&rk->workers[s].scratch);
   }
@@ -158,8 +153,7 @@ static tpf_status rank_init(tpf_sim_world *w, int r) {
     /* Distinct, reproducible delay streams per (seed, rank, stream). */
     wk->rng = w->seed ^ (0x9e3779b97f4a7c15ull * (uint64_t)(r * TPF_NUM_STREAMS + s + 1));
     int err = pthread_create(&wk->thread, NULL, tpf_sim__worker_main, wk);
-    if (err)
-      return pthread_error(err, "creating a stream worker");
+    if (err) return pthread_error(err, "creating a stream worker");
     rk->workers_started[s] = true;
   }
   return TPF_OK;
@@ -169,8 +163,7 @@ static void world_free(tpf_sim_world *w) {
   if (w->ranks) {
     for (int r = 0; r < w->tp_size; r++) {
       tpf_sim_rank *rk = &w->ranks[r];
-      if (!rk->world)
-        continue;
+      if (!rk->world) continue;
       rank_stop_workers(rk);
       pthread_mutex_destroy(&rk->mu);
       pthread_cond_destroy(&rk->cv);
@@ -185,8 +178,7 @@ static void world_free(tpf_sim_world *w) {
     w->free_list = e->next;
     free(e);
   }
-  if (w->arena)
-    munmap(w->arena, (size_t)w->arena_bytes);
+  if (w->arena) munmap(w->arena, (size_t)w->arena_bytes);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
   free(w);
@@ -196,11 +188,10 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
   if (!cfg || !out)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
   if (cfg->tp_size < 1 || cfg->tp_size > TPF_MAX_RANKS)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: tp_size %d outside 1..%d",
-                         cfg->tp_size, TPF_MAX_RANKS);
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: tp_size %d outside 1..%d", cfg->tp_size,
+                         TPF_MAX_RANKS);
   tpf_sim_world *w = calloc(1, sizeof *w);
-  if (!w)
-    return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: world");
+  if (!w) return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: world");
   w->tp_size = cfg->tp_size;
   w->seed = cfg->seed;
   w->max_delay_us = cfg->max_delay_us;
@@ -212,17 +203,17 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
 
   /* The arena is reserved, not committed: pages appear as registrations touch them. */
   w->arena_bytes = cfg->arena_bytes ? cfg->arena_bytes : TPF_SIM_DEFAULT_ARENA_BYTES;
-  w->arena_bytes = (w->arena_bytes + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN *
-                   TPF_SIM_ARENA_ALIGN;
+  w->arena_bytes =
+      (w->arena_bytes + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN * TPF_SIM_ARENA_ALIGN;
   void *a = mmap(NULL, (size_t)w->arena_bytes, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (a == MAP_FAILED) {
     int err = errno;
     world_free(w);
-    return tpf_set_error(TPF_ENOMEM, "simulator arena: mmap of %llu bytes failed: %s",
-                         (unsigned long long)(cfg->arena_bytes ? cfg->arena_bytes
-                                                               : TPF_SIM_DEFAULT_ARENA_BYTES),
-                         strerror(err));
+    return tpf_set_error(
+        TPF_ENOMEM, "simulator arena: mmap of %llu bytes failed: %s",
+        (unsigned long long)(cfg->arena_bytes ? cfg->arena_bytes : TPF_SIM_DEFAULT_ARENA_BYTES),
+        strerror(err));
   }
   w->arena = a;
   w->free_list = malloc(sizeof *w->free_list);
@@ -251,15 +242,13 @@ static void *run_main(void *arg) {
   tpf_sim_rank *rk = arg;
   tpf_status st = rk->run_fn(&rk->hdr, rk->rank, rk->run_arg);
   rk->run_status = st;
-  if (st != TPF_OK)
-    snprintf(rk->run_msg, sizeof rk->run_msg, "%s", tpf_last_error());
+  if (st != TPF_OK) snprintf(rk->run_msg, sizeof rk->run_msg, "%s", tpf_last_error());
   return NULL;
 }
 
 tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int rank, void *arg),
                        void *arg) {
-  if (!w || !fn)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_run: NULL %s", w ? "function" : "world");
+  if (!w || !fn) return tpf_set_error(TPF_EINVAL, "tpf_sim_run: NULL %s", w ? "function" : "world");
   int started = 0;
   tpf_status st = TPF_OK;
   for (int r = 0; r < w->tp_size; r++) {
@@ -279,8 +268,7 @@ tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int r
   }
   for (int r = 0; r < started; r++)
     pthread_join(w->ranks[r].run_thread, NULL);
-  if (st != TPF_OK)
-    return st;
+  if (st != TPF_OK) return st;
   for (int r = 0; r < w->tp_size; r++) {
     tpf_sim_rank *rk = &w->ranks[r];
     if (rk->run_status != TPF_OK)
@@ -290,15 +278,13 @@ tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int r
 }
 
 tpf_status tpf_sim_world_destroy(tpf_sim_world *w) {
-  if (!w)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_world_destroy: NULL world");
+  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_world_destroy: NULL world");
   world_free(w);
   return TPF_OK;
 }
 
 tpf_status tpf_sim_set_trace(tpf_sim_world *w, tpf_sim_trace_fn fn, void *ctx) {
-  if (!w)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_set_trace: NULL world");
+  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_trace: NULL world");
   w->trace_fn = fn;
   w->trace_ctx = ctx;
   return TPF_OK;
@@ -325,8 +311,7 @@ uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w) {
 }
 
 tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
-  if (!w)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault: NULL world");
+  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault: NULL world");
   if (f)
     w->fault = *f;
   else

@@ -45,14 +45,12 @@
 #define TPF_CHECK(expr)                                                                            \
   do {                                                                                             \
     tpf_status tpf_check_rc_ = (expr);                                                             \
-    if (tpf_check_rc_ != TPF_OK)                                                                   \
-      return tpf_check_rc_;                                                                        \
+    if (tpf_check_rc_ != TPF_OK) return tpf_check_rc_;                                             \
   } while (0)
 #define TPF_CHECK_GOTO(expr, rc, label)                                                            \
   do {                                                                                             \
     (rc) = (expr);                                                                                 \
-    if ((rc) != TPF_OK)                                                                            \
-      goto label;                                                                                  \
+    if ((rc) != TPF_OK) goto label;                                                                \
   } while (0)
 #endif
 
@@ -223,8 +221,7 @@ static tpf_status buf_new(demo_site_mem *sm, demo_buf *b, uint64_t rows, uint64_
 }
 
 static void buf_free(demo_site_mem *sm, demo_buf *b) {
-  if (b->dev.ptr)
-    sm->d->env->mem_free(sm->d->env, sm->rank, b->dev.ptr);
+  if (b->dev.ptr) sm->d->env->mem_free(sm->d->env, sm->rank, b->dev.ptr);
   free(b->host.ptr);
   memset(b, 0, sizeof *b);
 }
@@ -276,8 +273,7 @@ static void fail_why(demo_rank_mb *r, const char *fmt, ...)
 #endif
     ;
 static void fail_why(demo_rank_mb *r, const char *fmt, ...) {
-  if (!r->ok)
-    return;
+  if (!r->ok) return;
   r->ok = false;
   va_list ap;
   va_start(ap, fmt);
@@ -285,11 +281,10 @@ static void fail_why(demo_rank_mb *r, const char *fmt, ...) {
   va_end(ap);
 }
 
-static void check_close(demo_rank_mb *r, const char *site, const char *what,
-                        const tpf_matrix *got, const tpf_matrix *want) {
+static void check_close(demo_rank_mb *r, const char *site, const char *what, const tpf_matrix *got,
+                        const tpf_matrix *want) {
   tpf_ref_result res;
-  if (tpf_ref_compare(got, want, tpf_ref_tolerance_pair(got->dtype, want->dtype), &res) !=
-      TPF_OK) {
+  if (tpf_ref_compare(got, want, tpf_ref_tolerance_pair(got->dtype, want->dtype), &res) != TPF_OK) {
     fail_why(r, "%s: %s shape differs", site, what);
     return;
   }
@@ -300,8 +295,8 @@ static void check_close(demo_rank_mb *r, const char *site, const char *what,
   }
 }
 
-static void check_exact(demo_rank_mb *r, const char *site, const char *what,
-                        const tpf_matrix *got, const tpf_matrix *want) {
+static void check_exact(demo_rank_mb *r, const char *site, const char *what, const tpf_matrix *got,
+                        const tpf_matrix *want) {
   size_t esz = tpf_dtype_size(got->dtype);
   for (uint64_t i = 0; i < got->rows; i++)
     if (memcmp((char *)got->ptr + i * got->ld * esz, (char *)want->ptr + i * want->ld * esz,
@@ -338,8 +333,7 @@ static tpf_status get_buffer(demo_site_mem *sm, tpf_comm *c, tpf_matrix *host) {
   tpf_matrix full;
   TPF_CHECK(tpf_comm_buffer(c, &full));
   *host = host_matrix(full.rows, full.cols, full.dtype);
-  if (!host->ptr)
-    return tpf_set_error(TPF_ENOMEM, "demo: buffer copy");
+  if (!host->ptr) return tpf_set_error(TPF_ENOMEM, "demo: buffer copy");
   return sm->d->env->download(sm->d->env, sm->rank, host->ptr, full.ptr,
                               (size_t)(full.rows * full.cols * tpf_dtype_size(full.dtype)));
 }
@@ -414,16 +408,13 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
     rc = tpf_gemm_rs(c, &xd, &wd, &od, sm->stream);
   else
     rc = tpf_bulk_overlap(c, &xd, &wd, &od, sm->stream);
-  if (rc == TPF_OK)
-    rc = d->env->sync(d->env, sm->rank, sm->be);
+  if (rc == TPF_OK) rc = d->env->sync(d->env, sm->rank, sm->be);
   *op_ms += (now_s() - t0) * 1e3;
   if (d->trace)
     tpf_trace_span(d->trace, sm->rank, TPF_TRACE_HOST_TID, s->name, s->name, o0, d->now_ns(d), 0,
                    0);
-  if (rc != TPF_OK)
-    goto out;
-  if (!d->o.check)
-    goto out;
+  if (rc != TPF_OK) goto out;
+  if (!d->o.check) goto out;
 
   /* Checks against the independent reference. */
   if (s->op == OP_AG_GEMM) {
@@ -458,8 +449,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
     }
     free(xq.ptr);
     free(wq.ptr);
-    if (rc != TPF_OK)
-      goto out;
+    if (rc != TPF_OK) goto out;
     for (uint64_t i = 0; i < R; i++)
       for (uint64_t j = 0; j < H; j++)
         tpf_ref_set(&ref, i, j, acc[i * H + j]);
@@ -557,8 +547,7 @@ static void fmt_bytes(uint64_t b, char *buf, size_t len) {
 
 static bool row_printed(const demo_ctx *d, int mb, bool ok) {
   int n = d->o.mbs;
-  if (!ok || n <= d->o.rows || mb < 10 || mb == n - 1)
-    return true;
+  if (!ok || n <= d->o.rows || mb < 10 || mb == n - 1) return true;
   int every = (n + d->o.rows - 1) / d->o.rows;
   return mb % every == 0;
 }
@@ -609,11 +598,10 @@ static void report_mb(demo_ctx *d, int mb) {
     char mv[32], pd[32];
     fmt_bytes(moved, mv, sizeof mv);
     fmt_bytes(m->padded_bytes, pd, sizeof pd);
-    printf("%5d %7llu %5llu %6.1f%% %4d %12s %12s %9.2f  %s%s\n", mb + 1,
-           (unsigned long long)m->T, (unsigned long long)m->seqs,
-           100.0 * (double)m->T / (double)d->o.C, NOPS, mv, pd, op_ms, ok ? "OK" : "FAIL", note);
-    if (!ok)
-      printf("        rank %d: %s\n", bad_rank, why);
+    printf("%5d %7llu %5llu %6.1f%% %4d %12s %12s %9.2f  %s%s\n", mb + 1, (unsigned long long)m->T,
+           (unsigned long long)m->seqs, 100.0 * (double)m->T / (double)d->o.C, NOPS, mv, pd, op_ms,
+           ok ? "OK" : "FAIL", note);
+    if (!ok) printf("        rank %d: %s\n", bad_rank, why);
     fflush(stdout);
   }
   double t = now_s();
@@ -650,17 +638,13 @@ static tpf_status demo_rank(tpf_backend *be, int rank, void *arg) {
     mem[i].be = be;
     mem[i].rank = rank;
     mem[i].stream = stream;
-    if (rc == TPF_OK)
-      rc = site_mem_init(&mem[i], &kSites[i]);
+    if (rc == TPF_OK) rc = site_mem_init(&mem[i], &kSites[i]);
   }
-  if (rc != TPF_OK)
-    atomic_store(&d->abort_run, 1);
+  if (rc != TPF_OK) atomic_store(&d->abort_run, 1);
   pthread_barrier_wait(&d->barrier);
   uint64_t regs0 = 0;
-  if (rank == 0 && d->bytes_moved)
-    d->measured_total = d->bytes_moved(d);
-  if (rank == 0 && d->registrations)
-    regs0 = d->regs_setup = d->registrations(d);
+  if (rank == 0 && d->bytes_moved) d->measured_total = d->bytes_moved(d);
+  if (rank == 0 && d->registrations) regs0 = d->regs_setup = d->registrations(d);
   pthread_barrier_wait(&d->barrier);
 
   for (int mb = 0; mb < o->mbs && !atomic_load(&d->abort_run); mb++) {
@@ -689,11 +673,9 @@ static tpf_status demo_rank(tpf_backend *be, int rank, void *arg) {
       tpf_trace_span(d->trace, rank, TPF_TRACE_HOST_TID, name, "microbatch", h0, d->now_ns(d), 0,
                      (uint64_t)mb + 1);
     }
-    if (rc != TPF_OK)
-      atomic_store(&d->abort_run, 1);
+    if (rc != TPF_OK) atomic_store(&d->abort_run, 1);
     pthread_barrier_wait(&d->barrier);
-    if (rank == 0)
-      report_mb(d, mb);
+    if (rank == 0) report_mb(d, mb);
     pthread_barrier_wait(&d->barrier);
   }
 
@@ -709,8 +691,7 @@ static tpf_status demo_rank(tpf_backend *be, int rank, void *arg) {
   }
   if (m) {
     tpf_status st = tpf_manager_destroy(m);
-    if (rc == TPF_OK)
-      rc = st;
+    if (rc == TPF_OK) rc = st;
   }
   return rc;
 }
@@ -749,7 +730,9 @@ static uint64_t sim_bytes_moved(demo_ctx *d) {
   tpf_sim_stats s;
   return tpf_sim_get_stats(d->world, &s) == TPF_OK ? s.bytes_moved : 0;
 }
-static uint64_t sim_now_ns(demo_ctx *d) { return tpf_sim_elapsed_ns(d->world); }
+static uint64_t sim_now_ns(demo_ctx *d) {
+  return tpf_sim_elapsed_ns(d->world);
+}
 static uint64_t sim_registrations(demo_ctx *d) {
   tpf_sim_stats s;
   return tpf_sim_get_stats(d->world, &s) == TPF_OK ? s.registrations : 0;
@@ -764,8 +747,7 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
   cfg.max_delay_us = d->o.delay_us;
   cfg.timeout_ms = d->o.timeout_ms;
   TPF_CHECK(tpf_sim_world_create(&cfg, &d->world));
-  if (d->trace)
-    tpf_sim_set_trace(d->world, tpf_trace_sim_event, d->trace);
+  if (d->trace) tpf_sim_set_trace(d->world, tpf_trace_sim_event, d->trace);
   d->bytes_moved = sim_bytes_moved;
   d->now_ns = sim_now_ns;
   d->registrations = sim_registrations;
@@ -784,27 +766,25 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
 /* ---- command line ---- */
 
 static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tpflex demo [options]\n"
-          "  --backend sim|cuda   backend (default sim)\n"
-          "  --tp P               tensor-parallel ranks (default 4)\n"
-          "  --microbatches N     microbatches to run (default 12)\n"
-          "  --capacity C         max tokens per microbatch, a multiple of P (default 1024)\n"
-          "  --hidden H           hidden size, a multiple of P (default 128)\n"
-          "  --dtype bf16|fp16|fp32  buffer and operand dtype (default bf16)\n"
-          "  --seed S             seed of sequence lengths, data and delays (default 1)\n"
-          "  --max-delay-us U     simulator: random delay before each step (default 0)\n"
-          "  --timeout-ms MS      bound on every wait (default 10000)\n"
-          "  --trace FILE         write a Chrome trace JSON (open in ui.perfetto.dev)\n"
-          "  --rows N             table rows to print on long runs (default 40)\n"
-          "  --no-check           skip the reference checks (timing only)\n");
+  fprintf(f, "usage: tpflex demo [options]\n"
+             "  --backend sim|cuda   backend (default sim)\n"
+             "  --tp P               tensor-parallel ranks (default 4)\n"
+             "  --microbatches N     microbatches to run (default 12)\n"
+             "  --capacity C         max tokens per microbatch, a multiple of P (default 1024)\n"
+             "  --hidden H           hidden size, a multiple of P (default 128)\n"
+             "  --dtype bf16|fp16|fp32  buffer and operand dtype (default bf16)\n"
+             "  --seed S             seed of sequence lengths, data and delays (default 1)\n"
+             "  --max-delay-us U     simulator: random delay before each step (default 0)\n"
+             "  --timeout-ms MS      bound on every wait (default 10000)\n"
+             "  --trace FILE         write a Chrome trace JSON (open in ui.perfetto.dev)\n"
+             "  --rows N             table rows to print on long runs (default 40)\n"
+             "  --no-check           skip the reference checks (timing only)\n");
 }
 
 static bool parse_u64(const char *s, uint64_t *out) {
   char *end = NULL;
   unsigned long long v = strtoull(s, &end, 0);
-  if (!s[0] || *end)
-    return false;
+  if (!s[0] || *end) return false;
   *out = v;
   return true;
 }
@@ -882,8 +862,8 @@ static int parse(int argc, char **argv, demo_opts *o) {
     }
   }
   if (o->P < 1 || o->P > TPF_MAX_RANKS || o->mbs < 1 || o->C < (uint64_t)o->P ||
-      o->C % (uint64_t)o->P != 0 || o->H < 4 || o->H % (uint64_t)o->P != 0 ||
-      o->C > (1ull << 24) || o->H > (1ull << 16)) {
+      o->C % (uint64_t)o->P != 0 || o->H < 4 || o->H % (uint64_t)o->P != 0 || o->C > (1ull << 24) ||
+      o->H > (1ull << 16)) {
     fprintf(stderr,
             "tpflex demo: need 1 <= tp <= %d, microbatches >= 1, capacity a multiple of tp "
             "(<= 2^24), hidden a multiple of tp (4..65536); got tp %d, capacity %llu, hidden "
@@ -909,8 +889,7 @@ static bool layouts_accept(const demo_opts *o, uint64_t T) {
     desc.capacity.cols = o->H;
     desc.active.rows = T;
     desc.active.cols = o->H;
-    if (tpf_layout_check(&desc) != TPF_OK)
-      return false;
+    if (tpf_layout_check(&desc) != TPF_OK) return false;
   }
   return true;
 }
@@ -925,8 +904,7 @@ static void plan_microbatches(demo_ctx *d) {
   for (int i = 0; i < d->o.mbs; i++) {
     double fill = 0.1 + 0.9 * (double)(tpf_ref_rand_u64(&st) >> 11) / 9007199254740992.0;
     uint64_t budget = (uint64_t)(fill * (double)C);
-    if (budget < 1)
-      budget = 1;
+    if (budget < 1) budget = 1;
     uint64_t tokens = 0, seqs = 0;
     for (;;) {
       uint64_t len = 1 + tpf_ref_rand_u64(&st) % max_seq;
@@ -943,8 +921,7 @@ static void plan_microbatches(demo_ctx *d) {
     uint64_t T = (tokens + P - 1) / P * P;
     while (T < C && !layouts_accept(&d->o, T))
       T += P;
-    if (T > C)
-      T = C;
+    if (T > C) T = C;
     d->mb[i].T = T;
     d->mb[i].tokens = tokens;
     d->mb[i].seqs = seqs;
@@ -953,8 +930,7 @@ static void plan_microbatches(demo_ctx *d) {
 
 int tpf_cmd_demo(int argc, char **argv) {
   demo_ctx *d = calloc(1, sizeof *d);
-  if (!d)
-    return 1;
+  if (!d) return 1;
   int prc = parse(argc, argv, &d->o);
   if (prc >= 0) {
     free(d);
@@ -984,15 +960,17 @@ int tpf_cmd_demo(int argc, char **argv) {
     env.stream = null_stream;
     env.sync = be_sync;
 #else
-    fprintf(stderr, "tpflex demo: this build has no simulator (configure with -DTPF_WITH_SIM=ON)\n");
+    fprintf(stderr,
+            "tpflex demo: this build has no simulator (configure with -DTPF_WITH_SIM=ON)\n");
     free(d);
     return 2;
 #endif
   } else if (!strcmp(o->backend, "cuda")) {
 #ifdef TPF_HAVE_CUDA
     if (!tpf_demo_cuda_env) {
-      fprintf(stderr, "tpflex demo: --backend cuda: this build has the CUDA backend but not its "
-                      "demo environment (tpf_demo_cuda_env); run the GPU conformance test instead\n");
+      fprintf(stderr,
+              "tpflex demo: --backend cuda: this build has the CUDA backend but not its "
+              "demo environment (tpf_demo_cuda_env); run the GPU conformance test instead\n");
       free(d);
       return 2;
     }
@@ -1066,7 +1044,8 @@ int tpf_cmd_demo(int argc, char **argv) {
            kSites[i].algo == TPF_ALGO_RING       ? "ring-exchange "
            : kSites[i].algo == TPF_ALGO_PIPELINE ? "pipeline "
                                                  : "bulk ",
-           tpf_coll_name(kSites[i].coll), kSites[i].external ? " (external, stays at capacity)" : "");
+           tpf_coll_name(kSites[i].coll),
+           kSites[i].external ? " (external, stays at capacity)" : "");
   printf("\nper microbatch: set_active_shape once, then %d operations (4 fprop, 6 bgrad), each "
          "checked against the host reference%s\n\n",
          NOPS, o->check ? "" : " (checks off)");
@@ -1115,8 +1094,7 @@ int tpf_cmd_demo(int argc, char **argv) {
   }
   bool pass = st == TPF_OK && d->failed_mbs == 0 && done == o->mbs &&
               (!d->have_registrations || (d->regs_setup == (uint64_t)NSITES && d->regs_loop == 0));
-  if (st != TPF_OK)
-    printf("  error             %s: %s\n", tpf_status_name(st), tpf_last_error());
+  if (st != TPF_OK) printf("  error             %s: %s\n", tpf_status_name(st), tpf_last_error());
   printf("  result            %s\n", pass ? "every check OK" : "FAILED");
   pthread_barrier_destroy(&d->barrier);
   tpf_trace_destroy(d->trace);

@@ -29,16 +29,14 @@ struct tpf_trace {
 
 tpf_status tpf_trace_create(tpf_trace **out) {
   tpf_trace *t = calloc(1, sizeof *t);
-  if (!t)
-    return tpf_set_error(TPF_ENOMEM, "trace collector");
+  if (!t) return tpf_set_error(TPF_ENOMEM, "trace collector");
   pthread_mutex_init(&t->mu, NULL);
   *out = t;
   return TPF_OK;
 }
 
 void tpf_trace_destroy(tpf_trace *t) {
-  if (!t)
-    return;
+  if (!t) return;
   pthread_mutex_destroy(&t->mu);
   free(t->spans);
   free(t);
@@ -46,8 +44,7 @@ void tpf_trace_destroy(tpf_trace *t) {
 
 void tpf_trace_span(tpf_trace *t, int rank, int tid, const char *name, const char *cat,
                     uint64_t t0_ns, uint64_t t1_ns, uint64_t bytes, uint64_t seq) {
-  if (!t)
-    return;
+  if (!t) return;
   pthread_mutex_lock(&t->mu);
   if (t->count == t->cap) {
     size_t cap = t->cap ? 2 * t->cap : 4096;
@@ -99,8 +96,7 @@ void tpf_trace_sim_event(void *ctx, const tpf_sim_trace_event *ev) {
 #endif
 
 uint64_t tpf_trace_count(const tpf_trace *t) {
-  if (!t)
-    return 0;
+  if (!t) return 0;
   pthread_mutex_lock((pthread_mutex_t *)&t->mu);
   uint64_t n = t->count;
   pthread_mutex_unlock((pthread_mutex_t *)&t->mu);
@@ -137,11 +133,14 @@ tpf_status tpf_trace_write(tpf_trace *t, const char *path, int tp_size) {
   fprintf(f, "{\"displayTimeUnit\":\"ns\",\"traceEvents\":[\n");
   bool first = true;
   for (int r = 0; r < tp_size; r++) {
-    fprintf(f, "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
+    fprintf(f,
+            "%s{\"ph\":\"M\",\"name\":\"process_name\",\"pid\":%d,\"args\":{\"name\":\"rank %d\"}}",
             first ? "" : ",\n", r, r);
     first = false;
-    fprintf(f, ",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
-            r, r);
+    fprintf(
+        f,
+        ",\n{\"ph\":\"M\",\"name\":\"process_sort_index\",\"pid\":%d,\"args\":{\"sort_index\":%d}}",
+        r, r);
     for (int tid = 0; tid <= TPF_TRACE_HOST_TID; tid++) {
       /* Host first, then the streams in their CUDA order. */
       int order = tid == TPF_TRACE_HOST_TID ? 0 : tid + 1;

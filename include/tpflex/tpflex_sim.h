@@ -34,17 +34,17 @@ tpf_status tpf_sim_world_destroy(tpf_sim_world *w);
 /* One executed step, reported after it finished. Times are nanoseconds since the world was
  * created; for waits (RECV, BARRIER, HANDSHAKE) the interval is the time spent waiting. */
 typedef struct {
-  int rank;             /* r */
-  int stream;           /* tpf_stream_id */
-  int step;             /* index in the rank's schedule */
-  int kind;             /* tpf_step_kind */
-  int peer;             /* SEND/RECV peer, else -1 */
-  int chunk;            /* the step's informational chunk/slot/block */
-  uint32_t tag;         /* flag tag */
-  const char *comm;     /* communicator name; valid during the call only */
-  uint64_t seq;         /* operation sequence number on that communicator */
-  uint64_t bytes;       /* bytes moved between ranks by this step (SEND, PEER_REDUCE) */
-  uint64_t flops;       /* 2*m*n*k for GEMM steps */
+  int rank;         /* r */
+  int stream;       /* tpf_stream_id */
+  int step;         /* index in the rank's schedule */
+  int kind;         /* tpf_step_kind */
+  int peer;         /* SEND/RECV peer, else -1 */
+  int chunk;        /* the step's informational chunk/slot/block */
+  uint32_t tag;     /* flag tag */
+  const char *comm; /* communicator name; valid during the call only */
+  uint64_t seq;     /* operation sequence number on that communicator */
+  uint64_t bytes;   /* bytes moved between ranks by this step (SEND, PEER_REDUCE) */
+  uint64_t flops;   /* 2*m*n*k for GEMM steps */
   uint64_t t0_ns, t1_ns;
 } tpf_sim_trace_event;
 /* fn is called from the worker threads of every rank (concurrently): it must be thread-safe.
@@ -71,9 +71,9 @@ uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w);
 /* Fault injection for the fault tests (SQLite's test VFS): counts are world-wide, 1-based, in
  * the order the calls happen. 0 disables a fault. */
 typedef struct {
-  uint64_t fail_call;      /* the fail_call-th backend call returns fail_status */
-  tpf_status fail_status;  /* TPF_OK means TPF_EBACKEND */
-  uint64_t drop_signal;    /* the drop_signal-th flag raise is silently lost (the peer times out) */
+  uint64_t fail_call;     /* the fail_call-th backend call returns fail_status */
+  tpf_status fail_status; /* TPF_OK means TPF_EBACKEND */
+  uint64_t drop_signal;   /* the drop_signal-th flag raise is silently lost (the peer times out) */
 } tpf_sim_fault;
 /* Installs f (copied; NULL clears) and resets the fault counters. TPF_EINVAL for a NULL world. */
 tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f);

@@ -120,8 +120,7 @@ static tpf_status mat_new(conf_ctx *cx, conf_mat *m, uint64_t rows, uint64_t col
   void *d = cx->run->env->mem_alloc(cx->run->env, cx->rank, m->bytes ? m->bytes : 1);
   if (!h || !d) {
     free(h);
-    if (d)
-      cx->run->env->mem_free(cx->run->env, cx->rank, d);
+    if (d) cx->run->env->mem_free(cx->run->env, cx->rank, d);
     return tpf_set_error(TPF_ENOMEM, "conformance: operand of %zu bytes", m->bytes);
   }
   tpf_matrix t = {NULL, rows, cols, ld, dt};
@@ -133,8 +132,7 @@ static tpf_status mat_new(conf_ctx *cx, conf_mat *m, uint64_t rows, uint64_t col
 }
 
 static void mat_free(conf_ctx *cx, conf_mat *m) {
-  if (m->dev.ptr)
-    cx->run->env->mem_free(cx->run->env, cx->rank, m->dev.ptr);
+  if (m->dev.ptr) cx->run->env->mem_free(cx->run->env, cx->rank, m->dev.ptr);
   free(m->host.ptr);
   memset(m, 0, sizeof *m);
 }
@@ -169,14 +167,12 @@ typedef struct {
 } conf_sig;
 
 static void sig_add(conf_sig *s, const tpf_matrix *m) {
-  if (!s)
-    return;
+  if (!s) return;
   size_t esz = tpf_dtype_size(m->dtype), row = (size_t)m->cols * esz;
   size_t need = s->len + (size_t)m->rows * row;
   if (need > s->cap) {
     unsigned char *p = realloc(s->bytes, need);
-    if (!p)
-      return;
+    if (!p) return;
     s->bytes = p;
     s->cap = need;
   }
@@ -198,8 +194,7 @@ static void verdict_fail(conf_verdict *v, const char *fmt, ...)
 #endif
     ;
 static void verdict_fail(conf_verdict *v, const char *fmt, ...) {
-  if (!v->pass)
-    return; /* keep the first reason */
+  if (!v->pass) return; /* keep the first reason */
   v->pass = false;
   va_list ap;
   va_start(ap, fmt);
@@ -375,8 +370,8 @@ out:
   return rc;
 }
 
-static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
-                            bool rs, conf_verdict *v, conf_sig *sig) {
+static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T, bool rs,
+                            conf_verdict *v, conf_sig *sig) {
   conf_run *run = cx->run;
   const uint64_t H = run->H, K = run->K, N = run->N, R = T / (uint64_t)run->P;
   const int P = run->P;
@@ -466,12 +461,13 @@ static tpf_status run_case(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, ui
   const conf_kind *k = &kKinds[kind];
   if (k->algo == TPF_ALGO_BULK)
     return case_bulk(cx, c, kind, dt, T, k->coll == TPF_COLL_RS, v, sig);
-  if (k->coll == TPF_COLL_AG)
-    return case_ag(cx, c, kind, dt, T, v, sig);
+  if (k->coll == TPF_COLL_AG) return case_ag(cx, c, kind, dt, T, v, sig);
   return case_rs(cx, c, kind, dt, T, v, sig);
 }
 
-static bool kind_runs(const conf_kind *k, int P) { return !(k->aggregate && P % 2 != 0); }
+static bool kind_runs(const conf_kind *k, int P) {
+  return !(k->aggregate && P % 2 != 0);
+}
 
 static tpf_status comm_new(conf_ctx *cx, int kind, tpf_dtype dt, tpf_comm **out) {
   const conf_kind *k = &kKinds[kind];
@@ -492,18 +488,14 @@ static tpf_status comm_new(conf_ctx *cx, int kind, tpf_dtype dt, tpf_comm **out)
 
 static void record(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, const char *what,
                    const conf_verdict *v) {
-  if (cx->rank == 0)
-    cx->res->cases++;
-  if (v->pass)
-    return;
+  if (cx->rank == 0) cx->res->cases++;
+  if (v->pass) return;
   cx->res->failed++;
   char line[CONF_MSG + 200];
   snprintf(line, sizeof line, "FAIL P=%d rank %d %s %s T=%llu%s: %s", cx->run->P, cx->rank,
            kKinds[kind].label, tpf_dtype_name(dt), (unsigned long long)T, what, v->why);
-  if (cx->res->failed == 1)
-    snprintf(cx->res->first, sizeof cx->res->first, "%s", line);
-  if (cx->res->failed <= CONF_MAX_PRINTED)
-    fprintf(stdout, "%s\n", line);
+  if (cx->res->failed == 1) snprintf(cx->res->first, sizeof cx->res->first, "%s", line);
+  if (cx->res->failed <= CONF_MAX_PRINTED) fprintf(stdout, "%s\n", line);
 }
 
 /* The main sweep for one (kind, dtype): one communicator, every T ascending. */
@@ -514,8 +506,7 @@ static tpf_status sweep_one(conf_ctx *cx, int kind, tpf_dtype dt) {
   for (uint64_t T = (uint64_t)cx->run->P; T <= cx->run->C; T += (uint64_t)cx->run->P) {
     conf_verdict v = {true, ""};
     rc = run_case(cx, c, kind, dt, T, &v, NULL);
-    if (rc != TPF_OK)
-      break;
+    if (rc != TPF_OK) break;
     record(cx, kind, dt, T, "", &v);
   }
   tpf_status rc2 = tpf_comm_destroy(c);
@@ -536,24 +527,22 @@ static tpf_status history_one(conf_ctx *cx, int kind, tpf_dtype dt) {
     conf_verdict v = {true, ""};
     rc = run_case(cx, hist, kind, dt, T, &v, &sh);
     tpf_comm *fresh = NULL;
-    if (rc == TPF_OK)
-      rc = comm_new(cx, kind, dt, &fresh);
+    if (rc == TPF_OK) rc = comm_new(cx, kind, dt, &fresh);
     if (rc == TPF_OK) {
       conf_verdict vf = {true, ""};
       rc = run_case(cx, fresh, kind, dt, T, &vf, &sf);
       tpf_status rd = tpf_comm_destroy(fresh);
-      if (rc == TPF_OK)
-        rc = rd;
-      if (!vf.pass)
-        verdict_fail(&v, "fresh communicator: %s", vf.why);
+      if (rc == TPF_OK) rc = rd;
+      if (!vf.pass) verdict_fail(&v, "fresh communicator: %s", vf.why);
     }
     if (rc == TPF_OK) {
       if (sh.len != sf.len || memcmp(sh.bytes, sf.bytes, sh.len) != 0) {
         size_t at = 0;
         while (at < sh.len && at < sf.len && sh.bytes[at] == sf.bytes[at])
           at++;
-        verdict_fail(&v, "result after history step %zu differs from a fresh communicator's at "
-                         "result byte %zu of %zu",
+        verdict_fail(&v,
+                     "result after history step %zu differs from a fresh communicator's at "
+                     "result byte %zu of %zu",
                      i, at, sh.len);
       }
       char what[48];
@@ -575,8 +564,7 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
       continue;
     for (int di = 0; di < NDTYPES; di++) {
       TPF_CHECK(sweep_one(&cx, kind, kDtypes[di]));
-      if (run->histories)
-        TPF_CHECK(history_one(&cx, kind, kDtypes[di]));
+      if (run->histories) TPF_CHECK(history_one(&cx, kind, kDtypes[di]));
     }
   }
   return TPF_OK;
@@ -605,8 +593,7 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
     } else if (!strcmp(argv[i], "--kind") && i + 1 < argc) {
       const char *n = argv[++i];
       for (int k = 0; k < NKINDS; k++)
-        if (!strcmp(n, kKinds[k].label))
-          only_kind = k;
+        if (!strcmp(n, kKinds[k].label)) only_kind = k;
       if (only_kind < 0) {
         fprintf(stderr, "unknown --kind %s\n", n);
         return 2;
@@ -630,8 +617,7 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
   uint64_t cases = 0, failed = 0, run_errors = 0;
   for (size_t pi = 0; pi < sizeof kPs / sizeof kPs[0]; pi++) {
     int P = kPs[pi];
-    if (P > env->max_ranks || (only_tp && P != only_tp))
-      continue;
+    if (P > env->max_ranks || (only_tp && P != only_tp)) continue;
     conf_run *run = calloc(1, sizeof *run);
     if (!run) {
       fprintf(stderr, "conformance: out of memory\n");

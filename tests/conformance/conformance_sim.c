@@ -30,14 +30,12 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
   cfg.arena_bytes = 256ull << 20;
   tpf_sim_world *w = NULL;
   tpf_status st = tpf_sim_world_create(&cfg, &w);
-  if (st != TPF_OK)
-    return st;
+  if (st != TPF_OK) return st;
   st = tpf_sim_run(w, fn, arg);
   char detail[1024];
   snprintf(detail, sizeof detail, "%s", tpf_last_error());
   tpf_status st2 = tpf_sim_world_destroy(w);
-  if (st != TPF_OK)
-    return tpf_set_error(st, "%s", detail);
+  if (st != TPF_OK) return tpf_set_error(st, "%s", detail);
   return st2;
 }
 
@@ -72,8 +70,7 @@ int main(int argc, char **argv) {
   sim_env_ctx ctx = {20, 20000, (uint64_t)time(NULL), 0};
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
   int nrest = 0;
-  if (!rest)
-    return 1;
+  if (!rest) return 1;
   rest[nrest++] = argv[0];
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--delay-us") && i + 1 < argc)

@@ -124,8 +124,7 @@ static void test_sim__lost_signal_times_out_and_fails_the_comm(void **state) {
   double dt = now_s() - t0;
   int timed_out = -1;
   for (int r = 0; r < P; r++)
-    if (g.st[r] == TPF_ETIMEOUT)
-      timed_out = r;
+    if (g.st[r] == TPF_ETIMEOUT) timed_out = r;
   if (timed_out < 0)
     fail_msg("no rank timed out: %s / %s", tpf_status_name(g.st[0]), tpf_status_name(g.st[1]));
   const char *m = g.msg[timed_out];
@@ -150,8 +149,7 @@ static void test_sim__injected_failure_surfaces(void **state) {
   TPF_ASSERT_OK(tpf_sim_run(w, guard_rank, &g));
   int injected = 0;
   for (int r = 0; r < P; r++)
-    if (g.st[r] == TPF_EBACKEND && strstr(g.msg[r], "injected fault"))
-      injected++;
+    if (g.st[r] == TPF_EBACKEND && strstr(g.msg[r], "injected fault")) injected++;
   assert_int_equal(injected, 1);
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
 }

@@ -26,7 +26,9 @@ static float u2f(uint32_t u) {
   return f;
 }
 
-float tpf_ref_bf16_to_float(uint16_t h) { return u2f((uint32_t)h << 16); }
+float tpf_ref_bf16_to_float(uint16_t h) {
+  return u2f((uint32_t)h << 16);
+}
 
 uint16_t tpf_ref_float_to_bf16(float f) {
   uint32_t x = f2u(f);
@@ -43,8 +45,7 @@ float tpf_ref_fp16_to_float(uint16_t h) {
     float v = ldexpf((float)m, -24); /* zero or subnormal: exact */
     return sign ? -v : v;
   }
-  if (e == 31)
-    return u2f(sign | 0x7f800000u | (m << 13));
+  if (e == 31) return u2f(sign | 0x7f800000u | (m << 13));
   return u2f(sign | ((e + 112u) << 23) | (m << 13));
 }
 
@@ -52,10 +53,8 @@ uint16_t tpf_ref_float_to_fp16(float f) {
   uint32_t x = f2u(f);
   uint16_t sign = (uint16_t)((x >> 16) & 0x8000u);
   uint32_t ax = x & 0x7fffffffu;
-  if (ax > 0x7f800000u)
-    return (uint16_t)(sign | 0x7e00u); /* NaN */
-  if (ax >= 0x477ff000u)
-    return (uint16_t)(sign | 0x7c00u); /* rounds beyond 65504: inf */
+  if (ax > 0x7f800000u) return (uint16_t)(sign | 0x7e00u);  /* NaN */
+  if (ax >= 0x477ff000u) return (uint16_t)(sign | 0x7c00u); /* rounds beyond 65504: inf */
   if (ax < 0x38800000u) {
     /* Below 2^-14: fp16 subnormal (or zero). In a + 0.5f one fp32 ulp is 2^-24, the fp16
      * subnormal step, so the FPU's own round-to-nearest-even does the work. A result of 0x400
@@ -149,20 +148,20 @@ void tpf_ref_fill(tpf_matrix *m, uint64_t seed, float lo, float hi) {
       tpf_ref_set(m, i, j, tpf_ref_rand_uniform(&st, lo, hi));
 }
 
-static bool ref_dtype_ok(tpf_dtype t) { return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32; }
+static bool ref_dtype_ok(tpf_dtype t) {
+  return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32;
+}
 
 static tpf_status ref_gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d,
                                 float *out) {
   if (!x || !w || !x->ptr || !w->ptr || !ref_dtype_ok(x->dtype) || !ref_dtype_ok(w->dtype))
     return TPF_EINVAL;
-  if (x->cols != w->cols)
-    return TPF_EINVAL;
+  if (x->cols != w->cols) return TPF_EINVAL;
   if (d && (!d->ptr || !ref_dtype_ok(d->dtype) || d->rows != x->rows || d->cols != w->rows))
     return TPF_EINVAL;
   uint64_t m = x->rows, n = w->rows, k = x->cols;
   float *wf = malloc((size_t)(n * k + k + 1) * sizeof(float));
-  if (!wf)
-    return TPF_ENOMEM;
+  if (!wf) return TPF_ENOMEM;
   float *xf = wf + n * k;
   for (uint64_t j = 0; j < n; j++)
     for (uint64_t p = 0; p < k; p++)
@@ -186,14 +185,12 @@ static tpf_status ref_gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_ma
 }
 
 tpf_status tpf_ref_gemm(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d) {
-  if (!d)
-    return TPF_EINVAL;
+  if (!d) return TPF_EINVAL;
   return ref_gemm_impl(x, w, d, NULL);
 }
 
 tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out) {
-  if (!out)
-    return TPF_EINVAL;
+  if (!out) return TPF_EINVAL;
   return ref_gemm_impl(x, w, NULL, out);
 }
 
@@ -238,8 +235,7 @@ tpf_status tpf_ref_compare(const tpf_matrix *got, const tpf_matrix *want, tpf_re
         bad = !same;
       }
       r.compared++;
-      if (bad)
-        r.wrong++;
+      if (bad) r.wrong++;
       if (diff > best) {
         best = diff;
         r.row = i;

@@ -59,13 +59,13 @@ typedef struct {
 tpf_ref_tol tpf_ref_tolerance(tpf_dtype t);
 
 typedef struct {
-  uint64_t row, col;  /* the max-abs-diff element m (0, 0 for an empty matrix) */
-  double got, want;   /* values at m */
-  double abs_diff;    /* |got - want| at m */
-  double rel;         /* abs_diff / max(|want|, 1e-5) */
-  uint64_t wrong;     /* elements that fail the criterion on their own (nccl-tests' #wrong) */
-  uint64_t compared;  /* elements compared */
-  bool pass;          /* !(rel > rtol && abs > atol) at m, and no NaN mismatch */
+  uint64_t row, col; /* the max-abs-diff element m (0, 0 for an empty matrix) */
+  double got, want;  /* values at m */
+  double abs_diff;   /* |got - want| at m */
+  double rel;        /* abs_diff / max(|want|, 1e-5) */
+  uint64_t wrong;    /* elements that fail the criterion on their own (nccl-tests' #wrong) */
+  uint64_t compared; /* elements compared */
+  bool pass;         /* !(rel > rtol && abs > atol) at m, and no NaN mismatch */
 } tpf_ref_result;
 
 /* Compares got against want (same rows and cols; dtypes may differ) with tolerance tol. The
