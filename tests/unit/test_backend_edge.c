@@ -1,0 +1,244 @@
+/* The core's two edges that every other module relies on: the backend wrappers (core/backend.c,
+ * the only call path into a backend, which must refuse a malformed ops table with a detail that
+ * names the backend) and the hookable allocator (core/alloc.c: hooks all-or-none, zero-size
+ * requests, the test budget on every allocation path, live accounting). */
+#include "tpf_test.h"
+
+/* ---- backend wrappers ----------------------------------------------------------------------- */
+
+static tpf_status ok_reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                                void **local) {
+  (void)be;
+  (void)name;
+  (void)bytes;
+  *reg = NULL;
+  *local = NULL;
+  return TPF_OK;
+}
+static tpf_status ok_reg_destroy(tpf_backend *be, tpf_reg *reg) {
+  (void)be;
+  (void)reg;
+  return TPF_OK;
+}
+static tpf_status ok_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *s) {
+  (void)be;
+  (void)reg;
+  (void)a;
+  (void)s;
+  return TPF_OK;
+}
+static tpf_status ok_sync(tpf_backend *be, void *s) {
+  (void)be;
+  (void)s;
+  return TPF_OK;
+}
+
+static tpf_backend_ops full_ops(void) {
+  tpf_backend_ops o;
+  memset(&o, 0, sizeof o);
+  o.abi_version = TPF_BACKEND_ABI_VERSION;
+  o.name = "edge";
+  o.align_bytes = 16;
+  o.max_ranks = 8;
+  o.reg_create = ok_reg_create;
+  o.reg_destroy = ok_reg_destroy;
+  o.execute = ok_execute;
+  o.sync = ok_sync;
+  return o;
+}
+
+static void expect_invalid(tpf_backend *be, tpf_status want, const char *needle) {
+  TPF_ASSERT_STATUS(tpf__be_validate(be), want);
+  if (!strstr(tpf_last_error(), needle))
+    fail_msg("detail '%s' lacks '%s'", tpf_last_error(), needle);
+}
+
+static void test_backend__validate_refuses_malformed_tables(void **state) {
+  (void)state;
+  tpf_backend_ops o = full_ops();
+  tpf_backend be = {&o, 4, 1};
+  TPF_ASSERT_OK(tpf__be_validate(&be));
+
+  expect_invalid(NULL, TPF_EINVAL, "NULL");
+  tpf_backend no_ops = {NULL, 4, 1};
+  expect_invalid(&no_ops, TPF_EINVAL, "ops");
+
+  /* ABI mismatch, with and without a backend name. */
+  o.abi_version = TPF_BACKEND_ABI_VERSION + 1;
+  expect_invalid(&be, TPF_EUNSUPPORTED, "'edge'");
+  o.name = NULL;
+  expect_invalid(&be, TPF_EUNSUPPORTED, "'?'");
+
+  /* Each required op missing on its own. */
+  for (int missing = 0; missing < 4; missing++) {
+    o = full_ops();
+    if (missing == 0)
+      o.reg_create = NULL;
+    else if (missing == 1)
+      o.reg_destroy = NULL;
+    else if (missing == 2)
+      o.execute = NULL;
+    else
+      o.sync = NULL;
+    expect_invalid(&be, TPF_EINVAL, "lacks a required op");
+    o.name = NULL;
+    expect_invalid(&be, TPF_EINVAL, "'?'");
+  }
+
+  /* Group size against the backend's limit, and the default limit when it gives none. */
+  o = full_ops();
+  be.tp_size = 9;
+  expect_invalid(&be, TPF_EINVAL, "outside 1..8");
+  o.name = NULL;
+  expect_invalid(&be, TPF_EINVAL, "'?'");
+  o = full_ops();
+  o.max_ranks = 0;
+  be.tp_size = TPF_MAX_RANKS;
+  be.rank = TPF_MAX_RANKS - 1;
+  TPF_ASSERT_OK(tpf__be_validate(&be));
+  be.tp_size = TPF_MAX_RANKS + 1;
+  expect_invalid(&be, TPF_EINVAL, "outside 1..64");
+
+  /* Rank outside the group, with and without a name. */
+  o = full_ops();
+  be.tp_size = 4;
+  be.rank = 4;
+  expect_invalid(&be, TPF_EINVAL, "rank 4 outside 0..3");
+  be.rank = -1;
+  o.name = NULL;
+  expect_invalid(&be, TPF_EINVAL, "'?'");
+}
+
+static void test_backend__wrappers_check_arguments(void **state) {
+  (void)state;
+  tpf_backend_ops o = full_ops();
+  tpf_backend be = {&o, 2, 0};
+  tpf_reg *reg = NULL;
+  void *local = NULL;
+  TPF_ASSERT_STATUS(tpf__be_reg_create(&be, "site", 0, &reg, &local), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "0 bytes for 'site'"));
+  TPF_ASSERT_OK(tpf__be_reg_create(&be, "site", 64, &reg, &local));
+
+  /* reg_activate is optional: without it a shape change has nothing to tell. */
+  TPF_ASSERT_OK(tpf__be_reg_activate(&be, reg, 32));
+
+  /* An empty schedule never reaches the backend. */
+  tpf_exec_args a;
+  memset(&a, 0, sizeof a);
+  a.comm_name = "site";
+  TPF_ASSERT_STATUS(tpf__be_execute(&be, reg, &a, NULL), TPF_EINVAL);
+  tpf_schedule s;
+  memset(&s, 0, sizeof s);
+  a.sched = &s;
+  TPF_ASSERT_STATUS(tpf__be_execute(&be, reg, &a, NULL), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "empty schedule for 'site'"));
+  s.nsteps = 1;
+  TPF_ASSERT_OK(tpf__be_execute(&be, reg, &a, NULL));
+  TPF_ASSERT_OK(tpf__be_sync(&be, NULL));
+  TPF_ASSERT_OK(tpf__be_reg_destroy(&be, reg));
+}
+
+/* ---- allocator ------------------------------------------------------------------------------ */
+
+static int hook_calls;
+static void *hook_malloc(size_t n) {
+  hook_calls++;
+  return malloc(n);
+}
+static void *hook_calloc(size_t c, size_t n) {
+  hook_calls++;
+  return calloc(c, n);
+}
+static void *hook_realloc(void *p, size_t n) {
+  hook_calls++;
+  return realloc(p, n);
+}
+static void hook_free(void *p) {
+  hook_calls++;
+  free(p);
+}
+static void *null_malloc(size_t n) {
+  (void)n;
+  return NULL;
+}
+static void *null_calloc(size_t c, size_t n) {
+  (void)c;
+  (void)n;
+  return NULL;
+}
+
+static void test_alloc__hooks_all_or_none(void **state) {
+  (void)state;
+  /* Every partial set is refused, and the detail says which hooks were missing. */
+  for (int mask = 1; mask < 15; mask++) {
+    tpf_status s = tpf_set_allocator(mask & 1 ? hook_malloc : NULL, mask & 2 ? hook_calloc : NULL,
+                                     mask & 4 ? hook_realloc : NULL, mask & 8 ? hook_free : NULL);
+    TPF_ASSERT_STATUS(s, TPF_EINVAL);
+    assert_non_null(strstr(tpf_last_error(), "NULL"));
+    assert_non_null(strstr(tpf_last_error(), "set"));
+  }
+  TPF_ASSERT_OK(tpf_set_allocator(hook_malloc, hook_calloc, hook_realloc, hook_free));
+  hook_calls = 0;
+  long live = tpf__alloc_live_count();
+  void *a = tpf__malloc(0); /* zero-size requests still give a unique pointer */
+  void *b = tpf__calloc(0, 0);
+  void *c = tpf__realloc(NULL, 8); /* realloc of NULL is a malloc */
+  assert_non_null(a);
+  assert_non_null(b);
+  assert_non_null(c);
+  c = tpf__realloc(c, 0);
+  assert_non_null(c);
+  char *d = tpf__strdup("fc1_fprop");
+  assert_string_equal(d, "fc1_fprop");
+  assert_int_equal(tpf__alloc_live_count(), live + 4);
+  tpf__free(a);
+  tpf__free(b);
+  tpf__free(c);
+  tpf__free(d);
+  tpf__free(NULL); /* no-op, not counted */
+  assert_int_equal(tpf__alloc_live_count(), live);
+  assert_int_equal(hook_calls, 9);
+  TPF_ASSERT_OK(tpf_set_allocator(NULL, NULL, NULL, NULL));
+}
+
+static void test_alloc__failures_are_not_counted(void **state) {
+  (void)state;
+  long live = tpf__alloc_live_count();
+  /* A hook that fails: nothing is counted as live. */
+  TPF_ASSERT_OK(tpf_set_allocator(null_malloc, null_calloc, hook_realloc, hook_free));
+  assert_null(tpf__malloc(16));
+  assert_null(tpf__calloc(2, 16));
+  assert_null(tpf__strdup("x"));
+  assert_int_equal(tpf__alloc_live_count(), live);
+  TPF_ASSERT_OK(tpf_set_allocator(NULL, NULL, NULL, NULL));
+
+  /* The budget: every path fails once it is spent, and the budget counts down exactly. */
+  void *p = tpf__malloc(8);
+  assert_non_null(p);
+  tpf__alloc_set_budget(2);
+  void *q = tpf__calloc(1, 8);
+  assert_non_null(q);
+  void *r = tpf__realloc(p, 64);
+  assert_non_null(r);
+  assert_null(tpf__malloc(8));
+  assert_null(tpf__calloc(1, 8));
+  assert_null(tpf__realloc(r, 128)); /* r stays valid */
+  assert_null(tpf__strdup("y"));
+  tpf__alloc_set_budget(-7); /* any negative value means unlimited */
+  void *s = tpf__malloc(8);
+  assert_non_null(s);
+  tpf__free(q);
+  tpf__free(r);
+  tpf__free(s);
+  assert_int_equal(tpf__alloc_live_count(), live);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_backend__validate_refuses_malformed_tables),
+      cmocka_unit_test(test_backend__wrappers_check_arguments),
+      cmocka_unit_test(test_alloc__hooks_all_or_none),
+      cmocka_unit_test(test_alloc__failures_are_not_counted),
+  };
+  return cmocka_run_group_tests_name("backend_edge", tests, NULL, NULL);
+}
