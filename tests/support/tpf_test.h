@@ -27,6 +27,20 @@
   } while (0)
 #define TPF_ASSERT_OK(expr) TPF_ASSERT_STATUS(expr, TPF_OK)
 
+/* A communicator configuration with the given fields and everything else zero. */
+static inline tpf_comm_config tpf_test_config(const char *name, tpf_algo algo, tpf_coll coll,
+                                              tpf_dtype dtype, uint64_t rows, uint64_t cols) {
+  tpf_comm_config c;
+  memset(&c, 0, sizeof c);
+  c.name = name;
+  c.algo = algo;
+  c.coll = coll;
+  c.dtype = dtype;
+  c.capacity.rows = rows;
+  c.capacity.cols = cols;
+  return c;
+}
+
 /* ---- mock_backend.c: a host-memory backend that records calls and executes nothing ---- */
 typedef struct {
   tpf_backend hdr;          /* core-visible header */

@@ -16,15 +16,7 @@ typedef struct {
 static int cases_run;
 
 static tpf_comm_config cfg_of(const char *n, tpf_algo al, tpf_coll co) {
-  tpf_comm_config c;
-  memset(&c, 0, sizeof c);
-  c.name = n;
-  c.algo = al;
-  c.coll = co;
-  c.dtype = TPF_BF16;
-  c.capacity.rows = C;
-  c.capacity.cols = H;
-  return c;
+  return tpf_test_config(n, al, co, TPF_BF16, C, H);
 }
 
 static int setup(void **state) {

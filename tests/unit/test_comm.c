@@ -11,15 +11,7 @@ typedef struct {
 } fixture;
 
 static tpf_comm_config cfg_of(tpf_algo a, tpf_coll k, tpf_dtype t) {
-  tpf_comm_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.name = "fc1_fprop";
-  cfg.algo = a;
-  cfg.coll = k;
-  cfg.dtype = t;
-  cfg.capacity.rows = C;
-  cfg.capacity.cols = H;
-  return cfg;
+  return tpf_test_config("fc1_fprop", a, k, t, C, H);
 }
 
 static int setup_ring_ag(void **state) {

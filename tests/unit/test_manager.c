@@ -4,15 +4,7 @@
 enum { P = 2, H = 64 };
 
 static tpf_comm_config cfg_of(const char *name, tpf_algo a, tpf_coll k, tpf_dtype t, uint64_t c) {
-  tpf_comm_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.name = name;
-  cfg.algo = a;
-  cfg.coll = k;
-  cfg.dtype = t;
-  cfg.capacity.rows = c;
-  cfg.capacity.cols = H;
-  return cfg;
+  return tpf_test_config(name, a, k, t, c, H);
 }
 
 typedef struct {
