@@ -16,6 +16,10 @@ struct tpf_comm {
   tpf_reg *reg;          /* backend registration */
   void *base;            /* this rank's registered data */
   uint64_t reg_bytes;    /* registered (capacity) bytes */
+  /* Scratch of a manager shape change (validated bytes, shape to roll back to), kept here so
+   * that tpf_manager_set_active_shape allocates nothing. */
+  uint64_t pending_bytes;
+  tpf_shape prev_active;
 };
 
 /* Validates `active` for c without changing anything; yields the active layout's bytes. */

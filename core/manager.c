@@ -77,47 +77,34 @@ static bool eligible(const tpf_comm *c) {
 
 tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
   TPF_RETURN_IF(!m, TPF_EINVAL, "tpf_manager_set_active_shape: manager is NULL");
-  if (m->count == 0)
-    return TPF_OK;
-  uint64_t *bytes = tpf__calloc((size_t)m->count, sizeof *bytes);
-  tpf_shape *old = tpf__calloc((size_t)m->count, sizeof *old);
-  tpf_status rc = TPF_OK;
-  if (!bytes || !old) {
-    rc = tpf_set_error(TPF_ENOMEM, "cannot allocate %d entries for a manager shape change",
-                       m->count);
-    goto out;
-  }
-  /* Phase 1: validate all; nothing changes on failure. */
+  /* Phase 1: validate all; nothing changes on failure. Like the per-communicator call, this
+   * allocates nothing: the scratch lives in each communicator. */
   for (int i = 0; i < m->count; i++) {
-    if (eligible(m->comms[i]))
-      TPF_CHECK_GOTO(tpf__comm_check_shape(m->comms[i], active, &bytes[i]), rc, out);
+    tpf_comm *c = m->comms[i];
+    if (eligible(c))
+      TPF_CHECK(tpf__comm_check_shape(c, active, &c->pending_bytes));
   }
   /* Phase 2: apply; roll back on the (unexpected) failure of a backend. */
   for (int i = 0; i < m->count; i++) {
     tpf_comm *c = m->comms[i];
-    old[i] = c->active;
+    c->prev_active = c->active;
     if (!eligible(c))
       continue;
-    rc = tpf__comm_apply_shape(c, active, bytes[i]);
-    if (rc != TPF_OK) {
-      for (int j = i - 1; j >= 0; j--) {
-        tpf_comm *u = m->comms[j];
-        if (!eligible(u))
-          continue;
-        uint64_t ob = 0;
-        if (tpf__comm_check_shape(u, old[j], &ob) == TPF_OK &&
-            tpf__be_reg_activate(u->be, u->reg, ob) == TPF_OK) {
-          u->active = old[j];
-          u->epoch--;
-        }
+    tpf_status rc = tpf__comm_apply_shape(c, active, c->pending_bytes);
+    if (rc == TPF_OK)
+      continue;
+    for (int j = i - 1; j >= 0; j--) {
+      tpf_comm *u = m->comms[j];
+      uint64_t ob = 0;
+      if (eligible(u) && tpf__comm_check_shape(u, u->prev_active, &ob) == TPF_OK &&
+          tpf__be_reg_activate(u->be, u->reg, ob) == TPF_OK) {
+        u->active = u->prev_active;
+        u->epoch--;
       }
-      goto out;
     }
+    return rc;
   }
-out:
-  tpf__free(old);
-  tpf__free(bytes);
-  return rc;
+  return TPF_OK;
 }
 
 tpf_status tpf_manager_destroy(tpf_manager *m) {

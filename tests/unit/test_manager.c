@@ -79,6 +79,18 @@ static void test_manager__applies_to_eligible_only(void **state) {
   assert_int_equal(f->be.reg_total, 6);
 }
 
+static void test_manager__set_allocates_nothing(void **state) {
+  fixture *f = *state;
+  long live = tpf__alloc_live_count();
+  tpf__alloc_set_budget(0); /* any allocation would fail */
+  tpf_shape s = {24, H};
+  tpf_status rc = tpf_manager_set_active_shape(f->m, s);
+  tpf__alloc_set_budget(-1);
+  TPF_ASSERT_STATUS(rc, TPF_OK);
+  assert_int_equal(tpf__alloc_live_count(), live);
+  assert_int_equal(rows_of(f->m, "qkv_fprop"), 24);
+}
+
 static void test_manager__all_or_nothing(void **state) {
   fixture *f = *state;
   tpf_shape ok = {32, H};
@@ -130,6 +142,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_manager__lookup_by_name, setup, teardown),
       cmocka_unit_test_setup_teardown(test_manager__applies_to_eligible_only, setup, teardown),
+      cmocka_unit_test_setup_teardown(test_manager__set_allocates_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_manager__all_or_nothing, setup, teardown),
       cmocka_unit_test_setup_teardown(test_manager__backend_refusal_rolls_back, setup, teardown),
       cmocka_unit_test(test_manager__null_arguments),
