@@ -28,6 +28,13 @@
  * capacity the core validated). A peer whose operation failed may therefore find its buffer
  * overwritten; the reliability work replaces this with a host-side agreement check.
  *
+ * Several ranks on one GPU. A spinning wait occupies the device until its peer's next operation
+ * arrives, so a rank must not call a CUDA function that waits for the whole device (cudaFree,
+ * cudaFreeHost, cudaDeviceSynchronize, sometimes cudaMalloc) while a peer may be waiting for it:
+ * the same rule NCCL states for its kernels. The backend keeps such calls inside collective
+ * creation/destruction, fenced by bootstrap barriers; callers should allocate operands up front or
+ * with the stream-ordered allocator (cudaMallocAsync with a pool that keeps its memory).
+ *
  * Registration. One cudaMalloc per communicator holds data, flags and ready words (layout in
  * cuda_internal.h), zeroed before the bootstrap exchange so no peer can see stale flags. Peers in
  * this process use the raw pointer (with peer access enabled when the devices differ); peers in
@@ -48,7 +55,12 @@
 #define TPF_CUDA_DEFAULT_TIMEOUT_MS 30000u
 #define TPF_CUDA_DEFAULT_COMM_CTAS 16
 #define TPF_CUDA_WORKSPACE_BYTES (32ull << 20)
-#define TPF_CUDA_DATA_ALIGN 256ull
+/* Flags live in 4 KiB-aligned blocks of their own, 4 KiB away from any data byte of this or a
+ * neighbouring allocation (cudaMalloc packs small allocations next to each other), and every
+ * sender's ready word has a 1 KiB slot of its own, like its row of flags: no transfer or kernel
+ * that writes data ever shares a cache line or DMA block with a flag. */
+#define TPF_CUDA_GUARD_BYTES 4096ull
+#define TPF_CUDA_READY_STRIDE 1024ull
 
 typedef struct {
   uint64_t proc_token; /* identifies the process (host and pid) */
@@ -210,10 +222,11 @@ static tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
                          (unsigned long long)st->theirs, (int)st->peer);
   return tpf_set_error(TPF_ETIMEOUT,
                        "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
-                       "(wanted %llu, saw %llu)",
+                       "(wanted %llu, saw %llu at %p)",
                        b->base.rank, (unsigned long long)st->seq, kind ? kind : "?", (int)st->peer,
                        (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
-                       (unsigned long long)st->mine, (unsigned long long)st->theirs);
+                       (unsigned long long)st->mine, (unsigned long long)st->theirs,
+                       (void *)(uintptr_t)st->addr);
 }
 
 /* Clears the status after everything that could write it has finished. */
@@ -454,9 +467,11 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   TPF_RETURN_IF(r == NULL, TPF_ENOMEM, "cannot allocate registration '%s'", name);
   snprintf(r->name, sizeof(r->name), "%s", name ? name : "?");
   r->data_bytes = bytes;
-  r->flags_off = tpf_cuda__round_up(bytes, TPF_CUDA_DATA_ALIGN);
+  r->flags_off = tpf_cuda__round_up(bytes, TPF_CUDA_GUARD_BYTES) + TPF_CUDA_GUARD_BYTES;
   r->ready_off = r->flags_off + (uint64_t)P * TPF_MAX_TAGS * sizeof(uint64_t);
-  r->alloc_bytes = r->ready_off + (uint64_t)P * sizeof(uint64_t);
+  r->alloc_bytes = tpf_cuda__round_up(r->ready_off + (uint64_t)P * TPF_CUDA_READY_STRIDE,
+                                      TPF_CUDA_GUARD_BYTES) +
+                   TPF_CUDA_GUARD_BYTES;
   tpf_status rc = TPF_OK;
   tpf_cuda_reg_info *infos = tpf__calloc((size_t)P, sizeof(*infos));
   if (infos == NULL) {
@@ -501,6 +516,14 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   }
   TPF_CHECK_GOTO(b->boot.allgather(b->boot.ctx, &mine, infos, sizeof(mine)), rc, fail);
   TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
+  if (getenv("TPF_CUDA_DEBUG") != NULL) {
+    fprintf(stderr, "tpf cuda: rank %d registered '%s' %llu bytes at %p (flags +%llu, ready +%llu);"
+                    " peers:", me, r->name, (unsigned long long)bytes, (void *)r->base,
+            (unsigned long long)r->flags_off, (unsigned long long)r->ready_off);
+    for (int q = 0; q < P; q++)
+      fprintf(stderr, " %p%s", (void *)r->peer_base[q], r->peer_ipc[q] ? "(ipc)" : "");
+    fprintf(stderr, "\n");
+  }
   tpf__free(infos);
   *reg = r;
   *local = r->base;
@@ -516,17 +539,21 @@ static tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *r) {
   TPF_RETURN_IF(r == NULL, TPF_EINVAL, "registration is NULL");
   cudaSetDevice(b->device);
   tpf_status rc = tpf_cuda__sync(be, NULL);
-  /* No peer may still read or write this memory: importers unmap first, then everyone waits for
-   * everyone before the owner frees. */
+  /* First barrier: no peer still reads or writes this memory. Importers then unmap and owners
+   * free. cudaFree (and cudaIpcCloseMemHandle) may wait for the whole device to go idle; with
+   * several ranks on one GPU, a rank that left early and enqueued its next operation would spin
+   * waiting for this rank, which waits for the device: so the second barrier keeps everyone here
+   * until every rank has freed. */
+  tpf_status rc2 = b->boot.barrier(b->boot.ctx);
   for (int q = 0; q < be->tp_size; q++) {
     if (r->peer_ipc[q]) {
       tpf_cuda__ipc_close(r->peer_base[q]);
       r->peer_ipc[q] = false;
     }
   }
-  tpf_status rc2 = b->boot.barrier(b->boot.ctx);
   tpf_cuda__reg_free(b, r);
-  return rc != TPF_OK ? rc : rc2;
+  tpf_status rc3 = b->boot.barrier(b->boot.ctx);
+  return rc != TPF_OK ? rc : rc2 != TPF_OK ? rc2 : rc3;
 }
 
 /* ---- execution ---- */
@@ -534,8 +561,10 @@ static tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *r) {
 static uint64_t *tpf_cuda__flags(const tpf_reg *r, int owner) {
   return (uint64_t *)(r->peer_base[owner] + r->flags_off);
 }
-static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner) {
-  return (uint64_t *)(r->peer_base[owner] + r->ready_off);
+/* The ready word `sender` writes into `owner`'s registration. */
+static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner, int sender) {
+  return (uint64_t *)(r->peer_base[owner] + r->ready_off +
+                      (uint64_t)sender * TPF_CUDA_READY_STRIDE);
 }
 
 /* A resolved operand: pointer to element (row, col), leading dimension, dtype. */
@@ -616,8 +645,8 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     for (int q = 0; q < P; q++) {
       if (q == me)
         continue;
-      f.remote[q] = tpf_cuda__ready(r, q) + me;
-      f.local[q] = tpf_cuda__ready(r, me) + q;
+      f.remote[q] = tpf_cuda__ready(r, q, me);
+      f.local[q] = tpf_cuda__ready(r, me, q);
     }
     return tpf_cuda__launch_flags_checked(&f, s);
   case TPF_STEP_GEMM: {
@@ -807,7 +836,8 @@ tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
   TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
                 "tpf_cuda_backend_stats: not a CUDA backend, or out is NULL");
   tpf_cuda_stats s;
-  tpf_cuda__gemm_stats(tpf_cuda__of(be)->gemm, &s.gemm_heuristic_queries, &s.gemm_cache_hits);
+  tpf_cuda__gemm_stats(tpf_cuda__of(be)->gemm, &s.gemm_heuristic_queries, &s.gemm_cache_hits,
+                       &s.gemm_fallbacks);
   *out = s;
   return TPF_OK;
 }

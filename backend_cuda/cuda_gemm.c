@@ -14,7 +14,9 @@
  * a new T costs one heuristic query the first time and a table lookup after. The alignments are
  * part of the key because the heuristic must be told them (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*):
  * a chunk of D at row cs*R may be less aligned than D itself. Each compute stream has its own
- * workspace, since GEMMs on different compute streams run at the same time.
+ * workspace, since GEMMs on different compute streams run at the same time. When the heuristic
+ * has no algorithm for a key (a row chunk of D aligned to 2 bytes, say), the key is cached as
+ * "fallback" and a plain tiled kernel (cuda_kernels.cu) computes it.
  */
 #include "cuda_internal.h"
 
@@ -35,6 +37,7 @@ typedef struct {
 
 typedef struct {
   bool used;
+  bool fallback; /* cuBLASLt has no algorithm: the plain kernel serves this key */
   tpf_cuda_gemm_key key;
   cublasLtMatmulDesc_t desc;
   cublasLtMatrixLayout_t la, lb, ld;
@@ -46,7 +49,7 @@ struct tpf_cuda_gemm {
   void *ws;           /* nworkspaces * ws_bytes of device memory */
   uint64_t ws_bytes;  /* per workspace */
   int nworkspaces;
-  uint64_t lookups, hits;
+  uint64_t lookups, hits, fallbacks;
   unsigned next_victim;
   tpf_cuda_gemm_entry cache[TPF_CUDA_GEMM_CACHE];
 };
@@ -97,9 +100,11 @@ void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g) {
   tpf__free(g);
 }
 
-void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits) {
+void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits,
+                          uint64_t *fallbacks) {
   *lookups = g->lookups;
   *hits = g->hits;
+  *fallbacks = g->fallbacks;
 }
 
 static cudaDataType_t tpf_cuda__data_type(int t) {
@@ -194,23 +199,19 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
                                                   &al_d, sizeof(al_d)),
              "set MIN_ALIGNMENT_D");
   cublasLtMatmulHeuristicResult_t res;
+  memset(&res, 0, sizeof(res));
   int found = 0;
   g->lookups++;
-  TPF_LT_TRY(cublasLtMatmulAlgoGetHeuristic(g->handle, en->desc, en->la, en->lb, en->ld, en->ld,
-                                            pref, 1, &res, &found),
-             "cublasLtMatmulAlgoGetHeuristic");
-  if (found < 1) {
-    rc = tpf_set_error(TPF_EBACKEND,
-                       "cuBLASLt has no algorithm for d[%llu, %llu] = a[%llu, %llu] * w^T "
-                       "(ld %llu/%llu/%llu, dtypes %s/%s -> %s)",
-                       (unsigned long long)key->m, (unsigned long long)key->n,
-                       (unsigned long long)key->m, (unsigned long long)key->k,
-                       (unsigned long long)key->lda, (unsigned long long)key->ldw,
-                       (unsigned long long)key->ldd, tpf_dtype_name((tpf_dtype)key->at),
-                       tpf_dtype_name((tpf_dtype)key->wt), tpf_dtype_name((tpf_dtype)key->dt));
-    goto fail;
-  }
-  en->algo = res.algo;
+  cublasStatus_t hst = cublasLtMatmulAlgoGetHeuristic(g->handle, en->desc, en->la, en->lb, en->ld,
+                                                      en->ld, pref, 1, &res, &found);
+  if (hst == CUBLAS_STATUS_NOT_SUPPORTED)
+    found = 0;
+  else if (hst != CUBLAS_STATUS_SUCCESS)
+    TPF_LT_TRY(hst, "cublasLtMatmulAlgoGetHeuristic");
+  if (found < 1)
+    en->fallback = true; /* e.g. a 2-byte aligned chunk: the plain kernel computes it */
+  else
+    en->algo = res.algo;
   en->used = true;
   cublasLtMatmulPreferenceDestroy(pref);
   return TPF_OK;
@@ -287,6 +288,12 @@ tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uin
   key.sm_target = sm_target;
   tpf_cuda_gemm_entry *en = NULL;
   TPF_CHECK(tpf_cuda__gemm_lookup(g, &key, &en));
+  if (en->fallback) {
+    g->fallbacks++;
+    cudaError_t e = tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n,
+                                                   k, s);
+    return e == cudaSuccess ? TPF_OK : tpf_cuda__err(e, "fallback GEMM launch");
+  }
   const float alpha = 1.0f, beta = 0.0f;
   void *wsp = (char *)g->ws + (size_t)g->ws_bytes * (size_t)(ws % g->nworkspaces);
   cublasStatus_t st = cublasLtMatmul(g->handle, en->desc, &alpha, w, en->la, a, en->lb, &beta, d,

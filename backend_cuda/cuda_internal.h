@@ -3,8 +3,10 @@
  *
  * Device-visible layout of one registration (one cudaMalloc, so one CUDA IPC handle):
  *   [0, data_bytes)                   data (the registered buffer the core lays out)
+ *   guard                             >= 4 KiB, flags_off 4 KiB aligned
  *   [flags_off, +P*TPF_MAX_TAGS*8)    flags[sender][tag], uint64, written by the senders
- *   [ready_off, +P*8)                 ready[sender], uint64 TPF_READY_WORD, written by the senders
+ *   [ready_off, +P*1024)              ready word of each sender, in a 1 KiB slot of its own
+ *   guard                             >= 4 KiB to the end of the allocation
  * A rank only ever writes into a peer's flags/ready rows indexed by its own rank, and only reads
  * its own rows, so every word has exactly one writer.
  */
@@ -38,6 +40,7 @@ typedef struct {
   volatile uint64_t seq;    /* operation sequence number */
   volatile uint64_t mine;   /* HANDSHAKE: my rows; waits: the value waited for */
   volatile uint64_t theirs; /* HANDSHAKE: the peer's rows; waits: the last value seen */
+  volatile uint64_t addr;   /* device address of the word waited on */
 } tpf_cuda_status;
 
 /* Arguments of the 1-thread flag kernels. Pointers are device pointers valid in this rank's
@@ -76,6 +79,11 @@ cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a, tpf_cuda_stat
 cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_t bytes,
                                   tpf_cuda_status *status, int ctas, cudaStream_t s);
 
+/* Plain tiled GEMM for calls cuBLASLt cannot serve: row-major d[m, n] = a[m, k] * w[n, k]^T. */
+cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, const void *w,
+                                           uint64_t ldw, void *d, int dt, uint64_t ldd,
+                                           uint64_t m, uint64_t n, uint64_t k, cudaStream_t s);
+
 /* ---- cuda_gemm.c ---- */
 typedef struct tpf_cuda_gemm tpf_cuda_gemm;
 /* One cuBLASLt handle, `nworkspaces` workspaces of ws_bytes each (one per compute stream, since
@@ -88,8 +96,9 @@ tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uin
                               const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
                               uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
                               int ws, cudaStream_t s);
-/* Statistics for tests: heuristic queries made and cache hits. */
-void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits);
+/* Statistics for tests: heuristic queries made, cache hits, fallback GEMMs. */
+void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits,
+                          uint64_t *fallbacks);
 
 /* ---- translation of foreign errors (cuda_backend.c) ---- */
 tpf_status tpf_cuda__err(cudaError_t e, const char *what);

@@ -46,7 +46,7 @@ __device__ __forceinline__ uint32_t tpf_cuda__status_code(const tpf_cuda_status 
 
 /* Records the first failure of this backend; later failures keep the first one's details. */
 __device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int peer,
-                               uint64_t mine, uint64_t theirs) {
+                               uint64_t mine, uint64_t theirs, const void *addr) {
   if (atomicCAS(a.claim, 0u, 1u) != 0u)
     return;
   tpf_cuda_status *st = a.status;
@@ -56,6 +56,7 @@ __device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int p
   st->seq = a.seq;
   st->mine = mine;
   st->theirs = theirs;
+  st->addr = (uint64_t)(uintptr_t)addr;
   __threadfence_system();
   st->code = code;
   __threadfence_system();
@@ -82,7 +83,7 @@ __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
       if (a.handshake) {
         if (TPF_READY_SEQ(v) == a.wait_value) {
           if (TPF_READY_ROWS(v) != a.rows) {
-            tpf_cuda__fail(a, TPF_CUDA_DEV_MISMATCH, q, a.rows, TPF_READY_ROWS(v));
+            tpf_cuda__fail(a, TPF_CUDA_DEV_MISMATCH, q, a.rows, TPF_READY_ROWS(v), w);
             return;
           }
           break;
@@ -95,7 +96,7 @@ __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
         if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK)
           return;
         if (tpf_cuda__now_ns() - start > a.timeout_ns) {
-          tpf_cuda__fail(a, TPF_CUDA_DEV_TIMEOUT, q, a.wait_value, v);
+          tpf_cuda__fail(a, TPF_CUDA_DEV_TIMEOUT, q, a.wait_value, v, w);
           return;
         }
       }
@@ -285,4 +286,76 @@ extern "C" cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_
       static_cast<unsigned char *>(dst) + head, static_cast<const unsigned char *>(src) + head,
       bytes - head, status);
   return cudaGetLastError();
+}
+
+/* ---- fallback GEMM ----
+ * Used only when cuBLASLt has no algorithm for a call (for instance a chunk of D whose rows start
+ * at an address aligned to less than the heuristic supports). One thread per output element,
+ * operands staged through shared-memory tiles; fp32 accumulation in k order, one rounding. */
+namespace {
+
+constexpr int kTile = 16;
+
+template <typename Tin, typename Tout>
+__global__ void tpf_cuda__gemm_fallback_kernel(const Tin *a, uint64_t lda, const Tin *w,
+                                               uint64_t ldw, Tout *d, uint64_t ldd, uint64_t m,
+                                               uint64_t n, uint64_t k) {
+  __shared__ float as[kTile][kTile + 1];
+  __shared__ float ws[kTile][kTile + 1];
+  const uint64_t i = (uint64_t)blockIdx.y * kTile + threadIdx.y;
+  const uint64_t j = (uint64_t)blockIdx.x * kTile + threadIdx.x;
+  const uint64_t wrow = (uint64_t)blockIdx.x * kTile + threadIdx.y;
+  float acc = 0.0f;
+  for (uint64_t k0 = 0; k0 < k; k0 += kTile) {
+    const uint64_t kk = k0 + threadIdx.x;
+    as[threadIdx.y][threadIdx.x] =
+        (i < m && kk < k) ? tpf_cuda__elem<Tin>::load(a[i * lda + kk]) : 0.0f;
+    ws[threadIdx.y][threadIdx.x] =
+        (wrow < n && kk < k) ? tpf_cuda__elem<Tin>::load(w[wrow * ldw + kk]) : 0.0f;
+    __syncthreads();
+#pragma unroll
+    for (int t = 0; t < kTile; t++)
+      acc += as[threadIdx.y][t] * ws[threadIdx.x][t];
+    __syncthreads();
+  }
+  if (i < m && j < n)
+    d[i * ldd + j] = tpf_cuda__elem<Tout>::store(acc);
+}
+
+template <typename Tin, typename Tout>
+cudaError_t tpf_cuda__gemm_fallback_typed(const void *a, uint64_t lda, const void *w, uint64_t ldw,
+                                          void *d, uint64_t ldd, uint64_t m, uint64_t n,
+                                          uint64_t k, cudaStream_t s) {
+  const dim3 block(kTile, kTile);
+  const dim3 grid((unsigned)((n + kTile - 1) / kTile), (unsigned)((m + kTile - 1) / kTile));
+  tpf_cuda__gemm_fallback_kernel<Tin, Tout><<<grid, block, 0, s>>>(
+      static_cast<const Tin *>(a), lda, static_cast<const Tin *>(w), ldw, static_cast<Tout *>(d),
+      ldd, m, n, k);
+  return cudaGetLastError();
+}
+
+} // namespace
+
+extern "C" cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda,
+                                                      const void *w, uint64_t ldw, void *d,
+                                                      int dt, uint64_t ldd, uint64_t m, uint64_t n,
+                                                      uint64_t k, cudaStream_t s) {
+  if ((m + kTile - 1) / kTile > 65535u)
+    return cudaErrorInvalidConfiguration;
+  switch (at * 8 + dt) {
+  case TPF_BF16 * 8 + TPF_BF16:
+    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, __nv_bfloat16>(a, lda, w, ldw, d, ldd, m,
+                                                                       n, k, s);
+  case TPF_BF16 * 8 + TPF_FP32:
+    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, float>(a, lda, w, ldw, d, ldd, m, n, k,
+                                                               s);
+  case TPF_FP16 * 8 + TPF_FP16:
+    return tpf_cuda__gemm_fallback_typed<__half, __half>(a, lda, w, ldw, d, ldd, m, n, k, s);
+  case TPF_FP16 * 8 + TPF_FP32:
+    return tpf_cuda__gemm_fallback_typed<__half, float>(a, lda, w, ldw, d, ldd, m, n, k, s);
+  case TPF_FP32 * 8 + TPF_FP32:
+    return tpf_cuda__gemm_fallback_typed<float, float>(a, lda, w, ldw, d, ldd, m, n, k, s);
+  default:
+    return cudaErrorInvalidValue;
+  }
 }
