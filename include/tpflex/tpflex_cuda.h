@@ -29,10 +29,12 @@ tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
 tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms);
 
 /* Counters for tests and tuning. gemm_heuristic_queries counts cuBLASLt heuristic calls (one per
- * new GEMM shape); gemm_cache_hits the GEMMs served from the per-shape cache. */
+ * new GEMM shape); gemm_cache_hits the GEMMs served from the per-shape cache. TPF_EINVAL for a
+ * non-CUDA backend or NULL out. */
 typedef struct {
   uint64_t gemm_heuristic_queries;
   uint64_t gemm_cache_hits;
+  uint64_t gemm_fallbacks; /* GEMMs cuBLASLt had no algorithm for, done by a plain kernel */
 } tpf_cuda_stats;
 tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out);
 
