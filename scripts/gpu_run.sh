@@ -3,6 +3,7 @@
 # step and a summary into $OUT (default ./gpu-logs).
 #
 #   scripts/gpu_run.sh            canary sweep (P 1,2,4,8), 2-process IPC, conformance, sanitizers
+#                                 (memcheck/racecheck on the IPC test, memcheck on conformance P=1)
 #   scripts/gpu_run.sh ctest      ctest -L gpu (what `make test-cuda` runs)
 #
 # CMocka: taken from the system, or from .deps/root (apt-get download libcmocka0 libcmocka-dev,
@@ -76,10 +77,12 @@ step ipc "$B/gpu/test_cuda_ipc"
 step conformance "$B/conformance/conformance_cuda" ${CONF_ARGS:-}
 if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
   export TPF_CUDA_TIMEOUT_MS=300000
-  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$B/gpu/test_cuda_canary" --tp 2
-  step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$B/gpu/test_cuda_canary" --tp 2
-  step memcheck_conf compute-sanitizer --tool memcheck --error-exitcode 9 \
-    "$B/conformance/conformance_cuda" --quick --tp 2 --no-history
+  # Processes, not threads: the sanitizer serialises one process's kernels, so ranks as threads
+  # would wait on each other's spinning kernels.
+  step memcheck compute-sanitizer --tool memcheck --error-exitcode 9 "$B/gpu/test_cuda_ipc"
+  step racecheck compute-sanitizer --tool racecheck --error-exitcode 9 "$B/gpu/test_cuda_ipc"
+  step memcheck_p1 compute-sanitizer --tool memcheck --error-exitcode 9 \
+    "$B/conformance/conformance_cuda" --quick --tp 1
 fi
 note "total: $fails failing step(s), $(( $(date +%s) - t0 )) s"
 exit $((fails > 0))

@@ -15,6 +15,7 @@
 
 #include <cuda_runtime.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,6 +35,17 @@ typedef struct {
   tpf_status rc;
   char detail[512];
 } cuda_rank_job;
+
+/* The stream-ordered pool keeps its memory: with the default release threshold (0) every
+ * synchronisation returns it and the next cudaMallocAsync maps memory again, which may wait for the
+ * device while a peer rank's spinning wait waits for this thread. */
+static void keep_pool_memory(int device) {
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+}
 
 static tpf_status cuda_fail(cudaError_t e, const char *what) {
   return tpf_set_error(TPF_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
@@ -104,9 +116,18 @@ static tpf_status cuda_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *
   tpf_cuda_threads_destroy(group);
   if (rc != TPF_OK)
     return rc;
-  for (int r = 0; r < P; r++)
-    if (jobs[r].rc != TPF_OK)
-      return tpf_set_error(jobs[r].rc, "rank %d: %s", r, jobs[r].detail);
+  /* Every failing rank's reason on stderr: the first rank's is often a consequence. */
+  int first = -1;
+  for (int r = 0; r < P; r++) {
+    if (jobs[r].rc == TPF_OK)
+      continue;
+    fprintf(stderr, "conformance[cuda] P=%d rank %d: %s: %s\n", P, r,
+            tpf_status_name(jobs[r].rc), jobs[r].detail);
+    if (first < 0)
+      first = r;
+  }
+  if (first >= 0)
+    return tpf_set_error(jobs[first].rc, "rank %d: %s", first, jobs[first].detail);
   return TPF_OK;
 }
 
@@ -175,6 +196,8 @@ int main(int argc, char **argv) {
     printf("skipped: no GPU %d (%d present)\n", st.device, count);
     return 77;
   }
+  cudaSetDevice(st.device);
+  keep_pool_memory(st.device);
   tpf_conf_env env = {
       .name = "cuda",
       .max_ranks = 8,

@@ -7,6 +7,7 @@
 #include "tpflex/tpflex_cuda.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,17 @@ typedef struct {
   gpu_check_stats st;
   tpf_cuda_stats cst;
 } rank_job;
+
+/* The stream-ordered pool keeps its memory: with the default release threshold (0) every
+ * synchronisation returns it and the next cudaMallocAsync maps memory again, which may wait for the
+ * device while a peer rank's spinning wait waits for this thread. */
+static void keep_pool_memory(int device) {
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+}
 
 static void *rank_main(void *p) {
   rank_job *j = p;
@@ -100,6 +112,8 @@ int main(int argc, char **argv) {
     else if (strcmp(argv[i], "-v") == 0)
       verbose = 1;
   }
+  cudaSetDevice(0);
+  keep_pool_memory(0);
   const int Ps[] = {1, 2, 4, 8};
   int failed = 0;
   for (size_t i = 0; i < sizeof Ps / sizeof Ps[0]; i++)

@@ -10,6 +10,7 @@
 
 #include <pthread.h>
 #include <signal.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +50,17 @@ static tpf_status sh_allgather(void *ctx, const void *send, void *recv, size_t b
   return TPF_OK;
 }
 
+/* The stream-ordered pool keeps its memory: with the default release threshold (0) every
+ * synchronisation returns it and the next cudaMallocAsync maps memory again, which may wait for the
+ * device while a peer rank's spinning wait waits for this thread. */
+static void keep_pool_memory(int device) {
+  cudaMemPool_t pool;
+  if (cudaDeviceGetDefaultMemPool(&pool, device) == cudaSuccess) {
+    uint64_t keep = UINT64_MAX;
+    cudaMemPoolSetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+  }
+}
+
 static int child(shared_boot *sh, int rank) {
   int count = 0;
   cudaError_t e = cudaGetDeviceCount(&count);
@@ -61,6 +73,7 @@ static int child(shared_boot *sh, int rank) {
   const char *two = getenv("TPF_IPC_TWO_GPUS");
   int device = (two && atoi(two) && count > 1) ? rank : 0;
   cudaSetDevice(device);
+  keep_pool_memory(device);
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   proc_ctx ctx = {sh, rank};
