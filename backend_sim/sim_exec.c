@@ -134,16 +134,68 @@ static uint64_t deadline_from_now(const sim_ctx *c) {
   return tpf_sim__now_ns() + (uint64_t)c->w->timeout_ms * 1000000ull;
 }
 
-/* Stores seq into a flag the peer waits on, unless the fault hook drops this signal. */
+/* Raises flag [sender][tag] of receiver to seq (release) and rings the receiver. Flags only
+ * move forward: a stale store (a duplicate delivered late, after the next operation raised the
+ * same flag) must not take a flag back, or the waiter of the newer value would miss it. */
+static void store_flag(tpf_sim_world *w, tpf_sim_shared *sh, int receiver, int sender, uint32_t tag,
+                       uint64_t seq) {
+  _Atomic uint64_t *f = tpf_sim__flag(sh, receiver, sender, tag);
+  uint64_t cur = atomic_load_explicit(f, memory_order_relaxed);
+  while (cur < seq && !atomic_compare_exchange_weak_explicit(f, &cur, seq, memory_order_release,
+                                                             memory_order_relaxed)) {
+  }
+  tpf_sim__ring(&w->ranks[receiver]);
+}
+
+static void sleep_us(unsigned us) {
+  struct timespec ts = {(time_t)(us / 1000000u), (long)(us % 1000000u) * 1000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+/* Delivers a held signal (fault_mu held). */
+static void deliver_held(tpf_sim_world *w, int sender, tpf_sim_held_signal *h) {
+  if (!h->on) return;
+  h->on = false;
+  store_flag(w, h->sh, h->receiver, sender, h->tag, h->seq);
+}
+
+/* Stores seq into a flag the peer waits on, through the fault hook: the chosen raise may be
+ * dropped, delayed, duplicated (at once or late) or held back until the rank's next raise. */
 static void raise_flag(sim_ctx *c, int receiver, uint32_t tag) {
   tpf_sim_world *w = c->w;
+  const tpf_sim_fault_ex *f = &w->fault;
   atomic_fetch_add(&w->signals, 1);
-  if (w->fault.drop_signal != 0 &&
-      atomic_fetch_add(&w->fault_signals, 1) + 1 == w->fault.drop_signal)
+  uint64_t k = 0;
+  if (tpf_sim__fault_counts(w, c->me)) k = atomic_fetch_add(&w->fault_signals, 1) + 1;
+  tpf_sim_held_signal me = {true, c->sh, receiver, tag, c->args->seq};
+  pthread_mutex_lock(&c->rk->fault_mu);
+  if (k != 0 && k == f->base.drop_signal) {
+    atomic_fetch_add(&w->fault_injected, 1);
+    me.on = false;
+  } else if (k != 0 && k == f->reorder_signal) {
+    atomic_fetch_add(&w->fault_injected, 1);
+    c->rk->held_reorder = me; /* delivered after the next raise, or at the end of execute */
+    pthread_mutex_unlock(&c->rk->fault_mu);
     return;
-  atomic_store_explicit(tpf_sim__flag(c->sh, receiver, c->me, tag), c->args->seq,
-                        memory_order_release);
-  tpf_sim__ring(&w->ranks[receiver]);
+  }
+  if (me.on && k != 0 && k == f->delay_signal && f->delay_us != 0) {
+    atomic_fetch_add(&w->fault_injected, 1);
+    sleep_us(f->delay_us);
+  }
+  if (me.on) store_flag(w, c->sh, receiver, c->me, tag, c->args->seq);
+  /* What this raise releases: an earlier reordered one, then a late duplicate of this
+   * registration. */
+  deliver_held(w, c->me, &c->rk->held_reorder);
+  if (c->rk->held_dup.on && c->rk->held_dup.sh == c->sh) deliver_held(w, c->me, &c->rk->held_dup);
+  if (me.on && k != 0 && k == f->dup_signal) {
+    atomic_fetch_add(&w->fault_injected, 1);
+    if (f->dup_late)
+      c->rk->held_dup = me;
+    else
+      store_flag(w, c->sh, receiver, c->me, tag, c->args->seq);
+  }
+  pthread_mutex_unlock(&c->rk->fault_mu);
 }
 
 /* ---- operands ---- */
@@ -419,6 +471,16 @@ static void run_stream(tpf_sim_worker *wk, tpf_sim_op *op) {
     for (int j = 0; j < s->ndeps; j++)
       if (wait_dep(&c, s->deps[j]) != TPF_OK) return;
     random_delay(wk, c.w->max_delay_us);
+    if (op->fault_step_base != 0 && tpf_sim__fault_fires(c.w, op->fault_step_base + (uint64_t)i)) {
+      op_fail(&c,
+              c.w->fault.base.fail_status != TPF_OK ? c.w->fault.base.fail_status : TPF_EBACKEND,
+              "injected fault: backend call %llu (step %d %s on rank %d) of '%s' operation %llu "
+              "fails%s",
+              (unsigned long long)(op->fault_step_base + (uint64_t)i), i,
+              tpf_step_kind_name(s->kind), c.me, comm_name(&c), (unsigned long long)c.args->seq,
+              c.w->fault.fail_persistent ? " (persistent)" : "");
+      return;
+    }
     c.moved = 0;
     c.flops = 0;
     uint64_t t0 = tpf_sim__now_ns();
@@ -505,7 +567,9 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   tpf_sim_reg *h = (tpf_sim_reg *)reg;
   (void)stream; /* the simulator completes every operation before returning */
-  TPF_CHECK(tpf_sim__fault_call(rk->world, "execute", rk->rank));
+  uint64_t step_base = 0;
+  uint64_t nsteps = a && a->sched && a->sched->nsteps > 0 ? (uint64_t)a->sched->nsteps : 0;
+  TPF_CHECK(tpf_sim__fault_enter(rk->world, "execute", rk->rank, nsteps, &step_base));
   if (!h || !a || !a->sched)
     return tpf_set_error(TPF_EINVAL, "sim execute: NULL %s", !h ? "registration" : "arguments");
   TPF_CHECK(precheck(rk, a));
@@ -516,6 +580,7 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   op.args = a;
   op.reg = h;
   op.workers_left = TPF_NUM_STREAMS;
+  op.fault_step_base = step_base;
   atomic_init(&op.failed, 0);
   op.done = calloc((size_t)a->sched->nsteps + 1, 1);
   if (!op.done) return tpf_set_error(TPF_ENOMEM, "sim execute: %d step flags", a->sched->nsteps);
@@ -532,6 +597,15 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   while (op.workers_left > 0)
     pthread_cond_wait(&op.cv, &op.mu);
   pthread_mutex_unlock(&op.mu);
+  /* A signal held back for reordering with no later raise to follow goes out now: held
+   * forever it would be a lost signal, which is a different fault. */
+  pthread_mutex_lock(&rk->fault_mu);
+  if (rk->held_reorder.on) {
+    rk->held_reorder.on = false;
+    store_flag(rk->world, rk->held_reorder.sh, rk->held_reorder.receiver, rk->rank,
+               rk->held_reorder.tag, rk->held_reorder.seq);
+  }
+  pthread_mutex_unlock(&rk->fault_mu);
 
   atomic_fetch_add(&rk->world->ops, 1);
   tpf_status st = TPF_OK;

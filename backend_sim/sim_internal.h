@@ -51,6 +51,8 @@ typedef struct tpf_sim_group {
   tpf_status status;
   char msg[TPF_SIM_MSG_LEN];
   uint64_t bytes[TPF_MAX_RANKS];
+  uint64_t arrived_mask; /* bit r: rank r arrived */
+  uint64_t missing_mask; /* ranks that had not arrived when the group timed out */
   char names[TPF_MAX_RANKS][TPF_SIM_NAME_LEN];
   tpf_sim_shared *sh;
 } tpf_sim_group;
@@ -74,6 +76,7 @@ typedef struct tpf_sim_op {
   atomic_int failed;
   tpf_status status; /* first failure; mu */
   char msg[TPF_SIM_MSG_LEN];
+  uint64_t fault_step_base; /* fault number of step 0 (0: this rank is not counted) */
 } tpf_sim_op;
 
 /* Scratch of one stream worker (fp32 staging for GEMM and reductions). */
@@ -89,6 +92,15 @@ typedef struct {
   uint64_t rng;
   tpf_sim_scratch scratch;
 } tpf_sim_worker;
+
+/* A flag store the fault hook holds back (reorder, late duplicate). */
+typedef struct {
+  bool on;
+  tpf_sim_shared *sh;
+  int receiver;
+  uint32_t tag;
+  uint64_t seq;
+} tpf_sim_held_signal;
 
 /* A rank: the backend object the core sees, its stream workers and its doorbell. */
 struct tpf_sim_rank {
@@ -114,6 +126,9 @@ struct tpf_sim_rank {
   void *run_arg;
   tpf_status (*run_fn)(tpf_backend *be, int rank, void *arg);
   pthread_t run_thread;
+  /* Fault hook: signals held back (fault_mu). */
+  pthread_mutex_t fault_mu;
+  tpf_sim_held_signal held_reorder, held_dup;
 };
 
 struct tpf_sim_world {
@@ -135,9 +150,10 @@ struct tpf_sim_world {
   void *trace_ctx;
   atomic_uint_fast64_t ops, steps, bytes_moved, flops, registrations, backend_calls, signals;
   /* Faults. */
-  tpf_sim_fault fault;
-  atomic_uint_fast64_t fault_calls, fault_signals;
-  tpf_sim_rank *ranks; /* tp_size entries */
+  tpf_sim_fault_ex fault;
+  atomic_uint_fast64_t fault_calls, fault_signals, fault_entries, fault_injected;
+  uint64_t live_regs, arena_used; /* mu */
+  tpf_sim_rank *ranks;            /* tp_size entries */
 };
 
 extern const tpf_backend_ops tpf_sim_ops;
@@ -147,8 +163,18 @@ uint64_t tpf_sim__now_ns(void);
 tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off);
 void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len);
 void tpf_sim__ring(tpf_sim_rank *rk);
-/* Counts one backend call; returns the injected failure when it is the chosen one. */
+/* Counts one backend call (an entry); returns the injected failure when it is the chosen one. */
 tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank);
+/* The same for an entry that also owns `steps` numbered calls after it (execute): *step_base
+ * gets the number of its step 0, or 0 when the rank is not counted. */
+tpf_status tpf_sim__fault_enter(tpf_sim_world *w, const char *what, int rank, uint64_t steps,
+                                uint64_t *step_base);
+/* True when counted call k (1-based) is to fail; counts the injection. */
+bool tpf_sim__fault_fires(tpf_sim_world *w, uint64_t k);
+/* True when rank's calls and signals are counted. */
+bool tpf_sim__fault_counts(const tpf_sim_world *w, int rank);
+/* Drops held signals of rank rk that point into sh (its handle is going away). */
+void tpf_sim__fault_forget(tpf_sim_rank *rk, const tpf_sim_shared *sh);
 
 /* sim_reg.c */
 tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,

@@ -103,6 +103,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
     }
   }
   atomic_fetch_add(&w->registrations, 1);
+  w->live_regs++;
   g->sh = sh;
   g->status = TPF_OK;
 }
@@ -118,15 +119,39 @@ static void group_release(tpf_sim_world *w, tpf_sim_group *g) {
   }
 }
 
+/* Formats the ranks of a mask ("1, 3") into buf. */
+static void mask_list(uint64_t mask, int P, char *buf, size_t len) {
+  size_t n = 0;
+  buf[0] = '\0';
+  for (int r = 0; r < P && n + 8 < len; r++)
+    if ((mask >> (unsigned)r) & 1u)
+      n += (size_t)snprintf(buf + n, len - n, "%s%d", n ? ", " : "", r);
+}
+
+static int mask_count(uint64_t mask) {
+  int n = 0;
+  for (; mask; mask &= mask - 1)
+    n++;
+  return n;
+}
+
 tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
                                void **local) {
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   tpf_sim_world *w = rk->world;
-  TPF_CHECK(tpf_sim__fault_call(w, "reg_create", rk->rank));
   if (!reg || !local || bytes == 0)
     return tpf_set_error(TPF_EINVAL, "sim reg_create: %s", bytes ? "NULL out" : "zero bytes");
-  tpf_sim_reg *h = calloc(1, sizeof *h);
-  if (!h) return tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
+  /* A rank that fails locally still takes its place in rendezvous k and fails the group at once:
+   * the peers get TPF_EBACKEND now instead of a timeout, and every rank's registration count
+   * stays in step, so the next registration of the world pairs up again. */
+  tpf_status local_st = tpf_sim__fault_call(w, "reg_create", rk->rank);
+  tpf_sim_reg *h = NULL;
+  if (local_st == TPF_OK) {
+    h = calloc(1, sizeof *h);
+    if (!h) local_st = tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
+  }
+  char local_msg[TPF_SIM_MSG_LEN];
+  snprintf(local_msg, sizeof local_msg, "%s", local_st == TPF_OK ? "" : tpf_last_error());
   uint64_t k = rk->reg_count++;
 
   pthread_mutex_lock(&w->mu);
@@ -147,6 +172,20 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
   g->bytes[rk->rank] = bytes;
   snprintf(g->names[rk->rank], TPF_SIM_NAME_LEN, "%s", name ? name : "");
   g->arrived++;
+  g->arrived_mask |= 1ull << (unsigned)rk->rank;
+  if (local_st != TPF_OK) {
+    if (!g->decided) {
+      g->decided = true;
+      g->status = TPF_EBACKEND;
+      snprintf(g->msg, sizeof g->msg, "registration %llu ('%s'): rank %d failed: %.380s",
+               (unsigned long long)k, g->names[rk->rank], rk->rank, local_msg);
+      pthread_cond_broadcast(&w->cv);
+    }
+    group_release(w, g);
+    pthread_mutex_unlock(&w->mu);
+    return tpf_set_error(local_st, "%s", local_msg);
+  }
+  bool late = g->decided; /* the group gave up (or failed) before this rank arrived */
   if (!g->decided && g->arrived == w->tp_size) {
     group_decide(w, g);
     pthread_cond_broadcast(&w->cv);
@@ -157,16 +196,32 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
     if (pthread_cond_timedwait(&w->cv, &w->mu, &dl) == ETIMEDOUT && !g->decided) {
       g->decided = true;
       g->status = TPF_ETIMEOUT;
-      snprintf(g->msg, sizeof g->msg,
-               "registration %llu ('%s'): rank %d waited %u ms; only %d of %d ranks arrived",
-               (unsigned long long)k, g->names[rk->rank], rk->rank, w->timeout_ms, g->arrived,
-               w->tp_size);
+      g->missing_mask = ~g->arrived_mask & (w->tp_size >= 64 ? ~0ull : (1ull << w->tp_size) - 1);
+      snprintf(g->msg, sizeof g->msg, "registration %llu ('%s') timed out", (unsigned long long)k,
+               g->names[rk->rank]);
       pthread_cond_broadcast(&w->cv);
     }
   }
   tpf_status st = g->status;
   char msg[TPF_SIM_MSG_LEN];
-  snprintf(msg, sizeof msg, "%s", g->msg);
+  if (st == TPF_ETIMEOUT) {
+    /* Each rank names itself and the ranks it waited for (the timeout contract). */
+    char missing[200];
+    mask_list(g->missing_mask, w->tp_size, missing, sizeof missing);
+    if (late)
+      snprintf(msg, sizeof msg,
+               "timeout after %u ms: rank %d arrived at registration %llu ('%s') after the other "
+               "ranks gave up waiting for rank(s) %s",
+               w->timeout_ms, rk->rank, (unsigned long long)k, g->names[rk->rank], missing);
+    else
+      snprintf(msg, sizeof msg,
+               "timeout after %u ms: rank %d, registration %llu ('%s') waits for rank(s) %s; "
+               "only %d of %d ranks arrived",
+               w->timeout_ms, rk->rank, (unsigned long long)k, g->names[rk->rank], missing,
+               w->tp_size - mask_count(g->missing_mask), w->tp_size);
+  } else {
+    snprintf(msg, sizeof msg, "%s", g->msg);
+  }
   tpf_sim_shared *sh = g->sh;
   group_release(w, g);
   pthread_mutex_unlock(&w->mu);
@@ -190,10 +245,12 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   /* Counted for the fault loop, but a destroy never fails: the caller could not recover. */
   atomic_fetch_add(&w->backend_calls, 1);
   if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_destroy: NULL registration");
+  tpf_sim__fault_forget(rk, h->sh); /* no held signal may outlive this rank's handle */
   pthread_mutex_lock(&w->mu);
   tpf_sim_shared *sh = h->sh;
   if (--sh->refs == 0) {
     tpf_sim__arena_free(w, sh->arena_off, sh->arena_len);
+    w->live_regs--;
     free(sh);
   }
   pthread_mutex_unlock(&w->mu);

@@ -40,6 +40,7 @@ tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off) {
       *pp = e->next;
       free(e);
     }
+    w->arena_used += len;
     return TPF_OK;
   }
   return tpf_set_error(TPF_ENOMEM,
@@ -50,6 +51,7 @@ tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off) {
 
 void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
   len = (len + TPF_SIM_ARENA_ALIGN - 1) / TPF_SIM_ARENA_ALIGN * TPF_SIM_ARENA_ALIGN;
+  w->arena_used -= len;
   tpf_sim_extent **pp = &w->free_list;
   while (*pp && (*pp)->off < off)
     pp = &(*pp)->next;
@@ -91,15 +93,50 @@ void tpf_sim__ring(tpf_sim_rank *rk) {
 
 /* ---- faults ---- */
 
+bool tpf_sim__fault_counts(const tpf_sim_world *w, int rank) {
+  return w->fault.rank_mask == 0 ||
+         (rank >= 0 && rank < 64 && ((w->fault.rank_mask >> (unsigned)rank) & 1u));
+}
+
+bool tpf_sim__fault_fires(tpf_sim_world *w, uint64_t k) {
+  uint64_t f = w->fault.base.fail_call;
+  if (f == 0 || k == 0 || !(k == f || (w->fault.fail_persistent && k > f))) return false;
+  atomic_fetch_add(&w->fault_injected, 1);
+  return true;
+}
+
+tpf_status tpf_sim__fault_enter(tpf_sim_world *w, const char *what, int rank, uint64_t steps,
+                                uint64_t *step_base) {
+  atomic_fetch_add(&w->backend_calls, 1);
+  if (step_base) *step_base = 0;
+  if (!tpf_sim__fault_counts(w, rank)) return TPF_OK;
+  uint64_t e = atomic_fetch_add(&w->fault_entries, 1) + 1;
+  if (w->fault.late_entry != 0 && e == w->fault.late_entry && w->fault.late_ms != 0) {
+    atomic_fetch_add(&w->fault_injected, 1);
+    struct timespec ts = {(time_t)(w->fault.late_ms / 1000u),
+                          (long)(w->fault.late_ms % 1000u) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  /* Numbers are reserved for the steps too, so that step numbering never depends on timing. */
+  uint64_t k = atomic_fetch_add(&w->fault_calls, 1 + steps) + 1;
+  if (step_base) *step_base = k + 1;
+  if (!tpf_sim__fault_fires(w, k)) return TPF_OK;
+  tpf_status st = w->fault.base.fail_status != TPF_OK ? w->fault.base.fail_status : TPF_EBACKEND;
+  return tpf_set_error(st, "injected fault: backend call %llu (%s on rank %d) fails%s",
+                       (unsigned long long)k, what, rank,
+                       w->fault.fail_persistent ? " (persistent)" : "");
+}
+
 tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank) {
-  uint64_t n = atomic_fetch_add(&w->backend_calls, 1) + 1;
-  (void)n;
-  if (w->fault.fail_call == 0) return TPF_OK;
-  uint64_t k = atomic_fetch_add(&w->fault_calls, 1) + 1;
-  if (k != w->fault.fail_call) return TPF_OK;
-  tpf_status st = w->fault.fail_status != TPF_OK ? w->fault.fail_status : TPF_EBACKEND;
-  return tpf_set_error(st, "injected fault: backend call %llu (%s on rank %d) fails",
-                       (unsigned long long)k, what, rank);
+  return tpf_sim__fault_enter(w, what, rank, 0, NULL);
+}
+
+void tpf_sim__fault_forget(tpf_sim_rank *rk, const tpf_sim_shared *sh) {
+  pthread_mutex_lock(&rk->fault_mu);
+  if (rk->held_reorder.on && rk->held_reorder.sh == sh) rk->held_reorder.on = false;
+  if (rk->held_dup.on && rk->held_dup.sh == sh) rk->held_dup.on = false;
+  pthread_mutex_unlock(&rk->fault_mu);
 }
 
 /* ---- the ops table ---- */
@@ -146,6 +183,7 @@ static tpf_status rank_init(tpf_sim_world *w, int r) {
   pthread_cond_init(&rk->cv, NULL);
   pthread_mutex_init(&rk->bell_mu, NULL);
   tpf_sim__cond_init_mono(&rk->bell_cv);
+  pthread_mutex_init(&rk->fault_mu, NULL);
   for (int s = 0; s < TPF_NUM_STREAMS; s++) {
     tpf_sim_worker *wk = &rk->workers[s];
     wk->rank = rk;
@@ -169,6 +207,7 @@ static void world_free(tpf_sim_world *w) {
       pthread_cond_destroy(&rk->cv);
       pthread_mutex_destroy(&rk->bell_mu);
       pthread_cond_destroy(&rk->bell_cv);
+      pthread_mutex_destroy(&rk->fault_mu);
     }
     free(w->ranks);
   }
@@ -199,7 +238,7 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
   w->t0_ns = tpf_sim__now_ns();
   pthread_mutex_init(&w->mu, NULL);
   pthread_cond_init(&w->cv, NULL);
-  w->fault.fail_status = TPF_OK;
+  w->fault.base.fail_status = TPF_OK;
 
   /* The arena is reserved, not committed: pages appear as registrations touch them. */
   w->arena_bytes = cfg->arena_bytes ? cfg->arena_bytes : TPF_SIM_DEFAULT_ARENA_BYTES;
@@ -312,11 +351,48 @@ uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w) {
 
 tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
   if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault: NULL world");
+  tpf_sim_fault_ex x;
+  memset(&x, 0, sizeof x);
+  if (f) x.base = *f;
+  return tpf_sim_set_fault_ex(w, &x);
+}
+
+tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f) {
+  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault_ex: NULL world");
   if (f)
     w->fault = *f;
   else
     memset(&w->fault, 0, sizeof w->fault);
   atomic_store(&w->fault_calls, 0);
   atomic_store(&w->fault_signals, 0);
+  atomic_store(&w->fault_entries, 0);
+  atomic_store(&w->fault_injected, 0);
+  for (int r = 0; r < w->tp_size; r++) {
+    tpf_sim_rank *rk = &w->ranks[r];
+    pthread_mutex_lock(&rk->fault_mu);
+    rk->held_reorder.on = false;
+    rk->held_dup.on = false;
+    pthread_mutex_unlock(&rk->fault_mu);
+  }
+  return TPF_OK;
+}
+
+tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out) {
+  if (!w || !out)
+    return tpf_set_error(TPF_EINVAL, "tpf_sim_get_fault_report: NULL %s", w ? "out" : "world");
+  tpf_sim_world *mw = (tpf_sim_world *)w; /* atomics and the mutex need a non-const lvalue */
+  tpf_sim_fault_report r;
+  memset(&r, 0, sizeof r);
+  r.calls = atomic_load(&mw->fault_calls);
+  r.entries = atomic_load(&mw->fault_entries);
+  r.signals = atomic_load(&mw->fault_signals);
+  r.injected = atomic_load(&mw->fault_injected);
+  pthread_mutex_lock(&mw->mu);
+  r.live_registrations = mw->live_regs;
+  r.arena_used_bytes = mw->arena_used;
+  for (const tpf_sim_group *g = mw->groups; g; g = g->next)
+    r.pending_rendezvous++;
+  pthread_mutex_unlock(&mw->mu);
+  *out = r;
   return TPF_OK;
 }

@@ -69,14 +69,62 @@ tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out);
 uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w);
 
 /* Fault injection for the fault tests (SQLite's test VFS): counts are world-wide, 1-based, in
- * the order the calls happen. 0 disables a fault. */
+ * the order the calls happen. 0 disables a fault. What counts as a backend call and as a signal
+ * is said at tpf_sim_fault_ex below. */
 typedef struct {
   uint64_t fail_call;     /* the fail_call-th backend call returns fail_status */
   tpf_status fail_status; /* TPF_OK means TPF_EBACKEND */
   uint64_t drop_signal;   /* the drop_signal-th flag raise is silently lost (the peer times out) */
 } tpf_sim_fault;
-/* Installs f (copied; NULL clears) and resets the fault counters. TPF_EINVAL for a NULL world. */
+/* Installs f (copied; NULL clears) and resets the fault counters. TPF_EINVAL for a NULL world.
+ * The same as tpf_sim_set_fault_ex with only `base` set. */
 tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f);
+
+/* Addition: the full fault plan. Counts are 1-based, in the order the calls happen, over the
+ * ranks in rank_mask (0: every rank, counted world-wide). 0 disables a fault.
+ *
+ * Backend calls (base.fail_call): reg_create, reg_activate, sync, the entry of execute, and each
+ * step of an executed schedule. An execute numbers its steps at entry, in schedule order: an
+ * execute that is call n owns calls n+1 .. n+nsteps whether or not a step ever runs, so the
+ * numbering of a faulted rank is the same in every run however its streams interleave. A failing
+ * step fails instead of running. reg_destroy is never failed. Entries (late_entry) are the
+ * API-level calls only: reg_create, reg_activate, execute, sync. Signals are flag raises (a
+ * SEND's completion, one per peer of a BARRIER); handshake ready words are not signals. */
+typedef struct {
+  tpf_sim_fault base;    /* fail_call, fail_status, drop_signal as above */
+  uint64_t rank_mask;    /* bit r: rank r's calls and signals are counted and faulted; 0 = all */
+  bool fail_persistent;  /* the fail_call-th call and every later counted call fail */
+  uint64_t delay_signal; /* the delay_signal-th flag raise is stored delay_us late (the sending
+                          * stream waits, as a slow copy engine would) */
+  unsigned delay_us;
+  uint64_t dup_signal; /* the dup_signal-th flag raise is stored twice: at once, or with
+                        * dup_late at the rank's next raise on the same registration, possibly
+                        * in a later operation (a stale duplicate: flags never move back) */
+  bool dup_late;
+  uint64_t reorder_signal; /* the reorder_signal-th flag raise is held back and stored after the
+                            * rank's next raise, or when its operation ends if none follows */
+  uint64_t late_entry;     /* the late_entry-th entry (see above) first sleeps late_ms: a rank
+                            * that arrives late, or, past the timeout, never in time */
+  unsigned late_ms;
+} tpf_sim_fault_ex;
+/* Installs f (copied; NULL clears) and resets the fault counters and held signals. TPF_EINVAL
+ * for a NULL world. */
+tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f);
+
+/* What the fault hook counted since the last tpf_sim_set_fault(_ex), and what the world still
+ * holds: run an operation fault-free, read calls/entries/signals, then loop k over 1..count. */
+typedef struct {
+  uint64_t calls;              /* backend calls counted (the numbering of fail_call) */
+  uint64_t entries;            /* entries counted (the numbering of late_entry) */
+  uint64_t signals;            /* flag raises counted (drop/delay/dup/reorder numbering) */
+  uint64_t injected;           /* faults that fired: failed calls, lost, delayed, duplicated or
+                                * reordered signals, late entries */
+  uint64_t live_registrations; /* collective registrations not yet released by every rank */
+  uint64_t arena_used_bytes;   /* arena bytes they hold */
+  uint64_t pending_rendezvous; /* reg_create rendezvous some rank has not reached yet */
+} tpf_sim_fault_report;
+/* TPF_EINVAL for NULL. Call between runs. */
+tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out);
 
 #ifdef __cplusplus
 }
