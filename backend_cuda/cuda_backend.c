@@ -35,6 +35,22 @@
  * creation/destruction, fenced by bootstrap barriers; callers should allocate operands up front or
  * with the stream-ordered allocator (cudaMallocAsync with a pool that keeps its memory).
  *
+ * In-process ranks (the common single-node case: ranks as threads, one or several GPUs). When every
+ * rank of the group lives in this process, cross-rank ordering uses no device-side spinning at
+ * all: HANDSHAKE, SEND/RECV and BARRIER are host-ordered CUDA events. A rank records an event on
+ * its stream and publishes (event, sequence number) in a host table shared by the group (one per
+ * registration, owned by rank 0); a waiting rank waits on the host, bounded by the timeout, until
+ * the peer has published, then makes its stream wait on that event. Every device-side wait is
+ * thus on work that was already submitted when the wait was enqueued, so no hardware queue can
+ * hold a wait in front of the work it waits for, however many streams share the queues, and
+ * cudaFree or a device-wide synchronisation can never deadlock against a spinning peer. The
+ * handshake compares the active rows on the host before anything is enqueued: a disagreement is
+ * TPF_EMISMATCH on every rank at once, and no byte moves. Why events may be reused: a rank
+ * starts enqueuing operation n+1 only after every peer announced n+1, i.e. finished enqueuing
+ * operation n, so a peer's wait on an event of operation n is enqueued before the event is
+ * recorded again. The ready words alone are double-buffered by sequence parity, because a peer
+ * may announce n+1 before a slow rank has read its announcement of n.
+ *
  * Registration. One cudaMalloc per communicator holds data, flags and ready words (layout in
  * cuda_internal.h), zeroed before the bootstrap exchange so no peer can see stale flags. Peers in
  * this process use the raw pointer (with peer access enabled when the devices differ); peers in
@@ -47,9 +63,12 @@
 #include "internal.h"
 
 #include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #define TPF_CUDA_DEFAULT_TIMEOUT_MS 30000u
@@ -68,6 +87,20 @@ typedef struct {
   int32_t rank;
 } tpf_cuda_peer_info;
 
+/* One published event: the sequence number (or ready word) it was recorded for, and the event. */
+typedef struct {
+  _Atomic uint64_t word; /* sequence number (SEND, BARRIER) or TPF_READY_WORD (HANDSHAKE) */
+  cudaEvent_t ev;        /* recorded before word was stored (release) */
+} tpf_cuda_slot;
+
+/* The host table of an in-process group (see Method). */
+typedef struct {
+  int nranks;
+  tpf_cuda_slot *ready;   /* [rank][2]: by sequence parity */
+  tpf_cuda_slot *sent;    /* [sender][receiver][tag] */
+  tpf_cuda_slot *barrier; /* [rank][tag] */
+} tpf_cuda_sync;
+
 typedef struct {
   uint64_t base;        /* the owner's device pointer (valid in the owner's process) */
   uint64_t alloc_bytes; /* whole allocation */
@@ -75,6 +108,7 @@ typedef struct {
   cudaIpcMemHandle_t handle;
   int32_t has_handle;
   int32_t rank;
+  uint64_t sync; /* rank 0's tpf_cuda_sync * when the whole group is in this process */
 } tpf_cuda_reg_info;
 
 struct tpf_reg {
@@ -83,6 +117,9 @@ struct tpf_reg {
   char *base;                           /* my allocation */
   char *peer_base[TPF_MAX_RANKS];       /* each rank's allocation, mapped in my context */
   bool peer_ipc[TPF_MAX_RANKS];         /* imported through CUDA IPC (closed at destroy) */
+  tpf_cuda_sync *sync;                  /* in-process group: host-ordered events; else NULL */
+  bool sync_owner;                      /* this rank allocated sync (rank 0) */
+  cudaEvent_t ready_ev[2];              /* this rank's operation-start events, by parity */
 };
 
 typedef struct {
@@ -404,6 +441,97 @@ tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms) {
   return TPF_OK;
 }
 
+/* ---- in-process group synchronisation (host-ordered events) ---- */
+
+static tpf_cuda_sync *tpf_cuda__sync_new(int P) {
+  const size_t nslots = (size_t)P * 2 + (size_t)P * (size_t)P * TPF_MAX_TAGS +
+                        (size_t)P * TPF_MAX_TAGS;
+  tpf_cuda_sync *t = tpf__calloc(1, sizeof(*t) + nslots * sizeof(tpf_cuda_slot));
+  if (t == NULL)
+    return NULL;
+  tpf_cuda_slot *slots = (tpf_cuda_slot *)(t + 1);
+  for (size_t i = 0; i < nslots; i++)
+    atomic_init(&slots[i].word, 0);
+  t->nranks = P;
+  t->ready = slots;
+  t->sent = t->ready + (size_t)P * 2;
+  t->barrier = t->sent + (size_t)P * (size_t)P * TPF_MAX_TAGS;
+  return t;
+}
+
+static uint64_t tpf_cuda__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Waits on the host until slot->word satisfies `ready` (ready-word mode: its sequence field
+ * equals want's) or `>= want` (sequence mode); bounded by the backend's timeout. The peer only
+ * has to reach the same point of its program, not finish any device work, so the wait is short
+ * unless a rank is late or missing. Returns the word seen. */
+static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, const tpf_exec_args *a, int step,
+                                      const char *what, int peer, tpf_cuda_slot *slot,
+                                      uint64_t want, bool ready_mode, uint64_t *seen) {
+  const uint64_t start = tpf_cuda__now_ns();
+  for (unsigned spins = 0;; spins++) {
+    uint64_t w = atomic_load_explicit(&slot->word, memory_order_acquire);
+    if (ready_mode ? TPF_READY_SEQ(w) == (want & 0xFFFFFFull) : w >= want) {
+      *seen = w;
+      return TPF_OK;
+    }
+    if ((spins & 63u) == 63u) {
+      if (tpf_cuda__now_ns() - start > b->timeout_ns)
+        return tpf_set_error(TPF_ETIMEOUT,
+                             "'%s' rank %d, operation %llu, step %d (%s): waited %llu ms for rank "
+                             "%d, which never reached it",
+                             a->comm_name, b->base.rank, (unsigned long long)a->seq, step, what,
+                             (unsigned long long)(b->timeout_ns / 1000000ull), peer);
+      sched_yield();
+    }
+  }
+}
+
+static void tpf_cuda__publish(tpf_cuda_slot *slot, cudaEvent_t ev, uint64_t word) {
+  slot->ev = ev;
+  atomic_store_explicit(&slot->word, word, memory_order_release);
+}
+
+/* HANDSHAKE: announce (seq, rows) with this operation's start event, compare every peer's rows
+ * on the host, then order the stream after every peer's start (no peer's earlier operation may
+ * still read or write what this one touches). */
+static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r,
+                                            const tpf_exec_args *a, cudaStream_t s) {
+  const int P = b->base.tp_size, me = b->base.rank;
+  const int par = (int)(a->seq & 1u);
+  const uint64_t rows = a->sched->rows;
+  cudaEvent_t ev = r->ready_ev[par];
+  TPF_CUDA_TRY(cudaEventRecord(ev, s), "cudaEventRecord(handshake)");
+  tpf_cuda__publish(&r->sync->ready[me * 2 + par], ev, TPF_READY_WORD(a->seq, rows));
+  int bad = -1;
+  uint64_t bad_rows = 0;
+  for (int q = 0; q < P; q++) {
+    if (q == me)
+      continue;
+    uint64_t w = 0;
+    TPF_CHECK(tpf_cuda__host_wait(b, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq,
+                                  true, &w));
+    if (TPF_READY_ROWS(w) != (rows & ((1ull << TPF_READY_ROWS_BITS) - 1)) && bad < 0) {
+      bad = q;
+      bad_rows = TPF_READY_ROWS(w);
+    }
+  }
+  TPF_RETURN_IF(bad >= 0, TPF_EMISMATCH,
+                "'%s' rank %d, operation %llu: active rows %llu here but %llu on rank %d "
+                "(host handshake: nothing was enqueued, no byte moved)",
+                a->comm_name, me, (unsigned long long)a->seq, (unsigned long long)rows,
+                (unsigned long long)bad_rows, bad);
+  for (int q = 0; q < P; q++)
+    if (q != me)
+      TPF_CUDA_TRY(cudaStreamWaitEvent(s, r->sync->ready[q * 2 + par].ev, 0),
+                   "cudaStreamWaitEvent(handshake)");
+  return TPF_OK;
+}
+
 /* ---- registration ---- */
 
 static uint64_t tpf_cuda__round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
@@ -455,6 +583,11 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
       tpf_cuda__ipc_close(r->peer_base[q]);
   if (r->base != NULL)
     cudaFree(r->base);
+  for (int i = 0; i < 2; i++)
+    if (r->ready_ev[i] != NULL)
+      cudaEventDestroy(r->ready_ev[i]);
+  if (r->sync_owner)
+    tpf__free(r->sync);
   tpf__free(r);
 }
 
@@ -488,6 +621,13 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
     goto fail;
   }
   r->base = p;
+  for (int i = 0; i < 2; i++) {
+    e = cudaEventCreateWithFlags(&r->ready_ev[i], cudaEventDisableTiming);
+    if (e != cudaSuccess) {
+      rc = tpf_cuda__err(e, "cudaEventCreate(ready)");
+      goto fail;
+    }
+  }
   /* Zero data and flags before any peer learns the address. */
   cudaStream_t s = b->streams[TPF_STREAM_SEND];
   e = cudaMemsetAsync(r->base, 0, r->alloc_bytes, s);
@@ -514,7 +654,18 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
     }
     mine.has_handle = 1;
   }
+  if (!remote && P > 1 && me == 0 && getenv("TPF_CUDA_DEVICE_FLAGS") == NULL) {
+    r->sync = tpf_cuda__sync_new(P);
+    if (r->sync == NULL) {
+      rc = tpf_set_error(TPF_ENOMEM, "cannot allocate the host sync table of '%s'", r->name);
+      goto fail;
+    }
+    r->sync_owner = true;
+    mine.sync = (uint64_t)(uintptr_t)r->sync;
+  }
   TPF_CHECK_GOTO(b->boot.allgather(b->boot.ctx, &mine, infos, sizeof(mine)), rc, fail);
+  if (!remote && P > 1)
+    r->sync = (tpf_cuda_sync *)(uintptr_t)infos[0].sync;
   TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
   if (getenv("TPF_CUDA_DEBUG") != NULL) {
     fprintf(stderr, "tpf cuda: rank %d registered '%s' %llu bytes at %p (flags +%llu, ready +%llu);"
@@ -628,7 +779,7 @@ static tpf_status tpf_cuda__launch_flags_checked(const tpf_cuda_flag_args *f, cu
 }
 
 static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
-                                 const tpf_step *st, cudaStream_t s) {
+                                 int idx, const tpf_step *st, cudaStream_t s) {
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
   const bool collective_kernels = sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE;
@@ -637,6 +788,8 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
   case TPF_STEP_HANDSHAKE:
     if (P == 1)
       return TPF_OK;
+    if (r->sync != NULL)
+      return tpf_cuda__local_handshake(b, r, a, s);
     tpf_cuda__flag_init(b, a, TPF_STEP_HANDSHAKE, 0, &f);
     f.handshake = 1;
     f.store_value = TPF_READY_WORD(a->seq, sc->rows);
@@ -675,6 +828,13 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
       TPF_CUDA_TRY(cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s),
                    "cudaMemcpyAsync(send)");
     }
+    if (r->sync != NULL) {
+      TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(send)");
+      tpf_cuda__publish(&r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS +
+                                       st->tag],
+                        b->step_ev[idx], a->seq);
+      return TPF_OK;
+    }
     tpf_cuda__flag_init(b, a, TPF_STEP_SEND, st->tag, &f);
     f.remote[st->peer] = tpf_cuda__flags(r, st->peer) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
     return tpf_cuda__launch_flags_checked(&f, s);
@@ -683,6 +843,14 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
                   TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
                   (unsigned)st->tag);
+    if (r->sync != NULL) {
+      tpf_cuda_slot *slot =
+          &r->sync->sent[((size_t)st->peer * (size_t)P + (size_t)me) * TPF_MAX_TAGS + st->tag];
+      uint64_t w = 0;
+      TPF_CHECK(tpf_cuda__host_wait(b, a, idx, "RECV", st->peer, slot, a->seq, false, &w));
+      TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(recv)");
+      return TPF_OK;
+    }
     tpf_cuda__flag_init(b, a, TPF_STEP_RECV, st->tag, &f);
     f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
     return tpf_cuda__launch_flags_checked(&f, s);
@@ -691,6 +859,21 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
       return TPF_OK;
     TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
                   (unsigned)st->tag);
+    if (r->sync != NULL) {
+      /* Arrive (event + publish), then order this stream after every peer's arrival. */
+      TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(barrier)");
+      tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[idx],
+                        a->seq);
+      for (int q = 0; q < P; q++) {
+        if (q == me)
+          continue;
+        tpf_cuda_slot *slot = &r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag];
+        uint64_t w = 0;
+        TPF_CHECK(tpf_cuda__host_wait(b, a, idx, "BARRIER", q, slot, a->seq, false, &w));
+        TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(barrier)");
+      }
+      return TPF_OK;
+    }
     tpf_cuda__flag_init(b, a, TPF_STEP_BARRIER, st->tag, &f);
     for (int q = 0; q < P; q++) {
       if (q == me)
@@ -797,7 +980,7 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
       if (b->streams[sc->steps[d].stream] != s)
         TPF_CUDA_TRY(cudaStreamWaitEvent(s, b->step_ev[d], 0), "cudaStreamWaitEvent(dep)");
     }
-    tpf_status rc = tpf_cuda__step(b, r, a, st, s);
+    tpf_status rc = tpf_cuda__step(b, r, a, i, st, s);
     if (rc != TPF_OK)
       return rc; /* the enqueued prefix still joins nothing: the caller's stream is not ordered */
     if (b->need_ev[i])
