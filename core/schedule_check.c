@@ -3,9 +3,11 @@
  * Method: the checker never calls the builders and never uses their formulas. It takes all P
  * ranks' step lists of one operation and re-derives what must hold from the layout queries
  * (active bytes, the local shard, chunk rows) and from what each algorithm means:
- *  1. Headers: every rank describes the same operation, and the layout they name is valid.
+ *  1. Headers: every rank describes the same operation, the layout they name is valid, and a
+ *     collective's GEMM is over the T rows with H as its k (AG) or n (RS).
  *  2. Structure: kinds, streams, peers, tags and counts in range; deps point backwards; step 0
- *     is the only HANDSHAKE and every other step is ordered after it.
+ *     is the only HANDSHAKE and every other step is ordered after it; references to user
+ *     matrices carry no offset and no ld of their own.
  *  3. Matching: every SEND meets exactly one RECV on its peer with the same tag, bytes and
  *     destination; a (peer, tag) pair is used once per direction; barrier tags agree across
  *     ranks and never double as transfer tags.
@@ -15,11 +17,14 @@
  *     RS, nothing otherwise) and all writes (RECV, GEMM into the buffer, in-place reductions)
  *     tile [0, active_bytes) exactly once; every read lies in [0, active_bytes) and only reads
  *     bytes that were initial or written by a step ordered before it (deps, same-stream order,
- *     transitively; peers' bytes through a BARRIER both sides passed).
+ *     transitively; peers' bytes through a BARRIER both sides passed); a pull from peers is
+ *     followed by a BARRIER, so no owner reuses bytes a peer still reads.
  *  6. Outputs and meaning: GEMM/REDUCE outputs tile the user output exactly once; AG moves
  *     chunks without relocating them; every RS reduction sums, for its output rows and columns,
  *     the partials of all P ranks for exactly those token rows and weight rows (partials are
- *     tracked from the GEMM that produced them through the transfers that carried them).
+ *     tracked from the GEMM that produced them through the transfers that carried them); BULK
+ *     RS reduces every rank's chunk (its partials are initial data, so no byte tiling sees a
+ *     missing reduction).
  * Every failure returns TPF_EINVAL with the rank, the step and what was wrong.
  */
 #include "internal.h"
@@ -232,6 +237,13 @@ static tpf_status check_headers(chk *c, const tpf_schedule *sc) {
   }
   if (z->gemm_m == 0 || z->gemm_n == 0 || z->gemm_k == 0)
     return BADH(0, "gemm dims %llu x %llu x %llu", (ull)z->gemm_m, (ull)z->gemm_n, (ull)z->gemm_k);
+  /* The collective's GEMM is over all T rows, and H is its k (AG) or its n (RS): a header that
+   * says otherwise describes another operation than its own rows and cols. */
+  if (z->algo != TPF_ALGO_BULK &&
+      (z->gemm_m != z->rows || (z->coll == TPF_COLL_AG ? z->gemm_k : z->gemm_n) != z->cols))
+    return BADH(0, "gemm dims %llu x %llu x %llu do not fit rows %llu, cols %llu of the %s",
+                (ull)z->gemm_m, (ull)z->gemm_n, (ull)z->gemm_k, (ull)z->rows, (ull)z->cols,
+                tpf_coll_name(z->coll));
   return TPF_OK;
 }
 
@@ -291,6 +303,16 @@ static tpf_status check_structure(chk *c, int r) {
          (kind == TPF_STEP_PEER_REDUCE && st->count > (uint32_t)c->P)))
       return BAD(r, i, kind, "reduce %llu x %llu over %u views", (ull)st->m, (ull)st->n,
                  st->count);
+    /* A user matrix is addressed from its own base and ld: its reference carries off_bytes 0
+     * and ld 0 ("the matrix's own"). Backends honour a nonzero ld and ignore off_bytes, so
+     * either would silently move the access. */
+    if (kind == TPF_STEP_GEMM || kind == TPF_STEP_REDUCE || kind == TPF_STEP_PEER_REDUCE) {
+      const tpf_mref *ops[3] = {&st->a, &st->d, kind == TPF_STEP_GEMM ? &st->w : NULL};
+      for (int j = 0; j < 3; j++)
+        if (ops[j] && ops[j]->id != TPF_MAT_BUF && (ops[j]->off_bytes != 0 || ops[j]->ld != 0))
+          return BAD(r, i, kind, "user matrix %d referenced with off_bytes %llu, ld %llu "
+                     "(want 0, 0)", ops[j]->id, (ull)ops[j]->off_bytes, (ull)ops[j]->ld);
+    }
     /* Transitive predecessors: deps and the previous step on the same stream. */
     uint64_t *row = &k->anc[(size_t)i * (size_t)c->words];
     k->prev[i] = last[st->stream];
@@ -545,6 +567,14 @@ static tpf_status check_read(const chk *c, int r, int i, int q, const ivec *rd, 
   return TPF_OK;
 }
 
+/* True when some barrier of rank r is ordered after step i. */
+static bool barrier_after(const chk *c, int r, int i) {
+  for (int t = 0; t < TPF_MAX_TAGS; t++)
+    if (c->rk[r].barrier[t] >= 0 && anc_has(c, r, c->rk[r].barrier[t], i))
+      return true;
+  return false;
+}
+
 static tpf_status check_reads(const chk *c, int r, ivec *rd, ivec *allowed) {
   const tpf_schedule *s = c->rk[r].s;
   for (int i = 0; i < s->nsteps; i++) {
@@ -583,6 +613,12 @@ static tpf_status check_reads(const chk *c, int r, ivec *rd, ivec *allowed) {
         TPF_CHECK(view_bytes(c, r, i, st->kind, &st->a, off, st->m, st->n, rd));
         TPF_CHECK(check_read(c, r, i, q, rd, allowed));
       }
+      /* A pull must end before a barrier: the owner's operation completes only when every
+       * peer has passed each barrier, so afterwards it may reuse the bytes (the WAR hazard the
+       * closing BARRIER of the pull schedules exists for). */
+      if (st->kind == TPF_STEP_PEER_REDUCE && st->count > 1 && !barrier_after(c, r, i))
+        return BAD(r, i, st->kind, "pulls from %u ranks, but no barrier follows it: the owners "
+                   "may reuse their bytes while it reads them", st->count);
       break;
     default:
       break;
@@ -763,6 +799,7 @@ static tpf_status carry_partials(chk *c) {
 static tpf_status check_reductions(const chk *c, int r) {
   const rank_state *k = &c->rk[r];
   const tpf_schedule *s = k->s;
+  bool reduced = false; /* BULK RS: the in-place reduction of chunk r was seen */
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
     int kind = st->kind;
@@ -794,6 +831,7 @@ static tpf_status check_reductions(const chk *c, int r) {
         return BAD(r, i, kind, "bulk rs must sum chunk %d of all %d ranks in place at bytes %llu "
                    "(got count %u, output row %llu)",
                    r, c->P, (ull)local.offset_bytes, st->count, (ull)st->d.row);
+      reduced = true; /* a second one writes the chunk twice: check_writes refused it */
       continue;
     }
     if (st->d.id != TPF_MAT_D)
@@ -829,6 +867,10 @@ static tpf_status check_reductions(const chk *c, int r) {
     if (st->count != (uint32_t)c->P)
       return BAD(r, i, kind, "sums %u partials, not all %d ranks'", st->count, c->P);
   }
+  /* BULK RS produces no new bytes (the partials are the initial data), so the byte tiling
+   * cannot notice a missing reduction: require it here. One rank sums nothing. */
+  if (c->mode == MODE_BULK_RS && c->P > 1 && !reduced)
+    return BADH(r, "bulk rs never reduces its chunk %d over the %d ranks", r, c->P);
   return TPF_OK;
 }
 
