@@ -416,9 +416,13 @@ static tpf_status run_step(sim_ctx *c, const tpf_step *s) {
 }
 
 /* Waits until step `dep` of this rank has finished. The awaited step's own waits are bounded,
- * so this only needs a generous bound against a schedule the pre-check let through. */
+ * so this only needs a safety net against a schedule the pre-check let through. The net must
+ * outlast every legitimate chain: step dep may start only after up to dep earlier steps of its
+ * stream each waited almost the whole timeout, and a net that fired first would report "waited
+ * for its step" instead of the peer that is really missing. So: (dep + 2) timeouts. */
 static tpf_status wait_dep(sim_ctx *c, int dep) {
-  uint64_t deadline = tpf_sim__now_ns() + 2ull * c->w->timeout_ms * 1000000ull;
+  uint64_t net_ms = ((uint64_t)dep + 2u) * c->w->timeout_ms;
+  uint64_t deadline = tpf_sim__now_ns() + net_ms * 1000000ull;
   struct timespec ts = mono_ts(deadline);
   tpf_status st = TPF_OK;
   pthread_mutex_lock(&c->op->mu);
@@ -434,8 +438,8 @@ static tpf_status wait_dep(sim_ctx *c, int dep) {
   }
   pthread_mutex_unlock(&c->op->mu);
   if (st == TPF_ETIMEOUT)
-    return op_fail(c, st, "timeout: rank %d step %d of '%s' waited %u ms for its step %d", c->me,
-                   c->step_index, comm_name(c), 2u * c->w->timeout_ms, dep);
+    return op_fail(c, st, "timeout: rank %d step %d of '%s' waited %llu ms for its step %d", c->me,
+                   c->step_index, comm_name(c), (unsigned long long)net_ms, dep);
   return st;
 }
 
