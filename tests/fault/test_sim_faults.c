@@ -28,8 +28,9 @@
  * bound of a few timeouts. After each loop the core's live allocation count is back to its
  * baseline.
  *
- * Cases run concurrently (TPF_FAULT_JOBS worlds at a time, default 12): most cases wait out a
- * 200 ms timeout, and the waits sleep. */
+ * Cases run concurrently (TPF_FAULT_JOBS worlds at a time, default 12, 4 under TSan): most cases
+ * wait out a 200 ms timeout, and the waits sleep. A pool thread keeps its world for the next
+ * case when the case left it clean, so worlds are also checked to stay usable after faults. */
 #define _POSIX_C_SOURCE 200809L
 #include "tpf_test.h"
 
@@ -381,31 +382,43 @@ static tpf_status fk_rank_main(tpf_backend *be, int rank, void *arg) {
 
 /* ---- running a case ---- */
 
-static void fk_run(fk_case *cs) {
+/* Runs a case on *slot, a world of cs->P ranks kept between cases (created when NULL). A world
+ * is reused only if the case left it clean: no registration, no rendezvous some rank missed
+ * (which would leave the ranks' registration counts out of step). Reuse is itself a check: the
+ * next case on that world must pass too. */
+static void fk_run_on(fk_case *cs, tpf_sim_world **slot) {
   for (int r = 0; r < MAXP; r++) {
     memset(&cs->rk[r], 0, sizeof cs->rk[r]);
     cs->rk[r].gave_up_at = -1;
   }
-  tpf_sim_config cfg;
-  memset(&cfg, 0, sizeof cfg);
-  cfg.tp_size = cs->P;
-  cfg.seed =
-      cs->k * 1315423911u + (uint64_t)cs->mode * 977u + (uint64_t)cs->kind * 31u + (uint64_t)cs->P;
-  cfg.max_delay_us = 20;
-  cfg.timeout_ms = TIMEOUT_MS;
-  cfg.arena_bytes = 4u << 20;
-  tpf_sim_world *w = NULL;
   cs->world_ok = false;
-  if (tpf_sim_world_create(&cfg, &w) != TPF_OK) return;
-  if (tpf_sim_set_fault_ex(w, &cs->fault) != TPF_OK) {
-    tpf_sim_world_destroy(w);
-    return;
+  if (!*slot) {
+    tpf_sim_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.tp_size = cs->P;
+    cfg.seed = cs->k * 1315423911u + (uint64_t)cs->mode * 977u + (uint64_t)cs->kind * 31u +
+               (uint64_t)cs->P;
+    cfg.max_delay_us = 20;
+    cfg.timeout_ms = TIMEOUT_MS;
+    cfg.arena_bytes = 4u << 20;
+    if (tpf_sim_world_create(&cfg, slot) != TPF_OK) return;
   }
+  tpf_sim_world *w = *slot;
+  if (tpf_sim_set_fault_ex(w, &cs->fault) != TPF_OK) return;
   double t0 = now_s();
   tpf_status st = tpf_sim_run(w, fk_rank_main, cs);
   cs->secs = now_s() - t0;
   cs->world_ok = st == TPF_OK && tpf_sim_get_fault_report(w, &cs->rep) == TPF_OK;
-  tpf_sim_world_destroy(w);
+  if (!cs->world_ok || cs->rep.live_registrations != 0 || cs->rep.pending_rendezvous != 0) {
+    tpf_sim_world_destroy(w);
+    *slot = NULL;
+  }
+}
+
+static void fk_run(fk_case *cs) {
+  tpf_sim_world *w = NULL;
+  fk_run_on(cs, &w);
+  if (w) tpf_sim_world_destroy(w);
 }
 
 /* ---- checking a case ---- */
@@ -702,16 +715,35 @@ typedef struct {
 
 static void *fk_worker(void *arg) {
   fk_pool *p = arg;
+  tpf_sim_world *worlds[MAXP + 1] = {NULL};
   for (;;) {
     size_t i = atomic_fetch_add(&p->next, 1);
-    if (i >= p->n) return NULL;
-    fk_run(&p->cases[i]);
+    if (i >= p->n) break;
+    fk_run_on(&p->cases[i], &worlds[p->cases[i].P]);
   }
+  for (int P = 0; P <= MAXP; P++)
+    if (worlds[P]) tpf_sim_world_destroy(worlds[P]);
+  return NULL;
 }
+
+/* ThreadSanitizer makes thread creation and every wake-up slow enough that many concurrent
+ * worlds starve each other past the 200 ms timeout: fewer at a time there. */
+#if defined(__SANITIZE_THREAD__)
+#define FK_TSAN 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define FK_TSAN 1
+#endif
+#endif
+#ifdef FK_TSAN
+#define FK_DEFAULT_JOBS 4
+#else
+#define FK_DEFAULT_JOBS 12
+#endif
 
 static int fk_jobs(void) {
   const char *e = getenv("TPF_FAULT_JOBS");
-  int j = e ? atoi(e) : 12;
+  int j = e ? atoi(e) : FK_DEFAULT_JOBS;
   return j < 1 ? 1 : j > 64 ? 64 : j;
 }
 
@@ -886,10 +918,17 @@ static void run_modes(const fk_mode *modes, int nmodes) {
       worst = cs->secs > worst ? cs->secs : worst;
       if (!cs->pass) {
         bad_n++;
-        if (printed++ < 10)
-          print_message("BAD %s %s P=%d rank %d k=%llu: %s\n", kModeNames[cs->mode],
-                        kKinds[cs->kind].label, cs->P, cs->f, (unsigned long long)cs->k,
+        if (printed++ < 10) {
+          print_message("BAD %s %s P=%d rank %d k=%llu (%.2f s): %s\n", kModeNames[cs->mode],
+                        kKinds[cs->kind].label, cs->P, cs->f, (unsigned long long)cs->k, cs->secs,
                         cs->verdict);
+          for (int r = 0; r < cs->P; r++) {
+            const char *w = "";
+            const fk_rec *x = first_failure(&cs->rk[r], &w);
+            print_message("    rank %d: %s %s %s\n", r, x ? w : "all ok", x ? sn(x->st) : "",
+                          x ? x->msg : "");
+          }
+        }
       }
     }
     nbad += bad_n;
