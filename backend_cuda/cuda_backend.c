@@ -136,6 +136,7 @@ typedef struct {
   cudaEvent_t *step_ev; /* pool, one per step of the longest schedule so far */
   int nstep_ev;
   uint8_t *need_ev; /* scratch: step needs an event */
+  uint8_t *step_state; /* scratch of the in-process enqueuer, one per step */
   int nneed_ev;
   tpf_cuda_status *status_host; /* mapped pinned memory */
   tpf_cuda_status *status_dev;  /* its device pointer */
@@ -306,6 +307,7 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
     cudaEventDestroy(b->step_ev[i]);
   tpf__free(b->step_ev);
   tpf__free(b->need_ev);
+  tpf__free(b->step_state);
   for (int i = 0; i < TPF_NUM_STREAMS; i++) {
     if (b->join_ev[i] != NULL)
       cudaEventDestroy(b->join_ev[i]);
@@ -465,17 +467,17 @@ static uint64_t tpf_cuda__now_ns(void) {
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-/* Waits on the host until slot->word satisfies `ready` (ready-word mode: its sequence field
- * equals want's) or `>= want` (sequence mode); bounded by the backend's timeout. The peer only
- * has to reach the same point of its program, not finish any device work, so the wait is short
- * unless a rank is late or missing. Returns the word seen. */
+/* Waits on the host until the ready word in `slot` carries operation `want`'s sequence number,
+ * bounded by the backend's timeout. The peer only has to reach the same point of its program,
+ * not finish any device work, so the wait is short unless a rank is late or missing. Returns the
+ * word seen. */
 static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, const tpf_exec_args *a, int step,
                                       const char *what, int peer, tpf_cuda_slot *slot,
-                                      uint64_t want, bool ready_mode, uint64_t *seen) {
+                                      uint64_t want, uint64_t *seen) {
   const uint64_t start = tpf_cuda__now_ns();
   for (unsigned spins = 0;; spins++) {
     uint64_t w = atomic_load_explicit(&slot->word, memory_order_acquire);
-    if (ready_mode ? TPF_READY_SEQ(w) == (want & 0xFFFFFFull) : w >= want) {
+    if (TPF_READY_SEQ(w) == (want & 0xFFFFFFull)) {
       *seen = w;
       return TPF_OK;
     }
@@ -514,7 +516,7 @@ static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r,
       continue;
     uint64_t w = 0;
     TPF_CHECK(tpf_cuda__host_wait(b, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq,
-                                  true, &w));
+                                  &w));
     if (TPF_READY_ROWS(w) != (rows & ((1ull << TPF_READY_ROWS_BITS) - 1)) && bad < 0) {
       bad = q;
       bad_rows = TPF_READY_ROWS(w);
@@ -654,6 +656,8 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
     }
     mine.has_handle = 1;
   }
+  /* TPF_CUDA_DEVICE_FLAGS forces the device flag kernels on in-process ranks too: a diagnostic
+   * only, since spinning waits of ranks sharing one GPU can stall (docs/GPU_RUNS.md). */
   if (!remote && P > 1 && me == 0 && getenv("TPF_CUDA_DEVICE_FLAGS") == NULL) {
     r->sync = tpf_cuda__sync_new(P);
     if (r->sync == NULL) {
@@ -843,14 +847,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
                   TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
                   (unsigned)st->tag);
-    if (r->sync != NULL) {
-      tpf_cuda_slot *slot =
-          &r->sync->sent[((size_t)st->peer * (size_t)P + (size_t)me) * TPF_MAX_TAGS + st->tag];
-      uint64_t w = 0;
-      TPF_CHECK(tpf_cuda__host_wait(b, a, idx, "RECV", st->peer, slot, a->seq, false, &w));
-      TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(recv)");
-      return TPF_OK;
-    }
+    /* In-process ranks never get here: tpf_cuda__enqueue_local handles RECV and BARRIER. */
     tpf_cuda__flag_init(b, a, TPF_STEP_RECV, st->tag, &f);
     f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
     return tpf_cuda__launch_flags_checked(&f, s);
@@ -859,21 +856,6 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
       return TPF_OK;
     TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
                   (unsigned)st->tag);
-    if (r->sync != NULL) {
-      /* Arrive (event + publish), then order this stream after every peer's arrival. */
-      TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(barrier)");
-      tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[idx],
-                        a->seq);
-      for (int q = 0; q < P; q++) {
-        if (q == me)
-          continue;
-        tpf_cuda_slot *slot = &r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag];
-        uint64_t w = 0;
-        TPF_CHECK(tpf_cuda__host_wait(b, a, idx, "BARRIER", q, slot, a->seq, false, &w));
-        TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(barrier)");
-      }
-      return TPF_OK;
-    }
     tpf_cuda__flag_init(b, a, TPF_STEP_BARRIER, st->tag, &f);
     for (int q = 0; q < P; q++) {
       if (q == me)
@@ -933,7 +915,136 @@ static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
   uint8_t *need = tpf__realloc(b->need_ev, (size_t)want);
   TPF_RETURN_IF(need == NULL, TPF_ENOMEM, "cannot grow the event scratch to %d", want);
   b->need_ev = need;
+  uint8_t *state = tpf__realloc(b->step_state, (size_t)want);
+  TPF_RETURN_IF(state == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
+  b->step_state = state;
   b->nneed_ev = want;
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__wait_deps(tpf_cuda_backend *b, const tpf_schedule *sc, int i,
+                                      cudaStream_t s) {
+  const tpf_step *st = &sc->steps[i];
+  for (int k = 0; k < st->ndeps; k++) {
+    const int d = st->deps[k];
+    if (b->streams[sc->steps[d].stream] != s)
+      TPF_CUDA_TRY(cudaStreamWaitEvent(s, b->step_ev[d], 0), "cudaStreamWaitEvent(dep)");
+  }
+  return TPF_OK;
+}
+
+/* In-process ranks: enqueue the schedule in a dependency order that lets communication go first
+ * and never blocks the host on one peer while other work could be enqueued. A RECV or BARRIER whose
+ * peer has not published yet is passed over and retried; each pass visits the send and receive
+ * streams before the compute streams, so a chunk is forwarded as soon as it may be, instead of
+ * after the GEMM the schedule lists before it. The streams' order and every dependency are kept:
+ * a step is enqueued only after every step it depends on and the previous step of its stream. */
+static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r,
+                                          const tpf_exec_args *a) {
+  const tpf_schedule *sc = a->sched;
+  const int n = sc->nsteps, P = b->base.tp_size, me = b->base.rank;
+  static const int order[TPF_NUM_STREAMS] = {TPF_STREAM_SEND, TPF_STREAM_RECV,
+                                             TPF_STREAM_COMPUTE0, TPF_STREAM_COMPUTE1,
+                                             TPF_STREAM_COMPUTE2};
+  /* State per step: 0 pending, 1 barrier arrival published (waiting for peers), 2 enqueued. */
+  uint8_t *state = b->step_state;
+  memset(state, 0, (size_t)n);
+  int next[TPF_NUM_STREAMS]; /* the next step of each stream, or n */
+  for (int k = 0; k < TPF_NUM_STREAMS; k++) {
+    next[k] = n;
+    for (int i = 0; i < n; i++)
+      if (sc->steps[i].stream == k) {
+        next[k] = i;
+        break;
+      }
+  }
+  int remaining = n;
+  uint64_t idle_since = 0;
+  unsigned spins = 0;
+  while (remaining > 0) {
+    bool progress = false;
+    int blocked = -1, blocked_peer = -1;
+    for (int o = 0; o < TPF_NUM_STREAMS; o++) {
+      const int k = order[o];
+      const int i = next[k];
+      if (i >= n)
+        continue;
+      const tpf_step *st = &sc->steps[i];
+      bool deps_done = true;
+      for (int d = 0; d < st->ndeps; d++)
+        deps_done = deps_done && state[st->deps[d]] == 2;
+      if (!deps_done)
+        continue;
+      cudaStream_t s = b->streams[k];
+      if (st->kind == TPF_STEP_RECV) {
+        tpf_cuda_slot *slot =
+            &r->sync->sent[((size_t)st->peer * (size_t)P + (size_t)me) * TPF_MAX_TAGS + st->tag];
+        if (atomic_load_explicit(&slot->word, memory_order_acquire) < a->seq) {
+          blocked = i;
+          blocked_peer = st->peer;
+          continue;
+        }
+        TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
+        TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(recv)");
+      } else if (st->kind == TPF_STEP_BARRIER) {
+        if (state[i] == 0) {
+          TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
+          TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(barrier)");
+          tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag],
+                            b->step_ev[i], a->seq);
+          state[i] = 1;
+          progress = true;
+        }
+        int missing = -1;
+        for (int q = 0; q < P && missing < 0; q++)
+          if (q != me &&
+              atomic_load_explicit(&r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].word,
+                                   memory_order_acquire) < a->seq)
+            missing = q;
+        if (missing >= 0) {
+          blocked = i;
+          blocked_peer = missing;
+          continue;
+        }
+        for (int q = 0; q < P; q++)
+          if (q != me)
+            TPF_CUDA_TRY(cudaStreamWaitEvent(
+                             s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0),
+                         "cudaStreamWaitEvent(barrier)");
+      } else {
+        TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
+        TPF_CHECK(tpf_cuda__step(b, r, a, i, st, s));
+      }
+      if (b->need_ev[i])
+        TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
+      state[i] = 2;
+      remaining--;
+      progress = true;
+      int j = i + 1;
+      while (j < n && sc->steps[j].stream != k)
+        j++;
+      next[k] = j;
+    }
+    if (progress) {
+      idle_since = 0;
+      continue;
+    }
+    if (blocked < 0)
+      return tpf_set_error(TPF_EINVAL, "'%s' rank %d: schedule cannot progress (cyclic deps)",
+                           a->comm_name, me);
+    if (idle_since == 0)
+      idle_since = tpf_cuda__now_ns();
+    if ((++spins & 63u) == 0) {
+      if (tpf_cuda__now_ns() - idle_since > b->timeout_ns)
+        return tpf_set_error(TPF_ETIMEOUT,
+                             "'%s' rank %d, operation %llu, step %d (%s): waited %llu ms for rank "
+                             "%d, which never reached it",
+                             a->comm_name, me, (unsigned long long)a->seq, blocked,
+                             tpf_step_kind_name(sc->steps[blocked].kind),
+                             (unsigned long long)(b->timeout_ns / 1000000ull), blocked_peer);
+      sched_yield();
+    }
+  }
   return TPF_OK;
 }
 
@@ -972,19 +1083,19 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
     if (used[k] && (k == 0 || b->streams[k] != b->streams[0] || !used[0]))
       TPF_CUDA_TRY(cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0), "cudaStreamWaitEvent(fork)");
   }
-  for (int i = 0; i < n; i++) {
-    const tpf_step *st = &sc->steps[i];
-    cudaStream_t s = b->streams[st->stream];
-    for (int k = 0; k < st->ndeps; k++) {
-      const int d = st->deps[k];
-      if (b->streams[sc->steps[d].stream] != s)
-        TPF_CUDA_TRY(cudaStreamWaitEvent(s, b->step_ev[d], 0), "cudaStreamWaitEvent(dep)");
+  if (r->sync != NULL && be->tp_size > 1) {
+    TPF_CHECK(tpf_cuda__enqueue_local(b, r, a));
+  } else {
+    for (int i = 0; i < n; i++) {
+      const tpf_step *st = &sc->steps[i];
+      cudaStream_t s = b->streams[st->stream];
+      TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
+      tpf_status rc = tpf_cuda__step(b, r, a, i, st, s);
+      if (rc != TPF_OK)
+        return rc; /* the enqueued prefix joins nothing: the caller's stream is not ordered */
+      if (b->need_ev[i])
+        TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
     }
-    tpf_status rc = tpf_cuda__step(b, r, a, i, st, s);
-    if (rc != TPF_OK)
-      return rc; /* the enqueued prefix still joins nothing: the caller's stream is not ordered */
-    if (b->need_ev[i])
-      TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
   }
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     if (!used[k] || (k > 0 && k < TPF_MAX_COMPUTE_STREAMS && b->streams[k] == b->streams[0] &&
