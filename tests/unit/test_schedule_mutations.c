@@ -1,6 +1,7 @@
 /* Systematic mutation test of the independent schedule checker.
  *
- * Method: build the correct schedules of every algorithm/collective variant for P = 1..5 with
+ * Method: build the correct schedules of every algorithm/collective variant for P = 1..4 (and
+ * the ring variants at P = 5; fp32, plus bf16 headers and structure at P = 4) with
  * tpf_schedule_build, then apply one mutation at a time to a copy and run tpf_schedule_check:
  *  - one field of one step (kind, stream, ndeps, each used dep, peer, tag, chunk, src_off,
  *    dst_off, bytes, every tpf_mref field of a, w and d, m, n, k, stride_bytes, count), on one
@@ -945,11 +946,14 @@ static void test_schedule_mutations(void **state) {
       const variant *v = &variants[vi];
       if (v->aggregate && P % 2)
         continue;
+      if (P == 5 && v->algo != TPF_ALGO_RING)
+        continue; /* runtime: P = 3 is the odd case of the others */
       tpf_dtype dts[2] = {TPF_FP32, TPF_BF16};
       for (int di = 0; di < (P == 4 ? 2 : 1); di++) {
         build_group(g, v, P, dts[di]);
         int mr = (int)(vi + (size_t)P) % P; /* the mutated rank rotates over the groups */
-        step_field_mutations(g, mr);
+        if (di == 0) /* bf16 (P = 4): the element size matters to headers and views only */
+          step_field_mutations(g, mr);
         structural_mutations(g, mr);
         header_mutations(g, mr);
         free_group(g);
