@@ -330,13 +330,13 @@ static tpf_status step_handshake(sim_ctx *c) {
   uint64_t word = TPF_READY_WORD(seq, rows);
   for (int q = 0; q < P; q++) {
     if (q == c->me) continue;
-    atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me), word, memory_order_release);
+    atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me, seq), word, memory_order_release);
     tpf_sim__ring(&c->w->ranks[q]);
   }
   uint64_t deadline = deadline_from_now(c);
   for (int q = 0; q < P; q++) {
     if (q == c->me) continue;
-    sim_pred p = {tpf_sim__ready(c->sh, c->me, q), seq, true};
+    sim_pred p = {tpf_sim__ready(c->sh, c->me, q, seq), seq, true};
     tpf_status st = wait_pred(c, &p, deadline);
     uint64_t got = atomic_load_explicit(p.word, memory_order_acquire);
     if (st == TPF_ETIMEOUT)

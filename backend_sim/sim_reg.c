@@ -30,9 +30,14 @@ _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int send
   return (_Atomic uint64_t *)(void *)p + (size_t)sender * TPF_MAX_TAGS + tag;
 }
 
-_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender) {
+/* Two ready words per sender, by sequence parity: a peer may announce operation n+1 before this
+ * rank has read its announcement of n (it cannot get two ahead: announcing n+2 needs this rank's
+ * announcement of n+1). */
+_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender,
+                                 uint64_t seq) {
   unsigned char *p = tpf_sim__data(sh, receiver) + sh->data_span;
-  return (_Atomic uint64_t *)(void *)p + (size_t)sh->tp_size * TPF_MAX_TAGS + sender;
+  return (_Atomic uint64_t *)(void *)p + (size_t)sh->tp_size * TPF_MAX_TAGS +
+         (size_t)sender * 2 + (size_t)(seq & 1u);
 }
 
 void tpf_sim__free_groups(tpf_sim_world *w) {
@@ -78,7 +83,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
   sh->tp_size = P;
   sh->data_bytes = g->bytes[0];
   sh->data_span = (g->bytes[0] + 63u) / 64u * 64u;
-  uint64_t sync_bytes = ((uint64_t)P * TPF_MAX_TAGS + (uint64_t)P) * sizeof(uint64_t);
+  uint64_t sync_bytes = ((uint64_t)P * TPF_MAX_TAGS + 2u * (uint64_t)P) * sizeof(uint64_t);
   sh->block_bytes = (sh->data_span + sync_bytes + 63u) / 64u * 64u;
   uint64_t total;
   if (!tpf__mul_u64(sh->block_bytes, (uint64_t)P, &total) ||
@@ -99,7 +104,8 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
     for (int s = 0; s < P; s++) {
       for (uint32_t t = 0; t < TPF_MAX_TAGS; t++)
         atomic_init(tpf_sim__flag(sh, r, s, t), 0);
-      atomic_init(tpf_sim__ready(sh, r, s), 0);
+      atomic_init(tpf_sim__ready(sh, r, s, 0), 0);
+      atomic_init(tpf_sim__ready(sh, r, s, 1), 0);
     }
   }
   atomic_fetch_add(&w->registrations, 1);

@@ -16,7 +16,9 @@
  *
  * Handshake. Step 0 of every schedule is HANDSHAKE: the rank writes its ready word
  * TPF_READY_WORD(seq, active_rows) into every peer's registration and waits until every peer's
- * ready word carries seq, then compares the rows. Any difference fails the operation with
+ * ready word carries seq, then compares the rows. Ready words are kept per sequence parity
+ * (slot seq & 1): a peer may announce seq+1 before a slow rank has read its announcement of seq,
+ * but never seq+2, which needs the slow rank's own announcement of seq+1. Any difference fails the operation with
  * TPF_EMISMATCH on every rank before any byte moves. A rank writes ready(seq) only after its
  * operation seq-1 finished, so no peer writes into a buffer its owner still reads (the WAR hazard
  * TE leaves open). Pull-style schedules (PIPELINE RS, BULK RS) end with a BARRIER so that peers
