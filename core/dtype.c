@@ -73,6 +73,12 @@ static float fp8_to_float(uint8_t v, int ebits, int mbits, int bias) {
   uint32_t exp = (v >> mbits) & ((1u << ebits) - 1u);
   uint32_t man = v & ((1u << mbits) - 1u);
   float r;
+  /* E4M3 (the "fn" variant) has no infinities and one NaN code per sign, S.1111.111; E5M2
+   * follows IEEE: exponent all ones is infinity (mantissa 0) or NaN. */
+  if (ebits == 4 && exp == 15u && man == 7u)
+    return u2f(0x7FC00000u | (sign << 31));
+  if (ebits == 5 && exp == 31u)
+    return u2f((sign << 31) | (man ? 0x7FC00000u : 0x7F800000u));
   if (exp == 0)
     r = (float)man / (float)(1u << mbits) * u2f((uint32_t)(127 + 1 - bias) << 23);
   else
@@ -83,6 +89,8 @@ static float fp8_to_float(uint8_t v, int ebits, int mbits, int bias) {
 static uint8_t float_to_fp8(float f, int ebits, int mbits, int bias, float maxv) {
   /* Exhaustive nearest search over the 128 magnitudes: simple and exact; fp8 is only used by
    * quantized communicators, which keep their capacity shape and are off the hot path. */
+  if (f != f) /* NaN stays NaN */
+    return ebits == 4 ? 0x7Fu : 0x7Eu;
   uint8_t sign = f < 0.0f ? 0x80u : 0u;
   float a = f < 0.0f ? -f : f;
   if (a > maxv)
@@ -91,7 +99,7 @@ static uint8_t float_to_fp8(float f, int ebits, int mbits, int bias, float maxv)
   float bestd = a;
   for (unsigned c = 1; c < 128u; c++) {
     float v = fp8_to_float((uint8_t)c, ebits, mbits, bias);
-    if (v > maxv)
+    if (v != v || v > maxv) /* skip NaN and infinity codes */
       continue;
     float d = v > a ? v - a : a - v;
     if (d < bestd || (d == bestd && (c & 1u) == 0u)) {

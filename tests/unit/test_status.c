@@ -48,6 +48,17 @@ static void test_status__dtype_conversions_round_trip(void **state) {
   assert_float_equal(tpf_elem_to_float(TPF_FP8_E4M3, b), 448.0f, 0.0); /* saturates */
   tpf_float_to_elem(TPF_FP8_E5M2, -3.0f, b);
   assert_float_equal(tpf_elem_to_float(TPF_FP8_E5M2, b), -3.0f, 0.0);
+  /* NaN codes: E4M3 S.1111.111, E5M2 exponent all ones; NaN encodes to NaN. */
+  unsigned char nan_e4m3 = 0x7F, inf_e5m2 = 0x7C, nan_e5m2 = 0x7E;
+  float v = tpf_elem_to_float(TPF_FP8_E4M3, &nan_e4m3);
+  assert_true(v != v);
+  assert_true(tpf_elem_to_float(TPF_FP8_E5M2, &inf_e5m2) > 1e30f);
+  v = tpf_elem_to_float(TPF_FP8_E5M2, &nan_e5m2);
+  assert_true(v != v);
+  tpf_float_to_elem(TPF_FP8_E4M3, nan_e4m3 == 0x7F ? v : 0.0f, b);
+  assert_int_equal(b[0], 0x7F);
+  tpf_float_to_elem(TPF_FP8_E5M2, 1e9f, b); /* saturates, never encodes infinity */
+  assert_float_equal(tpf_elem_to_float(TPF_FP8_E5M2, b), 57344.0f, 0.0);
 }
 
 static void test_status__allocator_hooks_need_all_four(void **state) {
