@@ -114,12 +114,12 @@ typedef struct {
 struct tpf_reg {
   char name[64];
   uint64_t data_bytes, alloc_bytes, flags_off, ready_off;
-  char *base;                           /* my allocation */
-  char *peer_base[TPF_MAX_RANKS];       /* each rank's allocation, mapped in my context */
-  bool peer_ipc[TPF_MAX_RANKS];         /* imported through CUDA IPC (closed at destroy) */
-  tpf_cuda_sync *sync;                  /* in-process group: host-ordered events; else NULL */
-  bool sync_owner;                      /* this rank allocated sync (rank 0) */
-  cudaEvent_t ready_ev[2];              /* this rank's operation-start events, by parity */
+  char *base;                     /* my allocation */
+  char *peer_base[TPF_MAX_RANKS]; /* each rank's allocation, mapped in my context */
+  bool peer_ipc[TPF_MAX_RANKS];   /* imported through CUDA IPC (closed at destroy) */
+  tpf_cuda_sync *sync;            /* in-process group: host-ordered events; else NULL */
+  bool sync_owner;                /* this rank allocated sync (rank 0) */
+  cudaEvent_t ready_ev[2];        /* this rank's operation-start events, by parity */
 };
 
 typedef struct {
@@ -135,7 +135,7 @@ typedef struct {
   cudaEvent_t join_ev[TPF_NUM_STREAMS];
   cudaEvent_t *step_ev; /* pool, one per step of the longest schedule so far */
   int nstep_ev;
-  uint8_t *need_ev; /* scratch: step needs an event */
+  uint8_t *need_ev;    /* scratch: step needs an event */
   uint8_t *step_state; /* scratch of the in-process enqueuer, one per step */
   int nneed_ev;
   tpf_cuda_status *status_host; /* mapped pinned memory */
@@ -153,16 +153,16 @@ tpf_status tpf_cuda__err(cudaError_t e, const char *what) {
 #define TPF_CUDA_TRY(call, what)                                                                   \
   do {                                                                                             \
     cudaError_t tpf_cuda_e_ = (call);                                                              \
-    if (tpf_cuda_e_ != cudaSuccess)                                                                \
-      return tpf_cuda__err(tpf_cuda_e_, what);                                                     \
+    if (tpf_cuda_e_ != cudaSuccess) return tpf_cuda__err(tpf_cuda_e_, what);                       \
   } while (0)
 
-static tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) { return (tpf_cuda_backend *)be; }
+static tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
+  return (tpf_cuda_backend *)be;
+}
 
 static uint64_t tpf_cuda__env_u64(const char *name, uint64_t dflt) {
   const char *v = getenv(name);
-  if (v == NULL || *v == '\0')
-    return dflt;
+  if (v == NULL || *v == '\0') return dflt;
   char *end = NULL;
   unsigned long long x = strtoull(v, &end, 10);
   return (end != NULL && *end == '\0') ? (uint64_t)x : dflt;
@@ -172,8 +172,7 @@ static uint64_t tpf_cuda__env_u64(const char *name, uint64_t dflt) {
 static uint64_t tpf_cuda__proc_token(void) {
   char host[256];
   memset(host, 0, sizeof(host));
-  if (gethostname(host, sizeof(host) - 1) != 0)
-    host[0] = '\0';
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   uint64_t h = 1469598103934665603ull;
   for (const char *p = host; *p; p++)
     h = (h ^ (unsigned char)*p) * 1099511628211ull;
@@ -230,8 +229,7 @@ static void tpf_cuda__ipc_close(void *ptr) {
   pthread_mutex_lock(&tpf_cuda__ipc_mu);
   for (tpf_cuda_ipc_entry **pp = &tpf_cuda__ipc_list; *pp != NULL; pp = &(*pp)->next) {
     tpf_cuda_ipc_entry *e = *pp;
-    if (e->ptr != ptr)
-      continue;
+    if (e->ptr != ptr) continue;
     if (--e->refs == 0) {
       *pp = e->next;
       cudaIpcCloseMemHandle(e->ptr);
@@ -248,8 +246,7 @@ static void tpf_cuda__ipc_close(void *ptr) {
  * clear it. */
 static tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
   const uint32_t code = b->status_host->code;
-  if (code == TPF_CUDA_DEV_OK)
-    return TPF_OK;
+  if (code == TPF_CUDA_DEV_OK) return TPF_OK;
   const tpf_cuda_status *st = b->status_host;
   const char *kind = tpf_step_kind_name((int)st->kind);
   if (code == TPF_CUDA_DEV_MISMATCH)
@@ -301,26 +298,21 @@ static const tpf_backend_ops tpf_cuda__ops = {
 static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
   cudaSetDevice(b->device);
   for (int i = 0; i < TPF_NUM_STREAMS; i++)
-    if (b->streams[i] != NULL)
-      cudaStreamSynchronize(b->streams[i]);
+    if (b->streams[i] != NULL) cudaStreamSynchronize(b->streams[i]);
   for (int i = 0; i < b->nstep_ev; i++)
     cudaEventDestroy(b->step_ev[i]);
   tpf__free(b->step_ev);
   tpf__free(b->need_ev);
   tpf__free(b->step_state);
   for (int i = 0; i < TPF_NUM_STREAMS; i++) {
-    if (b->join_ev[i] != NULL)
-      cudaEventDestroy(b->join_ev[i]);
+    if (b->join_ev[i] != NULL) cudaEventDestroy(b->join_ev[i]);
     if (b->streams[i] != NULL && (i < b->compute_streams || i >= TPF_STREAM_SEND))
       cudaStreamDestroy(b->streams[i]);
   }
-  if (b->fork_ev != NULL)
-    cudaEventDestroy(b->fork_ev);
+  if (b->fork_ev != NULL) cudaEventDestroy(b->fork_ev);
   tpf_cuda__gemm_destroy(b->gemm);
-  if (b->claim_dev != NULL)
-    cudaFree(b->claim_dev);
-  if (b->status_host != NULL)
-    cudaFreeHost(b->status_host);
+  if (b->claim_dev != NULL) cudaFree(b->claim_dev);
+  if (b->status_host != NULL) cudaFreeHost(b->status_host);
   tpf__free(b);
 }
 
@@ -338,8 +330,7 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   TPF_CHECK(boot->allgather(boot->ctx, &me, b->peers, sizeof(me)));
   for (int q = 0; q < boot->tp_size; q++)
     TPF_RETURN_IF(b->peers[q].rank != q, TPF_EINVAL,
-                  "bootstrap allgather put rank %d's record in slot %d", (int)b->peers[q].rank,
-                  q);
+                  "bootstrap allgather put rank %d's record in slot %d", (int)b->peers[q].rank, q);
   /* Hardware queues: CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (default 8) per
    * process and device. Streams that share a queue are ordered behind each other, so a spinning
    * wait could block the very signal it waits for. When several ranks of this process share the
@@ -352,8 +343,9 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   if (getenv("TPF_CUDA_COMPUTE_STREAMS") == NULL && sharing > 1) {
     const int conns = (int)tpf_cuda__env_u64("CUDA_DEVICE_MAX_CONNECTIONS", 8);
     int per_rank = conns / sharing - 3; /* send, recv and the caller's stream */
-    b->compute_streams = per_rank < 1 ? 1 : per_rank > b->compute_streams ? b->compute_streams
-                                                                          : per_rank;
+    b->compute_streams = per_rank < 1                    ? 1
+                         : per_rank > b->compute_streams ? b->compute_streams
+                                                         : per_rank;
   }
   int lo = 0, hi = 0;
   TPF_CUDA_TRY(cudaDeviceGetStreamPriorityRange(&lo, &hi), "cudaDeviceGetStreamPriorityRange");
@@ -363,12 +355,12 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   /* Fewer distinct compute streams alias the rest onto stream 0 (see above). */
   for (int i = b->compute_streams; i < TPF_MAX_COMPUTE_STREAMS; i++)
     b->streams[i] = b->streams[0];
-  TPF_CUDA_TRY(cudaStreamCreateWithPriority(&b->streams[TPF_STREAM_SEND], cudaStreamNonBlocking,
-                                            hi),
-               "cudaStreamCreateWithPriority(send)");
-  TPF_CUDA_TRY(cudaStreamCreateWithPriority(&b->streams[TPF_STREAM_RECV], cudaStreamNonBlocking,
-                                            hi),
-               "cudaStreamCreateWithPriority(recv)");
+  TPF_CUDA_TRY(
+      cudaStreamCreateWithPriority(&b->streams[TPF_STREAM_SEND], cudaStreamNonBlocking, hi),
+      "cudaStreamCreateWithPriority(send)");
+  TPF_CUDA_TRY(
+      cudaStreamCreateWithPriority(&b->streams[TPF_STREAM_RECV], cudaStreamNonBlocking, hi),
+      "cudaStreamCreateWithPriority(recv)");
   TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->fork_ev, cudaEventDisableTiming), "cudaEventCreate");
   for (int i = 0; i < TPF_NUM_STREAMS; i++)
     TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->join_ev[i], cudaEventDisableTiming),
@@ -387,10 +379,9 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   TPF_CUDA_TRY(cudaMemsetAsync(claim, 0, sizeof(unsigned int), b->streams[TPF_STREAM_SEND]),
                "cudaMemsetAsync");
   TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[TPF_STREAM_SEND]), "cudaStreamSynchronize");
-  TPF_CHECK(tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
-                                  tpf_cuda__env_u64("TPF_CUDA_WORKSPACE_BYTES",
-                                                    TPF_CUDA_WORKSPACE_BYTES),
-                                  &b->gemm));
+  TPF_CHECK(tpf_cuda__gemm_create(
+      TPF_MAX_COMPUTE_STREAMS,
+      tpf_cuda__env_u64("TPF_CUDA_WORKSPACE_BYTES", TPF_CUDA_WORKSPACE_BYTES), &b->gemm));
   return boot->barrier(boot->ctx);
 }
 
@@ -398,8 +389,8 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   TPF_RETURN_IF(boot == NULL || out == NULL, TPF_EINVAL, "tpf_cuda_backend_create: NULL argument");
   TPF_RETURN_IF(boot->tp_size < 1 || boot->tp_size > TPF_MAX_RANKS, TPF_EINVAL,
                 "tp_size %d outside 1..%d", boot->tp_size, TPF_MAX_RANKS);
-  TPF_RETURN_IF(boot->rank < 0 || boot->rank >= boot->tp_size, TPF_EINVAL,
-                "rank %d outside 0..%d", boot->rank, boot->tp_size - 1);
+  TPF_RETURN_IF(boot->rank < 0 || boot->rank >= boot->tp_size, TPF_EINVAL, "rank %d outside 0..%d",
+                boot->rank, boot->tp_size - 1);
   TPF_RETURN_IF(boot->allgather == NULL || boot->barrier == NULL, TPF_EINVAL,
                 "bootstrap lacks allgather or barrier");
   TPF_RETURN_IF(boot->device < 0, TPF_EINVAL, "device %d is negative", boot->device);
@@ -415,8 +406,9 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   uint64_t ctas = tpf_cuda__env_u64("TPF_CUDA_COMM_CTAS", TPF_CUDA_DEFAULT_COMM_CTAS);
   b->comm_ctas = (int)(ctas < 1 ? 1 : ctas > 1024 ? 1024 : ctas);
   uint64_t ncs = tpf_cuda__env_u64("TPF_CUDA_COMPUTE_STREAMS", TPF_MAX_COMPUTE_STREAMS);
-  b->compute_streams = (int)(ncs < 1 ? 1 : ncs > TPF_MAX_COMPUTE_STREAMS ? TPF_MAX_COMPUTE_STREAMS
-                                                                         : ncs);
+  b->compute_streams = (int)(ncs < 1                         ? 1
+                             : ncs > TPF_MAX_COMPUTE_STREAMS ? TPF_MAX_COMPUTE_STREAMS
+                                                             : ncs);
   tpf_status rc = tpf_cuda__backend_init(b);
   if (rc != TPF_OK) {
     tpf_cuda__backend_free(b);
@@ -446,11 +438,10 @@ tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms) {
 /* ---- in-process group synchronisation (host-ordered events) ---- */
 
 static tpf_cuda_sync *tpf_cuda__sync_new(int P) {
-  const size_t nslots = (size_t)P * 2 + (size_t)P * (size_t)P * TPF_MAX_TAGS +
-                        (size_t)P * TPF_MAX_TAGS;
+  const size_t nslots =
+      (size_t)P * 2 + (size_t)P * (size_t)P * TPF_MAX_TAGS + (size_t)P * TPF_MAX_TAGS;
   tpf_cuda_sync *t = tpf__calloc(1, sizeof(*t) + nslots * sizeof(tpf_cuda_slot));
-  if (t == NULL)
-    return NULL;
+  if (t == NULL) return NULL;
   tpf_cuda_slot *slots = (tpf_cuda_slot *)(t + 1);
   for (size_t i = 0; i < nslots; i++)
     atomic_init(&slots[i].word, 0);
@@ -501,8 +492,8 @@ static void tpf_cuda__publish(tpf_cuda_slot *slot, cudaEvent_t ev, uint64_t word
 /* HANDSHAKE: announce (seq, rows) with this operation's start event, compare every peer's rows
  * on the host, then order the stream after every peer's start (no peer's earlier operation may
  * still read or write what this one touches). */
-static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r,
-                                            const tpf_exec_args *a, cudaStream_t s) {
+static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                            cudaStream_t s) {
   const int P = b->base.tp_size, me = b->base.rank;
   const int par = (int)(a->seq & 1u);
   const uint64_t rows = a->sched->rows;
@@ -512,11 +503,10 @@ static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r,
   int bad = -1;
   uint64_t bad_rows = 0;
   for (int q = 0; q < P; q++) {
-    if (q == me)
-      continue;
+    if (q == me) continue;
     uint64_t w = 0;
-    TPF_CHECK(tpf_cuda__host_wait(b, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq,
-                                  &w));
+    TPF_CHECK(
+        tpf_cuda__host_wait(b, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq, &w));
     if (TPF_READY_ROWS(w) != (rows & ((1ull << TPF_READY_ROWS_BITS) - 1)) && bad < 0) {
       bad = q;
       bad_rows = TPF_READY_ROWS(w);
@@ -536,7 +526,9 @@ static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r,
 
 /* ---- registration ---- */
 
-static uint64_t tpf_cuda__round_up(uint64_t x, uint64_t a) { return (x + a - 1) / a * a; }
+static uint64_t tpf_cuda__round_up(uint64_t x, uint64_t a) {
+  return (x + a - 1) / a * a;
+}
 
 static tpf_status tpf_cuda__reg_map_peers(tpf_cuda_backend *b, tpf_reg *r,
                                           const tpf_cuda_reg_info *infos) {
@@ -581,15 +573,11 @@ static tpf_status tpf_cuda__reg_map_peers(tpf_cuda_backend *b, tpf_reg *r,
 
 static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
   for (int q = 0; q < b->base.tp_size; q++)
-    if (r->peer_ipc[q])
-      tpf_cuda__ipc_close(r->peer_base[q]);
-  if (r->base != NULL)
-    cudaFree(r->base);
+    if (r->peer_ipc[q]) tpf_cuda__ipc_close(r->peer_base[q]);
+  if (r->base != NULL) cudaFree(r->base);
   for (int i = 0; i < 2; i++)
-    if (r->ready_ev[i] != NULL)
-      cudaEventDestroy(r->ready_ev[i]);
-  if (r->sync_owner)
-    tpf__free(r->sync);
+    if (r->ready_ev[i] != NULL) cudaEventDestroy(r->ready_ev[i]);
+  if (r->sync_owner) tpf__free(r->sync);
   tpf__free(r);
 }
 
@@ -604,9 +592,9 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   r->data_bytes = bytes;
   r->flags_off = tpf_cuda__round_up(bytes, TPF_CUDA_GUARD_BYTES) + TPF_CUDA_GUARD_BYTES;
   r->ready_off = r->flags_off + (uint64_t)P * TPF_MAX_TAGS * sizeof(uint64_t);
-  r->alloc_bytes = tpf_cuda__round_up(r->ready_off + (uint64_t)P * TPF_CUDA_READY_STRIDE,
-                                      TPF_CUDA_GUARD_BYTES) +
-                   TPF_CUDA_GUARD_BYTES;
+  r->alloc_bytes =
+      tpf_cuda__round_up(r->ready_off + (uint64_t)P * TPF_CUDA_READY_STRIDE, TPF_CUDA_GUARD_BYTES) +
+      TPF_CUDA_GUARD_BYTES;
   tpf_status rc = TPF_OK;
   tpf_cuda_reg_info *infos = tpf__calloc((size_t)P, sizeof(*infos));
   if (infos == NULL) {
@@ -633,8 +621,7 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   /* Zero data and flags before any peer learns the address. */
   cudaStream_t s = b->streams[TPF_STREAM_SEND];
   e = cudaMemsetAsync(r->base, 0, r->alloc_bytes, s);
-  if (e == cudaSuccess)
-    e = cudaStreamSynchronize(s);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(s);
   if (e != cudaSuccess) {
     rc = tpf_cuda__err(e, "cudaMemsetAsync(registration)");
     goto fail;
@@ -668,12 +655,13 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
     mine.sync = (uint64_t)(uintptr_t)r->sync;
   }
   TPF_CHECK_GOTO(b->boot.allgather(b->boot.ctx, &mine, infos, sizeof(mine)), rc, fail);
-  if (!remote && P > 1)
-    r->sync = (tpf_cuda_sync *)(uintptr_t)infos[0].sync;
+  if (!remote && P > 1) r->sync = (tpf_cuda_sync *)(uintptr_t)infos[0].sync;
   TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
   if (getenv("TPF_CUDA_DEBUG") != NULL) {
-    fprintf(stderr, "tpf cuda: rank %d registered '%s' %llu bytes at %p (flags +%llu, ready +%llu);"
-                    " peers:", me, r->name, (unsigned long long)bytes, (void *)r->base,
+    fprintf(stderr,
+            "tpf cuda: rank %d registered '%s' %llu bytes at %p (flags +%llu, ready +%llu);"
+            " peers:",
+            me, r->name, (unsigned long long)bytes, (void *)r->base,
             (unsigned long long)r->flags_off, (unsigned long long)r->ready_off);
     for (int q = 0; q < P; q++)
       fprintf(stderr, " %p%s", (void *)r->peer_base[q], r->peer_ipc[q] ? "(ipc)" : "");
@@ -782,26 +770,23 @@ static tpf_status tpf_cuda__launch_flags_checked(const tpf_cuda_flag_args *f, cu
   return TPF_OK;
 }
 
-static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
-                                 int idx, const tpf_step *st, cudaStream_t s) {
+static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
+                                 const tpf_step *st, cudaStream_t s) {
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
   const bool collective_kernels = sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE;
   tpf_cuda_flag_args f;
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
-    if (P == 1)
-      return TPF_OK;
-    if (r->sync != NULL)
-      return tpf_cuda__local_handshake(b, r, a, s);
+    if (P == 1) return TPF_OK;
+    if (r->sync != NULL) return tpf_cuda__local_handshake(b, r, a, s);
     tpf_cuda__flag_init(b, a, TPF_STEP_HANDSHAKE, 0, &f);
     f.handshake = 1;
     f.store_value = TPF_READY_WORD(a->seq, sc->rows);
     f.wait_value = a->seq & 0xFFFFFFull;
     f.rows = sc->rows & ((1ull << TPF_READY_ROWS_BITS) - 1);
     for (int q = 0; q < P; q++) {
-      if (q == me)
-        continue;
+      if (q == me) continue;
       f.remote[q] = tpf_cuda__ready(r, q, me);
       f.local[q] = tpf_cuda__ready(r, me, q);
     }
@@ -812,8 +797,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->w, me, &vw));
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->d, me, &vd));
     int sm_target = 0;
-    if (collective_kernels && b->num_sms > b->comm_ctas)
-      sm_target = b->num_sms - b->comm_ctas;
+    if (collective_kernels && b->num_sms > b->comm_ctas) sm_target = b->num_sms - b->comm_ctas;
     const int ws = st->stream < TPF_MAX_COMPUTE_STREAMS ? (int)st->stream : 0;
     return tpf_cuda__gemm_run(b->gemm, va.ptr, va.dtype, va.ld, vw.ptr, vw.dtype, vw.ld, vd.ptr,
                               vd.dtype, vd.ld, st->m, st->n, st->k, sm_target, ws, s);
@@ -834,9 +818,9 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     }
     if (r->sync != NULL) {
       TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(send)");
-      tpf_cuda__publish(&r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS +
-                                       st->tag],
-                        b->step_ev[idx], a->seq);
+      tpf_cuda__publish(
+          &r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS + st->tag],
+          b->step_ev[idx], a->seq);
       return TPF_OK;
     }
     tpf_cuda__flag_init(b, a, TPF_STEP_SEND, st->tag, &f);
@@ -852,14 +836,12 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
     return tpf_cuda__launch_flags_checked(&f, s);
   case TPF_STEP_BARRIER:
-    if (P == 1)
-      return TPF_OK;
+    if (P == 1) return TPF_OK;
     TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
                   (unsigned)st->tag);
     tpf_cuda__flag_init(b, a, TPF_STEP_BARRIER, st->tag, &f);
     for (int q = 0; q < P; q++) {
-      if (q == me)
-        continue;
+      if (q == me) continue;
       f.remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
       f.local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
     }
@@ -901,8 +883,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
 }
 
 static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
-  if (n <= b->nstep_ev)
-    return TPF_OK;
+  if (n <= b->nstep_ev) return TPF_OK;
   int want = b->nstep_ev > 0 ? b->nstep_ev : 32;
   while (want < n)
     want *= 2;
@@ -939,13 +920,11 @@ static tpf_status tpf_cuda__wait_deps(tpf_cuda_backend *b, const tpf_schedule *s
  * streams before the compute streams, so a chunk is forwarded as soon as it may be, instead of
  * after the GEMM the schedule lists before it. The streams' order and every dependency are kept:
  * a step is enqueued only after every step it depends on and the previous step of its stream. */
-static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r,
-                                          const tpf_exec_args *a) {
+static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a) {
   const tpf_schedule *sc = a->sched;
   const int n = sc->nsteps, P = b->base.tp_size, me = b->base.rank;
-  static const int order[TPF_NUM_STREAMS] = {TPF_STREAM_SEND, TPF_STREAM_RECV,
-                                             TPF_STREAM_COMPUTE0, TPF_STREAM_COMPUTE1,
-                                             TPF_STREAM_COMPUTE2};
+  static const int order[TPF_NUM_STREAMS] = {TPF_STREAM_SEND, TPF_STREAM_RECV, TPF_STREAM_COMPUTE0,
+                                             TPF_STREAM_COMPUTE1, TPF_STREAM_COMPUTE2};
   /* State per step: 0 pending, 1 barrier arrival published (waiting for peers), 2 enqueued. */
   uint8_t *state = b->step_state;
   memset(state, 0, (size_t)n);
@@ -967,14 +946,12 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r,
     for (int o = 0; o < TPF_NUM_STREAMS; o++) {
       const int k = order[o];
       const int i = next[k];
-      if (i >= n)
-        continue;
+      if (i >= n) continue;
       const tpf_step *st = &sc->steps[i];
       bool deps_done = true;
       for (int d = 0; d < st->ndeps; d++)
         deps_done = deps_done && state[st->deps[d]] == 2;
-      if (!deps_done)
-        continue;
+      if (!deps_done) continue;
       cudaStream_t s = b->streams[k];
       if (st->kind == TPF_STEP_RECV) {
         tpf_cuda_slot *slot =
@@ -990,8 +967,8 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r,
         if (state[i] == 0) {
           TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
           TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(barrier)");
-          tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag],
-                            b->step_ev[i], a->seq);
+          tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[i],
+                            a->seq);
           state[i] = 1;
           progress = true;
         }
@@ -1008,15 +985,14 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r,
         }
         for (int q = 0; q < P; q++)
           if (q != me)
-            TPF_CUDA_TRY(cudaStreamWaitEvent(
-                             s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0),
-                         "cudaStreamWaitEvent(barrier)");
+            TPF_CUDA_TRY(
+                cudaStreamWaitEvent(s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0),
+                "cudaStreamWaitEvent(barrier)");
       } else {
         TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
         TPF_CHECK(tpf_cuda__step(b, r, a, i, st, s));
       }
-      if (b->need_ev[i])
-        TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
+      if (b->need_ev[i]) TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
       state[i] = 2;
       remaining--;
       progress = true;
@@ -1032,8 +1008,7 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r,
     if (blocked < 0)
       return tpf_set_error(TPF_EINVAL, "'%s' rank %d: schedule cannot progress (cyclic deps)",
                            a->comm_name, me);
-    if (idle_since == 0)
-      idle_since = tpf_cuda__now_ns();
+    if (idle_since == 0) idle_since = tpf_cuda__now_ns();
     if ((++spins & 63u) == 0) {
       if (tpf_cuda__now_ns() - idle_since > b->timeout_ns)
         return tpf_set_error(TPF_ETIMEOUT,
@@ -1053,8 +1028,8 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
   tpf_cuda_backend *b = tpf_cuda__of(be);
   const tpf_schedule *sc = a->sched;
   TPF_RETURN_IF(sc->tp_size != be->tp_size || sc->rank != be->rank, TPF_EINVAL,
-                "'%s': schedule for rank %d of %d on backend rank %d of %d", a->comm_name,
-                sc->rank, sc->tp_size, be->rank, be->tp_size);
+                "'%s': schedule for rank %d of %d on backend rank %d of %d", a->comm_name, sc->rank,
+                sc->tp_size, be->rank, be->tp_size);
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
   /* A failure of an earlier operation is reported here until a sync clears it. */
   TPF_CHECK(tpf_cuda__check_status(b));
@@ -1070,10 +1045,9 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
     used[st->stream] = true;
     for (int k = 0; k < st->ndeps; k++) {
       const int d = st->deps[k];
-      TPF_RETURN_IF(d >= i, TPF_EINVAL, "'%s': step %d depends on later step %d", a->comm_name,
-                    i, d);
-      if (b->streams[sc->steps[d].stream] != b->streams[st->stream])
-        b->need_ev[d] = 1;
+      TPF_RETURN_IF(d >= i, TPF_EINVAL, "'%s': step %d depends on later step %d", a->comm_name, i,
+                    d);
+      if (b->streams[sc->steps[d].stream] != b->streams[st->stream]) b->need_ev[d] = 1;
     }
   }
   cudaStream_t user = (cudaStream_t)stream;
@@ -1093,13 +1067,12 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
       tpf_status rc = tpf_cuda__step(b, r, a, i, st, s);
       if (rc != TPF_OK)
         return rc; /* the enqueued prefix joins nothing: the caller's stream is not ordered */
-      if (b->need_ev[i])
-        TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
+      if (b->need_ev[i]) TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
     }
   }
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
-    if (!used[k] || (k > 0 && k < TPF_MAX_COMPUTE_STREAMS && b->streams[k] == b->streams[0] &&
-                     used[0]))
+    if (!used[k] ||
+        (k > 0 && k < TPF_MAX_COMPUTE_STREAMS && b->streams[k] == b->streams[0] && used[0]))
       continue;
     TPF_CUDA_TRY(cudaEventRecord(b->join_ev[k], b->streams[k]), "cudaEventRecord(join)");
     TPF_CUDA_TRY(cudaStreamWaitEvent(user, b->join_ev[k], 0), "cudaStreamWaitEvent(join)");

@@ -66,8 +66,7 @@ tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out) {
   }
   const char *t = getenv("TPF_CUDA_BOOT_TIMEOUT_MS");
   g->timeout_ms = (t != NULL && *t) ? strtoull(t, NULL, 10) : 120000u;
-  if (g->timeout_ms == 0)
-    g->timeout_ms = 120000u;
+  if (g->timeout_ms == 0) g->timeout_ms = 120000u;
   for (int r = 0; r < tp_size; r++) {
     g->ranks[r].group = g;
     g->ranks[r].rank = r;
@@ -189,64 +188,50 @@ static tpf_status tpf_cuda__nccl_err(ncclResult_t r, const char *what) {
                        (int)r);
 }
 
-static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *recv,
-                                           size_t bytes) {
+static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
   tpf_cuda_nccl_ctx *c = ctx;
   cudaError_t e = cudaSetDevice(c->device);
-  if (e != cudaSuccess)
-    return tpf_cuda__err(e, "cudaSetDevice");
+  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaSetDevice");
   if (c->dbuf_per_rank < bytes) {
-    if (c->dbuf != NULL)
-      cudaFree(c->dbuf);
+    if (c->dbuf != NULL) cudaFree(c->dbuf);
     c->dbuf = NULL;
     c->dbuf_per_rank = 0;
     e = cudaMalloc(&c->dbuf, bytes * (size_t)c->nranks);
-    if (e != cudaSuccess)
-      return tpf_cuda__err(e, "cudaMalloc(bootstrap staging)");
+    if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMalloc(bootstrap staging)");
     c->dbuf_per_rank = bytes;
   }
   int me = 0;
   ncclResult_t nr = ncclCommUserRank(c->comm, &me);
-  if (nr != ncclSuccess)
-    return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
+  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
   unsigned char *slot = (unsigned char *)c->dbuf + (size_t)me * bytes;
   e = cudaMemcpyAsync(slot, send, bytes, cudaMemcpyHostToDevice, c->stream);
-  if (e != cudaSuccess)
-    return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
+  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
   nr = ncclAllGather(slot, c->dbuf, bytes, ncclUint8, c->comm, c->stream);
-  if (nr != ncclSuccess)
-    return tpf_cuda__nccl_err(nr, "ncclAllGather");
-  e = cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost,
-                      c->stream);
-  if (e != cudaSuccess)
-    return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
+  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllGather");
+  e = cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost, c->stream);
+  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
   e = cudaStreamSynchronize(c->stream);
-  if (e != cudaSuccess)
-    return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
+  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
   return TPF_OK;
 }
 
 static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
   tpf_cuda_nccl_ctx *c = ctx;
   cudaError_t e = cudaSetDevice(c->device);
-  if (e != cudaSuccess)
-    return tpf_cuda__err(e, "cudaSetDevice");
+  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaSetDevice");
   if (c->dbuf_per_rank < sizeof(int)) {
     /* Reuse the allgather path's staging; an int per rank is enough. */
     int dummy = 0;
     int *all = tpf__calloc((size_t)c->nranks, sizeof(int));
-    if (all == NULL)
-      return tpf_set_error(TPF_ENOMEM, "NCCL bootstrap barrier: out of memory");
+    if (all == NULL) return tpf_set_error(TPF_ENOMEM, "NCCL bootstrap barrier: out of memory");
     tpf_status rc = tpf_cuda__nccl_allgather(ctx, &dummy, all, sizeof(int));
     tpf__free(all);
     return rc;
   }
   ncclResult_t nr = ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream);
-  if (nr != ncclSuccess)
-    return tpf_cuda__nccl_err(nr, "ncclAllReduce");
+  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllReduce");
   e = cudaStreamSynchronize(c->stream);
-  if (e != cudaSuccess)
-    return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
+  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
   return TPF_OK;
 }
 
@@ -256,21 +241,18 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
   ncclComm_t comm = (ncclComm_t)nccl_comm;
   int n = 0, me = 0;
   ncclResult_t nr = ncclCommCount(comm, &n);
-  if (nr != ncclSuccess)
-    return tpf_cuda__nccl_err(nr, "ncclCommCount");
+  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommCount");
   nr = ncclCommUserRank(comm, &me);
-  if (nr != ncclSuccess)
-    return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
-  TPF_RETURN_IF(n < 1 || n > TPF_MAX_RANKS, TPF_EINVAL, "NCCL communicator has %d ranks (1..%d)",
-                n, TPF_MAX_RANKS);
+  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
+  TPF_RETURN_IF(n < 1 || n > TPF_MAX_RANKS, TPF_EINVAL, "NCCL communicator has %d ranks (1..%d)", n,
+                TPF_MAX_RANKS);
   tpf_cuda_nccl_ctx *c = tpf__calloc(1, sizeof(*c));
   TPF_RETURN_IF(c == NULL, TPF_ENOMEM, "cannot allocate the NCCL bootstrap");
   c->comm = comm;
   c->device = device;
   c->nranks = n;
   cudaError_t e = cudaSetDevice(device);
-  if (e == cudaSuccess)
-    e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
     tpf__free(c);
     return tpf_cuda__err(e, "cudaStreamCreateWithFlags(bootstrap)");
@@ -286,16 +268,12 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
 }
 
 void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b) {
-  if (b == NULL || b->ctx == NULL)
-    return;
+  if (b == NULL || b->ctx == NULL) return;
   tpf_cuda_nccl_ctx *c = b->ctx;
   cudaSetDevice(c->device);
-  if (c->stream != NULL)
-    cudaStreamSynchronize(c->stream);
-  if (c->dbuf != NULL)
-    cudaFree(c->dbuf);
-  if (c->stream != NULL)
-    cudaStreamDestroy(c->stream);
+  if (c->stream != NULL) cudaStreamSynchronize(c->stream);
+  if (c->dbuf != NULL) cudaFree(c->dbuf);
+  if (c->stream != NULL) cudaStreamDestroy(c->stream);
   tpf__free(c);
   b->ctx = NULL;
 }

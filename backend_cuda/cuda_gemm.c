@@ -46,8 +46,8 @@ typedef struct {
 
 struct tpf_cuda_gemm {
   cublasLtHandle_t handle;
-  void *ws;           /* nworkspaces * ws_bytes of device memory */
-  uint64_t ws_bytes;  /* per workspace */
+  void *ws;          /* nworkspaces * ws_bytes of device memory */
+  uint64_t ws_bytes; /* per workspace */
   int nworkspaces;
   uint64_t lookups, hits, fallbacks;
   unsigned next_victim;
@@ -61,8 +61,7 @@ static tpf_status tpf_cuda__lt_err(cublasStatus_t st, const char *what) {
 
 tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out) {
   tpf_cuda_gemm *g = tpf__calloc(1, sizeof(*g));
-  if (g == NULL)
-    return tpf_set_error(TPF_ENOMEM, "cannot allocate the cuBLASLt GEMM state");
+  if (g == NULL) return tpf_set_error(TPF_ENOMEM, "cannot allocate the cuBLASLt GEMM state");
   cublasStatus_t st = cublasLtCreate(&g->handle);
   if (st != CUBLAS_STATUS_SUCCESS) {
     tpf__free(g);
@@ -81,8 +80,7 @@ tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_ge
 }
 
 static void tpf_cuda__gemm_entry_free(tpf_cuda_gemm_entry *en) {
-  if (!en->used)
-    return;
+  if (!en->used) return;
   cublasLtMatrixLayoutDestroy(en->la);
   cublasLtMatrixLayoutDestroy(en->lb);
   cublasLtMatrixLayoutDestroy(en->ld);
@@ -91,8 +89,7 @@ static void tpf_cuda__gemm_entry_free(tpf_cuda_gemm_entry *en) {
 }
 
 void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g) {
-  if (g == NULL)
-    return;
+  if (g == NULL) return;
   for (int i = 0; i < TPF_CUDA_GEMM_CACHE; i++)
     tpf_cuda__gemm_entry_free(&g->cache[i]);
   cudaFree(g->ws);
@@ -157,16 +154,16 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
   const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
   TPF_LT_TRY(cublasLtMatmulDescCreate(&en->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
              "cublasLtMatmulDescCreate");
-  TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT,
-                                            sizeof(opT)),
-             "set TRANSA");
-  TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN,
-                                            sizeof(opN)),
-             "set TRANSB");
+  TPF_LT_TRY(
+      cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)),
+      "set TRANSA");
+  TPF_LT_TRY(
+      cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)),
+      "set TRANSB");
   if (key->sm_target > 0) {
     int32_t sms = key->sm_target;
-    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
-                                              &sms, sizeof(sms)),
+    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms,
+                                              sizeof(sms)),
                "set SM_COUNT_TARGET");
   }
   /* w: k x n column-major (op T); a: k x m (op N); d: n x m. */
@@ -216,16 +213,11 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
   cublasLtMatmulPreferenceDestroy(pref);
   return TPF_OK;
 fail:
-  if (pref != NULL)
-    cublasLtMatmulPreferenceDestroy(pref);
-  if (en->la != NULL)
-    cublasLtMatrixLayoutDestroy(en->la);
-  if (en->lb != NULL)
-    cublasLtMatrixLayoutDestroy(en->lb);
-  if (en->ld != NULL)
-    cublasLtMatrixLayoutDestroy(en->ld);
-  if (en->desc != NULL)
-    cublasLtMatmulDescDestroy(en->desc);
+  if (pref != NULL) cublasLtMatmulPreferenceDestroy(pref);
+  if (en->la != NULL) cublasLtMatrixLayoutDestroy(en->la);
+  if (en->lb != NULL) cublasLtMatrixLayoutDestroy(en->lb);
+  if (en->ld != NULL) cublasLtMatrixLayoutDestroy(en->ld);
+  if (en->desc != NULL) cublasLtMatmulDescDestroy(en->desc);
   memset(en, 0, sizeof(*en));
   return rc;
 }
@@ -246,8 +238,7 @@ static tpf_status tpf_cuda__gemm_lookup(tpf_cuda_gemm *g, const tpf_cuda_gemm_ke
   tpf_cuda_gemm_entry *slot = NULL;
   for (unsigned i = 0; i < WINDOW && slot == NULL; i++) {
     tpf_cuda_gemm_entry *en = &g->cache[(start + i) % TPF_CUDA_GEMM_CACHE];
-    if (!en->used)
-      slot = en;
+    if (!en->used) slot = en;
   }
   if (slot == NULL) {
     slot = &g->cache[(start + (g->next_victim++ % WINDOW)) % TPF_CUDA_GEMM_CACHE];
@@ -262,8 +253,7 @@ tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uin
                               const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
                               uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
                               int ws, cudaStream_t s) {
-  if (m == 0 || n == 0)
-    return TPF_OK;
+  if (m == 0 || n == 0) return TPF_OK;
   TPF_RETURN_IF(at != wt, TPF_EUNSUPPORTED, "GEMM operand dtypes differ: a %s, w %s",
                 tpf_dtype_name(at), tpf_dtype_name(wt));
   TPF_RETURN_IF(at != TPF_BF16 && at != TPF_FP16 && at != TPF_FP32, TPF_EUNSUPPORTED,
@@ -290,15 +280,14 @@ tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uin
   TPF_CHECK(tpf_cuda__gemm_lookup(g, &key, &en));
   if (en->fallback) {
     g->fallbacks++;
-    cudaError_t e = tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n,
-                                                   k, s);
+    cudaError_t e =
+        tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n, k, s);
     return e == cudaSuccess ? TPF_OK : tpf_cuda__err(e, "fallback GEMM launch");
   }
   const float alpha = 1.0f, beta = 0.0f;
   void *wsp = (char *)g->ws + (size_t)g->ws_bytes * (size_t)(ws % g->nworkspaces);
   cublasStatus_t st = cublasLtMatmul(g->handle, en->desc, &alpha, w, en->la, a, en->lb, &beta, d,
                                      en->ld, d, en->ld, &en->algo, wsp, g->ws_bytes, s);
-  if (st != CUBLAS_STATUS_SUCCESS)
-    return tpf_cuda__lt_err(st, "cublasLtMatmul");
+  if (st != CUBLAS_STATUS_SUCCESS) return tpf_cuda__lt_err(st, "cublasLtMatmul");
   return TPF_OK;
 }

@@ -47,18 +47,18 @@ typedef struct {
  * context (peer pointers included). */
 #define TPF_CUDA_MAX_PEERS TPF_MAX_RANKS
 typedef struct {
-  tpf_cuda_status *status;                    /* device view of the status area */
-  unsigned int *claim;                        /* device word: first failing wait wins it */
-  uint64_t *remote[TPF_CUDA_MAX_PEERS];       /* word to store into, per peer (NULL: none) */
-  const uint64_t *local[TPF_CUDA_MAX_PEERS];  /* own word to wait on, per peer (NULL: none) */
-  uint64_t store_value;                       /* value stored into every remote word */
-  uint64_t wait_value;                        /* HANDSHAKE: expected seq (24 bits); else >= */
-  uint64_t rows;                              /* HANDSHAKE: my active rows */
-  uint64_t timeout_ns;                        /* bound of every wait */
-  uint64_t seq;                               /* for the error record */
-  int32_t nranks;                             /* entries of remote/local considered */
-  int32_t handshake;                          /* 1: compare ready words; 0: flag >= wait_value */
-  uint32_t kind, tag;                         /* for the error record */
+  tpf_cuda_status *status;                   /* device view of the status area */
+  unsigned int *claim;                       /* device word: first failing wait wins it */
+  uint64_t *remote[TPF_CUDA_MAX_PEERS];      /* word to store into, per peer (NULL: none) */
+  const uint64_t *local[TPF_CUDA_MAX_PEERS]; /* own word to wait on, per peer (NULL: none) */
+  uint64_t store_value;                      /* value stored into every remote word */
+  uint64_t wait_value;                       /* HANDSHAKE: expected seq (24 bits); else >= */
+  uint64_t rows;                             /* HANDSHAKE: my active rows */
+  uint64_t timeout_ns;                       /* bound of every wait */
+  uint64_t seq;                              /* for the error record */
+  int32_t nranks;                            /* entries of remote/local considered */
+  int32_t handshake;                         /* 1: compare ready words; 0: flag >= wait_value */
+  uint32_t kind, tag;                        /* for the error record */
 } tpf_cuda_flag_args;
 
 /* A strided view for the reduction kernels: element (i, j) at base + (i * ld + j) * esize. */
@@ -81,8 +81,8 @@ cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_t bytes,
 
 /* Plain tiled GEMM for calls cuBLASLt cannot serve: row-major d[m, n] = a[m, k] * w[n, k]^T. */
 cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, const void *w,
-                                           uint64_t ldw, void *d, int dt, uint64_t ldd,
-                                           uint64_t m, uint64_t n, uint64_t k, cudaStream_t s);
+                                           uint64_t ldw, void *d, int dt, uint64_t ldd, uint64_t m,
+                                           uint64_t n, uint64_t k, cudaStream_t s);
 
 /* ---- cuda_gemm.c ---- */
 typedef struct tpf_cuda_gemm tpf_cuda_gemm;

@@ -45,10 +45,9 @@ __device__ __forceinline__ uint32_t tpf_cuda__status_code(const tpf_cuda_status 
 }
 
 /* Records the first failure of this backend; later failures keep the first one's details. */
-__device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int peer,
-                               uint64_t mine, uint64_t theirs, const void *addr) {
-  if (atomicCAS(a.claim, 0u, 1u) != 0u)
-    return;
+__device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int peer, uint64_t mine,
+                               uint64_t theirs, const void *addr) {
+  if (atomicCAS(a.claim, 0u, 1u) != 0u) return;
   tpf_cuda_status *st = a.status;
   st->kind = a.kind;
   st->peer = peer;
@@ -64,20 +63,17 @@ __device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int p
 
 /* One thread: store into every remote word, then wait on every local word. */
 __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
-  if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK)
-    return;
+  if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK) return;
   /* Make this stream's earlier writes (kernel outputs, completed copies) visible system-wide
    * before any peer can observe the flag. */
   __threadfence_system();
   for (int q = 0; q < a.nranks; q++)
-    if (a.remote[q] != nullptr)
-      tpf_cuda__st_release(a.remote[q], a.store_value);
+    if (a.remote[q] != nullptr) tpf_cuda__st_release(a.remote[q], a.store_value);
   const uint64_t start = tpf_cuda__now_ns();
   unsigned spins = 0;
   for (int q = 0; q < a.nranks; q++) {
     const uint64_t *w = a.local[q];
-    if (w == nullptr)
-      continue;
+    if (w == nullptr) continue;
     for (;;) {
       const uint64_t v = tpf_cuda__ld_acquire(w);
       if (a.handshake) {
@@ -93,8 +89,7 @@ __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
       }
       if ((++spins & 255u) == 0u) {
         /* Another wait of this backend failed: give up quietly, the first reason stands. */
-        if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK)
-          return;
+        if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK) return;
         if (tpf_cuda__now_ns() - start > a.timeout_ns) {
           tpf_cuda__fail(a, TPF_CUDA_DEV_TIMEOUT, q, a.wait_value, v, w);
           return;
@@ -109,16 +104,28 @@ __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
 
 template <typename T> struct tpf_cuda__elem;
 template <> struct tpf_cuda__elem<float> {
-  static __device__ __forceinline__ float load(float v) { return v; }
-  static __device__ __forceinline__ float store(float v) { return v; }
+  static __device__ __forceinline__ float load(float v) {
+    return v;
+  }
+  static __device__ __forceinline__ float store(float v) {
+    return v;
+  }
 };
 template <> struct tpf_cuda__elem<__nv_bfloat16> {
-  static __device__ __forceinline__ float load(__nv_bfloat16 v) { return __bfloat162float(v); }
-  static __device__ __forceinline__ __nv_bfloat16 store(float v) { return __float2bfloat16_rn(v); }
+  static __device__ __forceinline__ float load(__nv_bfloat16 v) {
+    return __bfloat162float(v);
+  }
+  static __device__ __forceinline__ __nv_bfloat16 store(float v) {
+    return __float2bfloat16_rn(v);
+  }
 };
 template <> struct tpf_cuda__elem<__half> {
-  static __device__ __forceinline__ float load(__half v) { return __half2float(v); }
-  static __device__ __forceinline__ __half store(float v) { return __float2half_rn(v); }
+  static __device__ __forceinline__ float load(__half v) {
+    return __half2float(v);
+  }
+  static __device__ __forceinline__ __half store(float v) {
+    return __float2half_rn(v);
+  }
 };
 
 /* Vector path: VEC = 16 / sizeof(Tin) elements per unit; one 16-byte load per source and unit,
@@ -126,11 +133,9 @@ template <> struct tpf_cuda__elem<__half> {
 template <typename Tin, typename Tout>
 __global__ void tpf_cuda__reduce_vec_kernel(tpf_cuda_reduce_args a, const tpf_cuda_status *st) {
   __shared__ uint32_t skip;
-  if (threadIdx.x == 0)
-    skip = tpf_cuda__status_code(st);
+  if (threadIdx.x == 0) skip = tpf_cuda__status_code(st);
   __syncthreads();
-  if (skip != TPF_CUDA_DEV_OK)
-    return;
+  if (skip != TPF_CUDA_DEV_OK) return;
   constexpr int VEC = 16 / sizeof(Tin);
   constexpr int OUT_U4 = (int)(sizeof(Tout) * VEC / 16);
   const uint64_t upr = a.cols / VEC;
@@ -168,14 +173,11 @@ __global__ void tpf_cuda__reduce_vec_kernel(tpf_cuda_reduce_args a, const tpf_cu
 }
 
 template <typename Tin, typename Tout>
-__global__ void tpf_cuda__reduce_scalar_kernel(tpf_cuda_reduce_args a,
-                                               const tpf_cuda_status *st) {
+__global__ void tpf_cuda__reduce_scalar_kernel(tpf_cuda_reduce_args a, const tpf_cuda_status *st) {
   __shared__ uint32_t skip;
-  if (threadIdx.x == 0)
-    skip = tpf_cuda__status_code(st);
+  if (threadIdx.x == 0) skip = tpf_cuda__status_code(st);
   __syncthreads();
-  if (skip != TPF_CUDA_DEV_OK)
-    return;
+  if (skip != TPF_CUDA_DEV_OK) return;
   const uint64_t n = a.rows * a.cols;
   for (uint64_t u = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x; u < n;
        u += (uint64_t)gridDim.x * blockDim.x) {
@@ -191,11 +193,9 @@ __global__ void tpf_cuda__copy_kernel(uint4 *dst, const uint4 *src, uint64_t n16
                                       unsigned char *dtail, const unsigned char *stail,
                                       uint64_t ntail, const tpf_cuda_status *st) {
   __shared__ uint32_t skip;
-  if (threadIdx.x == 0)
-    skip = tpf_cuda__status_code(st);
+  if (threadIdx.x == 0) skip = tpf_cuda__status_code(st);
   __syncthreads();
-  if (skip != TPF_CUDA_DEV_OK)
-    return;
+  if (skip != TPF_CUDA_DEV_OK) return;
   const uint64_t stride = (uint64_t)gridDim.x * blockDim.x;
   const uint64_t first = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
   for (uint64_t u = first; u < n16; u += stride)
@@ -206,14 +206,14 @@ __global__ void tpf_cuda__copy_kernel(uint4 *dst, const uint4 *src, uint64_t n16
 
 constexpr int kThreads = 512;
 
-bool tpf_cuda__aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+bool tpf_cuda__aligned16(const void *p) {
+  return ((uintptr_t)p & 15u) == 0;
+}
 
 int tpf_cuda__grid(uint64_t work, int ctas) {
   uint64_t g = (work + kThreads - 1) / kThreads;
-  if (g < 1)
-    g = 1;
-  if (g > (uint64_t)ctas)
-    g = (uint64_t)ctas;
+  if (g < 1) g = 1;
+  if (g > (uint64_t)ctas) g = (uint64_t)ctas;
   return (int)g;
 }
 
@@ -259,8 +259,7 @@ extern "C" cudaError_t tpf_cuda__launch_flags(const tpf_cuda_flag_args *a, cudaS
 
 extern "C" cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a,
                                                tpf_cuda_status *status, int ctas, cudaStream_t s) {
-  if (a->rows == 0 || a->cols == 0)
-    return cudaSuccess;
+  if (a->rows == 0 || a->cols == 0) return cudaSuccess;
   switch (a->src_dtype) {
   case TPF_BF16:
     return tpf_cuda__reduce_out<__nv_bfloat16>(*a, status, ctas, s);
@@ -275,11 +274,9 @@ extern "C" cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a,
 
 extern "C" cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_t bytes,
                                              tpf_cuda_status *status, int ctas, cudaStream_t s) {
-  if (bytes == 0)
-    return cudaSuccess;
+  if (bytes == 0) return cudaSuccess;
   uint64_t n16 = 0;
-  if (tpf_cuda__aligned16(dst) && tpf_cuda__aligned16(src))
-    n16 = bytes / 16;
+  if (tpf_cuda__aligned16(dst) && tpf_cuda__aligned16(src)) n16 = bytes / 16;
   const uint64_t head = n16 * 16;
   tpf_cuda__copy_kernel<<<tpf_cuda__grid(n16 > 0 ? n16 : bytes, ctas), kThreads, 0, s>>>(
       static_cast<uint4 *>(dst), static_cast<const uint4 *>(src), n16,
@@ -318,37 +315,34 @@ __global__ void tpf_cuda__gemm_fallback_kernel(const Tin *a, uint64_t lda, const
       acc += as[threadIdx.y][t] * ws[threadIdx.x][t];
     __syncthreads();
   }
-  if (i < m && j < n)
-    d[i * ldd + j] = tpf_cuda__elem<Tout>::store(acc);
+  if (i < m && j < n) d[i * ldd + j] = tpf_cuda__elem<Tout>::store(acc);
 }
 
 template <typename Tin, typename Tout>
 cudaError_t tpf_cuda__gemm_fallback_typed(const void *a, uint64_t lda, const void *w, uint64_t ldw,
-                                          void *d, uint64_t ldd, uint64_t m, uint64_t n,
-                                          uint64_t k, cudaStream_t s) {
+                                          void *d, uint64_t ldd, uint64_t m, uint64_t n, uint64_t k,
+                                          cudaStream_t s) {
   const dim3 block(kTile, kTile);
   const dim3 grid((unsigned)((n + kTile - 1) / kTile), (unsigned)((m + kTile - 1) / kTile));
-  tpf_cuda__gemm_fallback_kernel<Tin, Tout><<<grid, block, 0, s>>>(
-      static_cast<const Tin *>(a), lda, static_cast<const Tin *>(w), ldw, static_cast<Tout *>(d),
-      ldd, m, n, k);
+  tpf_cuda__gemm_fallback_kernel<Tin, Tout>
+      <<<grid, block, 0, s>>>(static_cast<const Tin *>(a), lda, static_cast<const Tin *>(w), ldw,
+                              static_cast<Tout *>(d), ldd, m, n, k);
   return cudaGetLastError();
 }
 
 } // namespace
 
 extern "C" cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda,
-                                                      const void *w, uint64_t ldw, void *d,
-                                                      int dt, uint64_t ldd, uint64_t m, uint64_t n,
+                                                      const void *w, uint64_t ldw, void *d, int dt,
+                                                      uint64_t ldd, uint64_t m, uint64_t n,
                                                       uint64_t k, cudaStream_t s) {
-  if ((m + kTile - 1) / kTile > 65535u)
-    return cudaErrorInvalidConfiguration;
+  if ((m + kTile - 1) / kTile > 65535u) return cudaErrorInvalidConfiguration;
   switch (at * 8 + dt) {
   case TPF_BF16 * 8 + TPF_BF16:
-    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, __nv_bfloat16>(a, lda, w, ldw, d, ldd, m,
-                                                                       n, k, s);
+    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, __nv_bfloat16>(a, lda, w, ldw, d, ldd, m, n,
+                                                                       k, s);
   case TPF_BF16 * 8 + TPF_FP32:
-    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, float>(a, lda, w, ldw, d, ldd, m, n, k,
-                                                               s);
+    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, float>(a, lda, w, ldw, d, ldd, m, n, k, s);
   case TPF_FP16 * 8 + TPF_FP16:
     return tpf_cuda__gemm_fallback_typed<__half, __half>(a, lda, w, ldw, d, ldd, m, n, k, s);
   case TPF_FP16 * 8 + TPF_FP32:

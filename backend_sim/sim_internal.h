@@ -21,8 +21,8 @@ typedef struct tpf_sim_rank tpf_sim_rank;
 
 /* One collective registration: P per-rank blocks in the arena. Block r holds rank r's data
  * (data_bytes, rounded up to 64), then its incoming flags [sender][TPF_MAX_TAGS] and its
- * incoming ready words [sender][seq parity]: everything a rank waits on lives in its own block, so a writer
- * knows whose doorbell to ring. */
+ * incoming ready words [sender][seq parity]: everything a rank waits on lives in its own block, so
+ * a writer knows whose doorbell to ring. */
 typedef struct tpf_sim_shared {
   char name[TPF_SIM_NAME_LEN];
   int tp_size;
@@ -184,8 +184,7 @@ tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_
 tpf_status tpf_sim__canary_verify(const tpf_sim_reg *r, const char *comm);
 unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
-_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender,
-                                 uint64_t seq);
+_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);
 void tpf_sim__free_groups(tpf_sim_world *w);
 
 /* sim_exec.c */

@@ -33,11 +33,10 @@ _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int send
 /* Two ready words per sender, by sequence parity: a peer may announce operation n+1 before this
  * rank has read its announcement of n (it cannot get two ahead: announcing n+2 needs this rank's
  * announcement of n+1). */
-_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender,
-                                 uint64_t seq) {
+_Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq) {
   unsigned char *p = tpf_sim__data(sh, receiver) + sh->data_span;
-  return (_Atomic uint64_t *)(void *)p + (size_t)sh->tp_size * TPF_MAX_TAGS +
-         (size_t)sender * 2 + (size_t)(seq & 1u);
+  return (_Atomic uint64_t *)(void *)p + (size_t)sh->tp_size * TPF_MAX_TAGS + (size_t)sender * 2 +
+         (size_t)(seq & 1u);
 }
 
 void tpf_sim__free_groups(tpf_sim_world *w) {

@@ -37,9 +37,9 @@ typedef struct {
   int realloc_iters;      /* destroy + create repetitions in section 1 */
   const char *csv, *json; /* output files or NULL */
   bool quick;
-  unsigned sections;      /* BENCH_SEC_* */
-  int device;             /* CUDA device */
-  int ntps;               /* T sweep of the tp section */
+  unsigned sections; /* BENCH_SEC_* */
+  int device;        /* CUDA device */
+  int ntps;          /* T sweep of the tp section */
   uint64_t tps[BENCH_MAX_TS];
 } bench_opts;
 
@@ -68,7 +68,7 @@ void bench_progress_done(void);
 
 /* ---- small helpers (bench_main.c) ---------------------------------------------------------- */
 double bench_now_ns(void);
-double bench_median(double *v, int n); /* sorts v */
+double bench_median(double *v, int n);             /* sorts v */
 double bench_quantile(double *v, int n, double q); /* v sorted */
 /* Allocations made through tpflex's allocator hooks since start (malloc, calloc, realloc). */
 long long bench_alloc_calls(void);
@@ -97,7 +97,7 @@ struct bench_group {
 };
 struct bench_rank {
   int rank, tp;
-  void *stream;      /* cudaStream_t (CUDA) or NULL (simulator) */
+  void *stream; /* cudaStream_t (CUDA) or NULL (simulator) */
   bench_group *g;
   tpf_backend *be;
 };
@@ -114,7 +114,8 @@ void bench_barrier(bench_rank *rk);
 /* Device-neutral memory: host memory on the simulator, device memory on CUDA. */
 void *bench_mem_alloc(bench_group *g, uint64_t bytes);
 void bench_mem_free(bench_group *g, void *p);
-tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes); /* dev->dev */
+tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src,
+                          uint64_t bytes); /* dev->dev */
 tpf_status bench_mem_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes);
 tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes); /* 0xFF: bf16 NaN */
 /* Makes g->src hold at least `elems` elements (see struct bench_group). Call between runs. */

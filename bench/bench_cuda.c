@@ -41,8 +41,7 @@ static tpf_status bench_cu_err(cudaError_t e, const char *what) {
 #define BENCH_CU(call, what)                                                                       \
   do {                                                                                             \
     cudaError_t bench_e_ = (call);                                                                 \
-    if (bench_e_ != cudaSuccess)                                                                   \
-      return bench_cu_err(bench_e_, what);                                                         \
+    if (bench_e_ != cudaSuccess) return bench_cu_err(bench_e_, what);                              \
   } while (0)
 
 typedef struct {
@@ -80,11 +79,10 @@ static void *bench_cu_thread(void *p) {
   tpf_bootstrap boot;
   if (cudaSetDevice(cu->device) != cudaSuccess)
     st = tpf_set_error(TPF_EBACKEND, "cudaSetDevice(%d) failed", cu->device);
-  if (st == TPF_OK)
-    st = tpf_cuda_threads_bootstrap(cu->tg, r, cu->device, &boot);
-  if (st == TPF_OK)
-    st = tpf_cuda_backend_create(&boot, &cu->be[r]);
-  if (st == TPF_OK && cudaStreamCreateWithFlags(&cu->stream[r], cudaStreamNonBlocking) != cudaSuccess)
+  if (st == TPF_OK) st = tpf_cuda_threads_bootstrap(cu->tg, r, cu->device, &boot);
+  if (st == TPF_OK) st = tpf_cuda_backend_create(&boot, &cu->be[r]);
+  if (st == TPF_OK &&
+      cudaStreamCreateWithFlags(&cu->stream[r], cudaStreamNonBlocking) != cudaSuccess)
     st = tpf_set_error(TPF_EBACKEND, "cudaStreamCreate failed");
   pthread_mutex_lock(&cu->mu);
   cu->init_rc[r] = st;
@@ -96,8 +94,7 @@ static void *bench_cu_thread(void *p) {
   for (;;) {
     while (cu->gen == seen && !cu->quit)
       pthread_cond_wait(&cu->cv, &cu->mu);
-    if (cu->quit)
-      break;
+    if (cu->quit) break;
     seen = cu->gen;
     pthread_mutex_unlock(&cu->mu);
     bench_rank rk = {.rank = r, .tp = cu->tp, .stream = cu->stream[r], .g = cu->g, .be = cu->be[r]};
@@ -108,26 +105,21 @@ static void *bench_cu_thread(void *p) {
     pthread_cond_broadcast(&cu->cv);
   }
   pthread_mutex_unlock(&cu->mu);
-  if (cu->stream[r])
-    cudaStreamSynchronize(cu->stream[r]);
-  if (cu->be[r])
-    tpf_cuda_backend_destroy(cu->be[r]);
-  if (cu->stream[r])
-    cudaStreamDestroy(cu->stream[r]);
+  if (cu->stream[r]) cudaStreamSynchronize(cu->stream[r]);
+  if (cu->be[r]) tpf_cuda_backend_destroy(cu->be[r]);
+  if (cu->stream[r]) cudaStreamDestroy(cu->stream[r]);
   return NULL;
 }
 
 tpf_status bench_cuda_group_init(bench_group *g) {
   bench_cu *cu = calloc(1, sizeof(*cu));
-  if (!cu)
-    return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  if (!cu) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
   g->cu = cu;
   cu->g = g;
   cu->tp = g->tp;
   cu->device = g->o->device;
   BENCH_CU(cudaSetDevice(cu->device), "cudaSetDevice");
-  if (g->tp == 0)
-    return TPF_OK;
+  if (g->tp == 0) return TPF_OK;
   cu->nev = g->o->iters;
   cu->ev_start = calloc((size_t)cu->nev, sizeof(cudaEvent_t));
   cu->ev_stop = calloc((size_t)cu->nev, sizeof(cudaEvent_t));
@@ -144,8 +136,7 @@ tpf_status bench_cuda_group_init(bench_group *g) {
   pthread_mutex_init(&cu->mu, NULL);
   pthread_cond_init(&cu->cv, NULL);
   tpf_status st = tpf_cuda_threads_create(g->tp, &cu->tg);
-  if (st != TPF_OK)
-    return st;
+  if (st != TPF_OK) return st;
   for (int r = 0; r < g->tp; r++) {
     bench_cu_args[r] = (bench_cu_arg){cu, r};
     pthread_create(&cu->th[r], NULL, bench_cu_thread, &bench_cu_args[r]);
@@ -162,8 +153,7 @@ tpf_status bench_cuda_group_init(bench_group *g) {
 
 tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
   bench_cu *cu = g->cu;
-  if (!cu || cu->tp == 0)
-    return tpf_set_error(TPF_EINVAL, "bench: group has no ranks");
+  if (!cu || cu->tp == 0) return tpf_set_error(TPF_EINVAL, "bench: group has no ranks");
   pthread_mutex_lock(&cu->mu);
   cu->fn = fn;
   cu->arg = arg;
@@ -174,15 +164,13 @@ tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
     pthread_cond_wait(&cu->cv, &cu->mu);
   pthread_mutex_unlock(&cu->mu);
   for (int r = 0; r < cu->tp; r++)
-    if (cu->rc[r] != TPF_OK)
-      return cu->rc[r];
+    if (cu->rc[r] != TPF_OK) return cu->rc[r];
   return TPF_OK;
 }
 
 void bench_cuda_group_fini(bench_group *g) {
   bench_cu *cu = g->cu;
-  if (!cu)
-    return;
+  if (!cu) return;
   if (cu->tp > 0 && cu->ready > 0) {
     pthread_mutex_lock(&cu->mu);
     cu->quit = true;
@@ -191,33 +179,29 @@ void bench_cuda_group_fini(bench_group *g) {
     for (int r = 0; r < cu->tp; r++)
       pthread_join(cu->th[r], NULL);
   }
-  if (cu->tg)
-    tpf_cuda_threads_destroy(cu->tg);
+  if (cu->tg) tpf_cuda_threads_destroy(cu->tg);
   for (int i = 0; i < cu->nev; i++) {
-    if (cu->ev_start && cu->ev_start[i])
-      cudaEventDestroy(cu->ev_start[i]);
-    if (cu->ev_stop && cu->ev_stop[i])
-      cudaEventDestroy(cu->ev_stop[i]);
+    if (cu->ev_start && cu->ev_start[i]) cudaEventDestroy(cu->ev_start[i]);
+    if (cu->ev_stop && cu->ev_stop[i]) cudaEventDestroy(cu->ev_stop[i]);
   }
   for (int i = 0; cu->ev_end && i < cu->nev * cu->tp; i++)
-    if (cu->ev_end[i])
-      cudaEventDestroy(cu->ev_end[i]);
+    if (cu->ev_end[i]) cudaEventDestroy(cu->ev_end[i]);
   free(cu->ev_start);
   free(cu->ev_stop);
   free(cu->ev_end);
-  if (cu->flush)
-    cudaFree(cu->flush);
+  if (cu->flush) cudaFree(cu->flush);
   free(cu);
   g->cu = NULL;
 }
 
 void *bench_cuda_alloc(uint64_t bytes) {
   void *p = NULL;
-  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess)
-    return NULL;
+  if (cudaMalloc(&p, bytes ? bytes : 1) != cudaSuccess) return NULL;
   return p;
 }
-void bench_cuda_free(void *p) { cudaFree(p); }
+void bench_cuda_free(void *p) {
+  cudaFree(p);
+}
 
 tpf_status bench_cuda_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes) {
   BENCH_CU(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, (cudaStream_t)rk->stream),
@@ -229,7 +213,8 @@ tpf_status bench_cuda_tile(void *dst, const void *host, uint64_t unit, uint64_t 
   BENCH_CU(cudaMemcpy(dst, host, first, cudaMemcpyHostToDevice), "cudaMemcpy(upload)");
   for (uint64_t cur = first; cur < total;) {
     uint64_t n = total - cur < cur ? total - cur : cur;
-    BENCH_CU(cudaMemcpy((uint8_t *)dst + cur, dst, n, cudaMemcpyDeviceToDevice), "cudaMemcpy(tile)");
+    BENCH_CU(cudaMemcpy((uint8_t *)dst + cur, dst, n, cudaMemcpyDeviceToDevice),
+             "cudaMemcpy(tile)");
     cur += n;
   }
   return TPF_OK;
@@ -258,8 +243,7 @@ tpf_status bench_cuda_time_begin(bench_rank *rk, int it) {
     cudaEventRecord(cu->ev_start[it], s);
   }
   bench_barrier(rk);
-  if (rk->rank != 0)
-    cudaStreamWaitEvent((cudaStream_t)rk->stream, cu->ev_start[it], 0);
+  if (rk->rank != 0) cudaStreamWaitEvent((cudaStream_t)rk->stream, cu->ev_start[it], 0);
   return TPF_OK;
 }
 tpf_status bench_cuda_time_end(bench_rank *rk, int it) {
@@ -282,12 +266,10 @@ tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us) {
     cudaError_t e = cudaEventSynchronize(cu->ev_stop[n - 1]);
     for (int it = 0; it < n; it++) {
       float ms = NAN;
-      if (e == cudaSuccess)
-        e = cudaEventElapsedTime(&ms, cu->ev_start[it], cu->ev_stop[it]);
+      if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, cu->ev_start[it], cu->ev_stop[it]);
       us[it] = e == cudaSuccess ? (double)ms * 1e3 : NAN;
     }
-    if (e != cudaSuccess)
-      st = bench_cu_err(e, "event timing");
+    if (e != cudaSuccess) st = bench_cu_err(e, "event timing");
   }
   bench_barrier(rk);
   return st;
@@ -295,8 +277,7 @@ tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us) {
 
 long long bench_cuda_dev_used(void) {
   size_t fr = 0, tot = 0;
-  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess)
-    return -1;
+  if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) return -1;
   return (long long)(tot - fr);
 }
 
@@ -323,8 +304,7 @@ static tpf_status bench_lt_err(cublasStatus_t s, const char *what) {
 #define BENCH_LT(call, what)                                                                       \
   do {                                                                                             \
     cublasStatus_t bench_s_ = (call);                                                              \
-    if (bench_s_ != CUBLAS_STATUS_SUCCESS)                                                         \
-      return bench_lt_err(bench_s_, what);                                                         \
+    if (bench_s_ != CUBLAS_STATUS_SUCCESS) return bench_lt_err(bench_s_, what);                    \
   } while (0)
 
 static tpf_status bench_lt_init(bench_lt *lt, int iters) {
@@ -342,30 +322,20 @@ static tpf_status bench_lt_init(bench_lt *lt, int iters) {
 }
 static void bench_lt_fini(bench_lt *lt) {
   for (int i = 0; i < BENCH_MAX_ITERS; i++) {
-    if (lt->e0[i])
-      cudaEventDestroy(lt->e0[i]);
-    if (lt->e1[i])
-      cudaEventDestroy(lt->e1[i]);
+    if (lt->e0[i]) cudaEventDestroy(lt->e0[i]);
+    if (lt->e1[i]) cudaEventDestroy(lt->e1[i]);
   }
-  if (lt->s)
-    cudaStreamDestroy(lt->s);
-  if (lt->ws)
-    cudaFree(lt->ws);
-  if (lt->flush)
-    cudaFree(lt->flush);
-  if (lt->h)
-    cublasLtDestroy(lt->h);
+  if (lt->s) cudaStreamDestroy(lt->s);
+  if (lt->ws) cudaFree(lt->ws);
+  if (lt->flush) cudaFree(lt->flush);
+  if (lt->h) cublasLtDestroy(lt->h);
 }
 
 static void bench_lt_plan_free(bench_lt_plan *p) {
-  if (p->lw)
-    cublasLtMatrixLayoutDestroy(p->lw);
-  if (p->lx)
-    cublasLtMatrixLayoutDestroy(p->lx);
-  if (p->ld)
-    cublasLtMatrixLayoutDestroy(p->ld);
-  if (p->desc)
-    cublasLtMatmulDescDestroy(p->desc);
+  if (p->lw) cublasLtMatrixLayoutDestroy(p->lw);
+  if (p->lx) cublasLtMatrixLayoutDestroy(p->lx);
+  if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
+  if (p->desc) cublasLtMatmulDescDestroy(p->desc);
   memset(p, 0, sizeof(*p));
 }
 
@@ -420,16 +390,14 @@ static long long bench_lt_check(bench_group *g, const void *d, uint64_t m, uint6
   for (int p = 0; p < parts; p++) {
     uint64_t c[3] = {0, R / 2, R - 1};
     for (int i = 0; i < 3; i++)
-      if (nr == 0 || rows[nr - 1] != p * R + c[i])
-        rows[nr++] = p * R + c[i];
+      if (nr == 0 || rows[nr - 1] != p * R + c[i]) rows[nr++] = p * R + c[i];
   }
   uint64_t nc = n < 64 ? n : 64;
   uint16_t *xs = malloc((size_t)nr * k * 2), *ws = malloc(nc * k * 2), *row = malloc(n * 2),
            *got = malloc((size_t)nr * nc * 2);
   float *want = malloc((size_t)nr * nc * sizeof(float));
   long long wrong = -1;
-  if (!xs || !ws || !row || !got || !want)
-    goto out;
+  if (!xs || !ws || !row || !got || !want) goto out;
   for (int i = 0; i < nr; i++) {
     for (uint64_t kk = 0; kk < k; kk++)
       xs[(uint64_t)i * k + kk] = g->pool[(xo + rows[i] * k + kk) % g->pool_elems];
@@ -443,7 +411,8 @@ static long long bench_lt_check(bench_group *g, const void *d, uint64_t m, uint6
     for (uint64_t kk = 0; kk < k; kk++)
       ws[c * k + kk] = g->pool[(wo + (c * n / nc) * k + kk) % g->pool_elems];
   tpf_matrix mx = {xs, (uint64_t)nr, k, k, TPF_BF16}, mw = {ws, nc, k, k, TPF_BF16};
-  tpf_matrix mg = {got, (uint64_t)nr, nc, nc, TPF_BF16}, mwant = {want, (uint64_t)nr, nc, nc, TPF_FP32};
+  tpf_matrix mg = {got, (uint64_t)nr, nc, nc, TPF_BF16},
+             mwant = {want, (uint64_t)nr, nc, nc, TPF_FP32};
   tpf_ref_result res;
   if (tpf_ref_gemm_f32(&mx, &mw, want) != TPF_OK ||
       tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res) != TPF_OK)
@@ -469,8 +438,7 @@ static tpf_status bench_lt_time(bench_group *g, bench_lt *lt, uint64_t m, uint64
                                 int parts, int warmup, int iters, double *us, long long *wrong) {
   const uint64_t margin = 8ull << 20;
   tpf_status st = bench_src_reserve(g, (m > n ? m : n) * k + margin);
-  if (st != TPF_OK)
-    return st;
+  if (st != TPF_OK) return st;
   void *d = NULL;
   BENCH_CU(cudaMalloc(&d, m * n * 2), "cudaMalloc(d)");
   bench_lt_plan p;
@@ -491,8 +459,7 @@ static tpf_status bench_lt_time(bench_group *g, bench_lt *lt, uint64_t m, uint64
       uint64_t r0 = (uint64_t)c * (m / (uint64_t)parts);
       st = bench_lt_exec(lt, &p, src + xo + r0 * k, src + wo, (uint16_t *)d + r0 * n);
     }
-    if (timed)
-      cudaEventRecord(lt->e1[it - warmup], lt->s);
+    if (timed) cudaEventRecord(lt->e1[it - warmup], lt->s);
     if (it == total && st == TPF_OK) {
       cudaError_t e = cudaStreamSynchronize(lt->s);
       if (e != cudaSuccess)
@@ -504,12 +471,10 @@ static tpf_status bench_lt_time(bench_group *g, bench_lt *lt, uint64_t m, uint64
   for (int i = 0; st == TPF_OK && i < iters; i++) {
     float ms;
     cudaError_t e = cudaEventElapsedTime(&ms, lt->e0[i], lt->e1[i]);
-    if (e != cudaSuccess)
-      st = bench_cu_err(e, "cudaEventElapsedTime");
+    if (e != cudaSuccess) st = bench_cu_err(e, "cudaEventElapsedTime");
     v[i] = ms * 1e3;
   }
-  if (st == TPF_OK)
-    *us = bench_median(v, iters);
+  if (st == TPF_OK) *us = bench_median(v, iters);
   free(v);
   bench_lt_plan_free(&p);
   cudaFree(d);
@@ -522,12 +487,12 @@ static bool bench_lt_ready;
 tpf_status bench_cuda_gemm_us(bench_group *g, uint64_t m, uint64_t n, uint64_t k, double *us) {
   if (!bench_lt_ready) {
     tpf_status st = bench_lt_init(&bench_lt_main, g->o->iters);
-    if (st != TPF_OK)
-      return st;
+    if (st != TPF_OK) return st;
     bench_lt_ready = true;
   }
   long long wrong = 0;
-  tpf_status st = bench_lt_time(g, &bench_lt_main, m, n, k, 1, g->o->warmup, g->o->iters, us, &wrong);
+  tpf_status st =
+      bench_lt_time(g, &bench_lt_main, m, n, k, 1, g->o->warmup, g->o->iters, us, &wrong);
   if (st == TPF_OK && wrong != 0)
     return tpf_set_error(TPF_EBACKEND, "layer GEMM check failed (%lld wrong)", wrong);
   return st;
@@ -554,8 +519,9 @@ void bench_cuda_header(const bench_opts *o) {
 /* ---- section 3: chunking tax ---------------------------------------------------------------- */
 
 int bench_cuda_section_chunking(const bench_opts *o) {
-  static const char *const cols[] = {"T", "N", "H", "P", "chunk_rows", "one(us)", "one_TF/s",
-                                     "chunked(us)", "chunked_TF/s", "tax", "#wrong"};
+  static const char *const cols[] = {
+      "T",   "N",     "H", "P", "chunk_rows", "one(us)", "one_TF/s", "chunked(us)", "chunked_TF/s",
+      "tax", "#wrong"};
   char title[200];
   snprintf(title, sizeof(title),
            "Section 3: chunking tax on one GPU: P row-chunk cuBLASLt GEMMs [T/P,H]x[N,H]^T back "
@@ -565,8 +531,7 @@ int bench_cuda_section_chunking(const bench_opts *o) {
   bench_group *g = NULL;
   tpf_status st = bench_group_create(o, 0, &g);
   bench_lt lt;
-  if (st == TPF_OK)
-    st = bench_lt_init(&lt, o->iters);
+  if (st == TPF_OK) st = bench_lt_init(&lt, o->iters);
   if (st != TPF_OK) {
     bench_note("FAILED: %s", tpf_last_error());
     bench_group_destroy(g);
@@ -575,14 +540,13 @@ int bench_cuda_section_chunking(const bench_opts *o) {
   int rc = 0;
   const uint64_t Ns[2] = {o->n, 1024};
   for (int ni = 0; ni < 2; ni++) {
-    if (ni == 1 && Ns[1] == Ns[0])
-      continue;
+    if (ni == 1 && Ns[1] == Ns[0]) continue;
     for (uint64_t T = 512; T <= 32768; T *= 2) {
-      if (o->quick && T != 1024 && T != 8192 && T != 32768)
-        continue;
+      if (o->quick && T != 1024 && T != 8192 && T != 32768) continue;
       double one = NAN;
       long long w1 = 0;
-      bench_progress("[3/4 chunking] N=%llu T=%llu", (unsigned long long)Ns[ni], (unsigned long long)T);
+      bench_progress("[3/4 chunking] N=%llu T=%llu", (unsigned long long)Ns[ni],
+                     (unsigned long long)T);
       st = bench_lt_time(g, &lt, T, Ns[ni], o->hidden, 1, o->warmup, o->iters, &one, &w1);
       if (st != TPF_OK) {
         bench_note("FAILED T=%llu N=%llu: %s", (unsigned long long)T, (unsigned long long)Ns[ni],
@@ -612,8 +576,7 @@ int bench_cuda_section_chunking(const bench_opts *o) {
         bench_cell_f(ch / one, 3);
         bench_cell_i(w + w1);
         bench_row_end();
-        if (w + w1 != 0)
-          rc = 1;
+        if (w + w1 != 0) rc = 1;
       }
     }
   }
@@ -628,31 +591,25 @@ int bench_cuda_section_chunking(const bench_opts *o) {
 /* The peer: opens every handle it reads on stdin (closing the previous one) and answers one
  * byte per handle: 1 on success, 0 on failure. */
 int bench_cuda_ipc_peer(void) {
-  if (cudaSetDevice(0) != cudaSuccess || cudaFree(NULL) != cudaSuccess)
-    return 1;
+  if (cudaSetDevice(0) != cudaSuccess || cudaFree(NULL) != cudaSuccess) return 1;
   unsigned char ok = 1;
-  if (write(1, &ok, 1) != 1)
-    return 1;
+  if (write(1, &ok, 1) != 1) return 1;
   void *open = NULL;
   cudaIpcMemHandle_t h;
   for (;;) {
     size_t got = 0;
     while (got < sizeof(h)) {
       ssize_t n = read(0, (char *)&h + got, sizeof(h) - got);
-      if (n <= 0)
-        goto done;
+      if (n <= 0) goto done;
       got += (size_t)n;
     }
-    if (open)
-      cudaIpcCloseMemHandle(open);
+    if (open) cudaIpcCloseMemHandle(open);
     open = NULL;
     ok = cudaIpcOpenMemHandle(&open, h, cudaIpcMemLazyEnablePeerAccess) == cudaSuccess;
-    if (write(1, &ok, 1) != 1)
-      break;
+    if (write(1, &ok, 1) != 1) break;
   }
 done:
-  if (open)
-    cudaIpcCloseMemHandle(open);
+  if (open) cudaIpcCloseMemHandle(open);
   return 0;
 }
 
@@ -689,8 +646,7 @@ int bench_cuda_setshape_alternatives(const bench_opts *o, bench_group *g) {
     static const uint64_t div[4] = {8, 4, 2, 1};
     uint64_t bytes = o->capacity / div[i & 3] * o->hidden * 2 + flags_bytes;
     double t0 = bench_now_ns();
-    if (buf)
-      cudaFree(buf);
+    if (buf) cudaFree(buf);
     buf = NULL;
     if (cudaMalloc(&buf, bytes) != cudaSuccess) {
       rc = 1;
@@ -718,16 +674,13 @@ int bench_cuda_setshape_alternatives(const bench_opts *o, bench_group *g) {
     c[done] = t3 - t0;
     done++;
   }
-  if (to_child[1] >= 0)
-    close(to_child[1]);
+  if (to_child[1] >= 0) close(to_child[1]);
   if (pid > 0) {
     int status;
     waitpid(pid, &status, 0);
   }
-  if (from_child[0] >= 0)
-    close(from_child[0]);
-  if (buf)
-    cudaFree(buf);
+  if (from_child[0] >= 0) close(from_child[0]);
+  if (buf) cudaFree(buf);
   const char *cols_unused = NULL;
   (void)cols_unused;
   if (done > 0) {
@@ -802,12 +755,16 @@ tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
   (void)arg;
   return bench_no_cuda();
 }
-void bench_cuda_group_fini(bench_group *g) { (void)g; }
+void bench_cuda_group_fini(bench_group *g) {
+  (void)g;
+}
 void *bench_cuda_alloc(uint64_t bytes) {
   (void)bytes;
   return NULL;
 }
-void bench_cuda_free(void *p) { (void)p; }
+void bench_cuda_free(void *p) {
+  (void)p;
+}
 tpf_status bench_cuda_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes) {
   (void)rk;
   (void)dst;
@@ -855,7 +812,9 @@ tpf_status bench_cuda_sync(bench_rank *rk) {
   (void)rk;
   return bench_no_cuda();
 }
-long long bench_cuda_dev_used(void) { return -1; }
+long long bench_cuda_dev_used(void) {
+  return -1;
+}
 tpf_status bench_cuda_gemm_us(bench_group *g, uint64_t m, uint64_t n, uint64_t k, double *us) {
   (void)g;
   (void)m;
@@ -864,7 +823,9 @@ tpf_status bench_cuda_gemm_us(bench_group *g, uint64_t m, uint64_t n, uint64_t k
   (void)us;
   return bench_no_cuda();
 }
-void bench_cuda_header(const bench_opts *o) { (void)o; }
+void bench_cuda_header(const bench_opts *o) {
+  (void)o;
+}
 int bench_cuda_section_chunking(const bench_opts *o) {
   (void)o;
   return 1;

@@ -33,8 +33,12 @@ static void *bench_realloc_(void *p, size_t n) {
   atomic_fetch_add(&bench_allocs, 1);
   return realloc(p, n);
 }
-static void bench_free_(void *p) { free(p); }
-long long bench_alloc_calls(void) { return atomic_load(&bench_allocs); }
+static void bench_free_(void *p) {
+  free(p);
+}
+long long bench_alloc_calls(void) {
+  return atomic_load(&bench_allocs);
+}
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -49,14 +53,12 @@ static int bench_cmp_d(const void *a, const void *b) {
   return (x > y) - (x < y);
 }
 double bench_median(double *v, int n) {
-  if (n <= 0)
-    return NAN;
+  if (n <= 0) return NAN;
   qsort(v, (size_t)n, sizeof(double), bench_cmp_d);
   return (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 double bench_quantile(double *v, int n, double q) {
-  if (n <= 0)
-    return NAN;
+  if (n <= 0) return NAN;
   int i = (int)(q * (n - 1) + 0.5);
   return v[i < 0 ? 0 : (i >= n ? n - 1 : i)];
 }
@@ -121,8 +123,7 @@ void bench_table(const char *id, const char *title, int ncols, const char *const
 }
 
 static bench_cellv *bench_next_cell(void) {
-  if (bench_ncell >= BENCH_MAX_COLS)
-    bench_ncell = BENCH_MAX_COLS - 1;
+  if (bench_ncell >= BENCH_MAX_COLS) bench_ncell = BENCH_MAX_COLS - 1;
   bench_cellv *c = &bench_row[bench_ncell++];
   memset(c, 0, sizeof(*c));
   return c;
@@ -156,8 +157,7 @@ static void bench_cell_text(const bench_cellv *c, char *buf, size_t len) {
 }
 
 void bench_row_end(void) {
-  if (bench_ntabs == 0)
-    return;
+  if (bench_ntabs == 0) return;
   bench_progress_clear();
   bench_tab *t = &bench_tabs[bench_ntabs - 1];
   if (t->nrows == t->cap_rows) {
@@ -197,8 +197,7 @@ void bench_note(const char *fmt, ...) {
   bench_progress_clear();
   printf("# %s\n", buf);
   fflush(stdout);
-  if (bench_ntabs == 0)
-    return;
+  if (bench_ntabs == 0) return;
   bench_tab *t = &bench_tabs[bench_ntabs - 1];
   t->notes = realloc(t->notes, (size_t)(t->nnotes + 1) * sizeof(char *));
   t->notes[t->nnotes] = malloc(strlen(buf) + 1);
@@ -219,7 +218,9 @@ void bench_progress(const char *fmt, ...) {
   }
   fflush(stderr);
 }
-void bench_progress_done(void) { bench_progress_clear(); }
+void bench_progress_done(void) {
+  bench_progress_clear();
+}
 
 static void bench_json_str(FILE *f, const char *s) {
   fputc('"', f);
@@ -325,29 +326,31 @@ static void bench_free_report(void) {
 /* ---- options ------------------------------------------------------------------------------ */
 
 static void bench_usage(FILE *f) {
-  fprintf(f,
-          "usage: tpflex bench [options]\n"
-          "  --backend sim|cuda   simulator (default; CPU times) or the CUDA backend\n"
-          "  --tp P               TP size of the dynamic section; the tp section runs P = 2,4,8 up to it\n"
-          "  --capacity C         registered rows (sim default 1024, cuda 32768)\n"
-          "  --hidden H           buffer columns (sim 256, cuda 8192)\n"
-          "  --n N                per-rank GEMM width: AG weight rows, RS reduction dim (sim 256, cuda 3584)\n"
-          "  --iters I            timed repetitions per configuration (sim 5, cuda 30)\n"
-          "  --warmup W           warm-up runs per configuration (sim 1, cuda 5)\n"
-          "  --calls K            set_active_shape calls timed in section 1 (default 100000)\n"
-          "  --csv FILE, --json FILE   also write every table there\n"
-          "  --quick              fewer sizes and repetitions (a smoke test)\n"
-          "  --section setshape|dynamic|chunking|tp|all   (repeatable; default all)\n"
-          "Sections: 1 setshape  set_active_shape cost vs re-registration; 2 dynamic  active T vs\n"
-          "padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs vs one GEMM (GPU only); 4 tp  P ranks\n"
-          "as threads on one device, overlapped vs serial vs one whole-layer GEMM.\n");
+  fprintf(
+      f,
+      "usage: tpflex bench [options]\n"
+      "  --backend sim|cuda   simulator (default; CPU times) or the CUDA backend\n"
+      "  --tp P               TP size of the dynamic section; the tp section runs P = 2,4,8 up to "
+      "it\n"
+      "  --capacity C         registered rows (sim default 1024, cuda 32768)\n"
+      "  --hidden H           buffer columns (sim 256, cuda 8192)\n"
+      "  --n N                per-rank GEMM width: AG weight rows, RS reduction dim (sim 256, cuda "
+      "3584)\n"
+      "  --iters I            timed repetitions per configuration (sim 5, cuda 30)\n"
+      "  --warmup W           warm-up runs per configuration (sim 1, cuda 5)\n"
+      "  --calls K            set_active_shape calls timed in section 1 (default 100000)\n"
+      "  --csv FILE, --json FILE   also write every table there\n"
+      "  --quick              fewer sizes and repetitions (a smoke test)\n"
+      "  --section setshape|dynamic|chunking|tp|all   (repeatable; default all)\n"
+      "Sections: 1 setshape  set_active_shape cost vs re-registration; 2 dynamic  active T vs\n"
+      "padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs vs one GEMM (GPU only); 4 tp  P ranks\n"
+      "as threads on one device, overlapped vs serial vs one whole-layer GEMM.\n");
 }
 
 static bool bench_parse_u64(const char *s, uint64_t *out) {
   char *end = NULL;
   unsigned long long v = strtoull(s, &end, 10);
-  if (!s[0] || *end || s[0] == '-')
-    return false;
+  if (!s[0] || *end || s[0] == '-') return false;
   *out = v;
   return true;
 }
@@ -439,8 +442,7 @@ int tpf_cmd_bench(int argc, char **argv) {
   /* Many streams (P ranks x 5 streams) with device-side flag waits: give every stream its own
    * hardware queue, as `make test-cuda` does, so no wait can sit in front of the copy it waits
    * for. Read when the CUDA context is created, so set before any CUDA call. */
-  if (o.cuda)
-    setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  if (o.cuda) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   /* Count every allocation tpflex makes. Only possible before any tpflex object exists, which
    * is the case here: bench is the whole process. */
   if (tpf_set_allocator(bench_malloc_, bench_calloc_, bench_realloc_, bench_free_) != TPF_OK)
@@ -460,12 +462,10 @@ int tpf_cmd_bench(int argc, char **argv) {
   /* The tp section's T sweep: GPU {1k, 2k, ..., C} (at most 32k steps of 2); simulator C/8..C. */
   if (o.cuda) {
     for (uint64_t t = 1024; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
-      if (!o.quick || t >= o.capacity / 8)
-        o.tps[o.ntps++] = t;
+      if (!o.quick || t >= o.capacity / 8) o.tps[o.ntps++] = t;
   } else {
     for (uint64_t t = o.capacity / 8; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
-      if (t >= 1 && (!o.quick || t >= o.capacity / 4))
-        o.tps[o.ntps++] = t;
+      if (t >= 1 && (!o.quick || t >= o.capacity / 4)) o.tps[o.ntps++] = t;
   }
   if (o.ntps == 0 || o.tps[o.ntps - 1] != o.capacity)
     o.tps[o.ntps < BENCH_MAX_TS ? o.ntps++ : o.ntps - 1] = o.capacity;
@@ -486,26 +486,26 @@ int tpf_cmd_bench(int argc, char **argv) {
            (unsigned long long)o.hidden, (unsigned long long)o.n, o.iters, o.warmup);
   printf("# tpflex bench %d.%d.%d\n# command: %s\n# date: %s\n", TPF_VERSION_MAJOR,
          TPF_VERSION_MINOR, TPF_VERSION_PATCH, cmdline, date);
-  printf("# backend=%s  P=%d  capacity C=%llu  hidden H=%llu  N=%llu  dtype=bf16 (fp32 accumulation)"
-         "  iters=%d  warmup=%d\n",
-         o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity,
-         (unsigned long long)o.hidden, (unsigned long long)o.n, o.iters, o.warmup);
+  printf(
+      "# backend=%s  P=%d  capacity C=%llu  hidden H=%llu  N=%llu  dtype=bf16 (fp32 accumulation)"
+      "  iters=%d  warmup=%d\n",
+      o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity, (unsigned long long)o.hidden,
+      (unsigned long long)o.n, o.iters, o.warmup);
   if (o.cuda) {
     bench_cuda_header(&o);
   } else {
-    printf("# NOTE: simulator times are CPU times of a pthread simulator on this host (its GEMM is a "
-           "CPU loop and its\n#       'copy engine' is memcpy). They show the shape of the "
-           "costs, not GPU performance: do not\n#       read them as predictions for a GPU.\n");
+    printf(
+        "# NOTE: simulator times are CPU times of a pthread simulator on this host (its GEMM is a "
+        "CPU loop and its\n#       'copy engine' is memcpy). They show the shape of the "
+        "costs, not GPU performance: do not\n#       read them as predictions for a GPU.\n");
   }
   printf("# size = T*H*2 bytes (the whole [T, H] array), time = median us, algbw = size/time, "
          "busbw = algbw*(P-1)/P,\n# #wrong = result elements outside SPEC §7 tolerance (checked "
          "in the same run on sampled rows).\n");
 
   int rc = 0;
-  if (o.sections & BENCH_SEC_SETSHAPE)
-    rc |= bench_section_setshape(&o);
-  if (o.sections & BENCH_SEC_DYNAMIC)
-    rc |= bench_section_dynamic(&o);
+  if (o.sections & BENCH_SEC_SETSHAPE) rc |= bench_section_setshape(&o);
+  if (o.sections & BENCH_SEC_DYNAMIC) rc |= bench_section_dynamic(&o);
   if (o.sections & BENCH_SEC_CHUNKING) {
     if (o.cuda) {
       rc |= bench_cuda_section_chunking(&o);
@@ -516,14 +516,12 @@ int tpf_cmd_bench(int argc, char **argv) {
                  "run with --backend cuda");
     }
   }
-  if (o.sections & BENCH_SEC_TP)
-    rc |= bench_section_tp(&o);
+  if (o.sections & BENCH_SEC_TP) rc |= bench_section_tp(&o);
   bench_progress_done();
-  if (o.csv)
-    rc |= bench_write_csv(o.csv);
-  if (o.json)
-    rc |= bench_write_json(o.json);
-  printf("\n# %s\n", rc ? "bench finished with failures (see above)" : "bench finished: all checks passed");
+  if (o.csv) rc |= bench_write_csv(o.csv);
+  if (o.json) rc |= bench_write_json(o.json);
+  printf("\n# %s\n",
+         rc ? "bench finished with failures (see above)" : "bench finished: all checks passed");
   bench_free_report();
   return rc ? 1 : 0;
 }

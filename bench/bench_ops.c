@@ -27,13 +27,14 @@
 
 /* ---- the random source -------------------------------------------------------------------- */
 
-static uint16_t bench_bf16(float f) { return tpf_ref_float_to_bf16(f); }
+static uint16_t bench_bf16(float f) {
+  return tpf_ref_float_to_bf16(f);
+}
 
 static tpf_status bench_pool_init(bench_group *g) {
   g->pool_elems = g->cuda ? (32ull << 20) : (1ull << 20);
   g->pool = malloc(g->pool_elems * sizeof(uint16_t));
-  if (!g->pool)
-    return tpf_set_error(TPF_ENOMEM, "bench: no memory for the input pool");
+  if (!g->pool) return tpf_set_error(TPF_ENOMEM, "bench: no memory for the input pool");
   uint64_t s = 0x9E3779B97F4A7C15ull;
   for (uint64_t i = 0; i < g->pool_elems; i++) {
     /* splitmix64 -> uniform [-1, 1) -> bf16; never zero-filled. */
@@ -52,10 +53,8 @@ float bench_src_value(const bench_group *g, uint64_t i) {
 }
 
 tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
-  if (elems <= g->src_elems)
-    return TPF_OK;
-  if (g->src)
-    bench_mem_free(g, g->src);
+  if (elems <= g->src_elems) return TPF_OK;
+  if (g->src) bench_mem_free(g, g->src);
   g->src = NULL;
   g->src_elems = 0;
   void *p = bench_mem_alloc(g, elems * 2);
@@ -95,8 +94,7 @@ static tpf_status bench_sim_rank(tpf_backend *be, int rank, void *arg) {
 
 tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
   bench_group *g = calloc(1, sizeof(*g));
-  if (!g)
-    return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  if (!g) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
   g->o = o;
   g->cuda = o->cuda;
   g->tp = tp;
@@ -132,8 +130,7 @@ tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
 }
 
 tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
-  if (g->cuda)
-    return bench_cuda_group_run(g, fn, arg);
+  if (g->cuda) return bench_cuda_group_run(g, fn, arg);
 #ifdef TPF_HAVE_SIM
   bench_sim_tramp t = {g, fn, arg};
   return tpf_sim_run((tpf_sim_world *)g->sim_world, bench_sim_rank, &t);
@@ -143,18 +140,14 @@ tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
 }
 
 void bench_group_destroy(bench_group *g) {
-  if (!g)
-    return;
-  if (g->src)
-    bench_mem_free(g, g->src);
-  if (g->cuda)
-    bench_cuda_group_fini(g);
+  if (!g) return;
+  if (g->src) bench_mem_free(g, g->src);
+  if (g->cuda) bench_cuda_group_fini(g);
 #ifdef TPF_HAVE_SIM
   else if (g->sim_world)
     tpf_sim_world_destroy((tpf_sim_world *)g->sim_world);
 #endif
-  if (g->tp > 0)
-    pthread_barrier_destroy(&g->bar);
+  if (g->tp > 0) pthread_barrier_destroy(&g->bar);
   free(g->pool);
   free(g->t0);
   free(g->t1);
@@ -174,7 +167,9 @@ long long bench_group_registrations(bench_group *g) {
   return -1;
 }
 
-void bench_barrier(bench_rank *rk) { pthread_barrier_wait(&rk->g->bar); }
+void bench_barrier(bench_rank *rk) {
+  pthread_barrier_wait(&rk->g->bar);
+}
 
 void *bench_mem_alloc(bench_group *g, uint64_t bytes) {
   return g->cuda ? bench_cuda_alloc(bytes) : malloc(bytes ? bytes : 1);
@@ -186,41 +181,37 @@ void bench_mem_free(bench_group *g, void *p) {
     free(p);
 }
 tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes) {
-  if (rk->g->cuda)
-    return bench_cuda_copy(rk, dst, src, bytes);
+  if (rk->g->cuda) return bench_cuda_copy(rk, dst, src, bytes);
   memcpy(dst, src, bytes);
   return TPF_OK;
 }
 tpf_status bench_mem_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes) {
-  if (rk->g->cuda)
-    return bench_cuda_download(rk, host, dev, bytes);
+  if (rk->g->cuda) return bench_cuda_download(rk, host, dev, bytes);
   memcpy(host, dev, bytes);
   return TPF_OK;
 }
 tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes) {
-  if (rk->g->cuda)
-    return bench_cuda_poison(rk, dev, bytes);
+  if (rk->g->cuda) return bench_cuda_poison(rk, dev, bytes);
   memset(dev, 0xFF, bytes);
   return TPF_OK;
 }
-tpf_status bench_sync(bench_rank *rk) { return rk->g->cuda ? bench_cuda_sync(rk) : TPF_OK; }
+tpf_status bench_sync(bench_rank *rk) {
+  return rk->g->cuda ? bench_cuda_sync(rk) : TPF_OK;
+}
 
 tpf_status bench_time_begin(bench_rank *rk, int it) {
-  if (rk->g->cuda)
-    return bench_cuda_time_begin(rk, it);
+  if (rk->g->cuda) return bench_cuda_time_begin(rk, it);
   bench_barrier(rk);
   rk->g->t0[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
   return TPF_OK;
 }
 tpf_status bench_time_end(bench_rank *rk, int it) {
-  if (rk->g->cuda)
-    return bench_cuda_time_end(rk, it);
+  if (rk->g->cuda) return bench_cuda_time_end(rk, it);
   rk->g->t1[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
   return TPF_OK;
 }
 tpf_status bench_time_collect(bench_rank *rk, int n, double *us) {
-  if (rk->g->cuda)
-    return bench_cuda_time_collect(rk, n, us);
+  if (rk->g->cuda) return bench_cuda_time_collect(rk, n, us);
   bench_barrier(rk);
   if (rk->rank == 0) {
     for (int it = 0; it < n; it++) {
@@ -298,7 +289,9 @@ static uint64_t bench_off(const bench_job *j, int r, int it, int salt) {
   return (v * 4096u) % (j->margin ? j->margin : 1) / 64u * 64u;
 }
 
-static bool bench_is_ag(bench_op op) { return bench_ops[op].coll == TPF_COLL_AG; }
+static bool bench_is_ag(bench_op op) {
+  return bench_ops[op].coll == TPF_COLL_AG;
+}
 
 /* Elements of src the job's operands can reach. */
 static uint64_t bench_job_src_elems(const bench_job *j, int P) {
@@ -316,8 +309,7 @@ static uint64_t bench_job_src_elems(const bench_job *j, int P) {
 /* One unit in the last place of bf16 at |x| (8 significant bits). */
 static float bench_ulp_bf16(float x) {
   int e = 0;
-  if (x == 0.0f || !isfinite(x))
-    return 0.0f;
+  if (x == 0.0f || !isfinite(x)) return 0.0f;
   frexpf(x, &e); /* |x| in [2^(e-1), 2^e) */
   return ldexpf(1.0f, e - 8);
 }
@@ -332,8 +324,7 @@ static int bench_sample_rows(uint64_t parts, uint64_t R, uint64_t *rows, int cap
       bool dup = false;
       for (int i = 0; i < n; i++)
         dup |= rows[i] == v;
-      if (!dup && n < cap)
-        rows[n++] = v;
+      if (!dup && n < cap) rows[n++] = v;
     }
   }
   return n;
@@ -358,7 +349,8 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
   *checked = 0;
   uint16_t *row = malloc(((ncols_out > H ? ncols_out : H) + 1) * 2);
   uint16_t *xs = malloc((size_t)nr * kdim * 2), *ws = malloc(nc * kdim * 2);
-  float *want = calloc((size_t)nr * nc, sizeof(float)), *part = malloc((size_t)nr * nc * sizeof(float));
+  float *want = calloc((size_t)nr * nc, sizeof(float)),
+        *part = malloc((size_t)nr * nc * sizeof(float));
   float *slack = calloc((size_t)nr * nc, sizeof(float));
   uint16_t *got = malloc((size_t)nr * nc * 2);
   if (!row || !xs || !ws || !want || !part || !got || !slack) {
@@ -394,8 +386,7 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
      * model them); AG has a single product. */
     for (uint64_t e = 0; e < (uint64_t)nr * nc; e++) {
       want[e] += ag ? part[e] : tpf_ref_round(TPF_BF16, part[e]);
-      if (!ag)
-        slack[e] += bench_ulp_bf16(part[e]);
+      if (!ag) slack[e] += bench_ulp_bf16(part[e]);
     }
   }
   /* Got: the sampled rows of d. */
@@ -422,13 +413,13 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
      * accumulation order differs from the reference's may round a partial to the other bf16
      * neighbour, an error of one ulp of that partial, which the per-element test of SPEC §7 cannot
      * see past when the sum is much smaller than its partials. An element is wrong when its error
-     * exceeds the SPEC §7 tolerance and that rounding slack (one ulp per partial and of the sum). */
+     * exceeds the SPEC §7 tolerance and that rounding slack (one ulp per partial and of the sum).
+     */
     tpf_ref_tol tol = tpf_ref_tolerance(TPF_BF16);
     for (uint64_t e = 0; e < (uint64_t)nr * nc; e++) {
       double gv = tpf_ref_bf16_to_float(got[e]), wv = want[e];
       double lim = fmax(fmax(tol.atol, tol.rtol * fabs(wv)), slack[e] + bench_ulp_bf16(want[e]));
-      if (!(fabs(gv - wv) <= lim))
-        wrong++;
+      if (!(fabs(gv - wv) <= lim)) wrong++;
     }
   }
   *checked += (long long)res.compared;
@@ -438,13 +429,14 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
     char line[256];
     tpf_ref_format(&res, line, sizeof(line));
     fprintf(stderr, "bench: %s rank %d T=%llu: %s\n", bench_ops[j->op].name, r,
-                    (unsigned long long)T, line);
+            (unsigned long long)T, line);
   }
   /* AG: the buffer must hold the gathered input exactly (sampled rows, every column). */
   if (ag && buf) {
     for (int i = 0; i < nr; i++) {
       uint64_t t = rows[i], q = t / R, base = bench_off(j, (int)q, it, 0) + (t - q * R) * H;
-      if (bench_mem_download(rk, row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) != TPF_OK) {
+      if (bench_mem_download(rk, row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) !=
+          TPF_OK) {
         wrong = -1;
         goto out;
       }
@@ -482,14 +474,12 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
                          .num_splits = bench_ops[j->op].splits,
                          .aggregate = bench_ops[j->op].aggregate};
   st = tpf_comm_create(rk->be, &cfg, &c);
-  if (st != TPF_OK)
-    bench_job_fail(j, st, "tpf_comm_create");
+  if (st != TPF_OK) bench_job_fail(j, st, "tpf_comm_create");
   /* Output: AG d [C, N]; RS out [C/P, H]. */
   uint64_t drows = ag ? j->C : j->C / (uint64_t)P, dcols = ag ? j->N : j->H;
   if (st == TPF_OK) {
     dmem = bench_mem_alloc(g, drows * dcols * 2);
-    if (!dmem)
-      bench_job_fail(j, TPF_ENOMEM, "output allocation");
+    if (!dmem) bench_job_fail(j, TPF_ENOMEM, "output allocation");
   }
   double *us = calloc((size_t)j->iters, sizeof(double));
   for (int ti = 0; ti < j->nts; ti++) {
@@ -515,14 +505,12 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
       const bool timed = it >= j->warmup && it < j->warmup + j->iters;
       const bool check = it == total - 1;
       if (check) { /* everything before is done everywhere; poison what the op must write */
-        if (!skip)
-          bench_sync(rk);
+        if (!skip) bench_sync(rk);
         bench_barrier(rk);
         skip = skip || atomic_load(&j->failed);
         if (!skip) {
           bench_mem_poison(rk, d.ptr, d.rows * d.ld * 2);
-          if (ag)
-            bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
+          if (ag) bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
           bench_sync(rk);
         }
         bench_barrier(rk);
@@ -544,8 +532,7 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
           skip = true;
         }
       }
-      if (timed)
-        bench_time_begin(rk, it - j->warmup);
+      if (timed) bench_time_begin(rk, it - j->warmup);
       if (!skip) {
         st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
         if (st != TPF_OK) {
@@ -575,15 +562,12 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
       }
     }
     bench_time_collect(rk, j->iters, us);
-    if (r == 0)
-      j->us[ti] = atomic_load(&j->failed) ? NAN : bench_median(us, j->iters);
+    if (r == 0) j->us[ti] = atomic_load(&j->failed) ? NAN : bench_median(us, j->iters);
   }
   free(us);
   bench_barrier(rk);
-  if (c)
-    tpf_comm_destroy(c);
-  if (dmem)
-    bench_mem_free(g, dmem);
+  if (c) tpf_comm_destroy(c);
+  if (dmem) bench_mem_free(g, dmem);
   return TPF_OK;
 }
 
@@ -599,10 +583,8 @@ static tpf_status bench_run_job(bench_group *g, bench_job *j) {
     atomic_store(&j->checked[i], 0);
   }
   tpf_status st = bench_src_reserve(g, bench_job_src_elems(j, g->tp));
-  if (st == TPF_OK)
-    st = bench_group_run(g, bench_op_rank, j);
-  if (st != TPF_OK && j->st == TPF_OK)
-    bench_job_fail(j, st, "run");
+  if (st == TPF_OK) st = bench_group_run(g, bench_op_rank, j);
+  if (st != TPF_OK && j->st == TPF_OK) bench_job_fail(j, st, "run");
   pthread_mutex_destroy(&j->mu);
   return j->st;
 }
@@ -618,16 +600,14 @@ static void bench_job_init(bench_job *j, const bench_opts *o, bench_op op, int P
   j->warmup = o->warmup;
   j->margin = o->cuda ? (8ull << 20) : (64ull << 10);
   for (int i = 0; i < nts; i++)
-    if (ts[i] % (uint64_t)P == 0 && ts[i] <= o->capacity)
-      j->ts[j->nts++] = ts[i];
+    if (ts[i] % (uint64_t)P == 0 && ts[i] <= o->capacity) j->ts[j->nts++] = ts[i];
 }
 
 /* Time of one GEMM d[T, n] = x[T, k] * w[n, k]^T: cuBLASLt on CUDA; on the simulator, its own
  * GEMM through a P = 1 RING AG with one split (one GEMM, no exchange). */
 static tpf_status bench_layer_gemm(const bench_opts *o, bench_group *g1, uint64_t T, uint64_t n,
                                    uint64_t k, double *us) {
-  if (o->cuda)
-    return bench_cuda_gemm_us(g1, T, n, k, us);
+  if (o->cuda) return bench_cuda_gemm_us(g1, T, n, k, us);
   bench_job j;
   bench_opts o1 = *o;
   o1.hidden = k;
@@ -635,8 +615,7 @@ static tpf_status bench_layer_gemm(const bench_opts *o, bench_group *g1, uint64_
   o1.capacity = T;
   bench_job_init(&j, &o1, BOP_RING_AG_SERIAL, 1, 1, &T);
   tpf_status st = bench_run_job(g1, &j);
-  if (st == TPF_OK)
-    *us = j.us[0];
+  if (st == TPF_OK) *us = j.us[0];
   return st;
 }
 
@@ -706,11 +685,13 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
   const int r = rk->rank;
   tpf_status st = TPF_OK;
   if (s->phase == 0) {
-    tpf_comm_config cfg = {.name = "fc1_fprop", .algo = TPF_ALGO_RING, .coll = TPF_COLL_AG,
-                           .dtype = TPF_BF16, .capacity = {o->capacity, o->hidden}};
+    tpf_comm_config cfg = {.name = "fc1_fprop",
+                           .algo = TPF_ALGO_RING,
+                           .coll = TPF_COLL_AG,
+                           .dtype = TPF_BF16,
+                           .capacity = {o->capacity, o->hidden}};
     st = tpf_comm_create(rk->be, &cfg, &s->comm[r]);
-    if (st == TPF_OK)
-      st = tpf_manager_create(rk->be, &s->mgr[r]);
+    if (st == TPF_OK) st = tpf_manager_create(rk->be, &s->mgr[r]);
     static const struct {
       const char *name;
       tpf_algo a;
@@ -720,13 +701,15 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
                   {"fc1_fprop", TPF_ALGO_BULK, TPF_COLL_AG},
                   {"fc2_fprop", TPF_ALGO_PIPELINE, TPF_COLL_RS}};
     for (int i = 0; i < 4 && st == TPF_OK; i++) {
-      tpf_comm_config mc = {.name = sites[i].name, .algo = sites[i].a, .coll = sites[i].c,
-                            .dtype = TPF_BF16, .capacity = {o->capacity, o->hidden}};
+      tpf_comm_config mc = {.name = sites[i].name,
+                            .algo = sites[i].a,
+                            .coll = sites[i].c,
+                            .dtype = TPF_BF16,
+                            .capacity = {o->capacity, o->hidden}};
       tpf_comm *dummy;
       st = tpf_manager_add(s->mgr[r], &mc, &dummy);
     }
-    if (st != TPF_OK)
-      bench_ss_fail(s, st, "create");
+    if (st != TPF_OK) bench_ss_fail(s, st, "create");
   } else if (s->phase == 1) {
     /* Rank 0 times; the others wait, so the timing host threads do not compete. */
     bench_barrier(rk);
@@ -745,21 +728,21 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
     int done = 0;
     for (int i = 0; i < s->realloc_n; i++) {
       bench_barrier(rk);
-      if (atomic_load(&s->failed))
-        continue;
+      if (atomic_load(&s->failed)) continue;
       double t0 = bench_now_ns();
-      tpf_comm_config cfg = {.name = "fc1_fprop", .algo = TPF_ALGO_RING, .coll = TPF_COLL_AG,
-                             .dtype = TPF_BF16, .capacity = {bench_ss_t(o, i), o->hidden}};
+      tpf_comm_config cfg = {.name = "fc1_fprop",
+                             .algo = TPF_ALGO_RING,
+                             .coll = TPF_COLL_AG,
+                             .dtype = TPF_BF16,
+                             .capacity = {bench_ss_t(o, i), o->hidden}};
       st = tpf_comm_destroy(s->comm[r]);
       s->comm[r] = NULL;
-      if (st == TPF_OK)
-        st = tpf_comm_create(rk->be, &cfg, &s->comm[r]);
+      if (st == TPF_OK) st = tpf_comm_create(rk->be, &cfg, &s->comm[r]);
       if (st != TPF_OK) {
         bench_ss_fail(s, st, "destroy + create");
         continue;
       }
-      if (v)
-        v[done++] = bench_now_ns() - t0;
+      if (v) v[done++] = bench_now_ns() - t0;
     }
     bench_barrier(rk);
     if (r == 0) {
@@ -769,10 +752,8 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
     }
     free(v);
   } else {
-    if (s->comm[r])
-      tpf_comm_destroy(s->comm[r]);
-    if (s->mgr[r])
-      tpf_manager_destroy(s->mgr[r]);
+    if (s->comm[r]) tpf_comm_destroy(s->comm[r]);
+    if (s->mgr[r]) tpf_manager_destroy(s->mgr[r]);
     s->comm[r] = NULL;
     s->mgr[r] = NULL;
   }
@@ -801,14 +782,15 @@ int bench_section_setshape(const bench_opts *o0) {
    * simulator makes), so its set_active_shape costs O(C*H); a narrow buffer keeps 1e5 calls
    * quick there. The CUDA backend's activation touches no memory: it runs at the full shape. */
   bench_opts o1 = *o0;
-  if (!o0->cuda)
-    o1.hidden = 16;
+  if (!o0->cuda) o1.hidden = 16;
   const bench_opts *o = &o1;
   const int P = o->tp;
-  static const char *const cols[] = {"method", "P", "C", "H", "calls", "median_ns", "p99_ns",
-                                     "allocs/call", "regs/call", "devMB/call", "what"};
-  bench_table("setshape", "Section 1: cost of changing T (host time per call; T cycles C/8, C/4, "
-                          "C/2, C)",
+  static const char *const cols[] = {"method",    "P",          "C",      "H",
+                                     "calls",     "median_ns",  "p99_ns", "allocs/call",
+                                     "regs/call", "devMB/call", "what"};
+  bench_table("setshape",
+              "Section 1: cost of changing T (host time per call; T cycles C/8, C/4, "
+              "C/2, C)",
               11, cols);
   if (!o->cuda)
     bench_note("simulator: H=16 here; its set_active_shape writes a canary over every inactive "
@@ -873,8 +855,7 @@ int bench_section_setshape(const bench_opts *o0) {
   }
   s->phase = 3;
   bench_group_run(g, bench_ss_rank, s);
-  if (o->cuda && rc == 0)
-    rc |= bench_cuda_setshape_alternatives(o, g);
+  if (o->cuda && rc == 0) rc |= bench_cuda_setshape_alternatives(o, g);
   free(s);
   bench_group_destroy(g);
   return rc;
@@ -889,9 +870,19 @@ static double bench_flops(const bench_job *j, uint64_t T) {
 int bench_section_dynamic(const bench_opts *o) {
   const int P = o->tp;
   const bool gpu = o->cuda;
-  const char *cols[] = {"op", "P", "T", "T/C", "size(B)", "count", "time(us)", "algbw(GB/s)",
-                        "busbw(GB/s)", "#wrong", gpu ? "rankTFLOP/s" : "rankGFLOP/s",
-                        "padded(us)", "time/padded"};
+  const char *cols[] = {"op",
+                        "P",
+                        "T",
+                        "T/C",
+                        "size(B)",
+                        "count",
+                        "time(us)",
+                        "algbw(GB/s)",
+                        "busbw(GB/s)",
+                        "#wrong",
+                        gpu ? "rankTFLOP/s" : "rankGFLOP/s",
+                        "padded(us)",
+                        "time/padded"};
   char title[200];
   snprintf(title, sizeof(title),
            "Section 2: dynamic T versus padded to capacity C=%llu (P=%d, H=%llu, N=%llu)",
@@ -930,8 +921,7 @@ int bench_section_dynamic(const bench_opts *o) {
       bench_cell_f(pad, 1);
       bench_cell_f(t / pad, 3);
       bench_row_end();
-      if (atomic_load(&j->wrong[i]) != 0)
-        rc = 1;
+      if (atomic_load(&j->wrong[i]) != 0) rc = 1;
     }
     if (st != TPF_OK) {
       bench_note("FAILED %s: %s", bench_ops[ops[oi]].name, j->err);
@@ -953,9 +943,20 @@ int bench_section_dynamic(const bench_opts *o) {
 
 int bench_section_tp(const bench_opts *o) {
   const bool gpu = o->cuda;
-  const char *cols[] = {"op", "P", "T", "size(B)", "count", "time(us)", "algbw(GB/s)",
-                        "busbw(GB/s)", "#wrong", gpu ? "TFLOP/s" : "GFLOP/s", "layer_gemm(us)",
-                        "efficiency", "serial(us)", "speedup"};
+  const char *cols[] = {"op",
+                        "P",
+                        "T",
+                        "size(B)",
+                        "count",
+                        "time(us)",
+                        "algbw(GB/s)",
+                        "busbw(GB/s)",
+                        "#wrong",
+                        gpu ? "TFLOP/s" : "GFLOP/s",
+                        "layer_gemm(us)",
+                        "efficiency",
+                        "serial(us)",
+                        "speedup"};
   char title[240];
   snprintf(title, sizeof(title),
            "Section 4/5: %s TP emulation, C=%llu H=%llu N=%llu per rank (layer GEMM: AG "
@@ -973,8 +974,7 @@ int bench_section_tp(const bench_opts *o) {
   static const int Ps[] = {2, 4, 8};
   for (size_t pi = 0; pi < 3; pi++) {
     const int P = Ps[pi];
-    if (P > o->tp && P > 2)
-      continue;
+    if (P > o->tp && P > 2) continue;
     bench_group *g = NULL;
     st = bench_group_create(o, P, &g);
     if (st != TPF_OK) {
@@ -985,8 +985,7 @@ int bench_section_tp(const bench_opts *o) {
     bench_op ops[BOP_COUNT];
     int nops = 0;
     ops[nops++] = BOP_RING_AG;
-    if (P % 2 == 0 && P > 2)
-      ops[nops++] = BOP_RING_AG_AGGR;
+    if (P % 2 == 0 && P > 2) ops[nops++] = BOP_RING_AG_AGGR;
     ops[nops++] = BOP_RING_AG_SERIAL;
     ops[nops++] = BOP_RING_RS;
     ops[nops++] = BOP_PIPE_RS;
@@ -1015,10 +1014,8 @@ int bench_section_tp(const bench_opts *o) {
       }
       double ser_ag = NAN, ser_rs = NAN;
       for (int k = 0; k < nops; k++) {
-        if (ops[k] == BOP_RING_AG_SERIAL)
-          ser_ag = jobs[k].us[i];
-        if (ops[k] == BOP_PIPE_RS_SERIAL)
-          ser_rs = jobs[k].us[i];
+        if (ops[k] == BOP_RING_AG_SERIAL) ser_ag = jobs[k].us[i];
+        if (ops[k] == BOP_PIPE_RS_SERIAL) ser_rs = jobs[k].us[i];
       }
       for (int k = 0; k < nops; k++) {
         const bench_job *j = &jobs[k];
@@ -1040,8 +1037,7 @@ int bench_section_tp(const bench_opts *o) {
         bench_cell_f(ser, 1);
         bench_cell_f(ser / t, 3);
         bench_row_end();
-        if (atomic_load(&j->wrong[i]) != 0)
-          rc = 1;
+        if (atomic_load(&j->wrong[i]) != 0) rc = 1;
       }
     }
     free(jobs);

@@ -37,43 +37,34 @@ tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r,
 static bool budget_take(void) {
   long left = atomic_load(&tpf_alloc_budget);
   while (left >= 0) {
-    if (left == 0)
-      return false;
-    if (atomic_compare_exchange_weak(&tpf_alloc_budget, &left, left - 1))
-      return true;
+    if (left == 0) return false;
+    if (atomic_compare_exchange_weak(&tpf_alloc_budget, &left, left - 1)) return true;
   }
   return true;
 }
 
 void *tpf__malloc(size_t n) {
-  if (!budget_take())
-    return NULL;
+  if (!budget_take()) return NULL;
   void *p = tpf_alloc_m(n ? n : 1);
-  if (p)
-    atomic_fetch_add(&tpf_alloc_live, 1);
+  if (p) atomic_fetch_add(&tpf_alloc_live, 1);
   return p;
 }
 
 void *tpf__calloc(size_t count, size_t n) {
-  if (!budget_take())
-    return NULL;
+  if (!budget_take()) return NULL;
   void *p = tpf_alloc_c(count ? count : 1, n ? n : 1);
-  if (p)
-    atomic_fetch_add(&tpf_alloc_live, 1);
+  if (p) atomic_fetch_add(&tpf_alloc_live, 1);
   return p;
 }
 
 void *tpf__realloc(void *p, size_t n) {
-  if (!p)
-    return tpf__malloc(n);
-  if (!budget_take())
-    return NULL;
+  if (!p) return tpf__malloc(n);
+  if (!budget_take()) return NULL;
   return tpf_alloc_r(p, n ? n : 1);
 }
 
 void tpf__free(void *p) {
-  if (!p)
-    return;
+  if (!p) return;
   atomic_fetch_sub(&tpf_alloc_live, 1);
   tpf_alloc_f(p);
 }
@@ -81,8 +72,7 @@ void tpf__free(void *p) {
 char *tpf__strdup(const char *s) {
   size_t n = strlen(s) + 1;
   char *d = tpf__malloc(n);
-  if (d)
-    memcpy(d, s, n);
+  if (d) memcpy(d, s, n);
   return d;
 }
 

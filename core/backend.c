@@ -35,8 +35,7 @@ tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg) {
 
 tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes) {
   /* Optional op: a backend without a canary has nothing to do on a shape change. */
-  if (!be->ops->reg_activate)
-    return TPF_OK;
+  if (!be->ops->reg_activate) return TPF_OK;
   return be->ops->reg_activate(be, reg, active_bytes);
 }
 

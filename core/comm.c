@@ -75,8 +75,7 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm
   }
   TPF_CHECK_GOTO(tpf_layout_registered_bytes(&d, &c->reg_bytes), rc, fail);
   rc = tpf__be_reg_create(be, c->name, c->reg_bytes, &c->reg, &c->base);
-  if (rc != TPF_OK)
-    goto fail;
+  if (rc != TPF_OK) goto fail;
   *out = c;
   return TPF_OK;
 
@@ -102,16 +101,15 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
                 "'%s' failed earlier (%s) and accepts no shape change; destroy it", c->cfg.name,
                 tpf_status_name(c->failed));
   TPF_RETURN_IF(tpf__dtype_quantized(c->cfg.dtype), TPF_EUNSUPPORTED,
-                "'%s' is quantized (%s) and stays at its capacity shape [%llu, %llu]",
-                c->cfg.name, tpf_dtype_name(c->cfg.dtype),
-                (unsigned long long)c->cfg.capacity.rows, (unsigned long long)c->cfg.capacity.cols);
+                "'%s' is quantized (%s) and stays at its capacity shape [%llu, %llu]", c->cfg.name,
+                tpf_dtype_name(c->cfg.dtype), (unsigned long long)c->cfg.capacity.rows,
+                (unsigned long long)c->cfg.capacity.cols);
   TPF_RETURN_IF(c->cfg.external, TPF_EUNSUPPORTED,
                 "'%s' is external and stays at its capacity shape [%llu, %llu]", c->cfg.name,
                 (unsigned long long)c->cfg.capacity.rows, (unsigned long long)c->cfg.capacity.cols);
   tpf_layout_desc d = desc_of(c, active);
   tpf_status rc = tpf__layout_check_align(&d, c->be->ops->align_bytes);
-  if (rc != TPF_OK)
-    return named(c, rc);
+  if (rc != TPF_OK) return named(c, rc);
   return tpf_layout_active_bytes(&d, active_bytes);
 }
 
@@ -199,9 +197,8 @@ static tpf_status check_matrix(const tpf_comm *c, const char *what, const tpf_ma
                 "'%s': %s dtype %d is not a tpf_dtype", n, what, (int)m->dtype);
   TPF_RETURN_IF(m->rows != rows || m->cols != cols, TPF_ESHAPE,
                 "'%s': %s is [%llu, %llu], expected [%llu, %llu] for active rows %llu", n, what,
-                (unsigned long long)m->rows, (unsigned long long)m->cols,
-                (unsigned long long)rows, (unsigned long long)cols,
-                (unsigned long long)c->active.rows);
+                (unsigned long long)m->rows, (unsigned long long)m->cols, (unsigned long long)rows,
+                (unsigned long long)cols, (unsigned long long)c->active.rows);
   TPF_RETURN_IF(m->ld < m->cols, TPF_ESHAPE, "'%s': %s has ld %llu < cols %llu", n, what,
                 (unsigned long long)m->ld, (unsigned long long)m->cols);
   TPF_RETURN_IF(m->dtype != want && !(fp32_ok && m->dtype == TPF_FP32), TPF_EINVAL,
@@ -242,27 +239,22 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   tpf_layout_desc desc = desc_of(c, c->active);
   tpf_schedule s;
   tpf_status rc = tpf_schedule_build(&desc, g, &s);
-  if (rc != TPF_OK)
-    return named(c, rc);
+  if (rc != TPF_OK) return named(c, rc);
   tpf_exec_args a;
   memset(&a, 0, sizeof a);
   a.sched = &s;
   a.comm_name = c->cfg.name;
   a.seq = c->seq + 1;
-  if (x)
-    a.x = *x;
-  if (w)
-    a.w = *w;
-  if (d)
-    a.d = *d;
+  if (x) a.x = *x;
+  if (w) a.w = *w;
+  if (d) a.d = *d;
   rc = tpf__be_execute(c->be, c->reg, &a, stream);
   tpf_schedule_free(&s);
   /* Every rank consumed this sequence number once the backend ran the handshake; a mismatch is
    * detected there, before any byte moves, so the group stays in step and usable. Anything else
    * may have left partial data behind: refuse to continue. */
   c->seq = a.seq;
-  if (rc != TPF_OK && rc != TPF_EMISMATCH)
-    c->failed = rc;
+  if (rc != TPF_OK && rc != TPF_EMISMATCH) c->failed = rc;
   c->ops++;
   return rc;
 }

@@ -22,14 +22,12 @@ static float half_to_float(uint16_t h) {
   uint32_t exp = (h >> 10) & 0x1Fu;
   uint32_t man = h & 0x3FFu;
   if (exp == 0) {
-    if (man == 0)
-      return u2f(sign);
+    if (man == 0) return u2f(sign);
     /* Subnormal: value = man * 2^-24. */
     float v = (float)man * (1.0f / 16777216.0f);
     return sign ? -v : v;
   }
-  if (exp == 31)
-    return u2f(sign | 0x7F800000u | (man << 13));
+  if (exp == 31) return u2f(sign | 0x7F800000u | (man << 13));
   return u2f(sign | ((exp + 112u) << 23) | (man << 13));
 }
 
@@ -41,27 +39,24 @@ static uint16_t float_to_half(float f) {
     return (uint16_t)(sign | 0x7C00u | (absu > 0x7F800000u ? 0x200u : 0u));
   if (absu >= 0x477FF000u) /* rounds to >= 65520: overflow to Inf */
     return (uint16_t)(sign | 0x7C00u);
-  if (absu < 0x38800000u) { /* below the smallest normal half: subnormal or zero */
+  if (absu < 0x38800000u) {            /* below the smallest normal half: subnormal or zero */
     float a = u2f(absu) * 16777216.0f; /* in units of 2^-24 */
     uint32_t q = (uint32_t)a;
     float rem = a - (float)q;
-    if (rem > 0.5f || (rem == 0.5f && (q & 1u)))
-      q++;
+    if (rem > 0.5f || (rem == 0.5f && (q & 1u))) q++;
     return (uint16_t)(sign | q);
   }
   uint32_t exp = ((absu >> 23) - 112u) << 10;
   uint32_t man = (absu >> 13) & 0x3FFu;
   uint32_t h = exp | man;
   uint32_t rest = absu & 0x1FFFu;
-  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u)))
-    h++;
+  if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) h++;
   return (uint16_t)(sign | h);
 }
 
 static uint16_t float_to_bf16(float f) {
   uint32_t u = f2u(f);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-    return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
   uint32_t lsb = (u >> 16) & 1u;
   u += 0x7FFFu + lsb;
   return (uint16_t)(u >> 16);
@@ -75,10 +70,8 @@ static float fp8_to_float(uint8_t v, int ebits, int mbits, int bias) {
   float r;
   /* E4M3 (the "fn" variant) has no infinities and one NaN code per sign, S.1111.111; E5M2
    * follows IEEE: exponent all ones is infinity (mantissa 0) or NaN. */
-  if (ebits == 4 && exp == 15u && man == 7u)
-    return u2f(0x7FC00000u | (sign << 31));
-  if (ebits == 5 && exp == 31u)
-    return u2f((sign << 31) | (man ? 0x7FC00000u : 0x7F800000u));
+  if (ebits == 4 && exp == 15u && man == 7u) return u2f(0x7FC00000u | (sign << 31));
+  if (ebits == 5 && exp == 31u) return u2f((sign << 31) | (man ? 0x7FC00000u : 0x7F800000u));
   if (exp == 0)
     r = (float)man / (float)(1u << mbits) * u2f((uint32_t)(127 + 1 - bias) << 23);
   else
@@ -93,8 +86,7 @@ static uint8_t float_to_fp8(float f, int ebits, int mbits, int bias, float maxv)
     return ebits == 4 ? 0x7Fu : 0x7Eu;
   uint8_t sign = f < 0.0f ? 0x80u : 0u;
   float a = f < 0.0f ? -f : f;
-  if (a > maxv)
-    a = maxv;
+  if (a > maxv) a = maxv;
   uint8_t best = 0;
   float bestd = a;
   for (unsigned c = 1; c < 128u; c++) {

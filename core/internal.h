@@ -15,23 +15,20 @@
 #define TPF_CHECK(expr)                                                                            \
   do {                                                                                             \
     tpf_status tpf_check_rc_ = (expr);                                                             \
-    if (tpf_check_rc_ != TPF_OK)                                                                   \
-      return tpf_check_rc_;                                                                        \
+    if (tpf_check_rc_ != TPF_OK) return tpf_check_rc_;                                             \
   } while (0)
 
 /* Store a non-OK status in rc and jump to the cleanup label. */
 #define TPF_CHECK_GOTO(expr, rc, label)                                                            \
   do {                                                                                             \
     (rc) = (expr);                                                                                 \
-    if ((rc) != TPF_OK)                                                                            \
-      goto label;                                                                                  \
+    if ((rc) != TPF_OK) goto label;                                                                \
   } while (0)
 
 /* Return `code` with a detail message when `cond` holds. */
 #define TPF_RETURN_IF(cond, code, ...)                                                             \
   do {                                                                                             \
-    if (cond)                                                                                      \
-      return tpf_set_error((code), __VA_ARGS__);                                                   \
+    if (cond) return tpf_set_error((code), __VA_ARGS__);                                           \
   } while (0)
 
 /* ---- alloc.c: hookable allocator with live accounting and a test-only failure budget ---- */
@@ -47,14 +44,12 @@ void tpf__alloc_set_budget(long allocations_left);
 
 /* ---- checked arithmetic: true on success, *out untouched on overflow ---- */
 static inline bool tpf__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
-  if (a > UINT64_MAX - b)
-    return false;
+  if (a > UINT64_MAX - b) return false;
   *out = a + b;
   return true;
 }
 static inline bool tpf__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
-  if (a != 0 && b > UINT64_MAX / a)
-    return false;
+  if (a != 0 && b > UINT64_MAX / a) return false;
   *out = a * b;
   return true;
 }

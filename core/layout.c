@@ -80,19 +80,18 @@ const char *tpf_coll_name(tpf_coll c) {
   }
 }
 
-bool tpf__dtype_quantized(tpf_dtype t) { return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2; }
+bool tpf__dtype_quantized(tpf_dtype t) {
+  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
+}
 
 int tpf__layout_splits(const tpf_layout_desc *d) {
   switch (d->algo) {
   case TPF_ALGO_RING:
-    if (d->coll == TPF_COLL_RS)
-      return d->tp_size;
-    if (d->num_splits != 0)
-      return d->num_splits;
+    if (d->coll == TPF_COLL_RS) return d->tp_size;
+    if (d->num_splits != 0) return d->num_splits;
     return d->aggregate ? d->tp_size / 2 : d->tp_size;
   case TPF_ALGO_PIPELINE:
-    if (d->num_splits != 0)
-      return d->num_splits;
+    if (d->num_splits != 0) return d->num_splits;
     return d->capacity.cols % 4 == 0 ? 4 : 1;
   default:
     return 1; /* BULK: one independent GEMM */
@@ -104,14 +103,14 @@ static tpf_status check_args(const tpf_layout_desc *d) {
   TPF_RETURN_IF(!d, TPF_EINVAL, "layout descriptor is NULL");
   TPF_RETURN_IF(d->tp_size < 1 || d->tp_size > TPF_MAX_RANKS, TPF_EINVAL,
                 "tp_size %d outside [1, %d]", d->tp_size, TPF_MAX_RANKS);
-  TPF_RETURN_IF(d->rank < 0 || d->rank >= d->tp_size, TPF_EINVAL,
-                "rank %d outside [0, %d)", d->rank, d->tp_size);
+  TPF_RETURN_IF(d->rank < 0 || d->rank >= d->tp_size, TPF_EINVAL, "rank %d outside [0, %d)",
+                d->rank, d->tp_size);
   TPF_RETURN_IF((unsigned)d->algo >= (unsigned)TPF_ALGO_COUNT, TPF_EINVAL, "bad algo value %d",
                 (int)d->algo);
   TPF_RETURN_IF((unsigned)d->coll >= (unsigned)TPF_COLL_COUNT, TPF_EINVAL, "bad coll value %d",
                 (int)d->coll);
-  TPF_RETURN_IF((unsigned)d->dtype >= (unsigned)TPF_DTYPE_COUNT, TPF_EINVAL,
-                "bad dtype value %d", (int)d->dtype);
+  TPF_RETURN_IF((unsigned)d->dtype >= (unsigned)TPF_DTYPE_COUNT, TPF_EINVAL, "bad dtype value %d",
+                (int)d->dtype);
   TPF_RETURN_IF(d->num_splits < 0 || d->num_splits > TPF_MAX_SPLITS, TPF_EINVAL,
                 "num_splits %d outside [0, %d]", d->num_splits, TPF_MAX_SPLITS);
   TPF_RETURN_IF(d->algo == TPF_ALGO_PIPELINE && d->coll != TPF_COLL_RS, TPF_EUNSUPPORTED,
@@ -173,8 +172,8 @@ static tpf_status compute_sizes(const tpf_layout_desc *d, const char *what, uint
   if (d->algo == TPF_ALGO_PIPELINE) {
     uint64_t hs = h / (uint64_t)tpf__layout_splits(d);
     TPF_RETURN_IF(!tpf__mul3_u64(rows, hs, e, &z.block_bytes), TPF_EOVERFLOW,
-                  "%s block bytes %llu * %llu * %llu overflow 64 bits", what, (ull)rows,
-                  (ull)hs, (ull)e);
+                  "%s block bytes %llu * %llu * %llu overflow 64 bits", what, (ull)rows, (ull)hs,
+                  (ull)e);
     TPF_RETURN_IF(!tpf__mul3_u64(z.chunk_rows, hs, e, &z.part_bytes), TPF_EOVERFLOW,
                   "%s block row offset bytes overflow 64 bits", what);
   }
@@ -192,12 +191,11 @@ static tpf_status check_align(const tpf_layout_desc *d, const shape_sizes *c, co
     TPF_RETURN_IF(z[i]->chunk_bytes % align != 0, TPF_EALIGN,
                   "%s chunk bytes %llu (%llu rows) not a multiple of the %llu-byte alignment",
                   what[i], (ull)z[i]->chunk_bytes, (ull)z[i]->chunk_rows, (ull)align);
-  if (d->algo != TPF_ALGO_PIPELINE)
-    return TPF_OK;
+  if (d->algo != TPF_ALGO_PIPELINE) return TPF_OK;
   for (int i = 0; i < 2; i++) {
     TPF_RETURN_IF(z[i]->block_bytes % align != 0, TPF_EALIGN,
-                  "%s pipeline block bytes %llu not a multiple of the %llu-byte alignment",
-                  what[i], (ull)z[i]->block_bytes, (ull)align);
+                  "%s pipeline block bytes %llu not a multiple of the %llu-byte alignment", what[i],
+                  (ull)z[i]->block_bytes, (ull)align);
     TPF_RETURN_IF(z[i]->part_bytes % align != 0, TPF_EALIGN,
                   "%s pipeline per-rank block offset %llu bytes not a multiple of the %llu-byte "
                   "alignment",
@@ -210,8 +208,7 @@ static tpf_status check_align(const tpf_layout_desc *d, const shape_sizes *c, co
 static tpf_status validate(const tpf_layout_desc *d, uint64_t align, shape_sizes *cap,
                            shape_sizes *act) {
   TPF_CHECK(check_args(d));
-  if (align == 0)
-    align = 1;
+  if (align == 0) align = 1;
   uint64_t p = (uint64_t)d->tp_size;
 
   TPF_CHECK(check_shape("capacity", d->capacity));
@@ -240,13 +237,10 @@ static tpf_status validate(const tpf_layout_desc *d, uint64_t align, shape_sizes
   TPF_CHECK(check_align(d, &c, &a, align));
 
   TPF_RETURN_IF(tpf__dtype_quantized(d->dtype) && d->active.rows != d->capacity.rows,
-                TPF_EUNSUPPORTED,
-                "%s is quantized: active rows %llu must equal capacity %llu",
+                TPF_EUNSUPPORTED, "%s is quantized: active rows %llu must equal capacity %llu",
                 tpf_dtype_name(d->dtype), (ull)d->active.rows, (ull)d->capacity.rows);
-  if (cap)
-    *cap = c;
-  if (act)
-    *act = a;
+  if (cap) *cap = c;
+  if (act) *act = a;
   return TPF_OK;
 }
 
@@ -254,7 +248,9 @@ tpf_status tpf__layout_check_align(const tpf_layout_desc *d, uint64_t align_byte
   return validate(d, align_bytes, NULL, NULL);
 }
 
-tpf_status tpf_layout_check(const tpf_layout_desc *d) { return validate(d, 16, NULL, NULL); }
+tpf_status tpf_layout_check(const tpf_layout_desc *d) {
+  return validate(d, 16, NULL, NULL);
+}
 
 /* The queries validate with every rule except alignment, which belongs to the backend (the
  * communicator checked it with the backend's value before it asks). */
@@ -313,7 +309,7 @@ tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out) {
   TPF_RETURN_IF(!out, TPF_EINVAL, "region out-parameter is NULL");
   TPF_CHECK(validate(d, 1, NULL, &a));
   uint64_t j = (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS) ? (uint64_t)d->tp_size - 1
-                                                                     : (uint64_t)d->rank;
+                                                                    : (uint64_t)d->rank;
   tpf_region r;
   r.offset_bytes = j * a.chunk_bytes;
   r.bytes = a.chunk_bytes;

@@ -9,10 +9,10 @@
 #include <string.h>
 
 struct tpf_manager {
-  tpf_backend *be;   /* shared by every communicator */
-  tpf_comm **comms;  /* in creation order */
-  int count;         /* communicators */
-  int cap;           /* allocated entries of comms */
+  tpf_backend *be;  /* shared by every communicator */
+  tpf_comm **comms; /* in creation order */
+  int count;        /* communicators */
+  int cap;          /* allocated entries of comms */
 };
 
 tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out) {
@@ -27,8 +27,7 @@ tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out) {
 
 static tpf_comm *find(const tpf_manager *m, const char *name) {
   for (int i = 0; i < m->count; i++)
-    if (strcmp(m->comms[i]->cfg.name, name) == 0)
-      return m->comms[i];
+    if (strcmp(m->comms[i]->cfg.name, name) == 0) return m->comms[i];
   return NULL;
 }
 
@@ -46,8 +45,7 @@ tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm 
   tpf_comm *c = NULL;
   TPF_CHECK(tpf_comm_create(m->be, cfg, &c));
   m->comms[m->count++] = c;
-  if (out)
-    *out = c;
+  if (out) *out = c;
   return TPF_OK;
 }
 
@@ -81,18 +79,15 @@ tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
    * allocates nothing: the scratch lives in each communicator. */
   for (int i = 0; i < m->count; i++) {
     tpf_comm *c = m->comms[i];
-    if (eligible(c))
-      TPF_CHECK(tpf__comm_check_shape(c, active, &c->pending_bytes));
+    if (eligible(c)) TPF_CHECK(tpf__comm_check_shape(c, active, &c->pending_bytes));
   }
   /* Phase 2: apply; roll back on the (unexpected) failure of a backend. */
   for (int i = 0; i < m->count; i++) {
     tpf_comm *c = m->comms[i];
     c->prev_active = c->active;
-    if (!eligible(c))
-      continue;
+    if (!eligible(c)) continue;
     tpf_status rc = tpf__comm_apply_shape(c, active, c->pending_bytes);
-    if (rc == TPF_OK)
-      continue;
+    if (rc == TPF_OK) continue;
     for (int j = i - 1; j >= 0; j--) {
       tpf_comm *u = m->comms[j];
       uint64_t ob = 0;
@@ -113,8 +108,7 @@ tpf_status tpf_manager_destroy(tpf_manager *m) {
   /* Reverse creation order, so registrations unwind as they were made on every rank. */
   for (int i = m->count - 1; i >= 0; i--) {
     tpf_status r = tpf_comm_destroy(m->comms[i]);
-    if (rc == TPF_OK)
-      rc = r;
+    if (rc == TPF_OK) rc = r;
   }
   tpf__free(m->comms);
   tpf__free(m);

@@ -49,14 +49,11 @@ static tpf_mref mref(tpf_operand_id id, uint64_t off, uint64_t ld, uint64_t row,
 
 static void add_dep(builder *b, int step, int dep) {
   tpf_step *s = &b->steps[step];
-  if (dep < 0)
-    return;
+  if (dep < 0) return;
   for (int i = 0; i < s->ndeps; i++)
-    if (s->deps[i] == dep)
-      return;
+    if (s->deps[i] == dep) return;
   /* The builders never need more than TPF_STEP_MAX_DEPS (at most 0 plus two cross waits). */
-  if (s->ndeps < TPF_STEP_MAX_DEPS)
-    s->deps[s->ndeps++] = (uint16_t)dep;
+  if (s->ndeps < TPF_STEP_MAX_DEPS) s->deps[s->ndeps++] = (uint16_t)dep;
 }
 
 /* Appends a step on `stream`; it depends on step 0 when it is the first of a non-send stream. */
@@ -68,8 +65,7 @@ static int add_step(builder *b, tpf_step_kind kind, tpf_stream_id stream, int32_
   s->stream = (uint8_t)stream;
   s->peer = -1;
   s->chunk = chunk;
-  if (i > 0 && stream != TPF_STREAM_SEND && b->last[stream] < 0)
-    add_dep(b, i, 0);
+  if (i > 0 && stream != TPF_STREAM_SEND && b->last[stream] < 0) add_dep(b, i, 0);
   b->last[stream] = i;
   return i;
 }
@@ -99,7 +95,9 @@ static int add_gemm(builder *b, int idx, int ns, int32_t chunk, tpf_mref a, tpf_
   return i;
 }
 
-static int mod(int a, int p) { return ((a % p) + p) % p; }
+static int mod(int a, int p) {
+  return ((a % p) + p) % p;
+}
 
 /* Shared context of one build. */
 typedef struct {
@@ -167,8 +165,8 @@ static void build_ring_rs(builder *b, const ctx *c) {
   for (int i = 0; i < p; i++) {
     int chunk = mod(r + i + 1, p);
     int gi = add_gemm(b, i, ns, i, mref(TPF_MAT_X, 0, 0, (uint64_t)chunk * R, 0),
-                      mref(TPF_MAT_W, 0, 0, 0, 0), mref(TPF_MAT_BUF, c->ch[i].offset_bytes, H, 0, 0),
-                      R, H, K);
+                      mref(TPF_MAT_W, 0, 0, 0, 0),
+                      mref(TPF_MAT_BUF, c->ch[i].offset_bytes, H, 0, 0), R, H, K);
     if (i > 0) {
       uint64_t src = c->ch[i - 1].offset_bytes, dst = c->ch[i - 1 + p].offset_bytes;
       int si = add_xfer(b, TPF_STEP_SEND, mod(r + i, p), (uint32_t)i, i - 1, src, dst, S);
@@ -242,8 +240,7 @@ static tpf_status check_dims(const tpf_layout_desc *d, const tpf_gemm_dims *g) {
   TPF_RETURN_IF(g->m == 0 || g->n == 0 || g->k == 0, TPF_EINVAL,
                 "gemm dims m %llu, n %llu, k %llu must be nonzero", (ull)g->m, (ull)g->n,
                 (ull)g->k);
-  if (d->algo == TPF_ALGO_BULK)
-    return TPF_OK;
+  if (d->algo == TPF_ALGO_BULK) return TPF_OK;
   if (d->coll == TPF_COLL_AG)
     TPF_RETURN_IF(g->k != H, TPF_EINVAL, "ag gemm k %llu must equal the hidden size %llu",
                   (ull)g->k, (ull)H);
@@ -299,8 +296,8 @@ tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g, 
     h.gemm_n = d->coll == TPF_COLL_AG ? g->n : c.H;
     h.gemm_k = d->coll == TPF_COLL_AG ? c.H : g->k;
   }
-  h.num_compute_streams = h.num_splits < TPF_MAX_COMPUTE_STREAMS ? h.num_splits
-                                                                 : TPF_MAX_COMPUTE_STREAMS;
+  h.num_compute_streams =
+      h.num_splits < TPF_MAX_COMPUTE_STREAMS ? h.num_splits : TPF_MAX_COMPUTE_STREAMS;
 
   /* Upper bound on the steps of every builder: handshake, 3 per ring step or block, extras. */
   builder b;
@@ -333,8 +330,7 @@ tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g, 
 }
 
 void tpf_schedule_free(tpf_schedule *s) {
-  if (!s)
-    return;
+  if (!s) return;
   tpf__free(s->steps);
   s->steps = NULL;
   s->nsteps = 0;
@@ -343,14 +339,12 @@ void tpf_schedule_free(tpf_schedule *s) {
 const char *tpf_step_kind_name(int kind) {
   static const char *const names[] = {"HANDSHAKE", "GEMM",        "SEND",   "RECV",
                                       "REDUCE",    "PEER_REDUCE", "BARRIER"};
-  if (kind < 0 || kind >= TPF_STEP_KIND_COUNT)
-    return "?";
+  if (kind < 0 || kind >= TPF_STEP_KIND_COUNT) return "?";
   return names[kind];
 }
 
 const char *tpf_stream_name(int stream) {
   static const char *const names[] = {"compute0", "compute1", "compute2", "send", "recv"};
-  if (stream < 0 || stream >= TPF_NUM_STREAMS)
-    return "?";
+  if (stream < 0 || stream >= TPF_NUM_STREAMS) return "?";
   return names[stream];
 }

@@ -35,9 +35,10 @@
 typedef unsigned long long ull;
 
 #define BAD(r, i, kind, fmt, ...)                                                                  \
-  tpf_set_error(TPF_EINVAL, "schedule check: rank %d step %d (%s): " fmt, (r), (i),              \
+  tpf_set_error(TPF_EINVAL, "schedule check: rank %d step %d (%s): " fmt, (r), (i),                \
                 tpf_step_kind_name(kind), __VA_ARGS__)
-#define BADH(r, fmt, ...) tpf_set_error(TPF_EINVAL, "schedule check: rank %d: " fmt, (r), __VA_ARGS__)
+#define BADH(r, fmt, ...)                                                                          \
+  tpf_set_error(TPF_EINVAL, "schedule check: rank %d: " fmt, (r), __VA_ARGS__)
 
 typedef struct {
   uint64_t lo, hi;
@@ -62,11 +63,11 @@ typedef struct {
 
 typedef struct {
   const tpf_schedule *s;
-  uint64_t *anc;  /* nsteps x words bitset: transitive predecessors */
-  int *prev;      /* previous step on the same stream, -1 if none */
-  int *match;     /* SEND: the peer's RECV; RECV: the peer's SEND; else -1 */
-  int *send_at;   /* P x TPF_MAX_TAGS: my SEND to q with tag t */
-  int *recv_at;   /* P x TPF_MAX_TAGS: my RECV from q with tag t */
+  uint64_t *anc; /* nsteps x words bitset: transitive predecessors */
+  int *prev;     /* previous step on the same stream, -1 if none */
+  int *match;    /* SEND: the peer's RECV; RECV: the peer's SEND; else -1 */
+  int *send_at;  /* P x TPF_MAX_TAGS: my SEND to q with tag t */
+  int *recv_at;  /* P x TPF_MAX_TAGS: my RECV from q with tag t */
   int barrier[TPF_MAX_TAGS];
   bool has_init;
   ivl init;
@@ -109,14 +110,12 @@ static int cmp_ivl(const void *x, const void *y) {
 
 /* Sorts and merges touching intervals. */
 static void ivec_normalize(ivec *a) {
-  if (a->n == 0)
-    return;
+  if (a->n == 0) return;
   qsort(a->v, a->n, sizeof *a->v, cmp_ivl);
   size_t k = 0;
   for (size_t i = 1; i < a->n; i++) {
     if (a->v[i].lo <= a->v[k].hi) {
-      if (a->v[i].hi > a->v[k].hi)
-        a->v[k].hi = a->v[i].hi;
+      if (a->v[i].hi > a->v[k].hi) a->v[k].hi = a->v[i].hi;
     } else {
       a->v[++k] = a->v[i];
     }
@@ -149,10 +148,8 @@ static tpf_status view_bytes(const chk *c, int r, int i, int kind, const tpf_mre
   uint64_t span;
   ok = ok && tpf__mul_u64(m, row_bytes, &span) && tpf__add_u64(start, span, &t);
   if (!ok)
-    return BAD(r, i, kind, "buffer view at %llu row %llu overflows 64 bits", (ull)off,
-               (ull)v->row);
-  if (ncols == v->ld)
-    return ivec_push(out, start, start + span);
+    return BAD(r, i, kind, "buffer view at %llu row %llu overflows 64 bits", (ull)off, (ull)v->row);
+  if (ncols == v->ld) return ivec_push(out, start, start + span);
   for (uint64_t k = 0; k < m; k++)
     TPF_CHECK(ivec_push(out, start + k * row_bytes, start + k * row_bytes + len));
   return TPF_OK;
@@ -197,8 +194,7 @@ static tpf_status check_headers(chk *c, const tpf_schedule *sc) {
     uint64_t active;
     d.rank = r;
     tpf_status rc = tpf__layout_check_align(&d, 1);
-    if (rc != TPF_OK)
-      return BADH(r, "header names an invalid layout: %s", tpf_status_name(rc));
+    if (rc != TPF_OK) return BADH(r, "header names an invalid layout: %s", tpf_status_name(rc));
     TPF_CHECK(tpf_layout_local(&d, &local));
     TPF_CHECK(tpf_layout_active_bytes(&d, &active));
     const tpf_schedule *s = &sc[r];
@@ -260,10 +256,8 @@ static tpf_status check_structure(chk *c, int r) {
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
     int kind = st->kind;
-    if (kind >= TPF_STEP_KIND_COUNT)
-      return BAD(r, i, kind, "bad kind %d", kind);
-    if (st->stream >= TPF_NUM_STREAMS)
-      return BAD(r, i, kind, "bad stream %d", st->stream);
+    if (kind >= TPF_STEP_KIND_COUNT) return BAD(r, i, kind, "bad kind %d", kind);
+    if (st->stream >= TPF_NUM_STREAMS) return BAD(r, i, kind, "bad stream %d", st->stream);
     if ((kind == TPF_STEP_HANDSHAKE) != (i == 0))
       return BAD(r, i, kind, "%s", "step 0, and only step 0, must be the HANDSHAKE");
     bool compute = st->stream < TPF_STREAM_SEND;
@@ -286,10 +280,8 @@ static tpf_status check_structure(chk *c, int r) {
       return BAD(r, i, kind, "peer %d is not another rank of [0, %d)", st->peer, c->P);
     if (!xfer && st->peer != -1)
       return BAD(r, i, kind, "peer %d where none applies (want -1)", st->peer);
-    if (st->tag >= TPF_MAX_TAGS)
-      return BAD(r, i, kind, "tag %u >= %d", st->tag, TPF_MAX_TAGS);
-    if (xfer && st->bytes == 0)
-      return BAD(r, i, kind, "%s", "moves 0 bytes");
+    if (st->tag >= TPF_MAX_TAGS) return BAD(r, i, kind, "tag %u >= %d", st->tag, TPF_MAX_TAGS);
+    if (xfer && st->bytes == 0) return BAD(r, i, kind, "%s", "moves 0 bytes");
     if (kind == TPF_STEP_BARRIER) {
       if (k->barrier[st->tag] >= 0)
         return BAD(r, i, kind, "barrier tag %u already used by step %d", st->tag,
@@ -301,8 +293,7 @@ static tpf_status check_structure(chk *c, int r) {
     if ((kind == TPF_STEP_REDUCE || kind == TPF_STEP_PEER_REDUCE) &&
         (st->m == 0 || st->n == 0 || st->count == 0 ||
          (kind == TPF_STEP_PEER_REDUCE && st->count > (uint32_t)c->P)))
-      return BAD(r, i, kind, "reduce %llu x %llu over %u views", (ull)st->m, (ull)st->n,
-                 st->count);
+      return BAD(r, i, kind, "reduce %llu x %llu over %u views", (ull)st->m, (ull)st->n, st->count);
     /* A user matrix is addressed from its own base and ld: its reference carries off_bytes 0
      * and ld 0 ("the matrix's own"). Backends honour a nonzero ld and ignore off_bytes, so
      * either would silently move the access. */
@@ -310,8 +301,10 @@ static tpf_status check_structure(chk *c, int r) {
       const tpf_mref *ops[3] = {&st->a, &st->d, kind == TPF_STEP_GEMM ? &st->w : NULL};
       for (int j = 0; j < 3; j++)
         if (ops[j] && ops[j]->id != TPF_MAT_BUF && (ops[j]->off_bytes != 0 || ops[j]->ld != 0))
-          return BAD(r, i, kind, "user matrix %d referenced with off_bytes %llu, ld %llu "
-                     "(want 0, 0)", ops[j]->id, (ull)ops[j]->off_bytes, (ull)ops[j]->ld);
+          return BAD(r, i, kind,
+                     "user matrix %d referenced with off_bytes %llu, ld %llu "
+                     "(want 0, 0)",
+                     ops[j]->id, (ull)ops[j]->off_bytes, (ull)ops[j]->ld);
     }
     /* Transitive predecessors: deps and the previous step on the same stream. */
     uint64_t *row = &k->anc[(size_t)i * (size_t)c->words];
@@ -319,8 +312,7 @@ static tpf_status check_structure(chk *c, int r) {
     int preds[TPF_STEP_MAX_DEPS + 1], np = 0;
     for (int j = 0; j < st->ndeps; j++)
       preds[np++] = st->deps[j];
-    if (k->prev[i] >= 0)
-      preds[np++] = k->prev[i];
+    if (k->prev[i] >= 0) preds[np++] = k->prev[i];
     for (int j = 0; j < np; j++) {
       const uint64_t *pr = &k->anc[(size_t)preds[j] * (size_t)c->words];
       for (int wd = 0; wd < c->words; wd++)
@@ -343,8 +335,7 @@ static tpf_status check_matching(chk *c) {
     for (int i = 0; i < k->s->nsteps; i++) {
       const tpf_step *st = &k->s->steps[i];
       k->match[i] = -1;
-      if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV)
-        continue;
+      if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV) continue;
       int *tab = st->kind == TPF_STEP_SEND ? k->send_at : k->recv_at;
       size_t slot = (size_t)st->peer * TPF_MAX_TAGS + st->tag;
       if (tab[slot] >= 0)
@@ -363,20 +354,18 @@ static tpf_status check_matching(chk *c) {
                     k->barrier[t] >= 0 ? "it" : "rank 0", k->barrier[t] >= 0 ? "rank 0" : "it");
     for (int i = 0; i < k->s->nsteps; i++) {
       const tpf_step *st = &k->s->steps[i];
-      if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV)
-        continue;
+      if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV) continue;
       bool send = st->kind == TPF_STEP_SEND;
       rank_state *q = &c->rk[st->peer];
       int j = (send ? q->recv_at : q->send_at)[(size_t)r * TPF_MAX_TAGS + st->tag];
       if (j < 0)
-        return BAD(r, i, st->kind, "no matching %s on rank %d with tag %u",
-                   send ? "RECV" : "SEND", st->peer, st->tag);
+        return BAD(r, i, st->kind, "no matching %s on rank %d with tag %u", send ? "RECV" : "SEND",
+                   st->peer, st->tag);
       const tpf_step *o = &q->s->steps[j];
       if (o->bytes != st->bytes || o->dst_off != st->dst_off)
         return BAD(r, i, st->kind,
-                   "rank %d step %d disagrees: bytes %llu vs %llu, dst_off %llu vs %llu",
-                   st->peer, j, (ull)st->bytes, (ull)o->bytes, (ull)st->dst_off,
-                   (ull)o->dst_off);
+                   "rank %d step %d disagrees: bytes %llu vs %llu, dst_off %llu vs %llu", st->peer,
+                   j, (ull)st->bytes, (ull)o->bytes, (ull)st->dst_off, (ull)o->dst_off);
       k->match[i] = j;
     }
   }
@@ -388,8 +377,7 @@ static tpf_status check_matching(chk *c) {
 static bool preds_done(const chk *c, bool *const *done, int r, int i) {
   const tpf_step *st = &c->rk[r].s->steps[i];
   for (int j = 0; j < st->ndeps; j++)
-    if (!done[r][st->deps[j]])
-      return false;
+    if (!done[r][st->deps[j]]) return false;
   return c->rk[r].prev[i] < 0 || done[r][c->rk[r].prev[i]];
 }
 
@@ -410,17 +398,14 @@ static tpf_status check_progress(chk *c) {
     for (int r = 0; r < P; r++) {
       const rank_state *k = &c->rk[r];
       for (int i = 0; i < k->s->nsteps; i++) {
-        if (done[r][i] || !preds_done(c, done, r, i))
-          continue;
+        if (done[r][i] || !preds_done(c, done, r, i)) continue;
         const tpf_step *st = &k->s->steps[i];
-        if (st->kind == TPF_STEP_RECV && !done[st->peer][k->match[i]])
-          continue;
+        if (st->kind == TPF_STEP_RECV && !done[st->peer][k->match[i]]) continue;
         if (st->kind == TPF_STEP_BARRIER) {
           bool all = true;
           for (int q = 0; q < P && all; q++)
             all = preds_done(c, done, q, c->rk[q].barrier[st->tag]);
-          if (!all)
-            continue;
+          if (!all) continue;
         }
         done[r][i] = true;
         changed = true;
@@ -495,8 +480,7 @@ static tpf_status check_writes(chk *c, int r, ivec *tmp) {
   /* Exactly once: sorted writes must not overlap; with the initial data they tile the layout. */
   wrt *sorted = tpf__malloc((k->nw ? k->nw : 1) * sizeof *sorted);
   TPF_RETURN_IF(!sorted, TPF_ENOMEM, "%s", "schedule check: out of memory");
-  if (k->nw)
-    memcpy(sorted, k->w, k->nw * sizeof *sorted);
+  if (k->nw) memcpy(sorted, k->w, k->nw * sizeof *sorted);
   qsort(sorted, k->nw, sizeof *sorted, cmp_wrt);
   tpf_status rc = TPF_OK;
   tmp->n = 0;
@@ -507,8 +491,7 @@ static tpf_status check_writes(chk *c, int r, ivec *tmp) {
                "writes bytes [%llu, %llu) that step %d also writes: not exactly once",
                (ull)sorted[j].lo, (ull)sorted[j].hi, sorted[j - 1].step);
     }
-    if (rc == TPF_OK)
-      rc = ivec_push(tmp, sorted[j].lo, sorted[j].hi);
+    if (rc == TPF_OK) rc = ivec_push(tmp, sorted[j].lo, sorted[j].hi);
   }
   tpf__free(sorted);
   TPF_CHECK(rc);
@@ -519,8 +502,7 @@ static tpf_status check_writes(chk *c, int r, ivec *tmp) {
     for (int t = 0; t < TPF_MAX_TAGS; t++)
       if (k->barrier[t] >= 0 && anc_has(c, r, k->barrier[t], k->w[j].step))
         k->wtags[j][t / 64] |= 1ull << (t % 64);
-  if (k->has_init)
-    TPF_CHECK(ivec_push(tmp, k->init.lo, k->init.hi));
+  if (k->has_init) TPF_CHECK(ivec_push(tmp, k->init.lo, k->init.hi));
   ivec_normalize(tmp);
   if (!(tmp->n == 1 && tmp->v[0].lo == 0 && tmp->v[0].hi == c->active)) {
     uint64_t gap = 0; /* first byte not produced */
@@ -537,8 +519,7 @@ static tpf_status readable(const chk *c, int r, int i, int q, ivec *out) {
   const rank_state *kq = &c->rk[q];
   uint64_t passed[2] = {0, 0}; /* barrier tags step i of rank r comes after */
   out->n = 0;
-  if (kq->has_init)
-    TPF_CHECK(ivec_push(out, kq->init.lo, kq->init.hi));
+  if (kq->has_init) TPF_CHECK(ivec_push(out, kq->init.lo, kq->init.hi));
   if (q != r)
     for (int t = 0; t < TPF_MAX_TAGS; t++)
       if (c->rk[r].barrier[t] >= 0 && anc_has(c, r, i, c->rk[r].barrier[t]))
@@ -546,8 +527,7 @@ static tpf_status readable(const chk *c, int r, int i, int q, ivec *out) {
   for (size_t j = 0; j < kq->nw; j++) {
     bool ok = q == r ? anc_has(c, r, i, kq->w[j].step)
                      : ((kq->wtags[j][0] & passed[0]) | (kq->wtags[j][1] & passed[1])) != 0;
-    if (ok)
-      TPF_CHECK(ivec_push(out, kq->w[j].lo, kq->w[j].hi));
+    if (ok) TPF_CHECK(ivec_push(out, kq->w[j].lo, kq->w[j].hi));
   }
   ivec_normalize(out);
   return TPF_OK;
@@ -557,7 +537,8 @@ static tpf_status check_read(const chk *c, int r, int i, int q, const ivec *rd, 
   int kind = c->rk[r].s->steps[i].kind;
   for (size_t j = 0; j < rd->n; j++)
     if (rd->v[j].hi > c->active)
-      return BAD(r, i, kind, "reads bytes [%llu, %llu) of rank %d outside the active layout [0, %llu)",
+      return BAD(r, i, kind,
+                 "reads bytes [%llu, %llu) of rank %d outside the active layout [0, %llu)",
                  (ull)rd->v[j].lo, (ull)rd->v[j].hi, q, (ull)c->active);
   TPF_CHECK(readable(c, r, i, q, allowed));
   for (size_t j = 0; j < rd->n; j++)
@@ -570,8 +551,7 @@ static tpf_status check_read(const chk *c, int r, int i, int q, const ivec *rd, 
 /* True when some barrier of rank r is ordered after step i. */
 static bool barrier_after(const chk *c, int r, int i) {
   for (int t = 0; t < TPF_MAX_TAGS; t++)
-    if (c->rk[r].barrier[t] >= 0 && anc_has(c, r, c->rk[r].barrier[t], i))
-      return true;
+    if (c->rk[r].barrier[t] >= 0 && anc_has(c, r, c->rk[r].barrier[t], i)) return true;
   return false;
 }
 
@@ -617,8 +597,10 @@ static tpf_status check_reads(const chk *c, int r, ivec *rd, ivec *allowed) {
        * peer has passed each barrier, so afterwards it may reuse the bytes (the WAR hazard the
        * closing BARRIER of the pull schedules exists for). */
       if (st->kind == TPF_STEP_PEER_REDUCE && st->count > 1 && !barrier_after(c, r, i))
-        return BAD(r, i, st->kind, "pulls from %u ranks, but no barrier follows it: the owners "
-                   "may reuse their bytes while it reads them", st->count);
+        return BAD(r, i, st->kind,
+                   "pulls from %u ranks, but no barrier follows it: the owners "
+                   "may reuse their bytes while it reads them",
+                   st->count);
       break;
     default:
       break;
@@ -645,12 +627,12 @@ static tpf_status check_outputs(const chk *c, int r) {
     const tpf_step *st = &s->steps[i];
     bool writer = st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE ||
                   st->kind == TPF_STEP_PEER_REDUCE;
-    if (!writer || st->d.id != TPF_MAT_D)
-      continue;
+    if (!writer || st->d.id != TPF_MAT_D) continue;
     uint64_t re, ce, a;
     if (!tpf__add_u64(st->d.row, st->m, &re) || !tpf__add_u64(st->d.col, st->n, &ce) ||
         re > c->out_rows || ce > c->out_cols || !tpf__mul_u64(st->m, st->n, &a)) {
-      rc = BAD(r, i, st->kind, "writes output rows [%llu, +%llu) cols [%llu, +%llu) outside [%llu, %llu]",
+      rc = BAD(r, i, st->kind,
+               "writes output rows [%llu, +%llu) cols [%llu, +%llu) outside [%llu, %llu]",
                (ull)st->d.row, (ull)st->m, (ull)st->d.col, (ull)st->n, (ull)c->out_rows,
                (ull)c->out_cols);
       break;
@@ -658,7 +640,8 @@ static tpf_status check_outputs(const chk *c, int r) {
     for (size_t j = 0; j < n; j++) {
       const rect *o = &rs[j];
       if (st->d.row < o->row + o->m && o->row < re && st->d.col < o->col + o->n && o->col < ce) {
-        rc = BAD(r, i, st->kind, "writes output rows [%llu, +%llu) cols [%llu, +%llu) that step %d "
+        rc = BAD(r, i, st->kind,
+                 "writes output rows [%llu, +%llu) cols [%llu, +%llu) that step %d "
                  "also writes: not exactly once",
                  (ull)st->d.row, (ull)st->m, (ull)st->d.col, (ull)st->n, o->step);
         break;
@@ -698,8 +681,7 @@ static tpf_status check_gemms(chk *c, int r) {
   const tpf_schedule *s = k->s;
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
-    if (st->kind != TPF_STEP_GEMM)
-      continue;
+    if (st->kind != TPF_STEP_GEMM) continue;
     int kind = st->kind;
     uint64_t wend;
     if (st->w.id != TPF_MAT_W || st->w.col != 0 || !tpf__add_u64(st->w.row, st->n, &wend) ||
@@ -710,10 +692,11 @@ static tpf_status check_gemms(chk *c, int r) {
     if (c->mode == MODE_RING_AG) {
       /* Reads the gathered [T, H] rows it writes to D: token row = byte offset / row pitch. */
       uint64_t pitch = c->H * c->e; /* <= active bytes: no overflow */
-      if (st->a.id != TPF_MAT_BUF || st->d.id != TPF_MAT_D || st->a.ld != c->H ||
-          st->a.col != 0 || st->a.off_bytes % pitch != 0 ||
-          st->a.off_bytes / pitch + st->a.row != st->d.row || st->w.row != st->d.col)
-        return BAD(r, i, kind, "GEMM reads buffer rows %llu (off %llu, ld %llu) for output row %llu "
+      if (st->a.id != TPF_MAT_BUF || st->d.id != TPF_MAT_D || st->a.ld != c->H || st->a.col != 0 ||
+          st->a.off_bytes % pitch != 0 || st->a.off_bytes / pitch + st->a.row != st->d.row ||
+          st->w.row != st->d.col)
+        return BAD(r, i, kind,
+                   "GEMM reads buffer rows %llu (off %llu, ld %llu) for output row %llu "
                    "col %llu: not the gathered token rows",
                    (ull)st->a.row, (ull)st->a.off_bytes, (ull)st->a.ld, (ull)st->d.row,
                    (ull)st->d.col);
@@ -728,7 +711,8 @@ static tpf_status check_gemms(chk *c, int r) {
       uint64_t aend;
       if (st->a.id != TPF_MAT_X || st->d.id != TPF_MAT_BUF || st->a.col != 0 ||
           !tpf__add_u64(st->a.row, st->m, &aend) || aend > c->T)
-        return BAD(r, i, kind, "rs GEMM must read X rows inside [0, %llu) and write the buffer "
+        return BAD(r, i, kind,
+                   "rs GEMM must read X rows inside [0, %llu) and write the buffer "
                    "(a %d row %llu, d %d)",
                    (ull)c->T, st->a.id, (ull)st->a.row, st->d.id);
       prod p;
@@ -755,7 +739,8 @@ static tpf_status check_gemms(chk *c, int r) {
   return TPF_OK;
 }
 
-/* Carries partials along transfers: a RECV whose SEND ships exactly one partial's bytes holds it. */
+/* Carries partials along transfers: a RECV whose SEND ships exactly one partial's bytes holds it.
+ */
 static tpf_status carry_partials(chk *c) {
   for (int pass = 0; pass < c->P; pass++) {
     bool changed = false;
@@ -763,22 +748,18 @@ static tpf_status carry_partials(chk *c) {
       rank_state *k = &c->rk[r];
       for (int i = 0; i < k->s->nsteps; i++) {
         const tpf_step *st = &k->s->steps[i];
-        if (st->kind != TPF_STEP_RECV)
-          continue;
+        if (st->kind != TPF_STEP_RECV) continue;
         bool have = false;
         for (size_t j = 0; j < k->npr && !have; j++)
           have = k->pr[j].lo == st->dst_off && k->pr[j].hi == st->dst_off + st->bytes;
-        if (have)
-          continue;
+        if (have) continue;
         const rank_state *q = &c->rk[st->peer];
         const tpf_step *snd = &q->s->steps[k->match[i]];
         for (size_t j = 0; j < q->npr; j++) {
           prod p = q->pr[j];
-          if (p.lo != snd->src_off || p.hi != snd->src_off + snd->bytes)
-            continue;
+          if (p.lo != snd->src_off || p.hi != snd->src_off + snd->bytes) continue;
           uint64_t back = p.lo - p.off; /* view start to first byte */
-          if (st->dst_off < back)
-            break;
+          if (st->dst_off < back) break;
           p.off = st->dst_off - back;
           p.lo = st->dst_off;
           p.hi = st->dst_off + st->bytes;
@@ -788,8 +769,7 @@ static tpf_status carry_partials(chk *c) {
         }
       }
     }
-    if (!changed)
-      break;
+    if (!changed) break;
   }
   return TPF_OK;
 }
@@ -803,8 +783,7 @@ static tpf_status check_reductions(const chk *c, int r) {
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
     int kind = st->kind;
-    if (kind != TPF_STEP_REDUCE && kind != TPF_STEP_PEER_REDUCE)
-      continue;
+    if (kind != TPF_STEP_REDUCE && kind != TPF_STEP_PEER_REDUCE) continue;
     if (c->mode == MODE_RING_AG || c->mode == MODE_BULK_AG)
       return BAD(r, i, kind, "%s", "an all-gather has nothing to reduce");
     if (c->mode == MODE_BULK_RS) {
@@ -828,7 +807,8 @@ static tpf_status check_reductions(const chk *c, int r) {
            tpf__add_u64(start, st->d.off_bytes, &start) && start == local.offset_bytes &&
            st->m == local.rows;
       if (!ok)
-        return BAD(r, i, kind, "bulk rs must sum chunk %d of all %d ranks in place at bytes %llu "
+        return BAD(r, i, kind,
+                   "bulk rs must sum chunk %d of all %d ranks in place at bytes %llu "
                    "(got count %u, output row %llu)",
                    r, c->P, (ull)local.offset_bytes, st->count, (ull)st->d.row);
       reduced = true; /* a second one writes the chunk twice: check_writes refused it */
@@ -856,10 +836,11 @@ static tpf_status check_reductions(const chk *c, int r) {
                    (ull)off);
       uint64_t xrow = p->xrow0 + (st->a.row - p->row0), wrow = p->wrow0 + (st->a.col - p->col0);
       if (xrow != want_x || wrow != st->d.col)
-        return BAD(r, i, kind, "input %u holds rank %d's partial of token row %llu weight row %llu; "
+        return BAD(r, i, kind,
+                   "input %u holds rank %d's partial of token row %llu weight row %llu; "
                    "output row %llu col %llu needs token row %llu weight row %llu",
-                   t, p->origin, (ull)xrow, (ull)wrow, (ull)st->d.row, (ull)st->d.col,
-                   (ull)want_x, (ull)st->d.col);
+                   t, p->origin, (ull)xrow, (ull)wrow, (ull)st->d.row, (ull)st->d.col, (ull)want_x,
+                   (ull)st->d.col);
       if ((seen >> p->origin) & 1u)
         return BAD(r, i, kind, "sums rank %d's partial twice", p->origin);
       seen |= 1ull << p->origin;
@@ -876,20 +857,19 @@ static tpf_status check_reductions(const chk *c, int r) {
 
 static tpf_status check_moves(const chk *c, int r) {
   const tpf_schedule *s = c->rk[r].s;
-  if (c->mode != MODE_RING_AG && c->mode != MODE_BULK_AG)
-    return TPF_OK;
+  if (c->mode != MODE_RING_AG && c->mode != MODE_BULK_AG) return TPF_OK;
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
     if (st->kind == TPF_STEP_SEND && st->src_off != st->dst_off)
-      return BAD(r, i, st->kind, "all-gather moves bytes %llu to %llu: chunks must keep their place",
+      return BAD(r, i, st->kind,
+                 "all-gather moves bytes %llu to %llu: chunks must keep their place",
                  (ull)st->src_off, (ull)st->dst_off);
   }
   return TPF_OK;
 }
 
 static void free_state(chk *c) {
-  if (!c->rk)
-    return;
+  if (!c->rk) return;
   for (int r = 0; r < c->P; r++) {
     rank_state *k = &c->rk[r];
     tpf__free(k->anc);
@@ -909,8 +889,7 @@ static tpf_status run_checks(chk *c, const tpf_schedule *scheds) {
   TPF_CHECK(check_headers(c, scheds));
   int maxn = 0;
   for (int r = 0; r < P; r++)
-    if (scheds[r].nsteps > maxn)
-      maxn = scheds[r].nsteps;
+    if (scheds[r].nsteps > maxn) maxn = scheds[r].nsteps;
   c->words = (maxn + 63) / 64;
   for (int r = 0; r < P; r++) {
     rank_state *k = &c->rk[r];
@@ -920,8 +899,8 @@ static tpf_status run_checks(chk *c, const tpf_schedule *scheds) {
     k->match = tpf__calloc(n, sizeof *k->match);
     k->send_at = tpf__malloc(tags * sizeof *k->send_at);
     k->recv_at = tpf__malloc(tags * sizeof *k->recv_at);
-    TPF_RETURN_IF(!k->anc || !k->prev || !k->match || !k->send_at || !k->recv_at, TPF_ENOMEM,
-                  "%s", "schedule check: out of memory");
+    TPF_RETURN_IF(!k->anc || !k->prev || !k->match || !k->send_at || !k->recv_at, TPF_ENOMEM, "%s",
+                  "schedule check: out of memory");
     for (size_t j = 0; j < tags; j++)
       k->send_at[j] = k->recv_at[j] = -1;
     TPF_CHECK(check_structure(c, r));

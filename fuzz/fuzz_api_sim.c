@@ -41,20 +41,19 @@ static atomic_long live_allocs;
 
 static void *count_malloc(size_t n) {
   void *p = malloc(n);
-  if (p)
-    atomic_fetch_add(&live_allocs, 1);
+  if (p) atomic_fetch_add(&live_allocs, 1);
   return p;
 }
 static void *count_calloc(size_t c, size_t n) {
   void *p = calloc(c, n);
-  if (p)
-    atomic_fetch_add(&live_allocs, 1);
+  if (p) atomic_fetch_add(&live_allocs, 1);
   return p;
 }
-static void *count_realloc(void *p, size_t n) { return realloc(p, n); } /* never called with NULL */
+static void *count_realloc(void *p, size_t n) {
+  return realloc(p, n);
+} /* never called with NULL */
 static void count_free(void *p) {
-  if (p)
-    atomic_fetch_sub(&live_allocs, 1);
+  if (p) atomic_fetch_sub(&live_allocs, 1);
   free(p);
 }
 
@@ -94,10 +93,10 @@ typedef struct {
   uint64_t gm, gn, gk; /* operation dims (AG: N = gn; RS: K = gk; BULK: M, N, K) */
   bool out_fp32;       /* operation output in fp32 rather than the buffer dtype */
   /* Expectations, recorded by the model. */
-  tpf_status want;          /* every rank's status */
-  bool check_values;        /* a successful operation: check the numbers */
-  model_comm after[SLOTS];  /* every slot afterwards */
-  int mgr_count;            /* manager size afterwards; -1 without a manager */
+  tpf_status want;         /* every rank's status */
+  bool check_values;       /* a successful operation: check the numbers */
+  model_comm after[SLOTS]; /* every slot afterwards */
+  int mgr_count;           /* manager size afterwards; -1 without a manager */
 } cmd;
 
 typedef struct {
@@ -131,24 +130,21 @@ static bool eligible(const model_comm *c) {
 
 /* The status tpf_comm_set_active_shape must return (SPEC §3, simulator alignment). */
 static tpf_status model_set(int p, const model_comm *c, tpf_shape s) {
-  if (!eligible(c))
-    return TPF_EUNSUPPORTED;
+  if (!eligible(c)) return TPF_EUNSUPPORTED;
   tpf_layout_desc d = desc_of(p, &c->cfg, s);
   return model_check(&d, SIM_ALIGN);
 }
 
 /* 0: tpf_ag_gemm, 1: tpf_gemm_rs, 2: tpf_bulk_overlap. */
 static int op_of(const tpf_comm_config *cfg) {
-  if (cfg->algo == TPF_ALGO_BULK)
-    return 2;
+  if (cfg->algo == TPF_ALGO_BULK) return 2;
   return cfg->coll == TPF_COLL_AG ? 0 : 1;
 }
 
 static tpf_comm_config decode_cfg(tpf_fuzz_input *in, int p) {
   static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK,
                                    TPF_ALGO_BULK};
-  static const tpf_coll colls[] = {TPF_COLL_AG, TPF_COLL_RS, TPF_COLL_RS, TPF_COLL_AG,
-                                   TPF_COLL_RS};
+  static const tpf_coll colls[] = {TPF_COLL_AG, TPF_COLL_RS, TPF_COLL_RS, TPF_COLL_AG, TPF_COLL_RS};
   static const tpf_dtype dtypes[] = {TPF_BF16, TPF_BF16, TPF_FP16, TPF_FP32, TPF_FP8_E4M3};
   tpf_comm_config c;
   memset(&c, 0, sizeof c);
@@ -162,10 +158,10 @@ static tpf_comm_config decode_cfg(tpf_fuzz_input *in, int p) {
   }
   c.dtype = dtypes[tpf_fuzz_int(in, 0, 4)];
   uint64_t up = (uint64_t)p;
-  c.capacity.rows = tpf_fuzz_range(in, 0, 7) == 0 ? tpf_fuzz_range(in, 0, 9)
-                                                  : up * tpf_fuzz_range(in, 1, 4);
-  c.capacity.cols = tpf_fuzz_range(in, 0, 7) == 0 ? tpf_fuzz_range(in, 0, 12)
-                                                  : 8 * tpf_fuzz_range(in, 1, 4);
+  c.capacity.rows =
+      tpf_fuzz_range(in, 0, 7) == 0 ? tpf_fuzz_range(in, 0, 9) : up * tpf_fuzz_range(in, 1, 4);
+  c.capacity.cols =
+      tpf_fuzz_range(in, 0, 7) == 0 ? tpf_fuzz_range(in, 0, 12) : 8 * tpf_fuzz_range(in, 1, 4);
   c.num_splits = tpf_fuzz_range(in, 0, 3) == 0 ? tpf_fuzz_int(in, 0, 4) : 0;
   c.aggregate = tpf_fuzz_range(in, 0, 3) == 0;
   c.external = tpf_fuzz_range(in, 0, 7) == 0;
@@ -191,14 +187,10 @@ static void model_step(tpf_fuzz_input *in, int p, model_comm *m, bool *mgr, int 
   c->want = TPF_OK;
 
   /* Commands that make no sense in the current state turn into ones that do. */
-  if ((c->kind == CMD_CREATE || c->kind == CMD_MGR_ADD) && mc->live)
-    c->kind = CMD_SET;
-  if (c->kind == CMD_MGR_ADD && !*mgr)
-    c->kind = CMD_MGR_CREATE;
-  if (c->kind == CMD_MGR_CREATE && *mgr)
-    c->kind = CMD_MGR_GET;
-  if (c->kind == CMD_DESTROY && (!mc->live || mc->managed))
-    c->kind = CMD_MGR_GET;
+  if ((c->kind == CMD_CREATE || c->kind == CMD_MGR_ADD) && mc->live) c->kind = CMD_SET;
+  if (c->kind == CMD_MGR_ADD && !*mgr) c->kind = CMD_MGR_CREATE;
+  if (c->kind == CMD_MGR_CREATE && *mgr) c->kind = CMD_MGR_GET;
+  if (c->kind == CMD_DESTROY && (!mc->live || mc->managed)) c->kind = CMD_MGR_GET;
 
   switch (c->kind) {
   case CMD_CREATE:
@@ -214,8 +206,7 @@ static void model_step(tpf_fuzz_input *in, int p, model_comm *m, bool *mgr, int 
     }
     tpf_layout_desc d = desc_of(p, &c->cfg, c->cfg.capacity);
     c->want = model_check(&d, SIM_ALIGN);
-    if (c->want != TPF_OK)
-      break;
+    if (c->want != TPF_OK) break;
     mc->live = true;
     mc->managed = c->kind == CMD_MGR_ADD;
     mc->cfg = c->cfg;
@@ -240,8 +231,7 @@ static void model_step(tpf_fuzz_input *in, int p, model_comm *m, bool *mgr, int 
       break;
     }
     for (int i = 0; i < SLOTS; i++)
-      if (m[i].managed)
-        m[i].live = m[i].managed = false;
+      if (m[i].managed) m[i].live = m[i].managed = false;
     *mgr = false;
     break;
   case CMD_MGR_SET: {
@@ -258,11 +248,9 @@ static void model_step(tpf_fuzz_input *in, int p, model_comm *m, bool *mgr, int 
         if (m[i].live && m[i].managed && m[i].stamp > last &&
             (best < 0 || m[i].stamp < m[best].stamp))
           best = i;
-      if (best < 0)
-        break;
+      if (best < 0) break;
       last = m[best].stamp;
-      if (eligible(&m[best]) && (c->want = model_set(p, &m[best], c->shape)) != TPF_OK)
-        break;
+      if (eligible(&m[best]) && (c->want = model_set(p, &m[best], c->shape)) != TPF_OK) break;
     }
     if (c->want == TPF_OK)
       for (int i = 0; i < SLOTS; i++)
@@ -359,10 +347,18 @@ static float get(const tpf_matrix *m, uint64_t i, uint64_t j) {
 }
 
 /* Values: small integers, exact in bf16, fp16 and fp32, and so are all their sums here. */
-static float shard_v(int r, uint64_t i, uint64_t c) { return (float)((r * 5 + (int)i * 3 + (int)c) % 11) - 5.f; }
-static float x_v(int r, uint64_t t, uint64_t k) { return (float)((r + 2 * (int)t + (int)k) % 5) - 2.f; }
-static float w_v(uint64_t h, uint64_t k) { return (float)(((int)h + (int)k) % 3) - 1.f; }
-static float part_v(int r, uint64_t t, uint64_t c) { return (float)((r + 2 * (int)t + (int)c) % 7) - 3.f; }
+static float shard_v(int r, uint64_t i, uint64_t c) {
+  return (float)((r * 5 + (int)i * 3 + (int)c) % 11) - 5.f;
+}
+static float x_v(int r, uint64_t t, uint64_t k) {
+  return (float)((r + 2 * (int)t + (int)k) % 5) - 2.f;
+}
+static float w_v(uint64_t h, uint64_t k) {
+  return (float)(((int)h + (int)k) % 3) - 1.f;
+}
+static float part_v(int r, uint64_t t, uint64_t c) {
+  return (float)((r + 2 * (int)t + (int)c) % 7) - 3.f;
+}
 
 #define EXPECT_VAL(got, want, ...)                                                                 \
   FUZZ_ASSERT_MSG((got) == (want), "got %g, expected %g: " __VA_ARGS__)
@@ -373,8 +369,7 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
   if (!cm || c->want == TPF_EUNSUPPORTED) {
     /* NULL communicator, wrong kind or quantized: refused before any operand is looked at. */
     int op = cm ? op_of(tpf_comm_config_of(cm)) : 0;
-    if (wrong)
-      op = (op + 1) % 3;
+    if (wrong) op = (op + 1) % 3;
     tpf_status st = op == 0   ? tpf_ag_gemm(cm, NULL, NULL, NULL)
                     : op == 1 ? tpf_gemm_rs(cm, NULL, NULL, NULL, NULL)
                               : tpf_bulk_overlap(cm, NULL, NULL, NULL, NULL);
@@ -434,8 +429,8 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
           for (int q = 0; q < P; q++)
             for (uint64_t k = 0; k < K; k++)
               want += x_v(q, (uint64_t)rank * R + i, k) * w_v(h, k);
-          EXPECT_VAL(get(&o.m, i, h), want, "RS rank %d out (%llu, %llu)",
-                     (double)get(&o.m, i, h), (double)want, rank, (ull)i, (ull)h);
+          EXPECT_VAL(get(&o.m, i, h), want, "RS rank %d out (%llu, %llu)", (double)get(&o.m, i, h),
+                     (double)want, rank, (ull)i, (ull)h);
         }
     }
     free(x.m.ptr);
@@ -494,24 +489,26 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
   }
 }
 
-/* ---- Execution: every rank runs the program on its own thread --------------------------------- */
+/* ---- Execution: every rank runs the program on its own thread ---------------------------------
+ */
 
 static void check_state(program *pg, int rank, int ci) {
   const cmd *c = &pg->cmds[ci];
   for (int s = 0; s < SLOTS; s++) {
     const model_comm *mc = &c->after[s];
     tpf_comm *cm = pg->comm[rank][s];
-    FUZZ_ASSERT_MSG((cm != NULL) == mc->live, "rank %d command %d: slot %d live %d, model %d",
-                    rank, ci, s, cm != NULL, mc->live);
-    if (!cm)
-      continue;
+    FUZZ_ASSERT_MSG((cm != NULL) == mc->live, "rank %d command %d: slot %d live %d, model %d", rank,
+                    ci, s, cm != NULL, mc->live);
+    if (!cm) continue;
     tpf_shape a = tpf_comm_active_shape(cm), cap = tpf_comm_capacity_shape(cm);
     FUZZ_ASSERT_MSG(a.rows == mc->active.rows && a.cols == mc->active.cols,
-                    "rank %d command %d: slot %d active [%llu, %llu], model [%llu, %llu]", rank,
-                    ci, s, (ull)a.rows, (ull)a.cols, (ull)mc->active.rows, (ull)mc->active.cols);
+                    "rank %d command %d: slot %d active [%llu, %llu], model [%llu, %llu]", rank, ci,
+                    s, (ull)a.rows, (ull)a.cols, (ull)mc->active.rows, (ull)mc->active.cols);
     FUZZ_ASSERT(cap.rows == mc->cfg.capacity.rows && cap.cols == mc->cfg.capacity.cols);
-    FUZZ_ASSERT_MSG(tpf_comm_epoch(cm) == mc->epoch, "rank %d command %d: slot %d epoch %llu, "
-                    "model %llu", rank, ci, s, (ull)tpf_comm_epoch(cm), (ull)mc->epoch);
+    FUZZ_ASSERT_MSG(tpf_comm_epoch(cm) == mc->epoch,
+                    "rank %d command %d: slot %d epoch %llu, "
+                    "model %llu",
+                    rank, ci, s, (ull)tpf_comm_epoch(cm), (ull)mc->epoch);
     void *base = NULL;
     uint64_t bytes = 0;
     FUZZ_ASSERT_STATUS(tpf_comm_registration(cm, &base, &bytes), TPF_OK);
@@ -533,13 +530,11 @@ static void exec_cmd(program *pg, tpf_backend *be, int rank, int ci) {
   switch (c->kind) {
   case CMD_CREATE:
     FUZZ_ASSERT_STATUS(tpf_comm_create(be, &cfg, &got), c->want);
-    if (c->want == TPF_OK)
-      *slot = got;
+    if (c->want == TPF_OK) *slot = got;
     break;
   case CMD_MGR_ADD:
     FUZZ_ASSERT_STATUS(tpf_manager_add(*mgr, &cfg, &got), c->want);
-    if (c->want == TPF_OK)
-      *slot = got;
+    if (c->want == TPF_OK) *slot = got;
     break;
   case CMD_DESTROY:
     FUZZ_ASSERT_STATUS(tpf_comm_destroy(*slot), TPF_OK);
@@ -558,8 +553,7 @@ static void exec_cmd(program *pg, tpf_backend *be, int rank, int ci) {
       /* The managed slots are those the model drops now. */
       const model_comm *before = ci > 0 ? pg->cmds[ci - 1].after : NULL;
       for (int s = 0; s < SLOTS; s++)
-        if (before && before[s].live && before[s].managed)
-          pg->comm[rank][s] = NULL;
+        if (before && before[s].live && before[s].managed) pg->comm[rank][s] = NULL;
       *mgr = NULL;
     }
     break;
@@ -575,8 +569,7 @@ static void exec_cmd(program *pg, tpf_backend *be, int rank, int ci) {
     break;
   case CMD_MISMATCH: {
     tpf_shape old = tpf_comm_active_shape(*slot), mine = c->shape;
-    if (rank == 0)
-      mine.rows = c->rows_a;
+    if (rank == 0) mine.rows = c->rows_a;
     FUZZ_ASSERT_STATUS(tpf_comm_set_active_shape(*slot, mine), TPF_OK);
     run_op(pg, rank, *slot, c, false);
     FUZZ_ASSERT_STATUS(tpf_comm_set_active_shape(*slot, old), TPF_OK);
@@ -605,8 +598,7 @@ static tpf_status rank_cleanup(tpf_backend *be, int rank, void *arg) {
       FUZZ_ASSERT_STATUS(tpf_comm_destroy(pg->comm[rank][s]), TPF_OK);
     pg->comm[rank][s] = NULL;
   }
-  if (pg->mgr[rank])
-    FUZZ_ASSERT_STATUS(tpf_manager_destroy(pg->mgr[rank]), TPF_OK);
+  if (pg->mgr[rank]) FUZZ_ASSERT_STATUS(tpf_manager_destroy(pg->mgr[rank]), TPF_OK);
   pg->mgr[rank] = NULL;
   return TPF_OK;
 }

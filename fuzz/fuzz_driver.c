@@ -41,8 +41,7 @@ static int run_file(const char *path) {
     }
     size_t got = fread(buf + n, 1, cap - n, f);
     n += got;
-    if (got == 0)
-      break;
+    if (got == 0) break;
   }
   int err = ferror(f);
   fclose(f);
@@ -79,25 +78,21 @@ static long run_dir(const char *dir) {
   size_t n = 0, cap = 0;
   struct dirent *e;
   while ((e = readdir(d)) != NULL) {
-    if (e->d_name[0] == '.')
-      continue;
+    if (e->d_name[0] == '.') continue;
     if (n == cap) {
       cap = cap ? 2 * cap : 64;
       char **grown = realloc(names, cap * sizeof *names);
-      if (!grown)
-        break;
+      if (!grown) break;
       names = grown;
     }
     size_t len = strlen(dir) + strlen(e->d_name) + 2;
     names[n] = malloc(len);
-    if (!names[n])
-      break;
+    if (!names[n]) break;
     snprintf(names[n], len, "%s/%s", dir, e->d_name);
     n++;
   }
   closedir(d);
-  if (n > 0)
-    qsort(names, n, sizeof *names, cmp_names);
+  if (n > 0) qsort(names, n, sizeof *names, cmp_names);
   long ran = 0;
   for (size_t i = 0; i < n; i++) {
     struct stat st;

@@ -28,7 +28,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define FUZZ_ASSERT_MSG(cond, ...)                                                                 \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \
-      fprintf(stderr, "%s:%d: invariant failed: %s\n  ", __FILE__, __LINE__, #cond);              \
+      fprintf(stderr, "%s:%d: invariant failed: %s\n  ", __FILE__, __LINE__, #cond);               \
       fprintf(stderr, __VA_ARGS__);                                                                \
       fprintf(stderr, "\n");                                                                       \
       abort();                                                                                     \
@@ -55,7 +55,9 @@ static inline void tpf_fuzz_init(tpf_fuzz_input *in, const uint8_t *data, size_t
   in->size = data ? size : 0;
 }
 
-static inline bool tpf_fuzz_empty(const tpf_fuzz_input *in) { return in->size == 0; }
+static inline bool tpf_fuzz_empty(const tpf_fuzz_input *in) {
+  return in->size == 0;
+}
 
 /* The next `nbytes` (<= 8) bytes, little endian; missing bytes read as 0. */
 static inline uint64_t tpf_fuzz_bytes(tpf_fuzz_input *in, unsigned nbytes) {
@@ -70,15 +72,13 @@ static inline uint64_t tpf_fuzz_bytes(tpf_fuzz_input *in, unsigned nbytes) {
 
 /* A value in [min, max] (inclusive), consuming as few bytes as the range needs. */
 static inline uint64_t tpf_fuzz_range(tpf_fuzz_input *in, uint64_t min, uint64_t max) {
-  if (max <= min)
-    return min;
+  if (max <= min) return min;
   uint64_t span = max - min;
   unsigned nbytes = 0;
   for (uint64_t s = span; s != 0; s >>= 8)
     nbytes++;
   uint64_t v = tpf_fuzz_bytes(in, nbytes);
-  if (span == UINT64_MAX)
-    return v;
+  if (span == UINT64_MAX) return v;
   return min + v % (span + 1);
 }
 
@@ -86,14 +86,15 @@ static inline int tpf_fuzz_int(tpf_fuzz_input *in, int min, int max) {
   return (int)((int64_t)min + (int64_t)tpf_fuzz_range(in, 0, (uint64_t)((int64_t)max - min)));
 }
 
-static inline bool tpf_fuzz_bool(tpf_fuzz_input *in) { return (tpf_fuzz_bytes(in, 1) & 1) != 0; }
+static inline bool tpf_fuzz_bool(tpf_fuzz_input *in) {
+  return (tpf_fuzz_bytes(in, 1) & 1) != 0;
+}
 
 /* A dimension drawn from the values that break size arithmetic: zero and small values, powers
  * of two and their neighbours, multiples of `unit`, values near 2^40 (the ready word's rows
  * limit) and near 2^64 / k. `unit` biases towards divisible shapes (pass P). */
 static inline uint64_t tpf_fuzz_dim(tpf_fuzz_input *in, uint64_t unit) {
-  if (unit == 0)
-    unit = 1;
+  if (unit == 0) unit = 1;
   unsigned mode = (unsigned)tpf_fuzz_bytes(in, 1) % 10;
   switch (mode) {
   case 0:
@@ -143,10 +144,8 @@ static inline uint64_t tpf_fuzz_rng_next(tpf_fuzz_rng *g) {
 
 /* A choice in [0, n): from the input while it lasts, then from the generator. */
 static inline unsigned tpf_fuzz_choose(tpf_fuzz_input *in, tpf_fuzz_rng *g, unsigned n) {
-  if (n <= 1)
-    return 0;
-  if (!tpf_fuzz_empty(in))
-    return (unsigned)tpf_fuzz_range(in, 0, n - 1);
+  if (n <= 1) return 0;
+  if (!tpf_fuzz_empty(in)) return (unsigned)tpf_fuzz_range(in, 0, n - 1);
   return (unsigned)(tpf_fuzz_rng_next(g) % n);
 }
 

@@ -25,7 +25,9 @@ __extension__ typedef unsigned __int128 u128;
 
 #define MAX_CHUNKS (2 * 64)
 
-static uint64_t elem_bytes(tpf_dtype t) { return t == TPF_FP32 ? 4 : t >= TPF_FP8_E4M3 ? 1 : 2; }
+static uint64_t elem_bytes(tpf_dtype t) {
+  return t == TPF_FP32 ? 4 : t >= TPF_FP8_E4M3 ? 1 : 2;
+}
 
 static bool ring_rs(const tpf_layout_desc *d) {
   return d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS;
@@ -55,8 +57,7 @@ static void query(const tpf_layout_desc *d, layout *l) {
     FUZZ_ASSERT_MSG(s[i] == s[0], "layout queries disagree: %s vs %s", tpf_status_name(s[0]),
                     tpf_status_name(s[i]));
   l->status = s[0];
-  if (s[0] != TPF_OK)
-    return;
+  if (s[0] != TPF_OK) return;
   FUZZ_ASSERT_MSG(l->count >= 1 && l->count <= MAX_CHUNKS, "chunk count %d", l->count);
   for (int j = 0; j < l->count; j++)
     FUZZ_ASSERT_STATUS(tpf_layout_chunk(d, j, &l->chunk[j]), TPF_OK);
@@ -67,11 +68,9 @@ static bool same_region(const tpf_region *a, const tpf_region *b) {
 }
 
 static bool same_chunks(const layout *a, const layout *b) {
-  if (a->count != b->count || a->active_bytes != b->active_bytes)
-    return false;
+  if (a->count != b->count || a->active_bytes != b->active_bytes) return false;
   for (int j = 0; j < a->count; j++)
-    if (!same_region(&a->chunk[j], &b->chunk[j]))
-      return false;
+    if (!same_region(&a->chunk[j], &b->chunk[j])) return false;
   return true;
 }
 
@@ -131,8 +130,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   d.algo = (tpf_algo)tpf_fuzz_int(&in, 0, TPF_ALGO_COUNT - 1);
   d.coll = d.algo == TPF_ALGO_PIPELINE ? TPF_COLL_RS : (tpf_coll)tpf_fuzz_int(&in, 0, 1);
   d.dtype = (tpf_dtype)tpf_fuzz_int(&in, 0, TPF_DTYPE_COUNT - 1);
-  d.aggregate = d.algo == TPF_ALGO_RING && d.coll == TPF_COLL_AG && d.tp_size % 2 == 0 &&
-                tpf_fuzz_bool(&in);
+  d.aggregate =
+      d.algo == TPF_ALGO_RING && d.coll == TPF_COLL_AG && d.tp_size % 2 == 0 && tpf_fuzz_bool(&in);
   unsigned split_mode = (unsigned)tpf_fuzz_range(&in, 0, 3);
   d.num_splits = split_mode == 0   ? 0
                  : split_mode == 1 ? 1
@@ -189,8 +188,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
       check_layout(&bigger, &lb);
       FUZZ_ASSERT_MSG(same_chunks(&l, &lb),
                       "capacity %llu and %llu give different chunks for T %llu",
-                      (unsigned long long)d.capacity.rows,
-                      (unsigned long long)bigger.capacity.rows,
+                      (unsigned long long)d.capacity.rows, (unsigned long long)bigger.capacity.rows,
                       (unsigned long long)d.active.rows);
     }
   }

@@ -55,19 +55,20 @@ typedef struct {
   sym *reg[MAX_P];
   sym *d[MAX_P];
   uint8_t *d_writes[MAX_P];
-  uint8_t *done[MAX_P];    /* per step: 0 not started, 1 arrived (barrier/handshake), 2 done */
+  uint8_t *done[MAX_P]; /* per step: 0 not started, 1 arrived (barrier/handshake), 2 done */
   uint32_t flags[MAX_P][MAX_P][TPF_MAX_TAGS]; /* [receiver][sender][tag]: raises */
   uint8_t arrived[MAX_P][TPF_MAX_TAGS + 1];   /* barrier tag t / handshake (TPF_MAX_TAGS) */
-  int next[MAX_P][TPF_NUM_STREAMS];          /* next unfinished step on each stream, -1: none */
+  int next[MAX_P][TPF_NUM_STREAMS];           /* next unfinished step on each stream, -1: none */
 } machine;
 
-static const char *kind_name(int k) { return tpf_step_kind_name(k); }
+static const char *kind_name(int k) {
+  return tpf_step_kind_name(k);
+}
 
 /* Next step on `stream` at or after index `from`, or -1. */
 static int next_on_stream(const tpf_schedule *s, int stream, int from) {
   for (int i = from; i < s->nsteps; i++)
-    if (s->steps[i].stream == stream)
-      return i;
+    if (s->steps[i].stream == stream) return i;
   return -1;
 }
 
@@ -83,8 +84,8 @@ static uint64_t buf_index(const machine *m, int r, int step, const tpf_mref *v, 
                   "rank %d step %d: column %llu beyond the view's ld %llu", r, step,
                   (ull)(v->col + j), (ull)v->ld);
   FUZZ_ASSERT_MSG(x < m->active_elems,
-                  "rank %d step %d (%s): element %llu outside the active layout (%llu elements)",
-                  r, step, kind_name(m->s[r].steps[step].kind), (ull)x, (ull)m->active_elems);
+                  "rank %d step %d (%s): element %llu outside the active layout (%llu elements)", r,
+                  step, kind_name(m->s[r].steps[step].kind), (ull)x, (ull)m->active_elems);
   return x;
 }
 
@@ -98,8 +99,8 @@ static void write_d(machine *m, int r, int step, const tpf_mref *v, uint64_t i, 
   FUZZ_ASSERT_MSG(v->id == TPF_MAT_D, "rank %d step %d writes operand %d", r, step, v->id);
   uint64_t row = v->row + i, col = v->col + j;
   FUZZ_ASSERT_MSG(row < m->d_rows && col < m->d_cols,
-                  "rank %d step %d: D element (%llu, %llu) outside [%llu, %llu]", r, step,
-                  (ull)row, (ull)col, (ull)m->d_rows, (ull)m->d_cols);
+                  "rank %d step %d: D element (%llu, %llu) outside [%llu, %llu]", r, step, (ull)row,
+                  (ull)col, (ull)m->d_rows, (ull)m->d_cols);
   m->d[r][row * m->d_cols + col] = val;
   m->d_writes[r][row * m->d_cols + col]++;
 }
@@ -126,9 +127,10 @@ static void exec_gemm(machine *m, int r, int si) {
         FUZZ_ASSERT_MSG(v.row == first.row && v.col == c && v.mask == first.mask,
                         "rank %d step %d: GEMM row %llu mixes gathered rows", r, si, (ull)i);
       }
-      FUZZ_ASSERT_MSG((first.mask & (first.mask - 1)) == 0 && first.mask == 1ull << (first.row / m->R),
-                      "rank %d step %d: gathered row %u carries mask %llx, not its owner's", r,
-                      si, first.row, (ull)first.mask);
+      FUZZ_ASSERT_MSG((first.mask & (first.mask - 1)) == 0 &&
+                          first.mask == 1ull << (first.row / m->R),
+                      "rank %d step %d: gathered row %u carries mask %llx, not its owner's", r, si,
+                      first.row, (ull)first.mask);
       out.row = first.row;
     } else {
       FUZZ_ASSERT_MSG(st->a.id == TPF_MAT_X && st->a.col == 0 && st->a.row + st->m <= m->x_rows,
@@ -162,8 +164,8 @@ static void exec_reduce(machine *m, int r, int si, bool peer) {
         uint64_t shift = peer ? 0 : (uint64_t)t * st->stride_bytes;
         sym v = m->reg[q][buf_index(m, r, si, &st->a, shift, i, j)];
         FUZZ_ASSERT_MSG(v.mask != 0 && v.mask != CANARY,
-                        "rank %d step %d: %s addend %u (rank %d) at (%llu, %llu) holds no data",
-                        r, si, kind_name(st->kind), t, q, (ull)i, (ull)j);
+                        "rank %d step %d: %s addend %u (rank %d) at (%llu, %llu) holds no data", r,
+                        si, kind_name(st->kind), t, q, (ull)i, (ull)j);
         if (t == 0) {
           acc = v;
           continue;
@@ -246,15 +248,13 @@ static bool enabled(const machine *m, int r, int si) {
   if (m->done[r][si] == 1) { /* arrived at a barrier: wait for everyone */
     int slot = st->kind == TPF_STEP_HANDSHAKE ? TPF_MAX_TAGS : (int)st->tag;
     for (int q = 0; q < m->p; q++)
-      if (!m->arrived[q][slot])
-        return false;
+      if (!m->arrived[q][slot]) return false;
     return true;
   }
   for (int k = 0; k < st->ndeps; k++) {
     FUZZ_ASSERT_MSG(st->deps[k] < si, "rank %d step %d depends on a later step %d", r, si,
                     st->deps[k]);
-    if (m->done[r][st->deps[k]] != 2)
-      return false;
+    if (m->done[r][st->deps[k]] != 2) return false;
   }
   if (st->kind == TPF_STEP_RECV) {
     FUZZ_ASSERT(st->peer >= 0 && st->peer < m->p && st->tag < TPF_MAX_TAGS);
@@ -310,8 +310,7 @@ static void replay(machine *m, tpf_fuzz_input *in, tpf_fuzz_rng *g) {
     for (int r = 0; r < m->p; r++) {
       for (int k = 0; k < TPF_NUM_STREAMS; k++) {
         int si = m->next[r][k];
-        if (si < 0)
-          continue;
+        if (si < 0) continue;
         finished = false;
         if (enabled(m, r, si)) {
           cand_r[n] = r;
@@ -320,8 +319,7 @@ static void replay(machine *m, tpf_fuzz_input *in, tpf_fuzz_rng *g) {
         }
       }
     }
-    if (finished)
-      break;
+    if (finished) break;
     if (n == 0) {
       for (int r = 0; r < m->p; r++)
         for (int k = 0; k < TPF_NUM_STREAMS; k++)
@@ -339,8 +337,8 @@ static void replay(machine *m, tpf_fuzz_input *in, tpf_fuzz_rng *g) {
     for (int i = 0; i < m->s[r].nsteps; i++)
       FUZZ_ASSERT(m->done[r][i] == 2);
     for (uint64_t x = m->active_elems; x < m->reg_elems; x++)
-      FUZZ_ASSERT_MSG(m->reg[r][x].mask == CANARY, "rank %d: canary at element %llu overwritten",
-                      r, (ull)x);
+      FUZZ_ASSERT_MSG(m->reg[r][x].mask == CANARY, "rank %d: canary at element %llu overwritten", r,
+                      (ull)x);
     uint64_t lo = (uint64_t)r * m->R; /* this rank's output rows */
     if (ag) {
       for (uint64_t x = 0; x < m->T * m->H; x++) {
@@ -373,8 +371,7 @@ static void replay(machine *m, tpf_fuzz_input *in, tpf_fuzz_rng *g) {
           FUZZ_ASSERT_MSG(sym_is(got, all, lo + i, c),
                           "RS rank %d: out (%llu, %llu) = {%llx, %u, %u}, expected all %d ranks "
                           "of row %llu",
-                          r, (ull)i, (ull)c, (ull)got.mask, got.row, got.col, m->p,
-                          (ull)(lo + i));
+                          r, (ull)i, (ull)c, (ull)got.mask, got.row, got.col, m->p, (ull)(lo + i));
       }
     }
   }
@@ -387,8 +384,7 @@ static bool step_equal(const tpf_step *a, const tpf_step *b) {
       a->k != b->k || a->stride_bytes != b->stride_bytes || a->count != b->count)
     return false;
   for (int i = 0; i < a->ndeps && i < TPF_STEP_MAX_DEPS; i++)
-    if (a->deps[i] != b->deps[i])
-      return false;
+    if (a->deps[i] != b->deps[i]) return false;
   const tpf_mref *x[3] = {&a->a, &a->w, &a->d}, *y[3] = {&b->a, &b->w, &b->d};
   for (int i = 0; i < 3; i++)
     if (x[i]->id != y[i]->id || x[i]->off_bytes != y[i]->off_bytes || x[i]->ld != y[i]->ld ||
@@ -411,10 +407,10 @@ static void check_header(const tpf_layout_desc *d, const tpf_schedule *s) {
   FUZZ_ASSERT(s->nsteps >= 1 && s->steps && s->steps[0].kind == TPF_STEP_HANDSHAKE);
   FUZZ_ASSERT(s->num_compute_streams >= 1 && s->num_compute_streams <= TPF_MAX_COMPUTE_STREAMS);
   for (int i = 0; i < s->nsteps; i++)
-    FUZZ_ASSERT_MSG(s->steps[i].stream < TPF_NUM_STREAMS &&
-                        (s->steps[i].stream >= TPF_STREAM_SEND ||
-                         s->steps[i].stream < s->num_compute_streams),
-                    "step %d on stream %d", i, s->steps[i].stream);
+    FUZZ_ASSERT_MSG(
+        s->steps[i].stream < TPF_NUM_STREAMS &&
+            (s->steps[i].stream >= TPF_STREAM_SEND || s->steps[i].stream < s->num_compute_streams),
+        "step %d on stream %d", i, s->steps[i].stream);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -455,8 +451,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   d.dtype = (tpf_dtype)tpf_fuzz_int(&in, 0, TPF_DTYPE_COUNT - 1);
   uint64_t up = (uint64_t)p;
   d.active.rows = up * tpf_fuzz_range(&in, 1, 4);
-  d.capacity.rows = d.dtype >= TPF_FP8_E4M3 ? d.active.rows
-                                            : d.active.rows + up * tpf_fuzz_range(&in, 0, 3);
+  d.capacity.rows =
+      d.dtype >= TPF_FP8_E4M3 ? d.active.rows : d.active.rows + up * tpf_fuzz_range(&in, 0, 3);
   d.capacity.cols = d.active.cols = 8 * tpf_fuzz_range(&in, 1, 12);
 
   uint64_t H = d.capacity.cols;
@@ -510,8 +506,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tpf_schedule_free(&again);
     FUZZ_ASSERT(again.steps == NULL && again.nsteps == 0);
   }
-  if (scheds[0].steps == NULL)
-    return 0;
+  if (scheds[0].steps == NULL) return 0;
 
   FUZZ_ASSERT_STATUS(tpf_schedule_check(scheds, p), TPF_OK);
 

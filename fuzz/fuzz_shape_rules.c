@@ -104,8 +104,8 @@ static tpf_status checked_twice(const tpf_layout_desc *d) {
   tpf_status s1 = tpf_layout_check(d);
   snprintf(first, sizeof first, "%s", tpf_last_error());
   tpf_status s2 = tpf_layout_check(d);
-  FUZZ_ASSERT_MSG(s1 == s2, "tpf_layout_check not deterministic: %s then %s",
-                  tpf_status_name(s1), tpf_status_name(s2));
+  FUZZ_ASSERT_MSG(s1 == s2, "tpf_layout_check not deterministic: %s then %s", tpf_status_name(s1),
+                  tpf_status_name(s2));
   if (s1 != TPF_OK) {
     FUZZ_ASSERT_MSG(first[0] != '\0', "%s without a detail", tpf_status_name(s1));
     FUZZ_ASSERT_MSG(strcmp(first, tpf_last_error()) == 0, "detail differs: '%s' vs '%s'", first,
@@ -116,8 +116,7 @@ static tpf_status checked_twice(const tpf_layout_desc *d) {
 
 static void check_numbers_in_detail(const tpf_layout_desc *d, tpf_status s) {
   char num[32];
-  if (s != TPF_ECAPACITY)
-    return;
+  if (s != TPF_ECAPACITY) return;
   /* "active rows 4100 exceed capacity 4096": both numbers appear. */
   snprintf(num, sizeof num, "%llu", (unsigned long long)d->active.rows);
   FUZZ_ASSERT_MSG(strstr(tpf_last_error(), num), "detail '%s' lacks the active rows %s",
@@ -215,8 +214,7 @@ static void check_comm(tpf_fuzz_input *in, const tpf_layout_desc *d) {
     tpf_layout_desc nd = *d;
     nd.active = next;
     tpf_status w = model_check(&nd, b.ops.align_bytes);
-    if (model_quantized(d->dtype) || cfg.external)
-      w = TPF_EUNSUPPORTED;
+    if (model_quantized(d->dtype) || cfg.external) w = TPF_EUNSUPPORTED;
     int acts = b.last->activations;
     FUZZ_ASSERT_STATUS(tpf_comm_set_active_shape(c, next), w);
     tpf_shape got = tpf_comm_active_shape(c);

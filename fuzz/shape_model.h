@@ -31,7 +31,9 @@ static inline uint64_t model_elem_bytes(tpf_dtype t) {
   }
 }
 
-static inline bool model_quantized(tpf_dtype t) { return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2; }
+static inline bool model_quantized(tpf_dtype t) {
+  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
+}
 
 static inline bool model_ring_rs(const tpf_layout_desc *d) {
   return d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS;
@@ -39,8 +41,7 @@ static inline bool model_ring_rs(const tpf_layout_desc *d) {
 
 /* The pipeline's column split count S (num_splits, or 4 when it divides H, else 1). */
 static inline uint64_t model_pipeline_splits(const tpf_layout_desc *d) {
-  if (d->num_splits > 0)
-    return (uint64_t)d->num_splits;
+  if (d->num_splits > 0) return (uint64_t)d->num_splits;
   return d->capacity.cols % 4 == 0 ? 4 : 1;
 }
 
@@ -67,84 +68,67 @@ static inline model_sizes model_sizes_of(const tpf_layout_desc *d, uint64_t rows
  * is checked against the headroom the third one needs). */
 static inline bool model_product_exceeds(uint64_t a, uint64_t b, uint64_t c) {
   u128 ab = (u128)a * b;
-  if (c != 0 && ab > U64_LIMIT / c)
-    return true;
+  if (c != 0 && ab > U64_LIMIT / c) return true;
   return false;
 }
 
 static inline bool model_sizes_overflow(const tpf_layout_desc *d, const model_sizes *z) {
-  if (z->chunk > U64_LIMIT || z->total > U64_LIMIT)
-    return true;
+  if (z->chunk > U64_LIMIT || z->total > U64_LIMIT) return true;
   return d->algo == TPF_ALGO_PIPELINE && (z->block > U64_LIMIT || z->part > U64_LIMIT);
 }
 
 /* The predicted status of validating d with alignment `align` (0 means 1). */
 static inline tpf_status model_check(const tpf_layout_desc *d, uint64_t align) {
-  if (align == 0)
-    align = 1;
+  if (align == 0) align = 1;
   int p = d->tp_size;
-  if (p < 1 || p > TPF_MAX_RANKS || d->rank < 0 || d->rank >= p)
-    return TPF_EINVAL;
+  if (p < 1 || p > TPF_MAX_RANKS || d->rank < 0 || d->rank >= p) return TPF_EINVAL;
   if ((unsigned)d->algo > (unsigned)TPF_ALGO_RING || (unsigned)d->coll > (unsigned)TPF_COLL_RS ||
       (unsigned)d->dtype > (unsigned)TPF_FP8_E5M2)
     return TPF_EINVAL;
-  if (d->num_splits < 0 || d->num_splits > TPF_MAX_SPLITS)
-    return TPF_EINVAL;
+  if (d->num_splits < 0 || d->num_splits > TPF_MAX_SPLITS) return TPF_EINVAL;
   /* The pipeline implements only RS; aggregate exists only for ring AG with an even P. */
-  if (d->algo == TPF_ALGO_PIPELINE && d->coll != TPF_COLL_RS)
-    return TPF_EUNSUPPORTED;
+  if (d->algo == TPF_ALGO_PIPELINE && d->coll != TPF_COLL_RS) return TPF_EUNSUPPORTED;
   if (d->aggregate && (d->algo != TPF_ALGO_RING || d->coll != TPF_COLL_AG || p % 2 != 0))
     return TPF_EUNSUPPORTED;
 
   /* rows >= 1 and cols >= 1, for capacity and active; cols == H. */
   if (d->capacity.rows < 1 || d->capacity.cols < 1 || d->active.rows < 1 || d->active.cols < 1)
     return TPF_ESHAPE;
-  if (d->active.cols != d->capacity.cols)
-    return TPF_ESHAPE;
+  if (d->active.cols != d->capacity.cols) return TPF_ESHAPE;
   /* rows <= C. */
-  if (d->active.rows > d->capacity.rows)
-    return TPF_ECAPACITY;
+  if (d->active.rows > d->capacity.rows) return TPF_ECAPACITY;
   /* rows % P == 0 (capacity too); the split count the algorithm allows; PIPELINE: H % S == 0. */
   uint64_t up = (uint64_t)p;
-  if (d->capacity.rows % up != 0 || d->active.rows % up != 0)
-    return TPF_EDIVISIBLE;
+  if (d->capacity.rows % up != 0 || d->active.rows % up != 0) return TPF_EDIVISIBLE;
   int s = d->num_splits;
   if (model_ring_rs(d)) {
-    if (s != 0 && s != p)
-      return TPF_EDIVISIBLE;
+    if (s != 0 && s != p) return TPF_EDIVISIBLE;
   } else if (d->algo == TPF_ALGO_RING) {
-    if (d->aggregate ? (s != 0 && s != p / 2) : (s != 0 && s != p && s != 1))
-      return TPF_EDIVISIBLE;
+    if (d->aggregate ? (s != 0 && s != p / 2) : (s != 0 && s != p && s != 1)) return TPF_EDIVISIBLE;
   } else if (d->algo == TPF_ALGO_PIPELINE) {
-    if (d->capacity.cols % model_pipeline_splits(d) != 0)
-      return TPF_EDIVISIBLE;
+    if (d->capacity.cols % model_pipeline_splits(d) != 0) return TPF_EDIVISIBLE;
   }
   /* No size or offset overflows 64 bits; capacity rows must fit the ready word's 40 bits. */
-  if (d->capacity.rows >= (1ull << TPF_READY_ROWS_BITS))
-    return TPF_EOVERFLOW;
+  if (d->capacity.rows >= (1ull << TPF_READY_ROWS_BITS)) return TPF_EOVERFLOW;
   uint64_t e = model_elem_bytes(d->dtype);
   const uint64_t rows_of[2] = {d->capacity.rows, d->active.rows};
   for (int i = 0; i < 2; i++) {
-    if (model_product_exceeds(rows_of[i] / up, d->capacity.cols, e))
-      return TPF_EOVERFLOW;
+    if (model_product_exceeds(rows_of[i] / up, d->capacity.cols, e)) return TPF_EOVERFLOW;
     if (d->algo == TPF_ALGO_PIPELINE &&
         model_product_exceeds(rows_of[i], d->capacity.cols / model_pipeline_splits(d), e))
       return TPF_EOVERFLOW;
     model_sizes z = model_sizes_of(d, rows_of[i]);
-    if (model_sizes_overflow(d, &z))
-      return TPF_EOVERFLOW;
+    if (model_sizes_overflow(d, &z)) return TPF_EOVERFLOW;
   }
   /* Chunk bytes (and pipeline block and per-rank offsets) meet the alignment. */
   for (int i = 0; i < 2; i++) {
     model_sizes z = model_sizes_of(d, rows_of[i]);
-    if (z.chunk % align != 0)
-      return TPF_EALIGN;
+    if (z.chunk % align != 0) return TPF_EALIGN;
     if (d->algo == TPF_ALGO_PIPELINE && (z.block % align != 0 || z.part % align != 0))
       return TPF_EALIGN;
   }
   /* A quantized layout stays at its capacity shape. */
-  if (model_quantized(d->dtype) && d->active.rows != d->capacity.rows)
-    return TPF_EUNSUPPORTED;
+  if (model_quantized(d->dtype) && d->active.rows != d->capacity.rows) return TPF_EUNSUPPORTED;
   return TPF_OK;
 }
 

@@ -40,8 +40,7 @@ static tpf_status parse_u64(const char *opt, const char *v, uint64_t *out) {
     return tpf_set_error(TPF_EINVAL, "%s needs a non-negative integer", opt);
   errno = 0;
   unsigned long long x = strtoull(v, &end, 10);
-  if (errno || *end)
-    return tpf_set_error(TPF_EINVAL, "%s: '%s' is not an integer", opt, v);
+  if (errno || *end) return tpf_set_error(TPF_EINVAL, "%s: '%s' is not an integer", opt, v);
   *out = (uint64_t)x;
   return TPF_OK;
 }
@@ -49,17 +48,15 @@ static tpf_status parse_u64(const char *opt, const char *v, uint64_t *out) {
 static tpf_status parse_int(const char *opt, const char *v, int *out) {
   uint64_t x;
   tpf_status rc = parse_u64(opt, v, &x);
-  if (rc != TPF_OK)
-    return rc;
-  if (x > 1000000)
-    return tpf_set_error(TPF_EINVAL, "%s %llu is too large", opt, (ull)x);
+  if (rc != TPF_OK) return rc;
+  if (x > 1000000) return tpf_set_error(TPF_EINVAL, "%s %llu is too large", opt, (ull)x);
   *out = (int)x;
   return TPF_OK;
 }
 
 static tpf_status parse_args(int argc, char **argv, plan_args *a) {
-  bool have_tp = false, have_cap = false, have_hidden = false, have_algo = false,
-       have_coll = false, have_tokens = false;
+  bool have_tp = false, have_cap = false, have_hidden = false, have_algo = false, have_coll = false,
+       have_tokens = false;
   uint64_t n = 0, k = 0;
   memset(a, 0, sizeof *a);
   a->d.dtype = TPF_BF16;
@@ -76,8 +73,7 @@ static tpf_status parse_args(int argc, char **argv, plan_args *a) {
       a->json = true;
       continue;
     }
-    if (!v)
-      return tpf_set_error(TPF_EINVAL, "%s needs a value (or is unknown)", o);
+    if (!v) return tpf_set_error(TPF_EINVAL, "%s needs a value (or is unknown)", o);
     i++;
     if (strcmp(o, "--tp") == 0) {
       rc = parse_int(o, v, &a->d.tp_size);
@@ -129,21 +125,17 @@ static tpf_status parse_args(int argc, char **argv, plan_args *a) {
     } else {
       rc = tpf_set_error(TPF_EINVAL, "unknown option '%s'", o);
     }
-    if (rc != TPF_OK)
-      return rc;
+    if (rc != TPF_OK) return rc;
   }
   if (!have_tp || !have_cap || !have_hidden || !have_algo || !have_coll)
     return tpf_set_error(TPF_EINVAL, "--tp, --capacity, --hidden, --algo and --coll are required");
-  if (!have_tokens)
-    a->d.active.rows = a->d.capacity.rows;
+  if (!have_tokens) a->d.active.rows = a->d.capacity.rows;
   a->d.active.cols = a->d.capacity.cols;
   if (a->only_rank >= a->d.tp_size)
     return tpf_set_error(TPF_EINVAL, "--rank %d outside [0, %d)", a->only_rank, a->d.tp_size);
   uint64_t H = a->d.capacity.cols, T = a->d.active.rows;
-  if (n == 0)
-    n = H;
-  if (k == 0)
-    k = H;
+  if (n == 0) n = H;
+  if (k == 0) k = H;
   if (a->d.algo == TPF_ALGO_BULK) {
     a->g.m = T;
     a->g.n = n;
@@ -176,12 +168,10 @@ static void fmt_deps(char *buf, size_t len, const tpf_step *st) {
   buf[0] = '\0';
   for (int j = 0; j < st->ndeps && used < len; j++) {
     int w = snprintf(buf + used, len - used, "%s%u", j ? "," : "", (unsigned)st->deps[j]);
-    if (w < 0)
-      break;
+    if (w < 0) break;
     used += (size_t)w;
   }
-  if (st->ndeps == 0)
-    snprintf(buf, len, "-");
+  if (st->ndeps == 0) snprintf(buf, len, "-");
 }
 
 static void fmt_work(char *buf, size_t len, const tpf_step *st) {
@@ -191,8 +181,8 @@ static void fmt_work(char *buf, size_t len, const tpf_step *st) {
   fmt_mref(d, sizeof d, &st->d);
   switch (st->kind) {
   case TPF_STEP_GEMM:
-    snprintf(buf, len, "%llux%llux%llu %s * %s^T -> %s", (ull)st->m, (ull)st->n, (ull)st->k, a,
-             w, d);
+    snprintf(buf, len, "%llux%llux%llu %s * %s^T -> %s", (ull)st->m, (ull)st->n, (ull)st->k, a, w,
+             d);
     break;
   case TPF_STEP_REDUCE:
     snprintf(buf, len, "%llux%llu sum %u of %s stride %llu -> %s", (ull)st->m, (ull)st->n,
@@ -227,7 +217,9 @@ static void print_text(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
          (ull)z->chunk_bytes, (ull)z->gemm_m, (ull)z->gemm_n, (ull)z->gemm_k);
   if (tpf_layout_chunk_count(&d, &count) == TPF_OK) {
     printf("active layout (%d %s):\n  %5s %14s %14s %10s\n", count,
-           z->algo == TPF_ALGO_PIPELINE ? "blocks" : (z->algo == TPF_ALGO_RING && z->coll == TPF_COLL_RS) ? "slots" : "chunks",
+           z->algo == TPF_ALGO_PIPELINE                           ? "blocks"
+           : (z->algo == TPF_ALGO_RING && z->coll == TPF_COLL_RS) ? "slots"
+                                                                  : "chunks",
            "chunk", "offset", "bytes", "rows");
     for (int j = 0; j < count; j++) {
       tpf_region r;
@@ -236,8 +228,7 @@ static void print_text(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
     }
   }
   for (int r = 0; r < P; r++) {
-    if (a->only_rank >= 0 && r != a->only_rank)
-      continue;
+    if (a->only_rank >= 0 && r != a->only_rank) continue;
     tpf_region local;
     d.rank = r;
     tpf_layout_local(&d, &local);
@@ -248,7 +239,7 @@ static void print_text(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
     for (int i = 0; i < s[r].nsteps; i++) {
       const tpf_step *st = &s[r].steps[i];
       char deps[48], work[256], src[24] = "-", dst[24] = "-", bytes[24] = "-", tag[16] = "-",
-                                  peer[16] = "-", chunk[16] = "-";
+                                peer[16] = "-", chunk[16] = "-";
       fmt_deps(deps, sizeof deps, st);
       fmt_work(work, sizeof work, st);
       if (moves(st)) {
@@ -256,15 +247,12 @@ static void print_text(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
         snprintf(dst, sizeof dst, "%llu", (ull)st->dst_off);
         snprintf(bytes, sizeof bytes, "%llu", (ull)st->bytes);
       }
-      if (moves(st) || st->kind == TPF_STEP_BARRIER)
-        snprintf(tag, sizeof tag, "%u", st->tag);
-      if (st->peer >= 0)
-        snprintf(peer, sizeof peer, "%d", (int)st->peer);
-      if (st->chunk >= 0)
-        snprintf(chunk, sizeof chunk, "%d", (int)st->chunk);
+      if (moves(st) || st->kind == TPF_STEP_BARRIER) snprintf(tag, sizeof tag, "%u", st->tag);
+      if (st->peer >= 0) snprintf(peer, sizeof peer, "%d", (int)st->peer);
+      if (st->chunk >= 0) snprintf(chunk, sizeof chunk, "%d", (int)st->chunk);
       printf("  %4d %-8s %-11s %5s %4s %3s %12s %12s %12s  %-10s %s\n", i,
-             tpf_stream_name(st->stream), tpf_step_kind_name(st->kind), chunk, peer, tag, src,
-             dst, bytes, deps, work);
+             tpf_stream_name(st->stream), tpf_step_kind_name(st->kind), chunk, peer, tag, src, dst,
+             bytes, deps, work);
     }
   }
   if (check == TPF_OK)
@@ -302,24 +290,21 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
   printf("\"capacity\":[%llu,%llu],\"active\":[%llu,%llu],\"num_splits\":%d,\"aggregate\":%s,",
          (ull)d.capacity.rows, (ull)d.capacity.cols, (ull)z->rows, (ull)z->cols, z->num_splits,
          z->aggregate ? "true" : "false");
-  printf("\"registered_bytes\":%llu,\"active_bytes\":%llu,\"chunk_rows\":%llu,\"chunk_bytes\":%llu,",
-         (ull)z->registered_bytes, (ull)z->active_bytes, (ull)z->chunk_rows, (ull)z->chunk_bytes);
-  printf("\"gemm\":[%llu,%llu,%llu],\"layout\":[", (ull)z->gemm_m, (ull)z->gemm_n,
-         (ull)z->gemm_k);
-  if (tpf_layout_chunk_count(&d, &count) != TPF_OK)
-    count = 0;
+  printf(
+      "\"registered_bytes\":%llu,\"active_bytes\":%llu,\"chunk_rows\":%llu,\"chunk_bytes\":%llu,",
+      (ull)z->registered_bytes, (ull)z->active_bytes, (ull)z->chunk_rows, (ull)z->chunk_bytes);
+  printf("\"gemm\":[%llu,%llu,%llu],\"layout\":[", (ull)z->gemm_m, (ull)z->gemm_n, (ull)z->gemm_k);
+  if (tpf_layout_chunk_count(&d, &count) != TPF_OK) count = 0;
   for (int j = 0; j < count; j++) {
     tpf_region r;
-    if (tpf_layout_chunk(&d, j, &r) != TPF_OK)
-      continue;
+    if (tpf_layout_chunk(&d, j, &r) != TPF_OK) continue;
     printf("%s{\"chunk\":%d,\"offset_bytes\":%llu,\"bytes\":%llu,\"rows\":%llu}", j ? "," : "", j,
            (ull)r.offset_bytes, (ull)r.bytes, (ull)r.rows);
   }
   printf("],\"schedules\":[");
   bool first_rank = true;
   for (int r = 0; r < P; r++) {
-    if (a->only_rank >= 0 && r != a->only_rank)
-      continue;
+    if (a->only_rank >= 0 && r != a->only_rank) continue;
     printf("%s{\"rank\":%d,\"num_compute_streams\":%d,\"steps\":[", first_rank ? "" : ",", r,
            s[r].num_compute_streams);
     first_rank = false;
@@ -330,8 +315,7 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
              "\"k\":%llu,\"count\":%u,\"stride_bytes\":%llu,",
              i ? "," : "", i, tpf_stream_name(st->stream), tpf_step_kind_name(st->kind),
              (int)st->chunk, (int)st->peer, st->tag, (ull)st->src_off, (ull)st->dst_off,
-             (ull)st->bytes, (ull)st->m, (ull)st->n, (ull)st->k, st->count,
-             (ull)st->stride_bytes);
+             (ull)st->bytes, (ull)st->m, (ull)st->n, (ull)st->k, st->count, (ull)st->stride_bytes);
       json_mref("a", &st->a);
       putchar(',');
       json_mref("w", &st->w);
@@ -357,8 +341,7 @@ int tpf_cmd_plan(int argc, char **argv) {
     }
   plan_args a;
   tpf_status rc = parse_args(argc, argv, &a);
-  if (rc != TPF_OK)
-    return bad_args(rc);
+  if (rc != TPF_OK) return bad_args(rc);
   int P = a.d.tp_size;
   tpf_schedule *s = calloc((size_t)P, sizeof *s);
   if (!s) {
@@ -370,8 +353,7 @@ int tpf_cmd_plan(int argc, char **argv) {
     tpf_layout_desc d = a.d;
     d.rank = built;
     rc = tpf_schedule_build(&d, &a.g, &s[built]);
-    if (rc != TPF_OK)
-      break;
+    if (rc != TPF_OK) break;
   }
   int ret = 0;
   if (rc != TPF_OK) {

@@ -22,12 +22,9 @@ int main(int argc, char **argv) {
     return 2;
   }
   const char *cmd = argv[1];
-  if (strcmp(cmd, "plan") == 0)
-    return tpf_cmd_plan(argc - 1, argv + 1);
-  if (strcmp(cmd, "demo") == 0)
-    return tpf_cmd_demo(argc - 1, argv + 1);
-  if (strcmp(cmd, "bench") == 0)
-    return tpf_cmd_bench(argc - 1, argv + 1);
+  if (strcmp(cmd, "plan") == 0) return tpf_cmd_plan(argc - 1, argv + 1);
+  if (strcmp(cmd, "demo") == 0) return tpf_cmd_demo(argc - 1, argv + 1);
+  if (strcmp(cmd, "bench") == 0) return tpf_cmd_bench(argc - 1, argv + 1);
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("tpflex %d.%d.%d\n", TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH);
     return 0;

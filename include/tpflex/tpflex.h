@@ -64,7 +64,14 @@ typedef void *(*tpf_realloc_fn)(void *, size_t);
 typedef void (*tpf_free_fn)(void *);
 tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r, tpf_free_fn f);
 
-typedef enum { TPF_BF16 = 0, TPF_FP16, TPF_FP32, TPF_FP8_E4M3, TPF_FP8_E5M2, TPF_DTYPE_COUNT } tpf_dtype;
+typedef enum {
+  TPF_BF16 = 0,
+  TPF_FP16,
+  TPF_FP32,
+  TPF_FP8_E4M3,
+  TPF_FP8_E5M2,
+  TPF_DTYPE_COUNT
+} tpf_dtype;
 typedef enum { TPF_ALGO_BULK = 0, TPF_ALGO_PIPELINE, TPF_ALGO_RING, TPF_ALGO_COUNT } tpf_algo;
 typedef enum { TPF_COLL_AG = 0, TPF_COLL_RS, TPF_COLL_COUNT } tpf_coll;
 
@@ -110,7 +117,7 @@ typedef struct {
 typedef struct {
   uint64_t offset_bytes; /* from the start of the registration */
   uint64_t bytes;        /* length */
-  uint64_t rows;         /* rows of the buffer's columns it holds (PIPELINE blocks: T rows of H/S) */
+  uint64_t rows; /* rows of the buffer's columns it holds (PIPELINE blocks: T rows of H/S) */
 } tpf_region;
 
 /* Checks every rule of SPEC §3 for capacity and active shape (alignment: 16 bytes, the strictest

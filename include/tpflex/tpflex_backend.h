@@ -18,11 +18,11 @@
  * TPF_READY_WORD(seq, active_rows) into every peer's registration and waits until every peer's
  * ready word carries seq, then compares the rows. Ready words are kept per sequence parity
  * (slot seq & 1): a peer may announce seq+1 before a slow rank has read its announcement of seq,
- * but never seq+2, which needs the slow rank's own announcement of seq+1. Any difference fails the operation with
- * TPF_EMISMATCH on every rank before any byte moves. A rank writes ready(seq) only after its
- * operation seq-1 finished, so no peer writes into a buffer its owner still reads (the WAR hazard
- * TE leaves open). Pull-style schedules (PIPELINE RS, BULK RS) end with a BARRIER so that peers
- * finish reading a buffer before its owner may reuse it.
+ * but never seq+2, which needs the slow rank's own announcement of seq+1. Any difference fails the
+ * operation with TPF_EMISMATCH on every rank before any byte moves. A rank writes ready(seq) only
+ * after its operation seq-1 finished, so no peer writes into a buffer its owner still reads (the
+ * WAR hazard TE leaves open). Pull-style schedules (PIPELINE RS, BULK RS) end with a BARRIER so
+ * that peers finish reading a buffer before its owner may reuse it.
  */
 #ifndef TPFLEX_BACKEND_H
 #define TPFLEX_BACKEND_H
@@ -34,18 +34,18 @@ extern "C" {
 #endif
 
 #define TPF_BACKEND_ABI_VERSION 1
-#define TPF_MAX_RANKS 64      /* P limit of every backend */
-#define TPF_MAX_TAGS 128      /* flags per (sender, receiver) pair per registration */
-#define TPF_MAX_SPLITS 64     /* num_splits limit */
-#define TPF_STEP_MAX_DEPS 4   /* cross-stream dependencies per step */
-#define TPF_NUM_STREAMS 5     /* see tpf_stream_id */
+#define TPF_MAX_RANKS 64    /* P limit of every backend */
+#define TPF_MAX_TAGS 128    /* flags per (sender, receiver) pair per registration */
+#define TPF_MAX_SPLITS 64   /* num_splits limit */
+#define TPF_STEP_MAX_DEPS 4 /* cross-stream dependencies per step */
+#define TPF_NUM_STREAMS 5   /* see tpf_stream_id */
 #define TPF_MAX_COMPUTE_STREAMS 3
 
 /* The ready word: sequence number in the top 24 bits (mod 2^24), active rows in the low 40. Rows
  * are limited to 2^40 - 1 at communicator creation. */
 #define TPF_READY_ROWS_BITS 40
 #define TPF_READY_WORD(seq, rows)                                                                  \
-  ((((uint64_t)(seq)&0xFFFFFFull) << TPF_READY_ROWS_BITS) |                                       \
+  ((((uint64_t)(seq)&0xFFFFFFull) << TPF_READY_ROWS_BITS) |                                        \
    ((uint64_t)(rows) & ((1ull << TPF_READY_ROWS_BITS) - 1)))
 #define TPF_READY_SEQ(word) ((uint64_t)(word) >> TPF_READY_ROWS_BITS)
 #define TPF_READY_ROWS(word) ((uint64_t)(word) & ((1ull << TPF_READY_ROWS_BITS) - 1))
@@ -88,37 +88,37 @@ typedef struct {
 } tpf_mref;
 
 typedef struct {
-  uint8_t kind;                        /* tpf_step_kind */
-  uint8_t stream;                      /* tpf_stream_id */
-  uint8_t ndeps;                       /* entries used in deps */
-  uint16_t deps[TPF_STEP_MAX_DEPS];    /* indices of earlier steps of this rank to wait for */
-  int32_t peer;                        /* SEND/RECV: the other rank; else -1 */
-  uint32_t tag;                        /* SEND/RECV/BARRIER flag index, < TPF_MAX_TAGS */
-  int32_t chunk;                       /* informational: chunk/slot/block this step is about */
-  uint64_t src_off, dst_off, bytes;    /* SEND/RECV: registration byte ranges */
-  tpf_mref a, w, d;                    /* GEMM operands; REDUCE/PEER_REDUCE use a (source) and d */
-  uint64_t m, n, k;                    /* GEMM dims; REDUCE: m rows x n cols, k unused */
-  uint64_t stride_bytes;               /* REDUCE: distance between summed views */
-  uint32_t count;                      /* REDUCE/PEER_REDUCE: number of summed views */
+  uint8_t kind;                     /* tpf_step_kind */
+  uint8_t stream;                   /* tpf_stream_id */
+  uint8_t ndeps;                    /* entries used in deps */
+  uint16_t deps[TPF_STEP_MAX_DEPS]; /* indices of earlier steps of this rank to wait for */
+  int32_t peer;                     /* SEND/RECV: the other rank; else -1 */
+  uint32_t tag;                     /* SEND/RECV/BARRIER flag index, < TPF_MAX_TAGS */
+  int32_t chunk;                    /* informational: chunk/slot/block this step is about */
+  uint64_t src_off, dst_off, bytes; /* SEND/RECV: registration byte ranges */
+  tpf_mref a, w, d;                 /* GEMM operands; REDUCE/PEER_REDUCE use a (source) and d */
+  uint64_t m, n, k;                 /* GEMM dims; REDUCE: m rows x n cols, k unused */
+  uint64_t stride_bytes;            /* REDUCE: distance between summed views */
+  uint32_t count;                   /* REDUCE/PEER_REDUCE: number of summed views */
 } tpf_step;
 
 /* One rank's schedule of one operation. */
 typedef struct {
-  int tp_size, rank;          /* P and r */
-  tpf_algo algo;              /* algorithm */
-  tpf_coll coll;              /* collective */
-  tpf_dtype dtype;            /* buffer dtype */
-  int num_splits;             /* resolved split count (GEMM chunks) */
-  bool aggregate;             /* RING AG aggregate variant */
-  uint64_t rows, cols;        /* active T and H */
-  uint64_t chunk_rows;        /* T/P */
-  uint64_t chunk_bytes;       /* S_T = (T/P)*H*e */
-  uint64_t registered_bytes;  /* capacity bytes */
-  uint64_t active_bytes;      /* prefix the active layout names */
+  int tp_size, rank;               /* P and r */
+  tpf_algo algo;                   /* algorithm */
+  tpf_coll coll;                   /* collective */
+  tpf_dtype dtype;                 /* buffer dtype */
+  int num_splits;                  /* resolved split count (GEMM chunks) */
+  bool aggregate;                  /* RING AG aggregate variant */
+  uint64_t rows, cols;             /* active T and H */
+  uint64_t chunk_rows;             /* T/P */
+  uint64_t chunk_bytes;            /* S_T = (T/P)*H*e */
+  uint64_t registered_bytes;       /* capacity bytes */
+  uint64_t active_bytes;           /* prefix the active layout names */
   uint64_t gemm_m, gemm_n, gemm_k; /* the operation's GEMM: [m,k] x [n,k]^T */
-  int num_compute_streams;    /* compute streams used */
-  int nsteps;                 /* steps used */
-  tpf_step *steps;            /* nsteps entries, owned by the schedule */
+  int num_compute_streams;         /* compute streams used */
+  int nsteps;                      /* steps used */
+  tpf_step *steps;                 /* nsteps entries, owned by the schedule */
 } tpf_schedule;
 
 /* GEMM dimensions an operation's schedule needs beside the layout. RING AG: n = N (weight rows),
@@ -161,11 +161,11 @@ typedef struct {
 } tpf_exec_args;
 
 typedef struct tpf_backend_ops {
-  int abi_version;    /* TPF_BACKEND_ABI_VERSION */
-  const char *name;   /* "sim", "cuda" */
-  unsigned caps;      /* TPF_BE_CAP_* */
+  int abi_version;      /* TPF_BACKEND_ABI_VERSION */
+  const char *name;     /* "sim", "cuda" */
+  unsigned caps;        /* TPF_BE_CAP_* */
   uint64_t align_bytes; /* required alignment of chunk sizes and offsets */
-  int max_ranks;      /* largest P */
+  int max_ranks;        /* largest P */
   /* Collective over the group: allocate and register `bytes` of zeroed data plus flags; return
    * the backend's handle and this rank's data pointer. */
   tpf_status (*reg_create)(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,

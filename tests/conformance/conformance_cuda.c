@@ -63,10 +63,8 @@ static void *cuda_rank_main(void *p) {
     goto out;
   }
   rc = tpf_cuda_threads_bootstrap(job->group, job->rank, st->device, &boot);
-  if (rc == TPF_OK)
-    rc = tpf_cuda_backend_create(&boot, &be);
-  if (rc == TPF_OK)
-    rc = job->fn(be, job->rank, job->arg);
+  if (rc == TPF_OK) rc = tpf_cuda_backend_create(&boot, &be);
+  if (rc == TPF_OK) rc = job->fn(be, job->rank, job->arg);
   if (be != NULL) {
     char saved[512];
     snprintf(saved, sizeof saved, "%s", tpf_last_error());
@@ -90,15 +88,13 @@ static tpf_status cuda_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *
   for (int r = 0; r < P; r++) {
     if (st->streams[r] == NULL) {
       cudaError_t e = cudaStreamCreateWithFlags(&st->streams[r], cudaStreamNonBlocking);
-      if (e != cudaSuccess)
-        return cuda_fail(e, "cudaStreamCreateWithFlags");
+      if (e != cudaSuccess) return cuda_fail(e, "cudaStreamCreateWithFlags");
     }
   }
   st->P = P;
   tpf_cuda_threads *group = NULL;
   tpf_status rc = tpf_cuda_threads_create(P, &group);
-  if (rc != TPF_OK)
-    return rc;
+  if (rc != TPF_OK) return rc;
   cuda_rank_job jobs[TPF_MAX_RANKS];
   pthread_t th[TPF_MAX_RANKS];
   memset(jobs, 0, sizeof jobs);
@@ -114,20 +110,16 @@ static tpf_status cuda_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *
   for (int r = 0; r < started; r++)
     pthread_join(th[r], NULL);
   tpf_cuda_threads_destroy(group);
-  if (rc != TPF_OK)
-    return rc;
+  if (rc != TPF_OK) return rc;
   /* Every failing rank's reason on stderr: the first rank's is often a consequence. */
   int first = -1;
   for (int r = 0; r < P; r++) {
-    if (jobs[r].rc == TPF_OK)
-      continue;
-    fprintf(stderr, "conformance[cuda] P=%d rank %d: %s: %s\n", P, r,
-            tpf_status_name(jobs[r].rc), jobs[r].detail);
-    if (first < 0)
-      first = r;
+    if (jobs[r].rc == TPF_OK) continue;
+    fprintf(stderr, "conformance[cuda] P=%d rank %d: %s: %s\n", P, r, tpf_status_name(jobs[r].rc),
+            jobs[r].detail);
+    if (first < 0) first = r;
   }
-  if (first >= 0)
-    return tpf_set_error(jobs[first].rc, "rank %d: %s", first, jobs[first].detail);
+  if (first >= 0) return tpf_set_error(jobs[first].rc, "rank %d: %s", first, jobs[first].detail);
   return TPF_OK;
 }
 
@@ -135,17 +127,14 @@ static void *cuda_mem_alloc(tpf_conf_env *env, int rank, size_t bytes) {
   cuda_env_state *st = env->ctx;
   void *p = NULL;
   cudaSetDevice(st->device);
-  if (cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, st->streams[rank]) != cudaSuccess)
-    return NULL;
-  if (cudaStreamSynchronize(st->streams[rank]) != cudaSuccess)
-    return NULL;
+  if (cudaMallocAsync(&p, bytes == 0 ? 1 : bytes, st->streams[rank]) != cudaSuccess) return NULL;
+  if (cudaStreamSynchronize(st->streams[rank]) != cudaSuccess) return NULL;
   return p;
 }
 
 static void cuda_mem_free(tpf_conf_env *env, int rank, void *p) {
   cuda_env_state *st = env->ctx;
-  if (p == NULL)
-    return;
+  if (p == NULL) return;
   cudaSetDevice(st->device);
   cudaFreeAsync(p, st->streams[rank]);
 }
@@ -155,8 +144,7 @@ static tpf_status cuda_copy(tpf_conf_env *env, int rank, void *dst, const void *
   cuda_env_state *st = env->ctx;
   cudaSetDevice(st->device);
   cudaError_t e = cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st->streams[rank]);
-  if (e == cudaSuccess)
-    e = cudaStreamSynchronize(st->streams[rank]);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(st->streams[rank]);
   return e == cudaSuccess ? TPF_OK : cuda_fail(e, what);
 }
 

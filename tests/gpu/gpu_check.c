@@ -32,16 +32,14 @@ static tpf_status dev_alloc(tpf_matrix *d, const tpf_matrix *h, cudaStream_t s) 
   tpf_status rc = cu(cudaMallocAsync(&d->ptr, bytes, s), "cudaMallocAsync");
   if (rc == TPF_OK)
     rc = cu(cudaMemcpyAsync(d->ptr, h->ptr, bytes, cudaMemcpyHostToDevice, s), "upload");
-  if (rc == TPF_OK)
-    rc = cu(cudaStreamSynchronize(s), "sync");
+  if (rc == TPF_OK) rc = cu(cudaStreamSynchronize(s), "sync");
   return rc;
 }
 
 static tpf_status dev_download(tpf_matrix *h, const tpf_matrix *d, cudaStream_t s) {
   size_t bytes = d->rows * d->ld * tpf_dtype_size(d->dtype);
   tpf_status rc = cu(cudaMemcpyAsync(h->ptr, d->ptr, bytes, cudaMemcpyDeviceToHost, s), "download");
-  if (rc == TPF_OK)
-    rc = cu(cudaStreamSynchronize(s), "sync");
+  if (rc == TPF_OK) rc = cu(cudaStreamSynchronize(s), "sync");
   return rc;
 }
 
@@ -140,9 +138,9 @@ static tpf_status one_op(tpf_backend *be, tpf_comm *c, const gpu_case *gc, int c
     tpf_matrix local;
     TPF_CHECK_GOTO(tpf_comm_local_chunk(c, &local), rc, out);
     tpf_matrix mine = rows_of(&X, (uint64_t)r * R, R);
-    TPF_CHECK_GOTO(cu(cudaMemcpyAsync(local.ptr, mine.ptr, R * H * e, cudaMemcpyHostToDevice, s),
-                      "upload"),
-                   rc, out);
+    TPF_CHECK_GOTO(
+        cu(cudaMemcpyAsync(local.ptr, mine.ptr, R * H * e, cudaMemcpyHostToDevice, s), "upload"),
+        rc, out);
     TPF_CHECK_GOTO(dev_alloc(&dw, &hw[0], s), rc, out);
     hd = host_mat(T, N, dt);
     TPF_CHECK_GOTO(dev_alloc(&dd, &hd, s), rc, out);
@@ -207,10 +205,9 @@ static tpf_status one_op(tpf_backend *be, tpf_comm *c, const gpu_case *gc, int c
                         "upload"),
                      rc, out);
     } else {
-      TPF_CHECK_GOTO(cu(cudaMemcpyAsync(buf.ptr, all[r].ptr, T * H * e, cudaMemcpyHostToDevice,
-                                        s),
-                        "upload"),
-                     rc, out);
+      TPF_CHECK_GOTO(
+          cu(cudaMemcpyAsync(buf.ptr, all[r].ptr, T * H * e, cudaMemcpyHostToDevice, s), "upload"),
+          rc, out);
     }
     hx[0] = host_mat(24, K, dt);
     hw[0] = host_mat(N, K, dt);
@@ -261,19 +258,20 @@ static tpf_status one_op(tpf_backend *be, tpf_comm *c, const gpu_case *gc, int c
   for (uint64_t i = active_bytes; i < reg_bytes; i++) {
     if (regh[i] != CANARY) {
       printf("FAIL rank %d %s T=%llu: canary byte %llu of %llu (active %llu) is 0x%02x\n", r,
-             gc->name, (unsigned long long)T, (unsigned long long)i,
-             (unsigned long long)reg_bytes, (unsigned long long)active_bytes, regh[i]);
+             gc->name, (unsigned long long)T, (unsigned long long)i, (unsigned long long)reg_bytes,
+             (unsigned long long)active_bytes, regh[i]);
       bad = 1;
       break;
     }
   }
 out:
   st->cases++;
-  if (rc != TPF_OK || bad)
-    st->failures++;
+  if (rc != TPF_OK || bad) st->failures++;
   if (st->verbose && r == 0)
     printf("  P=%d %-15s T=%-4llu %s\n", P, gc->name, (unsigned long long)T,
-           rc != TPF_OK ? tpf_status_name(rc) : bad ? "FAIL" : "ok");
+           rc != TPF_OK ? tpf_status_name(rc)
+           : bad        ? "FAIL"
+                        : "ok");
   free(regh);
   for (int q = 0; q < TPF_MAX_RANKS; q++) {
     free(hx[q].ptr);
@@ -281,12 +279,9 @@ out:
   }
   free(hd.ptr);
   free(want.ptr);
-  if (dx.ptr)
-    cudaFreeAsync(dx.ptr, s);
-  if (dw.ptr)
-    cudaFreeAsync(dw.ptr, s);
-  if (dd.ptr)
-    cudaFreeAsync(dd.ptr, s);
+  if (dx.ptr) cudaFreeAsync(dx.ptr, s);
+  if (dw.ptr) cudaFreeAsync(dw.ptr, s);
+  if (dd.ptr) cudaFreeAsync(dd.ptr, s);
   return rc;
 }
 
@@ -298,8 +293,7 @@ tpf_status gpu_check_rank(tpf_backend *be, int rank, cudaStream_t s, gpu_check_s
   const uint64_t Ts[] = {C, (uint64_t)P * 2, (uint64_t)P * 10, (uint64_t)P, C};
   for (int ci = 0; ci < (int)(sizeof kCases / sizeof kCases[0]); ci++) {
     const gpu_case *gc = &kCases[ci];
-    if (gc->aggregate && P % 2 != 0)
-      continue;
+    if (gc->aggregate && P % 2 != 0) continue;
     tpf_comm_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.name = gc->name;
@@ -316,12 +310,10 @@ tpf_status gpu_check_rank(tpf_backend *be, int rank, cudaStream_t s, gpu_check_s
     for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && rc == TPF_OK; ti++) {
       tpf_shape sh = {Ts[ti], H};
       rc = tpf_comm_set_active_shape(c, sh);
-      if (rc == TPF_OK)
-        rc = one_op(be, c, gc, ci, Ts[ti], s, st);
+      if (rc == TPF_OK) rc = one_op(be, c, gc, ci, Ts[ti], s, st);
     }
     tpf_status rc2 = tpf_comm_destroy(c);
-    if (rc != TPF_OK)
-      return rc;
+    if (rc != TPF_OK) return rc;
     TPF_CHECK(rc2);
   }
   return TPF_OK;

@@ -44,15 +44,12 @@ static void *rank_main(void *p) {
     goto out;
   }
   rc = tpf_cuda_threads_bootstrap(j->group, j->rank, j->device, &boot);
-  if (rc == TPF_OK)
-    rc = tpf_cuda_backend_create(&boot, &be);
-  if (rc == TPF_OK)
-    rc = gpu_check_rank(be, j->rank, s, &j->st);
+  if (rc == TPF_OK) rc = tpf_cuda_backend_create(&boot, &be);
+  if (rc == TPF_OK) rc = gpu_check_rank(be, j->rank, s, &j->st);
   if (be != NULL) {
     tpf_cuda_backend_stats(be, &j->cst);
     tpf_status rc2 = tpf_cuda_backend_destroy(be);
-    if (rc == TPF_OK)
-      rc = rc2;
+    if (rc == TPF_OK) rc = rc2;
   }
 out:
   j->rc = rc;
@@ -117,8 +114,7 @@ int main(int argc, char **argv) {
   const int Ps[] = {1, 2, 4, 8};
   int failed = 0;
   for (size_t i = 0; i < sizeof Ps / sizeof Ps[0]; i++)
-    if (only == 0 || only == Ps[i])
-      failed += run_group(Ps[i], 0, verbose);
+    if (only == 0 || only == Ps[i]) failed += run_group(Ps[i], 0, verbose);
   printf("%s\n", failed ? "FAILED" : "PASSED");
   return failed ? 1 : 0;
 }

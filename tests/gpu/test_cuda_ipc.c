@@ -77,17 +77,19 @@ static int child(shared_boot *sh, int rank) {
   cudaStream_t s;
   cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
   proc_ctx ctx = {sh, rank};
-  tpf_bootstrap boot = {.tp_size = NPROC, .rank = rank, .device = device,
-                        .allgather = sh_allgather, .barrier = sh_barrier, .ctx = &ctx};
+  tpf_bootstrap boot = {.tp_size = NPROC,
+                        .rank = rank,
+                        .device = device,
+                        .allgather = sh_allgather,
+                        .barrier = sh_barrier,
+                        .ctx = &ctx};
   tpf_backend *be = NULL;
   gpu_check_stats st = {0, 0, 1};
   tpf_status rc = tpf_cuda_backend_create(&boot, &be);
-  if (rc == TPF_OK)
-    rc = gpu_check_rank(be, rank, s, &st);
+  if (rc == TPF_OK) rc = gpu_check_rank(be, rank, s, &st);
   if (rc != TPF_OK)
     printf("FAIL process rank %d: %s: %s\n", rank, tpf_status_name(rc), tpf_last_error());
-  if (be != NULL)
-    tpf_cuda_backend_destroy(be);
+  if (be != NULL) tpf_cuda_backend_destroy(be);
   printf("process rank %d (pid %d, device %d): %d operations, %d failed\n", rank, (int)getpid(),
          device, st.cases, st.failures);
   fflush(stdout);
@@ -95,8 +97,8 @@ static int child(shared_boot *sh, int rank) {
 }
 
 int main(void) {
-  shared_boot *sh = mmap(NULL, sizeof(shared_boot), PROT_READ | PROT_WRITE,
-                         MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  shared_boot *sh =
+      mmap(NULL, sizeof(shared_boot), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
   if (sh == MAP_FAILED) {
     perror("mmap");
     return 1;
@@ -113,19 +115,16 @@ int main(void) {
       perror("fork");
       return 1;
     }
-    if (pids[r] == 0)
-      _exit(child(sh, r));
+    if (pids[r] == 0) _exit(child(sh, r));
   }
   int worst = 0, skipped = 0;
   int reaped[NPROC] = {0};
   for (int done = 0; done < NPROC; done++) {
     int status = 0;
     pid_t p = wait(&status);
-    if (p < 0)
-      break;
+    if (p < 0) break;
     for (int r = 0; r < NPROC; r++)
-      if (pids[r] == p)
-        reaped[r] = 1;
+      if (pids[r] == p) reaped[r] = 1;
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     if (code == 77) {
       skipped++;
@@ -133,12 +132,10 @@ int main(void) {
       worst = code;
       /* A failed process may leave its partner in a barrier: stop the partner we started. */
       for (int r = 0; r < NPROC; r++)
-        if (!reaped[r])
-          kill(pids[r], SIGTERM);
+        if (!reaped[r]) kill(pids[r], SIGTERM);
     }
   }
-  if (skipped == NPROC)
-    return 77;
+  if (skipped == NPROC) return 77;
   printf("%s\n", worst ? "FAILED" : "PASSED");
   return worst ? 1 : 0;
 }

@@ -39,7 +39,7 @@ static void say(job *j, const char *fmt, ...) {
 #define CHECK(cond, what)                                                                          \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \
-      say(j, "  rank %s: FAIL line %d: " what "\n", rank_s, __LINE__);                          \
+      say(j, "  rank %s: FAIL line %d: " what "\n", rank_s, __LINE__);                             \
       j->failures++;                                                                               \
       goto out;                                                                                    \
     }                                                                                              \
@@ -144,16 +144,13 @@ static void *rank_main(void *p) {
   pthread_barrier_wait(j->bar);
 
 out:
-  if (c)
-    tpf_comm_destroy(c);
-  if (be)
-    tpf_cuda_backend_destroy(be);
+  if (c) tpf_comm_destroy(c);
+  if (be) tpf_cuda_backend_destroy(be);
   cudaFree(dw);
   cudaFree(dd);
   free(before);
   free(after);
-  if (s)
-    cudaStreamDestroy(s);
+  if (s) cudaStreamDestroy(s);
   return NULL;
 }
 

@@ -7,15 +7,14 @@ struct tpf_reg {
   uint64_t bytes;
 };
 
-static tpf_status mock_reg_create(tpf_backend *be, const char *name, uint64_t bytes,
-                                  tpf_reg **reg, void **local) {
+static tpf_status mock_reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                                  void **local) {
   tpf_mock_backend *m = (tpf_mock_backend *)be;
   (void)name;
   if (m->fail_reg_after >= 0 && m->reg_total >= m->fail_reg_after)
     return tpf_set_error(TPF_EBACKEND, "mock: registration %d refused", m->reg_total);
   tpf_reg *r = tpf__calloc(1, sizeof *r);
-  if (!r)
-    return tpf_set_error(TPF_ENOMEM, "mock: no memory for a registration");
+  if (!r) return tpf_set_error(TPF_ENOMEM, "mock: no memory for a registration");
   r->data = tpf__calloc(1, (size_t)bytes);
   if (!r->data) {
     tpf__free(r);

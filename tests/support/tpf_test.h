@@ -43,17 +43,17 @@ static inline tpf_comm_config tpf_test_config(const char *name, tpf_algo algo, t
 
 /* ---- mock_backend.c: a host-memory backend that records calls and executes nothing ---- */
 typedef struct {
-  tpf_backend hdr;          /* core-visible header */
-  int reg_live;             /* registrations alive */
-  int reg_total;            /* registrations ever made */
-  int activations;          /* reg_activate calls */
-  int executions;           /* execute calls */
+  tpf_backend hdr; /* core-visible header */
+  int reg_live;    /* registrations alive */
+  int reg_total;   /* registrations ever made */
+  int activations; /* reg_activate calls */
+  int executions;  /* execute calls */
   uint64_t last_active_bytes;
   uint64_t last_seq;
   tpf_schedule last_sched;  /* header fields of the last executed schedule (steps = NULL) */
   tpf_status fail_execute;  /* returned by execute when not TPF_OK */
   tpf_status fail_activate; /* returned by reg_activate when not TPF_OK */
-  int fail_activate_at;      /* only the activation with this index fails (-1: every one) */
+  int fail_activate_at;     /* only the activation with this index fails (-1: every one) */
   int activate_calls;       /* reg_activate calls, failed ones included */
   int fail_reg_after;       /* reg_create fails once reg_total reaches it (-1: never) */
 } tpf_mock_backend;

@@ -35,8 +35,7 @@ static int setup(void **state) {
   /* Put one communicator into the failed state through a (mock) timeout. */
   tpf_matrix mw = {wd->w, N, H, H, TPF_BF16}, md = {wd->d, C, N, N, TPF_BF16};
   wd->be.fail_execute = TPF_ETIMEOUT;
-  if (tpf_ag_gemm(wd->failed, &mw, &md, NULL) != TPF_ETIMEOUT)
-    return -1;
+  if (tpf_ag_gemm(wd->failed, &mw, &md, NULL) != TPF_ETIMEOUT) return -1;
   wd->be.fail_execute = TPF_OK;
   *state = wd;
   return 0;
@@ -123,17 +122,16 @@ static void test_bad_input__layout_queries(void **state) {
   ADD("overflow cols", (dd->capacity.cols = 1ull << 62, dd->active.cols = 1ull << 62),
       TPF_EOVERFLOW);
   ADD("rows beyond 2^40",
-      (dd->capacity.rows = 1ull << 41, dd->capacity.cols = 8, dd->active.cols = 8),
-      TPF_EOVERFLOW);
+      (dd->capacity.rows = 1ull << 41, dd->capacity.cols = 8, dd->active.cols = 8), TPF_EOVERFLOW);
   ADD("misaligned chunk", (dd->capacity.cols = 4, dd->active.cols = 4, dd->active.rows = 4),
       TPF_EALIGN);
-  ADD("aggregate odd P", (dd->tp_size = 3, dd->rank = 0, dd->capacity.rows = 48,
-                          dd->active.rows = 12, dd->aggregate = true),
+  ADD("aggregate odd P",
+      (dd->tp_size = 3, dd->rank = 0, dd->capacity.rows = 48, dd->active.rows = 12,
+       dd->aggregate = true),
       TPF_EUNSUPPORTED);
   ADD("aggregate on RS", (dd->coll = TPF_COLL_RS, dd->aggregate = true), TPF_EUNSUPPORTED);
-  ADD("fp8 active != capacity", (dd->dtype = TPF_FP8_E4M3, dd->capacity.cols = 64,
-                                 dd->active.cols = 64),
-      TPF_EUNSUPPORTED);
+  ADD("fp8 active != capacity",
+      (dd->dtype = TPF_FP8_E4M3, dd->capacity.cols = 64, dd->active.cols = 64), TPF_EUNSUPPORTED);
 #undef ADD
   for (int i = 0; i < n; i++) {
     uint64_t bytes = sentinel;
@@ -143,8 +141,7 @@ static void test_bad_input__layout_queries(void **state) {
     snprintf(what, sizeof what, "tpf_layout_check(%s)", cases[i].what);
     expect(what, tpf_layout_check(&cases[i].d), cases[i].want);
     /* Alignment belongs to the backend; the pure queries do not apply it. */
-    if (cases[i].want == TPF_EALIGN)
-      continue;
+    if (cases[i].want == TPF_EALIGN) continue;
     /* The queries of an invalid descriptor fail the same way and write nothing. */
     expect(what, tpf_layout_active_bytes(&cases[i].d, &bytes), cases[i].want);
     expect(what, tpf_layout_chunk(&cases[i].d, 0, &r), cases[i].want);
@@ -206,14 +203,12 @@ static void test_bad_input__communicator_calls(void **state) {
   expect("create(overflowing capacity)", tpf_comm_create(be, &bad, &sent), TPF_EOVERFLOW);
   bad = cfg;
   bad.num_splits = 3;
-  expect("create(splits 3 for ring AG of P 4)", tpf_comm_create(be, &bad, &sent),
-         TPF_EDIVISIBLE);
+  expect("create(splits 3 for ring AG of P 4)", tpf_comm_create(be, &bad, &sent), TPF_EDIVISIBLE);
   tpf_mock_backend other;
   tpf_mock_init(&other, 0, 0);
   expect("create(backend with tp_size 0)", tpf_comm_create(&other.hdr, &cfg, &sent), TPF_EINVAL);
   tpf_mock_init(&other, P, P);
-  expect("create(backend rank out of range)", tpf_comm_create(&other.hdr, &cfg, &sent),
-         TPF_EINVAL);
+  expect("create(backend rank out of range)", tpf_comm_create(&other.hdr, &cfg, &sent), TPF_EINVAL);
   assert_ptr_equal(sent, (tpf_comm *)0x1);
   assert_int_equal(wd->be.reg_total, regs);
 

@@ -18,8 +18,7 @@ static int setup_ring_ag(void **state) {
   fixture *f = calloc(1, sizeof *f);
   tpf_mock_init(&f->be, P, 1);
   tpf_comm_config cfg = cfg_of(TPF_ALGO_RING, TPF_COLL_AG, TPF_BF16);
-  if (tpf_comm_create(&f->be.hdr, &cfg, &f->c) != TPF_OK)
-    return -1;
+  if (tpf_comm_create(&f->be.hdr, &cfg, &f->c) != TPF_OK) return -1;
   *state = f;
   return 0;
 }
@@ -76,8 +75,8 @@ static void test_comm__bad_shapes_change_nothing(void **state) {
   int acts = f->be.activations;
   const bad_shape cases[] = {
       {C + P, H, TPF_ECAPACITY, "68"}, /* T = C + P */
-      {10, H, TPF_EDIVISIBLE, "10"},  /* T % P != 0 */
-      {16, H + 8, TPF_ESHAPE, "40"},  /* cols != H */
+      {10, H, TPF_EDIVISIBLE, "10"},   /* T % P != 0 */
+      {16, H + 8, TPF_ESHAPE, "40"},   /* cols != H */
       {0, H, TPF_ESHAPE, "fc1_fprop"}, /* T = 0 */
       {16, 0, TPF_ESHAPE, "fc1_fprop"},
   };
@@ -271,8 +270,8 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_comm__registers_once_at_capacity, setup_ring_ag,
                                       teardown),
-      cmocka_unit_test_setup_teardown(test_comm__set_active_shape_allocates_nothing,
-                                      setup_ring_ag, teardown),
+      cmocka_unit_test_setup_teardown(test_comm__set_active_shape_allocates_nothing, setup_ring_ag,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_comm__bad_shapes_change_nothing, setup_ring_ag,
                                       teardown),
       cmocka_unit_test_setup_teardown(test_comm__views_follow_the_active_shape, setup_ring_ag,

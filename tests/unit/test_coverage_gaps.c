@@ -35,8 +35,12 @@ static uint8_t to_fp8(tpf_dtype t, float v) {
   return b;
 }
 
-static float from_u16(tpf_dtype t, uint16_t h) { return tpf_elem_to_float(t, &h); }
-static float from_u8(tpf_dtype t, uint8_t b) { return tpf_elem_to_float(t, &b); }
+static float from_u16(tpf_dtype t, uint16_t h) {
+  return tpf_elem_to_float(t, &h);
+}
+static float from_u8(tpf_dtype t, uint8_t b) {
+  return tpf_elem_to_float(t, &b);
+}
 
 static float bits_f(uint32_t u) {
   float f;
@@ -50,10 +54,10 @@ static void test_gaps__fp16_rounding(void **state) {
   /* Subnormals: round to nearest, ties to the even count of 2^-24 units. */
   assert_int_equal(to_half(u), 0x0001);
   assert_int_equal(to_half(-u), 0x8001);
-  assert_int_equal(to_half(0.5f * u), 0x0000);  /* tie 0 | 1: even 0 */
-  assert_int_equal(to_half(0.75f * u), 0x0001); /* above the tie */
-  assert_int_equal(to_half(1.5f * u), 0x0002);  /* tie 1 | 2: even 2 */
-  assert_int_equal(to_half(2.5f * u), 0x0002);  /* tie 2 | 3: even 2 */
+  assert_int_equal(to_half(0.5f * u), 0x0000);    /* tie 0 | 1: even 0 */
+  assert_int_equal(to_half(0.75f * u), 0x0001);   /* above the tie */
+  assert_int_equal(to_half(1.5f * u), 0x0002);    /* tie 1 | 2: even 2 */
+  assert_int_equal(to_half(2.5f * u), 0x0002);    /* tie 2 | 3: even 2 */
   assert_int_equal(to_half(1023.0f * u), 0x03FF); /* the largest subnormal */
   assert_int_equal(to_half(1023.5f * u), 0x0400); /* rounds up into the smallest normal */
   assert_int_equal(to_half(pow2(-14)), 0x0400);
@@ -62,7 +66,7 @@ static void test_gaps__fp16_rounding(void **state) {
   assert_int_equal(to_half(1.0f), 0x3C00);
   assert_int_equal(to_half(1.0f + pow2(-11)), 0x3C00);        /* tie, even stays */
   assert_int_equal(to_half(1.0f + 3.0f * pow2(-11)), 0x3C02); /* tie, odd goes up */
-  assert_int_equal(to_half(bits_f(0x3FFFF000u)), 0x4000);             /* 1.99988 -> 2.0 */
+  assert_int_equal(to_half(bits_f(0x3FFFF000u)), 0x4000);     /* 1.99988 -> 2.0 */
   assert_int_equal(to_half(-2.0f), 0xC000);
   /* Overflow: 65504 is the largest finite half; from 65520 on everything rounds to Inf. */
   assert_int_equal(to_half(65504.0f), 0x7BFF);
@@ -85,10 +89,10 @@ static void test_gaps__fp16_rounding(void **state) {
 
 static void test_gaps__bf16_nan_and_ties(void **state) {
   (void)state;
-  assert_int_equal(to_bf16(bits_f(0x7FC00001u)), 0x7FC0); /* quiet NaN stays quiet */
-  assert_int_equal(to_bf16(bits_f(0x7F800001u)), 0x7FC0); /* signalling NaN is quieted */
-  assert_int_equal(to_bf16(bits_f(0xFF800001u)), 0xFFC0); /* and keeps its sign */
-  assert_int_equal(to_bf16(INFINITY), 0x7F80);            /* Inf is not a NaN */
+  assert_int_equal(to_bf16(bits_f(0x7FC00001u)), 0x7FC0);    /* quiet NaN stays quiet */
+  assert_int_equal(to_bf16(bits_f(0x7F800001u)), 0x7FC0);    /* signalling NaN is quieted */
+  assert_int_equal(to_bf16(bits_f(0xFF800001u)), 0xFFC0);    /* and keeps its sign */
+  assert_int_equal(to_bf16(INFINITY), 0x7F80);               /* Inf is not a NaN */
   assert_int_equal(to_bf16(1.0f + pow2(-8)), 0x3F80);        /* tie, even stays */
   assert_int_equal(to_bf16(1.0f + 3.0f * pow2(-8)), 0x3F82); /* tie, odd goes up */
   assert_true(isnan(from_u16(TPF_BF16, 0x7FC0)));
@@ -104,8 +108,8 @@ static void test_gaps__fp8_ties_and_saturation(void **state) {
   assert_int_equal(to_fp8(TPF_FP8_E4M3, 464.0f), 0x7E); /* saturates, never 480 */
   assert_int_equal(to_fp8(TPF_FP8_E4M3, 1e6f), 0x7E);
   assert_int_equal(to_fp8(TPF_FP8_E4M3, -1e6f), 0xFE);
-  assert_int_equal(to_fp8(TPF_FP8_E4M3, pow2(-9)), 0x01);        /* smallest subnormal */
-  assert_int_equal(to_fp8(TPF_FP8_E4M3, pow2(-10)), 0x00);       /* tie 0 | 1: 0 */
+  assert_int_equal(to_fp8(TPF_FP8_E4M3, pow2(-9)), 0x01);         /* smallest subnormal */
+  assert_int_equal(to_fp8(TPF_FP8_E4M3, pow2(-10)), 0x00);        /* tie 0 | 1: 0 */
   assert_int_equal(to_fp8(TPF_FP8_E4M3, 3.0f * pow2(-10)), 0x02); /* tie 1 | 2: 2 */
   assert_true(from_u8(TPF_FP8_E4M3, 0x7E) == 448.0f);
   assert_true(from_u8(TPF_FP8_E4M3, 0x01) == pow2(-9));
@@ -176,8 +180,8 @@ static void test_gaps__layout_local_validates(void **state) {
 /* ---- a backend that refuses chosen activations and its syncs ---- */
 
 typedef struct {
-  tpf_mock_backend m;   /* first: the mock's functions cast the backend to it */
-  int from, to, calls;  /* reg_activate calls in [from, to) are refused */
+  tpf_mock_backend m;  /* first: the mock's functions cast the backend to it */
+  int from, to, calls; /* reg_activate calls in [from, to) are refused */
   bool fail_sync;
 } flaky;
 
@@ -192,8 +196,7 @@ static tpf_status flaky_activate(tpf_backend *be, tpf_reg *reg, uint64_t bytes) 
 }
 
 static tpf_status flaky_sync(tpf_backend *be, void *stream) {
-  if (((flaky *)be)->fail_sync)
-    return tpf_set_error(TPF_EBACKEND, "flaky: sync failed");
+  if (((flaky *)be)->fail_sync) return tpf_set_error(TPF_EBACKEND, "flaky: sync failed");
   return tpf_mock_ops.sync(be, stream);
 }
 
@@ -440,8 +443,7 @@ static void build(tpf_algo algo, tpf_coll coll, int Pn, int splits) {
     d.num_splits = splits;
     bool ag = coll == TPF_COLL_AG;
     tpf_gemm_dims g = {4 * (uint64_t)Pn, ag ? 16 : 8, ag ? 8 : 24};
-    if (algo == TPF_ALGO_BULK)
-      g = (tpf_gemm_dims){8, 12, 16};
+    if (algo == TPF_ALGO_BULK) g = (tpf_gemm_dims){8, 12, 16};
     TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &g_s[r]));
   }
   TPF_ASSERT_OK(tpf_schedule_check(g_s, Pn));
@@ -473,8 +475,7 @@ static void test_gaps__checker_allocation_budget(void **state) {
       tpf_status rc = tpf_schedule_check(g_s, cases[ci].P);
       tpf__alloc_set_budget(-1);
       assert_int_equal(tpf__alloc_live_count(), live);
-      if (rc == TPF_OK)
-        break;
+      if (rc == TPF_OK) break;
       TPF_ASSERT_STATUS(rc, TPF_ENOMEM);
     }
     assert_true(k > 5 && k < 10000);

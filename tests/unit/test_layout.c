@@ -40,7 +40,9 @@ typedef struct {
 } rule_case;
 
 #define EDIT(fn, body)                                                                             \
-  static void fn(tpf_layout_desc *d) { body; }
+  static void fn(tpf_layout_desc *d) {                                                             \
+    body;                                                                                          \
+  }
 EDIT(e_ok, (void)d)
 EDIT(e_tp0, d->tp_size = 0)
 EDIT(e_tp65, d->tp_size = 65)
@@ -118,8 +120,7 @@ static int run_case(const tpf_layout_desc *d, tpf_status want, const char *detai
   tpf_status got = tpf_layout_check(d);
   if (got != want)
     fail_msg("%s (%s %s): got %s, want %s (detail: %s)", name, tpf_algo_name(d->algo),
-             tpf_coll_name(d->coll), tpf_status_name(got), tpf_status_name(want),
-             tpf_last_error());
+             tpf_coll_name(d->coll), tpf_status_name(got), tpf_status_name(want), tpf_last_error());
   if (want != TPF_OK && !strstr(tpf_last_error(), detail))
     fail_msg("%s (%s %s): detail '%s' lacks '%s'", name, tpf_algo_name(d->algo),
              tpf_coll_name(d->coll), tpf_last_error(), detail);
@@ -184,8 +185,8 @@ static const specific_case specific[] = {
      "aggregate needs an even tp_size, not 3"},
     {"aggregate P=1", TPF_ALGO_RING, TPF_COLL_AG, 1, 64, 64, 32, 0, true, TPF_EUNSUPPORTED,
      "even tp_size, not 1"},
-    {"aggregate before shape", TPF_ALGO_RING, TPF_COLL_AG, 3, 0, 64, 96, 0, true,
-     TPF_EUNSUPPORTED, "even"},
+    {"aggregate before shape", TPF_ALGO_RING, TPF_COLL_AG, 3, 0, 64, 96, 0, true, TPF_EUNSUPPORTED,
+     "even"},
     {"aggregate P=2", TPF_ALGO_RING, TPF_COLL_AG, 2, 128, 64, 64, 0, true, TPF_OK, ""},
     {"aggregate splits P/2", TPF_ALGO_RING, TPF_COLL_AG, 4, 256, 64, 128, 2, true, TPF_OK, ""},
     {"aggregate splits P", TPF_ALGO_RING, TPF_COLL_AG, 4, 256, 64, 128, 4, true, TPF_EDIVISIBLE,
@@ -208,8 +209,8 @@ static const specific_case specific[] = {
     {"pipeline S = H", TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 256, 64, 4, 64, false, TPF_EALIGN,
      "active pipeline block bytes 8 not a multiple of the 16-byte alignment"},
     {"pipeline S 8", TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 256, 64, 128, 8, false, TPF_OK, ""},
-    {"pipeline default S=1 (H=10)", TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 64, 10, 32, 0, false,
-     TPF_OK, ""},
+    {"pipeline default S=1 (H=10)", TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 64, 10, 32, 0, false, TPF_OK,
+     ""},
     {"pipeline default S=1 misaligned", TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 64, 10, 4, 0, false,
      TPF_EALIGN, "active chunk bytes 20 (1 rows)"},
     {"pipeline row offset misaligned", TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 64, 8, 4, 2, false,
@@ -268,7 +269,8 @@ static void test_null_and_align(void **state) {
   TPF_ASSERT_OK(tpf__layout_check_align(&d, 0));
   TPF_ASSERT_OK(tpf__layout_check_align(&d, 128));
   TPF_ASSERT_STATUS(tpf__layout_check_align(&d, 256), TPF_EALIGN);
-  assert_non_null(strstr(tpf_last_error(), "active chunk bytes 128 (1 rows) not a multiple of the 256-byte"));
+  assert_non_null(
+      strstr(tpf_last_error(), "active chunk bytes 128 (1 rows) not a multiple of the 256-byte"));
   TPF_ASSERT_STATUS(tpf__layout_check_align(&d, 3), TPF_EALIGN);
   d.capacity.cols = d.active.cols = 4;
   TPF_ASSERT_STATUS(tpf_layout_check(&d), TPF_EALIGN);
@@ -329,8 +331,8 @@ static void test_split_defaults(void **state) {
 
 /* Compares one layout with the SPEC §2 formulas; returns the number of regions checked. */
 static int check_formulas(const tpf_layout_desc *d) {
-  uint64_t P = (uint64_t)d->tp_size, C = d->capacity.rows, T = d->active.rows,
-           H = d->capacity.cols, e = tpf_dtype_size(d->dtype);
+  uint64_t P = (uint64_t)d->tp_size, C = d->capacity.rows, T = d->active.rows, H = d->capacity.cols,
+           e = tpf_dtype_size(d->dtype);
   uint64_t ST = (T / P) * H * e, SC = (C / P) * H * e;
   bool ring_rs = d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS;
   bool pipe = d->algo == TPF_ALGO_PIPELINE;
@@ -396,8 +398,7 @@ static void test_formulas(void **state) {
             d.num_splits = variant == 1 ? 1 : 0, d.aggregate = variant == 2;
           else if (variant > 0)
             continue;
-          if (d.aggregate && P % 2)
-            continue;
+          if (d.aggregate && P % 2) continue;
           if (d.algo == TPF_ALGO_PIPELINE && d.num_splits == 8 && d.dtype == TPF_BF16)
             continue; /* (T/P) * 4 * 2 bytes misses 16 for odd T/P: covered by the rule table */
           for (uint64_t T = (uint64_t)P; T <= d.capacity.rows; T += (uint64_t)P) {

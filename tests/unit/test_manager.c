@@ -16,8 +16,7 @@ typedef struct {
 static int setup(void **state) {
   fixture *f = calloc(1, sizeof *f);
   tpf_mock_init(&f->be, P, 0);
-  if (tpf_manager_create(&f->be.hdr, &f->m) != TPF_OK)
-    return -1;
+  if (tpf_manager_create(&f->be.hdr, &f->m) != TPF_OK) return -1;
   const tpf_comm_config cfgs[] = {
       cfg_of("qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_BF16, 128),
       cfg_of("proj_fprop", TPF_ALGO_PIPELINE, TPF_COLL_RS, TPF_BF16, 128),
@@ -26,12 +25,10 @@ static int setup(void **state) {
       cfg_of("fc2_fprop_fp8", TPF_ALGO_RING, TPF_COLL_RS, TPF_FP8_E4M3, 128),
   };
   for (size_t i = 0; i < TPF_ARRAY_SIZE(cfgs); i++)
-    if (tpf_manager_add(f->m, &cfgs[i], NULL) != TPF_OK)
-      return -1;
+    if (tpf_manager_add(f->m, &cfgs[i], NULL) != TPF_OK) return -1;
   tpf_comm_config ext = cfg_of("proj_wgrad", TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16, 128);
   ext.external = true;
-  if (tpf_manager_add(f->m, &ext, NULL) != TPF_OK)
-    return -1;
+  if (tpf_manager_add(f->m, &ext, NULL) != TPF_OK) return -1;
   *state = f;
   return 0;
 }
@@ -45,8 +42,7 @@ static int teardown(void **state) {
 
 static uint64_t rows_of(tpf_manager *m, const char *name) {
   tpf_comm *c = NULL;
-  if (tpf_manager_get(m, name, &c) != TPF_OK)
-    return 0;
+  if (tpf_manager_get(m, name, &c) != TPF_OK) return 0;
   return tpf_comm_active_shape(c).rows;
 }
 

@@ -94,8 +94,7 @@ static void check_literal_rules(const tpf_schedule *s, const variant *v, int P) 
       assert_int_equal(st->stream, gemms % s->num_compute_streams);
       gemms++;
     }
-    if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV)
-      assert_int_equal(st->peer, -1);
+    if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV) assert_int_equal(st->peer, -1);
   }
   int want_gemms = v->algo == TPF_ALGO_BULK ? 1 : s->num_splits;
   assert_int_equal(gemms, want_gemms);
@@ -113,8 +112,7 @@ static void test_all_schedules(void **state) {
     uint64_t stride = P == 16 ? 5 * (uint64_t)P : (uint64_t)P;
     for (size_t vi = 0; vi < TPF_ARRAY_SIZE(variants); vi++) {
       const variant *v = &variants[vi];
-      if (v->aggregate && P % 2)
-        continue;
+      if (v->aggregate && P % 2) continue;
       for (uint64_t T = (uint64_t)P; T <= 64 * (uint64_t)P; T += stride) {
         build_all(v, P, T, 32, s);
         tpf_status rc = tpf_schedule_check(s, P);
@@ -321,8 +319,7 @@ static void test_pipeline_and_bulk_shape(void **state) {
 
   /* P = 1: no transfers at all. */
   for (size_t vi = 0; vi < TPF_ARRAY_SIZE(variants); vi++) {
-    if (variants[vi].aggregate)
-      continue;
+    if (variants[vi].aggregate) continue;
     d = make_desc(&variants[vi], 1, 0, 8, 32);
     g = dims_for(&variants[vi], 8, 32);
     TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &s));
@@ -339,15 +336,14 @@ static bool mref_eq(const tpf_mref *a, const tpf_mref *b) {
 }
 
 static bool step_eq(const tpf_step *a, const tpf_step *b) {
-  if (a->kind != b->kind || a->stream != b->stream || a->ndeps != b->ndeps ||
-      a->peer != b->peer || a->tag != b->tag || a->chunk != b->chunk || a->src_off != b->src_off ||
+  if (a->kind != b->kind || a->stream != b->stream || a->ndeps != b->ndeps || a->peer != b->peer ||
+      a->tag != b->tag || a->chunk != b->chunk || a->src_off != b->src_off ||
       a->dst_off != b->dst_off || a->bytes != b->bytes || a->m != b->m || a->n != b->n ||
       a->k != b->k || a->stride_bytes != b->stride_bytes || a->count != b->count ||
       !mref_eq(&a->a, &b->a) || !mref_eq(&a->w, &b->w) || !mref_eq(&a->d, &b->d))
     return false;
   for (int j = 0; j < a->ndeps; j++)
-    if (a->deps[j] != b->deps[j])
-      return false;
+    if (a->deps[j] != b->deps[j]) return false;
   return true;
 }
 
@@ -362,12 +358,12 @@ static void test_determinism(void **state) {
         tpf_schedule a, b;
         TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &a));
         /* Something else in between must not matter. */
-        tpf_layout_desc other = make_desc(&variants[(vi + 3) % TPF_ARRAY_SIZE(variants)], 2, 0, 64, 32);
+        tpf_layout_desc other =
+            make_desc(&variants[(vi + 3) % TPF_ARRAY_SIZE(variants)], 2, 0, 64, 32);
         other.aggregate = false;
         tpf_schedule o;
         tpf_gemm_dims og = dims_for(&variants[(vi + 3) % TPF_ARRAY_SIZE(variants)], 64, 32);
-        if (tpf_schedule_build(&other, &og, &o) == TPF_OK)
-          tpf_schedule_free(&o);
+        if (tpf_schedule_build(&other, &og, &o) == TPF_OK) tpf_schedule_free(&o);
         TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &b));
         assert_int_equal(a.nsteps, b.nsteps);
         assert_int_equal(a.registered_bytes, b.registered_bytes);

@@ -22,8 +22,7 @@ static void build(tpf_algo algo, tpf_coll coll, int P, uint64_t T, uint64_t H, i
     d.active.rows = T;
     d.num_splits = splits;
     tpf_gemm_dims g = {T, H, H};
-    if (algo == TPF_ALGO_BULK)
-      g = (tpf_gemm_dims){8, 8, 8};
+    if (algo == TPF_ALGO_BULK) g = (tpf_gemm_dims){8, 8, 8};
     TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &g_s[r]));
   }
   TPF_ASSERT_OK(tpf_schedule_check(g_s, P)); /* valid before it is broken */
@@ -43,8 +42,7 @@ static void remove_step(tpf_schedule *s, int idx) {
     int n = 0;
     for (int j = 0; j < st->ndeps; j++) {
       int dep = st->deps[j];
-      if (dep == idx)
-        continue;
+      if (dep == idx) continue;
       st->deps[n++] = (uint16_t)(dep > idx ? dep - 1 : dep);
     }
     st->ndeps = (uint8_t)n;
@@ -53,8 +51,7 @@ static void remove_step(tpf_schedule *s, int idx) {
 
 static int find(const tpf_schedule *s, tpf_step_kind kind, int nth) {
   for (int i = 0; i < s->nsteps; i++)
-    if (s->steps[i].kind == kind && nth-- == 0)
-      return i;
+    if (s->steps[i].kind == kind && nth-- == 0) return i;
   fail_msg("rank %d has no %s #%d", s->rank, tpf_step_kind_name(kind), nth);
   return -1;
 }
@@ -72,7 +69,9 @@ static void expect_reject(const char *what, const char *detail1, const char *det
 
 /* RING AG, P = 4, T = 16, H = 8, fp32: chunk bytes 128. Steps per rank: 0 HANDSHAKE, then per
  * i: GEMM, SEND, RECV (3i+1, 3i+2, 3i+3), and the last GEMM at 10. */
-static void ring_ag(void) { build(TPF_ALGO_RING, TPF_COLL_AG, 4, 16, 8, 0); }
+static void ring_ag(void) {
+  build(TPF_ALGO_RING, TPF_COLL_AG, 4, 16, 8, 0);
+}
 
 static void test_missing_recv(void **state) {
   (void)state;
@@ -95,8 +94,8 @@ static void test_duplicate_send(void **state) {
   (void)state;
   ring_ag();
   g_s[0].steps[find(&g_s[0], TPF_STEP_SEND, 1)].tag = 0;
-  expect_reject("duplicate send", "rank 0 step 5 (SEND): duplicate: step 2 already uses peer 1 tag 0",
-                NULL);
+  expect_reject("duplicate send",
+                "rank 0 step 5 (SEND): duplicate: step 2 already uses peer 1 tag 0", NULL);
 }
 
 static void test_wrong_bytes(void **state) {
@@ -302,16 +301,26 @@ static void test_bad_args(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_missing_recv),         cmocka_unit_test(test_missing_send),
-      cmocka_unit_test(test_duplicate_send),       cmocka_unit_test(test_wrong_bytes),
-      cmocka_unit_test(test_wrong_dst),            cmocka_unit_test(test_write_outside_active),
-      cmocka_unit_test(test_read_outside_active),  cmocka_unit_test(test_gemm_before_arrival),
-      cmocka_unit_test(test_forward_before_arrival), cmocka_unit_test(test_forward_dep),
-      cmocka_unit_test(test_double_output),        cmocka_unit_test(test_double_buffer_write),
-      cmocka_unit_test(test_never_produced),       cmocka_unit_test(test_deadlock),
-      cmocka_unit_test(test_header_mismatch),      cmocka_unit_test(test_bad_fields),
-      cmocka_unit_test(test_rs_wrong_partials),    cmocka_unit_test(test_pull_before_barrier),
-      cmocka_unit_test(test_bulk_rs_wrong_chunk),  cmocka_unit_test(test_ag_relocates),
+      cmocka_unit_test(test_missing_recv),
+      cmocka_unit_test(test_missing_send),
+      cmocka_unit_test(test_duplicate_send),
+      cmocka_unit_test(test_wrong_bytes),
+      cmocka_unit_test(test_wrong_dst),
+      cmocka_unit_test(test_write_outside_active),
+      cmocka_unit_test(test_read_outside_active),
+      cmocka_unit_test(test_gemm_before_arrival),
+      cmocka_unit_test(test_forward_before_arrival),
+      cmocka_unit_test(test_forward_dep),
+      cmocka_unit_test(test_double_output),
+      cmocka_unit_test(test_double_buffer_write),
+      cmocka_unit_test(test_never_produced),
+      cmocka_unit_test(test_deadlock),
+      cmocka_unit_test(test_header_mismatch),
+      cmocka_unit_test(test_bad_fields),
+      cmocka_unit_test(test_rs_wrong_partials),
+      cmocka_unit_test(test_pull_before_barrier),
+      cmocka_unit_test(test_bulk_rs_wrong_chunk),
+      cmocka_unit_test(test_ag_relocates),
       cmocka_unit_test(test_bad_args),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -68,7 +68,7 @@ typedef struct {
 static struct {
   long tried, rejected, harmless_accepted, harmless_rejected, order_accepted, deadlocks;
   long undetectable; /* accepted header relabellings no schedule checker can see */
-  long bad; /* verdict violations */
+  long bad;          /* verdict violations */
 } cnt;
 
 static group g_grp;
@@ -89,8 +89,7 @@ static void violation(const char *what) {
       viol[i].n++;
       return;
     }
-  if (nviol == (int)TPF_ARRAY_SIZE(viol))
-    return;
+  if (nviol == (int)TPF_ARRAY_SIZE(viol)) return;
   snprintf(viol[nviol].key, sizeof viol[nviol].key, "%s", g_key);
   snprintf(viol[nviol].first, sizeof viol[nviol].first, "%s: %s", g_desc, what);
   viol[nviol++].n = 1;
@@ -163,7 +162,7 @@ static bool view_ok(const tpf_mref *v, uint64_t off, uint64_t m, uint64_t ncols,
 #define FOR_VIEW_BYTES(v, off, m, ncols, e, b)                                                     \
   for (uint64_t vi_ = 0; vi_ < (m); vi_++)                                                         \
     for (uint64_t vj_ = 0; vj_ < (ncols) * (e); vj_++)                                             \
-      for (uint64_t b = (off) + (((v)->row + vi_) * (v)->ld + (v)->col) * (e) + vj_, once_ = 1;   \
+      for (uint64_t b = (off) + (((v)->row + vi_) * (v)->ld + (v)->col) * (e) + vj_, once_ = 1;    \
            once_; once_ = 0)
 
 static bool order_fail(char *why, size_t n, const char *fmt, int r, int i) {
@@ -186,14 +185,13 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
         return order_fail(why, wn, "rank %d step %d: stream or ndeps out of range", r, i);
       bool compute = st->stream < s->num_compute_streams;
       bool legal = st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE ? compute
-                   : st->kind == TPF_STEP_RECV ? st->stream == TPF_STREAM_RECV
+                   : st->kind == TPF_STEP_RECV        ? st->stream == TPF_STREAM_RECV
                    : st->kind == TPF_STEP_PEER_REDUCE ? true
                                                       : st->stream == TPF_STREAM_SEND;
       if (!legal || (st->kind == TPF_STEP_HANDSHAKE) != (i == 0))
         return order_fail(why, wn, "rank %d step %d: kind not allowed there", r, i);
       for (int j = 0; j < st->ndeps; j++) {
-        if (st->deps[j] >= i)
-          return order_fail(why, wn, "rank %d step %d: dep not earlier", r, i);
+        if (st->deps[j] >= i) return order_fail(why, wn, "rank %d step %d: dep not earlier", r, i);
         int d = st->deps[j];
         anc[r][i][d] = true;
         for (int k = 0; k < i; k++)
@@ -208,8 +206,7 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
       last[st->stream] = i;
       if (i > 0 && !anc[r][i][0])
         return order_fail(why, wn, "rank %d step %d: not after the handshake", r, i);
-      if (st->kind == TPF_STEP_BARRIER)
-        bar[r][st->tag] = i;
+      if (st->kind == TPF_STEP_BARRIER) bar[r][st->tag] = i;
     }
   }
   /* Producers: RECV (the bytes have landed once it completes) and buffer-writing compute. */
@@ -239,24 +236,19 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
         for (uint64_t b = st->src_off; b < st->src_off + st->bytes; b++) {
           int w = writer[r][b];
           if (w >= 0 && !anc[r][i][w])
-            return order_fail(why, wn, "rank %d step %d: sends a byte before it is produced", r,
-                              i);
+            return order_fail(why, wn, "rank %d step %d: sends a byte before it is produced", r, i);
         }
         continue;
       }
-      if (st->kind == TPF_STEP_GEMM && st->a.id == TPF_MAT_BUF)
-        views = 1;
-      if (st->kind == TPF_STEP_REDUCE || st->kind == TPF_STEP_PEER_REDUCE)
-        views = (int)st->count;
+      if (st->kind == TPF_STEP_GEMM && st->a.id == TPF_MAT_BUF) views = 1;
+      if (st->kind == TPF_STEP_REDUCE || st->kind == TPF_STEP_PEER_REDUCE) views = (int)st->count;
       /* The barriers this step comes after, and whether one comes after it. */
       int passed[TPF_MAX_TAGS], np = 0;
       bool done = false;
       for (int tg = 0; tg < TPF_MAX_TAGS && views > 0; tg++) {
         int br = bar[r][tg];
-        if (br < 0)
-          continue;
-        if (anc[r][i][br])
-          passed[np++] = tg;
+        if (br < 0) continue;
+        if (anc[r][i][br]) passed[np++] = tg;
         done = done || anc[r][br][i];
       }
       for (int t = 0; t < views; t++) {
@@ -277,14 +269,13 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
           bool seen = w < 0 || w == last_ok;
           for (int j = 0; j < np && !seen; j++)
             seen = bar[q][passed[j]] >= 0 && anc[q][bar[q][passed[j]]][w];
-          if (seen)
-            last_ok = w;
+          if (seen) last_ok = w;
           if (!seen)
             return order_fail(why, wn, "rank %d step %d: pulls a byte not published by a barrier",
                               r, i);
           if (!done)
-            return order_fail(why, wn, "rank %d step %d: pulls a byte no later barrier protects",
-                              r, i);
+            return order_fail(why, wn, "rank %d step %d: pulls a byte no later barrier protects", r,
+                              i);
         }
       }
     }
@@ -295,10 +286,8 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
 /* With one rank a BARRIER synchronises with nobody (both backends return at once) and an
  * in-place PEER_REDUCE sums one view into itself: deleting either changes nothing. */
 static bool p1_noop(const group *g, const tpf_step *st) {
-  if (g->P != 1)
-    return false;
-  if (st->kind == TPF_STEP_BARRIER)
-    return true;
+  if (g->P != 1) return false;
+  if (st->kind == TPF_STEP_BARRIER) return true;
   return st->kind == TPF_STEP_PEER_REDUCE && st->count == 1 && st->d.id == TPF_MAT_BUF &&
          st->d.off_bytes == st->a.off_bytes && st->d.ld == st->a.ld && st->d.row == st->a.row &&
          st->d.col == st->a.col;
@@ -331,8 +320,7 @@ static void verdict_check(group *g, int verdict, const char *why) {
         violation(w);
       } else
         cnt.order_accepted++;
-      if (rejected)
-        cnt.rejected++;
+      if (rejected) cnt.rejected++;
       return;
     }
   }
@@ -362,9 +350,40 @@ static void verdict_check(group *g, int verdict, const char *why) {
 /* ---- step fields ---- */
 
 enum {
-  F_KIND, F_STREAM, F_NDEPS, F_DEP0, F_DEP1, F_DEP2, F_DEP3, F_PEER, F_TAG, F_CHUNK, F_SRC,
-  F_DST, F_BYTES, F_A_ID, F_A_OFF, F_A_LD, F_A_ROW, F_A_COL, F_W_ID, F_W_OFF, F_W_LD, F_W_ROW,
-  F_W_COL, F_D_ID, F_D_OFF, F_D_LD, F_D_ROW, F_D_COL, F_M, F_N, F_K, F_STRIDE, F_COUNT, F_NUM
+  F_KIND,
+  F_STREAM,
+  F_NDEPS,
+  F_DEP0,
+  F_DEP1,
+  F_DEP2,
+  F_DEP3,
+  F_PEER,
+  F_TAG,
+  F_CHUNK,
+  F_SRC,
+  F_DST,
+  F_BYTES,
+  F_A_ID,
+  F_A_OFF,
+  F_A_LD,
+  F_A_ROW,
+  F_A_COL,
+  F_W_ID,
+  F_W_OFF,
+  F_W_LD,
+  F_W_ROW,
+  F_W_COL,
+  F_D_ID,
+  F_D_OFF,
+  F_D_LD,
+  F_D_ROW,
+  F_D_COL,
+  F_M,
+  F_N,
+  F_K,
+  F_STRIDE,
+  F_COUNT,
+  F_NUM
 };
 
 typedef struct {
@@ -375,17 +394,39 @@ typedef struct {
 
 #define SF(id, member, w) [id] = {#member, offsetof(tpf_step, member), w}
 static const sfield sfields[F_NUM] = {
-    SF(F_KIND, kind, 1),          SF(F_STREAM, stream, 1),      SF(F_NDEPS, ndeps, 1),
-    SF(F_DEP0, deps[0], 2),       SF(F_DEP1, deps[1], 2),       SF(F_DEP2, deps[2], 2),
-    SF(F_DEP3, deps[3], 2),       SF(F_PEER, peer, -4),         SF(F_TAG, tag, 4),
-    SF(F_CHUNK, chunk, -4),       SF(F_SRC, src_off, 8),        SF(F_DST, dst_off, 8),
-    SF(F_BYTES, bytes, 8),        SF(F_A_ID, a.id, 1),          SF(F_A_OFF, a.off_bytes, 8),
-    SF(F_A_LD, a.ld, 8),          SF(F_A_ROW, a.row, 8),        SF(F_A_COL, a.col, 8),
-    SF(F_W_ID, w.id, 1),          SF(F_W_OFF, w.off_bytes, 8),  SF(F_W_LD, w.ld, 8),
-    SF(F_W_ROW, w.row, 8),        SF(F_W_COL, w.col, 8),        SF(F_D_ID, d.id, 1),
-    SF(F_D_OFF, d.off_bytes, 8),  SF(F_D_LD, d.ld, 8),          SF(F_D_ROW, d.row, 8),
-    SF(F_D_COL, d.col, 8),        SF(F_M, m, 8),                SF(F_N, n, 8),
-    SF(F_K, k, 8),                SF(F_STRIDE, stride_bytes, 8), SF(F_COUNT, count, 4),
+    SF(F_KIND, kind, 1),
+    SF(F_STREAM, stream, 1),
+    SF(F_NDEPS, ndeps, 1),
+    SF(F_DEP0, deps[0], 2),
+    SF(F_DEP1, deps[1], 2),
+    SF(F_DEP2, deps[2], 2),
+    SF(F_DEP3, deps[3], 2),
+    SF(F_PEER, peer, -4),
+    SF(F_TAG, tag, 4),
+    SF(F_CHUNK, chunk, -4),
+    SF(F_SRC, src_off, 8),
+    SF(F_DST, dst_off, 8),
+    SF(F_BYTES, bytes, 8),
+    SF(F_A_ID, a.id, 1),
+    SF(F_A_OFF, a.off_bytes, 8),
+    SF(F_A_LD, a.ld, 8),
+    SF(F_A_ROW, a.row, 8),
+    SF(F_A_COL, a.col, 8),
+    SF(F_W_ID, w.id, 1),
+    SF(F_W_OFF, w.off_bytes, 8),
+    SF(F_W_LD, w.ld, 8),
+    SF(F_W_ROW, w.row, 8),
+    SF(F_W_COL, w.col, 8),
+    SF(F_D_ID, d.id, 1),
+    SF(F_D_OFF, d.off_bytes, 8),
+    SF(F_D_LD, d.ld, 8),
+    SF(F_D_ROW, d.row, 8),
+    SF(F_D_COL, d.col, 8),
+    SF(F_M, m, 8),
+    SF(F_N, n, 8),
+    SF(F_K, k, 8),
+    SF(F_STRIDE, stride_bytes, 8),
+    SF(F_COUNT, count, 4),
 };
 
 static uint64_t get_field(const tpf_step *st, int f) {
@@ -496,7 +537,9 @@ static bool field_used(const tpf_step *st, int f) {
   }
 }
 
-static bool order_field(int f) { return f >= F_STREAM && f <= F_DEP3; }
+static bool order_field(int f) {
+  return f >= F_STREAM && f <= F_DEP3;
+}
 
 /* Candidate new values: ADD applies a delta to each rank's own value, SET writes a constant. */
 typedef struct {
@@ -568,8 +611,8 @@ static int cands_for(const group *g, const tpf_step *st, int f, int i, cand *c) 
     SET(UINT32_MAX);
     break;
   default: {
-    const int64_t d[] = {1, -1, (int64_t)g->e, (int64_t)g->S, -(int64_t)g->S, (int64_t)g->pitch,
-                         (int64_t)g->R};
+    const int64_t d[] = {
+        1, -1, (int64_t)g->e, (int64_t)g->S, -(int64_t)g->S, (int64_t)g->pitch, (int64_t)g->R};
     for (size_t j = 0; j < TPF_ARRAY_SIZE(d); j++)
       ADD(d[j]);
     SET(0);
@@ -585,14 +628,14 @@ static int cands_for(const group *g, const tpf_step *st, int f, int i, cand *c) 
   return n;
 }
 
-static uint64_t apply(cand c, uint64_t old) { return c.add ? old + c.v : c.v; }
+static uint64_t apply(cand c, uint64_t old) {
+  return c.add ? old + c.v : c.v;
+}
 
 /* Special verdicts for value changes of used fields that are harmless after all. */
-static int value_verdict(const group *g, const tpf_step *st, int f, uint64_t nv,
-                         const char **why) {
+static int value_verdict(const group *g, const tpf_step *st, int f, uint64_t nv, const char **why) {
   *why = NULL;
-  if (order_field(f))
-    return ORDER;
+  if (order_field(f)) return ORDER;
   if (!field_used(st, f)) {
     *why = "field unused by this kind";
     return HARMLESS;
@@ -634,8 +677,7 @@ static void step_field_mutations(group *g, int mr) {
         if (f != F_PEER && f != F_CHUNK && sfields[f].width != 8 &&
             nv >= (1ull << (8 * (unsigned)sfields[f].width)))
           nv &= (1ull << (8 * (unsigned)sfields[f].width)) - 1;
-        if (nv == old || (sfields[f].width == -4 && (int32_t)nv == (int32_t)old))
-          continue;
+        if (nv == old || (sfields[f].width == -4 && (int32_t)nv == (int32_t)old)) continue;
         const char *why;
         int verdict = value_verdict(g, st, f, nv, &why);
         /* One rank. */
@@ -646,8 +688,7 @@ static void step_field_mutations(group *g, int mr) {
                  sfields[f].name, (unsigned long long)old, (unsigned long long)nv);
         snprintf(g_key, sizeof g_key, "one %s %s", tpf_step_kind_name(st->kind), sfields[f].name);
         verdict_check(g, verdict, why);
-        if (g->P == 1)
-          continue;
+        if (g->P == 1) continue;
         /* Every rank alike (the same step index has the same kind on every rank here). */
         bool uniform = true;
         for (int r = 0; r < g->P; r++)
@@ -674,9 +715,9 @@ static void step_field_mutations(group *g, int mr) {
          * the pairs break and the checker must say so). */
         if (f == F_TAG && (st->kind == TPF_STEP_SEND || st->kind == TPF_STEP_RECV))
           v2 = MUST_REJECT;
-        snprintf(g_desc, sizeof g_desc, "%s P=%d %s every rank step %d (%s) %s %s %llu",
-                 g->v->name, g->P, tpf_dtype_name(g->dt), i, tpf_step_kind_name(st->kind),
-                 sfields[f].name, c[j].add ? "+=" : "=", (unsigned long long)c[j].v);
+        snprintf(g_desc, sizeof g_desc, "%s P=%d %s every rank step %d (%s) %s %s %llu", g->v->name,
+                 g->P, tpf_dtype_name(g->dt), i, tpf_step_kind_name(st->kind), sfields[f].name,
+                 c[j].add ? "+=" : "=", (unsigned long long)c[j].v);
         snprintf(g_key, sizeof g_key, "all %s %s", tpf_step_kind_name(st->kind), sfields[f].name);
         verdict_check(g, v2, why);
       }
@@ -694,8 +735,7 @@ static void delete_step(tpf_schedule *s, int idx) {
     int n = 0;
     for (int j = 0; j < st->ndeps; j++) {
       int d = st->deps[j];
-      if (d == idx)
-        continue;
+      if (d == idx) continue;
       st->deps[n++] = (uint16_t)(d > idx ? d - 1 : d);
     }
     st->ndeps = (uint8_t)n;
@@ -707,8 +747,7 @@ static void duplicate_step(tpf_schedule *s, int idx) {
   s->nsteps++;
   for (int i = idx + 2; i < s->nsteps; i++)
     for (int j = 0; j < s->steps[i].ndeps; j++)
-      if (s->steps[i].deps[j] > idx)
-        s->steps[i].deps[j]++;
+      if (s->steps[i].deps[j] > idx) s->steps[i].deps[j]++;
 }
 
 static void swap_steps(tpf_schedule *s, int a) {
@@ -730,31 +769,30 @@ static void structural_mutations(group *g, int mr) {
     int dv = p1_noop(g, &g->orig[mr].steps[i]) ? HARMLESS : MUST_REJECT;
     reset(g);
     delete_step(&g->mut[mr], i);
-    snprintf(g_desc, sizeof g_desc, "%s P=%d delete rank %d step %d (%s)", g->v->name, g->P, mr,
-             i, kn);
+    snprintf(g_desc, sizeof g_desc, "%s P=%d delete rank %d step %d (%s)", g->v->name, g->P, mr, i,
+             kn);
     snprintf(g_key, sizeof g_key, "delete-one %s %s", g->v->name, kn);
     verdict_check(g, dv, NULL);
     reset(g);
     for (int r = 0; r < g->P; r++)
-      if (i < g->orig[r].nsteps)
-        delete_step(&g->mut[r], i);
-    snprintf(g_desc, sizeof g_desc, "%s P=%d delete step %d (%s) on every rank", g->v->name,
-             g->P, i, kn);
+      if (i < g->orig[r].nsteps) delete_step(&g->mut[r], i);
+    snprintf(g_desc, sizeof g_desc, "%s P=%d delete step %d (%s) on every rank", g->v->name, g->P,
+             i, kn);
     snprintf(g_key, sizeof g_key, "delete-all %s %s", g->v->name, kn);
     verdict_check(g, dv, NULL);
     /* Duplicating a step repeats a write, a transfer tag, a barrier tag or the handshake. */
     reset(g);
     duplicate_step(&g->mut[mr], i);
-    snprintf(g_desc, sizeof g_desc, "%s P=%d duplicate rank %d step %d (%s)", g->v->name, g->P,
-             mr, i, kn);
+    snprintf(g_desc, sizeof g_desc, "%s P=%d duplicate rank %d step %d (%s)", g->v->name, g->P, mr,
+             i, kn);
     snprintf(g_key, sizeof g_key, "duplicate %s %s", g->v->name, kn);
     verdict_check(g, MUST_REJECT, NULL);
     /* Swapping neighbours changes only the order. */
     if (i + 1 < n) {
       reset(g);
       swap_steps(&g->mut[mr], i);
-      snprintf(g_desc, sizeof g_desc, "%s P=%d swap rank %d steps %d, %d", g->v->name, g->P, mr,
-               i, i + 1);
+      snprintf(g_desc, sizeof g_desc, "%s P=%d swap rank %d steps %d, %d", g->v->name, g->P, mr, i,
+               i + 1);
       snprintf(g_key, sizeof g_key, "swap %s %s", g->v->name, kn);
       verdict_check(g, ORDER, NULL);
     }
@@ -764,58 +802,142 @@ static void structural_mutations(group *g, int mr) {
 /* ---- header mutations ---- */
 
 enum {
-  H_TP, H_RANK, H_ALGO, H_COLL, H_DTYPE, H_SPLITS, H_AGG, H_ROWS, H_COLS, H_CROWS, H_CBYTES,
-  H_REG, H_ACT, H_GM, H_GN, H_GK, H_NCS, H_NSTEPS, H_NUM
+  H_TP,
+  H_RANK,
+  H_ALGO,
+  H_COLL,
+  H_DTYPE,
+  H_SPLITS,
+  H_AGG,
+  H_ROWS,
+  H_COLS,
+  H_CROWS,
+  H_CBYTES,
+  H_REG,
+  H_ACT,
+  H_GM,
+  H_GN,
+  H_GK,
+  H_NCS,
+  H_NSTEPS,
+  H_NUM
 };
-static const char *const hnames[H_NUM] = {
-    "tp_size",    "rank",        "algo",       "coll",         "dtype",  "num_splits",
-    "aggregate",  "rows",        "cols",       "chunk_rows",   "chunk_bytes",
-    "registered_bytes", "active_bytes", "gemm_m", "gemm_n", "gemm_k", "num_compute_streams",
-    "nsteps"};
+static const char *const hnames[H_NUM] = {"tp_size",
+                                          "rank",
+                                          "algo",
+                                          "coll",
+                                          "dtype",
+                                          "num_splits",
+                                          "aggregate",
+                                          "rows",
+                                          "cols",
+                                          "chunk_rows",
+                                          "chunk_bytes",
+                                          "registered_bytes",
+                                          "active_bytes",
+                                          "gemm_m",
+                                          "gemm_n",
+                                          "gemm_k",
+                                          "num_compute_streams",
+                                          "nsteps"};
 
 static uint64_t hget(const tpf_schedule *s, int f) {
   switch (f) {
-  case H_TP: return (uint64_t)(int64_t)s->tp_size;
-  case H_RANK: return (uint64_t)(int64_t)s->rank;
-  case H_ALGO: return (uint64_t)s->algo;
-  case H_COLL: return (uint64_t)s->coll;
-  case H_DTYPE: return (uint64_t)s->dtype;
-  case H_SPLITS: return (uint64_t)(int64_t)s->num_splits;
-  case H_AGG: return s->aggregate;
-  case H_ROWS: return s->rows;
-  case H_COLS: return s->cols;
-  case H_CROWS: return s->chunk_rows;
-  case H_CBYTES: return s->chunk_bytes;
-  case H_REG: return s->registered_bytes;
-  case H_ACT: return s->active_bytes;
-  case H_GM: return s->gemm_m;
-  case H_GN: return s->gemm_n;
-  case H_GK: return s->gemm_k;
-  case H_NCS: return (uint64_t)(int64_t)s->num_compute_streams;
-  default: return (uint64_t)(int64_t)s->nsteps;
+  case H_TP:
+    return (uint64_t)(int64_t)s->tp_size;
+  case H_RANK:
+    return (uint64_t)(int64_t)s->rank;
+  case H_ALGO:
+    return (uint64_t)s->algo;
+  case H_COLL:
+    return (uint64_t)s->coll;
+  case H_DTYPE:
+    return (uint64_t)s->dtype;
+  case H_SPLITS:
+    return (uint64_t)(int64_t)s->num_splits;
+  case H_AGG:
+    return s->aggregate;
+  case H_ROWS:
+    return s->rows;
+  case H_COLS:
+    return s->cols;
+  case H_CROWS:
+    return s->chunk_rows;
+  case H_CBYTES:
+    return s->chunk_bytes;
+  case H_REG:
+    return s->registered_bytes;
+  case H_ACT:
+    return s->active_bytes;
+  case H_GM:
+    return s->gemm_m;
+  case H_GN:
+    return s->gemm_n;
+  case H_GK:
+    return s->gemm_k;
+  case H_NCS:
+    return (uint64_t)(int64_t)s->num_compute_streams;
+  default:
+    return (uint64_t)(int64_t)s->nsteps;
   }
 }
 
 static void hset(tpf_schedule *s, int f, uint64_t v) {
   switch (f) {
-  case H_TP: s->tp_size = (int)(int64_t)v; break;
-  case H_RANK: s->rank = (int)(int64_t)v; break;
-  case H_ALGO: s->algo = (tpf_algo)v; break;
-  case H_COLL: s->coll = (tpf_coll)v; break;
-  case H_DTYPE: s->dtype = (tpf_dtype)v; break;
-  case H_SPLITS: s->num_splits = (int)(int64_t)v; break;
-  case H_AGG: s->aggregate = v != 0; break;
-  case H_ROWS: s->rows = v; break;
-  case H_COLS: s->cols = v; break;
-  case H_CROWS: s->chunk_rows = v; break;
-  case H_CBYTES: s->chunk_bytes = v; break;
-  case H_REG: s->registered_bytes = v; break;
-  case H_ACT: s->active_bytes = v; break;
-  case H_GM: s->gemm_m = v; break;
-  case H_GN: s->gemm_n = v; break;
-  case H_GK: s->gemm_k = v; break;
-  case H_NCS: s->num_compute_streams = (int)(int64_t)v; break;
-  default: s->nsteps = (int)(int64_t)v; break;
+  case H_TP:
+    s->tp_size = (int)(int64_t)v;
+    break;
+  case H_RANK:
+    s->rank = (int)(int64_t)v;
+    break;
+  case H_ALGO:
+    s->algo = (tpf_algo)v;
+    break;
+  case H_COLL:
+    s->coll = (tpf_coll)v;
+    break;
+  case H_DTYPE:
+    s->dtype = (tpf_dtype)v;
+    break;
+  case H_SPLITS:
+    s->num_splits = (int)(int64_t)v;
+    break;
+  case H_AGG:
+    s->aggregate = v != 0;
+    break;
+  case H_ROWS:
+    s->rows = v;
+    break;
+  case H_COLS:
+    s->cols = v;
+    break;
+  case H_CROWS:
+    s->chunk_rows = v;
+    break;
+  case H_CBYTES:
+    s->chunk_bytes = v;
+    break;
+  case H_REG:
+    s->registered_bytes = v;
+    break;
+  case H_ACT:
+    s->active_bytes = v;
+    break;
+  case H_GM:
+    s->gemm_m = v;
+    break;
+  case H_GN:
+    s->gemm_n = v;
+    break;
+  case H_GK:
+    s->gemm_k = v;
+    break;
+  case H_NCS:
+    s->num_compute_streams = (int)(int64_t)v;
+    break;
+  default:
+    s->nsteps = (int)(int64_t)v;
+    break;
   }
 }
 
@@ -879,15 +1001,12 @@ static int header_verdict(const group *g, int f, uint64_t nv, bool all) {
       if ((st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE) && st->stream + 1 > used)
         used = st->stream + 1;
     }
-  if (!all && g->P > 1)
-    return MUST_REJECT; /* one rank disagrees with the others */
+  if (!all && g->P > 1) return MUST_REJECT; /* one rank disagrees with the others */
   /* One rank: AG and RS leave the buffer as it is, RING RS's one slot is the PIPELINE layout;
    * an accepted relabelling was verified step by step against the operation it names. */
-  if (g->P == 1 && (f == H_ALGO || f == H_COLL))
-    return HARMLESS;
+  if (g->P == 1 && (f == H_ALGO || f == H_COLL)) return HARMLESS;
   /* nsteps - 1 drops the last step; with one rank a closing BARRIER is a no-op. */
-  if (f == H_NSTEPS && nv + 1 == (uint64_t)g->orig[0].nsteps &&
-      p1_noop(g, &g->orig[0].steps[nv]))
+  if (f == H_NSTEPS && nv + 1 == (uint64_t)g->orig[0].nsteps && p1_noop(g, &g->orig[0].steps[nv]))
     return HARMLESS;
   /* Relabelling the element type as another of the same size moves no byte: no step and no
    * other header field can contradict it, so only the communicator (which the checker never
@@ -895,12 +1014,9 @@ static int header_verdict(const group *g, int f, uint64_t nv, bool all) {
    * know. */
   if (f == H_DTYPE && nv < TPF_DTYPE_COUNT && tpf_dtype_size((tpf_dtype)nv) == g->e)
     return UNDETECTABLE;
-  if (f == H_SPLITS || f == H_AGG)
-    return HARMLESS;
-  if (f == H_REG && nv >= g->orig[0].active_bytes)
-    return HARMLESS;
-  if (f == H_NCS && (int64_t)nv >= used && (int64_t)nv <= TPF_MAX_COMPUTE_STREAMS)
-    return HARMLESS;
+  if (f == H_SPLITS || f == H_AGG) return HARMLESS;
+  if (f == H_REG && nv >= g->orig[0].active_bytes) return HARMLESS;
+  if (f == H_NCS && (int64_t)nv >= used && (int64_t)nv <= TPF_MAX_COMPUTE_STREAMS) return HARMLESS;
   return MUST_REJECT;
 }
 
@@ -910,21 +1026,18 @@ static void header_mutations(group *g, int mr) {
     int n = header_cands(g, f, hget(&g->orig[mr], f), vals);
     for (int j = 0; j < n; j++) {
       for (int all = 0; all < 2; all++) {
-        if (all && g->P == 1)
-          continue;
+        if (all && g->P == 1) continue;
         reset(g);
         bool changed = false;
         for (int r = 0; r < g->P; r++) {
-          if (!all && r != mr)
-            continue;
+          if (!all && r != mr) continue;
           uint64_t old = hget(&g->orig[r], f);
           /* rank and tp_size: offsets keep their meaning relative to each rank */
           uint64_t nv = (f == H_RANK && all) ? old + vals[j] - hget(&g->orig[mr], f) : vals[j];
           hset(&g->mut[r], f, nv);
           changed = changed || hget(&g->mut[r], f) != old;
         }
-        if (!changed)
-          continue;
+        if (!changed) continue;
         snprintf(g_desc, sizeof g_desc, "%s P=%d header %s = %llu on %s", g->v->name, g->P,
                  hnames[f], (unsigned long long)vals[j], all ? "every rank" : "one rank");
         snprintf(g_key, sizeof g_key, "header %s %s", hnames[f], all ? "all" : "one");
@@ -944,8 +1057,7 @@ static void test_schedule_mutations(void **state) {
   for (int P = 1; P <= MAXP; P++) {
     for (size_t vi = 0; vi < TPF_ARRAY_SIZE(variants); vi++) {
       const variant *v = &variants[vi];
-      if (v->aggregate && P % 2)
-        continue;
+      if (v->aggregate && P % 2) continue;
       if (P == 5 && v->algo != TPF_ALGO_RING)
         continue; /* runtime: P = 3 is the odd case of the others */
       tpf_dtype dts[2] = {TPF_FP32, TPF_BF16};
