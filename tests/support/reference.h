@@ -73,6 +73,17 @@ typedef struct {
  * or inf in one but not the other fails. TPF_EINVAL when the shapes differ. */
 tpf_status tpf_ref_compare(const tpf_matrix *got, const tpf_matrix *want, tpf_ref_tol tol,
                            tpf_ref_result *res);
+/* One ulp of dtype t at magnitude |v| (bf16, fp16, else fp32), subnormal spacing near zero. */
+double tpf_ref_ulp(tpf_dtype t, double v);
+/* Reduce-scatter results: every partial passes through the buffer dtype before the fp32 sum, and
+ * a backend whose fp32 accumulation order differs from the reference's may round a partial to
+ * the neighbouring value: one ulp of that partial, which can far exceed SPEC §7's tolerance when
+ * partials cancel. slack[i * cols + j] holds the sum of one ulp of each partial of element (i, j)
+ * (accumulate it with tpf_ref_ulp). An element is wrong when it misses SPEC §7's tolerance AND
+ * differs by more than its slack plus one ulp of the result; the verdict is that none is wrong.
+ * TPF_EINVAL when shapes differ or slack is NULL. */
+tpf_status tpf_ref_compare_slack(const tpf_matrix *got, const tpf_matrix *want, const float *slack,
+                                 tpf_ref_tol tol, tpf_ref_result *res);
 /* Tolerance for comparing results stored in these dtypes: the looser of the two. */
 tpf_ref_tol tpf_ref_tolerance_pair(tpf_dtype a, tpf_dtype b);
 /* Formats a result as one line ("max diff at (3, 7): got 1.5 want 1.25 abs 0.25 rel 0.2 ..."). */
