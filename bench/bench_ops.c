@@ -23,7 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../core/internal.h" /* tpf__alloc_live_count */
+#include "internal.h" /* tpf__alloc_live_count */
 
 /* ---- the random source -------------------------------------------------------------------- */
 

@@ -40,19 +40,7 @@
 #include <time.h>
 #include <unistd.h>
 
-/* The core's propagation macros (core/internal.h is not on the tool's include path). */
-#ifndef TPF_CHECK
-#define TPF_CHECK(expr)                                                                            \
-  do {                                                                                             \
-    tpf_status tpf_check_rc_ = (expr);                                                             \
-    if (tpf_check_rc_ != TPF_OK) return tpf_check_rc_;                                             \
-  } while (0)
-#define TPF_CHECK_GOTO(expr, rc, label)                                                            \
-  do {                                                                                             \
-    (rc) = (expr);                                                                                 \
-    if ((rc) != TPF_OK) goto label;                                                                \
-  } while (0)
-#endif
+#include "internal.h" /* TPF_CHECK, TPF_CHECK_GOTO */
 
 /* ---- the layer ---- */
 
