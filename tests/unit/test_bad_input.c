@@ -4,6 +4,13 @@
  * shape and epoch, the backend sees no call). The number of cases is printed. */
 #include "tpf_test.h"
 
+#ifdef TPF_HAVE_SIM
+#include "tpflex/tpflex_sim.h"
+#endif
+#ifdef TPF_HAVE_CUDA
+#include "tpflex/tpflex_cuda.h"
+#endif
+
 enum { P = 4, C = 64, H = 32, N = 8, K = 8 };
 
 typedef struct {
@@ -340,8 +347,55 @@ static void test_bad_input__manager_calls(void **state) {
                 cases_run);
 }
 
+#ifdef TPF_HAVE_SIM
+static tpf_status noop_rank(tpf_backend *be, int rank, void *arg) {
+  (void)be;
+  (void)rank;
+  (void)arg;
+  return TPF_OK;
+}
+#endif
+
+/* The backends' own entry points: rejected before they touch a thread or a device. */
+static void test_bad_input__backend_entry_points(void **state) {
+  (void)state;
+#ifdef TPF_HAVE_SIM
+  tpf_sim_world *w = (tpf_sim_world *)0x1;
+  tpf_sim_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  expect("sim_world_create(NULL cfg)", tpf_sim_world_create(NULL, &w), TPF_EINVAL);
+  expect("sim_world_create(tp_size 0)", tpf_sim_world_create(&cfg, &w), TPF_EINVAL);
+  cfg.tp_size = TPF_MAX_RANKS + 1;
+  expect("sim_world_create(tp_size 65)", tpf_sim_world_create(&cfg, &w), TPF_EINVAL);
+  cfg.tp_size = 2;
+  expect("sim_world_create(NULL out)", tpf_sim_world_create(&cfg, NULL), TPF_EINVAL);
+  assert_ptr_equal(w, (tpf_sim_world *)0x1);
+  expect("sim_run(NULL world)", tpf_sim_run(NULL, noop_rank, NULL), TPF_EINVAL);
+  tpf_sim_world *ok = NULL;
+  TPF_ASSERT_OK(tpf_sim_world_create(&cfg, &ok));
+  expect("sim_run(NULL fn)", tpf_sim_run(ok, NULL, NULL), TPF_EINVAL);
+  expect("sim_world_destroy(NULL)", tpf_sim_world_destroy(NULL), TPF_EINVAL);
+  TPF_ASSERT_OK(tpf_sim_world_destroy(ok));
+#endif
+#ifdef TPF_HAVE_CUDA
+  tpf_backend *be = (tpf_backend *)0x1;
+  tpf_bootstrap boot;
+  memset(&boot, 0, sizeof boot);
+  expect("cuda_backend_create(NULL boot)", tpf_cuda_backend_create(NULL, &be), TPF_EINVAL);
+  expect("cuda_backend_create(tp_size 0)", tpf_cuda_backend_create(&boot, &be), TPF_EINVAL);
+  boot.tp_size = 2;
+  boot.rank = 2;
+  expect("cuda_backend_create(rank 2 of 2)", tpf_cuda_backend_create(&boot, &be), TPF_EINVAL);
+  boot.rank = 0;
+  expect("cuda_backend_create(no callbacks)", tpf_cuda_backend_create(&boot, &be), TPF_EINVAL);
+  expect("cuda_backend_destroy(NULL)", tpf_cuda_backend_destroy(NULL), TPF_EINVAL);
+  assert_ptr_equal(be, (tpf_backend *)0x1);
+#endif
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_bad_input__backend_entry_points),
       cmocka_unit_test(test_bad_input__layout_queries),
       cmocka_unit_test(test_bad_input__communicator_calls),
       cmocka_unit_test(test_bad_input__operations),
