@@ -118,6 +118,7 @@ struct tpf_reg {
   char *peer_base[TPF_MAX_RANKS]; /* each rank's allocation, mapped in my context */
   bool peer_ipc[TPF_MAX_RANKS];   /* imported through CUDA IPC (closed at destroy) */
   tpf_cuda_sync *sync;            /* in-process group: host-ordered events; else NULL */
+  tpf_cuda_hostsync *hostsync;    /* processes of one node: host agreement; else NULL */
   bool sync_owner;                /* this rank allocated sync (rank 0) */
   cudaEvent_t ready_ev[2];        /* this rank's operation-start events, by parity */
 };
@@ -578,6 +579,7 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
   for (int i = 0; i < 2; i++)
     if (r->ready_ev[i] != NULL) cudaEventDestroy(r->ready_ev[i]);
   if (r->sync_owner) tpf__free(r->sync);
+  tpf_cuda__hostsync_destroy(r->hostsync);
   tpf__free(r);
 }
 
@@ -656,6 +658,8 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   }
   TPF_CHECK_GOTO(b->boot.allgather(b->boot.ctx, &mine, infos, sizeof(mine)), rc, fail);
   if (!remote && P > 1) r->sync = (tpf_cuda_sync *)(uintptr_t)infos[0].sync;
+  /* Ranks in other processes agree on the host before anything is enqueued (cuda_hostsync.c). */
+  if (remote) TPF_CHECK_GOTO(tpf_cuda__hostsync_create(&b->boot, r->name, &r->hostsync), rc, fail);
   TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
   if (getenv("TPF_CUDA_DEBUG") != NULL) {
     fprintf(stderr,
@@ -705,9 +709,11 @@ static uint64_t *tpf_cuda__flags(const tpf_reg *r, int owner) {
   return (uint64_t *)(r->peer_base[owner] + r->flags_off);
 }
 /* The ready word `sender` writes into `owner`'s registration. */
-static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner, int sender) {
+static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner, int sender, uint64_t seq) {
+  /* Two words per sender, by sequence parity: a peer may announce seq+1 before this rank's
+   * handshake kernel has read seq (never seq+2, which needs this rank's seq+1). */
   return (uint64_t *)(r->peer_base[owner] + r->ready_off +
-                      (uint64_t)sender * TPF_CUDA_READY_STRIDE);
+                      (uint64_t)sender * TPF_CUDA_READY_STRIDE + (seq & 1u) * sizeof(uint64_t));
 }
 
 /* A resolved operand: pointer to element (row, col), leading dimension, dtype. */
@@ -787,8 +793,8 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     f.rows = sc->rows & ((1ull << TPF_READY_ROWS_BITS) - 1);
     for (int q = 0; q < P; q++) {
       if (q == me) continue;
-      f.remote[q] = tpf_cuda__ready(r, q, me);
-      f.local[q] = tpf_cuda__ready(r, me, q);
+      f.remote[q] = tpf_cuda__ready(r, q, me, a->seq);
+      f.local[q] = tpf_cuda__ready(r, me, q, a->seq);
     }
     return tpf_cuda__launch_flags_checked(&f, s);
   case TPF_STEP_GEMM: {
@@ -1033,6 +1039,10 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
   /* A failure of an earlier operation is reported here until a sync clears it. */
   TPF_CHECK(tpf_cuda__check_status(b));
+  /* Ranks in other processes: agree on the shape before anything is enqueued, so that a
+   * disagreement moves no byte (the device handshake still orders the buffers). */
+  if (r->hostsync != NULL && be->tp_size > 1)
+    TPF_CHECK(tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq, sc->rows, b->timeout_ns));
   TPF_CHECK(tpf_cuda__ensure_events(b, sc->nsteps));
   const int n = sc->nsteps;
   bool used[TPF_NUM_STREAMS] = {false};

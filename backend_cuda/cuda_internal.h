@@ -84,6 +84,19 @@ cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, 
                                            uint64_t ldw, void *d, int dt, uint64_t ldd, uint64_t m,
                                            uint64_t n, uint64_t k, cudaStream_t s);
 
+/* ---- cuda_hostsync.c: host agreement of ranks in different processes (no CUDA calls) ---- */
+#define TPF_CUDA_HOSTSYNC_NAME 48
+typedef struct tpf_cuda_hostsync tpf_cuda_hostsync;
+/* Collective over the bootstrap. *out is NULL (and TPF_OK) when some rank could not set the
+ * shared table up: then every rank goes without. */
+tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
+                                     tpf_cuda_hostsync **out);
+void tpf_cuda__hostsync_destroy(tpf_cuda_hostsync *h);
+/* Announces (seq, rows) and waits, bounded, for every peer's announcement of seq: TPF_OK,
+ * TPF_EMISMATCH naming both row counts, or TPF_ETIMEOUT naming the missing rank. */
+tpf_status tpf_cuda__hostsync_agree(tpf_cuda_hostsync *h, const char *name, uint64_t seq,
+                                    uint64_t rows, uint64_t timeout_ns);
+
 /* ---- cuda_gemm.c ---- */
 typedef struct tpf_cuda_gemm tpf_cuda_gemm;
 /* One cuBLASLt handle, `nworkspaces` workspaces of ws_bytes each (one per compute stream, since
