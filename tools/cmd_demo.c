@@ -269,46 +269,19 @@ static void fail_why(demo_rank_mb *r, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* slack: NULL for SPEC §7, else GEMM+RS's per-partial rounding slack (tpf_ref_compare_slack). */
 static void check_close(demo_rank_mb *r, const char *site, const char *what, const tpf_matrix *got,
-                        const tpf_matrix *want) {
-  tpf_ref_result res;
-  if (tpf_ref_compare(got, want, tpf_ref_tolerance_pair(got->dtype, want->dtype), &res) != TPF_OK) {
-    fail_why(r, "%s: %s shape differs", site, what);
-    return;
-  }
-  if (!res.pass) {
-    char line[300];
-    tpf_ref_format(&res, line, sizeof line);
-    fail_why(r, "%s: %s %s", site, what, line);
-  }
-}
-
-/* GEMM+RS results: SPEC §7 plus the rounding slack of the partials (tpf_ref_compare_slack). */
-static void check_close_rs(demo_rank_mb *r, const char *site, const char *what,
-                           const tpf_matrix *got, const tpf_matrix *want, const float *slack) {
-  tpf_ref_result res;
-  if (tpf_ref_compare_slack(got, want, slack, tpf_ref_tolerance_pair(got->dtype, want->dtype),
-                            &res) != TPF_OK) {
-    fail_why(r, "%s: %s shape differs", site, what);
-    return;
-  }
-  if (!res.pass) {
-    char line[300];
-    tpf_ref_format(&res, line, sizeof line);
-    fail_why(r, "%s: %s %s", site, what, line);
-  }
+                        const tpf_matrix *want, const float *slack) {
+  char why[400];
+  if (!tpf_ref_check(got, want, slack, tpf_ref_tolerance_pair(got->dtype, want->dtype), what, why,
+                     sizeof why))
+    fail_why(r, "%s: %s", site, why);
 }
 
 static void check_exact(demo_rank_mb *r, const char *site, const char *what, const tpf_matrix *got,
                         const tpf_matrix *want) {
-  size_t esz = tpf_dtype_size(got->dtype);
-  for (uint64_t i = 0; i < got->rows; i++)
-    if (memcmp((char *)got->ptr + i * got->ld * esz, (char *)want->ptr + i * want->ld * esz,
-               (size_t)got->cols * esz) != 0) {
-      fail_why(r, "%s: %s row %llu differs from the reference bytes", site, what,
-               (unsigned long long)i);
-      return;
-    }
+  char why[400];
+  if (!tpf_ref_check_exact(got, want, what, why, sizeof why)) fail_why(r, "%s: %s", site, why);
 }
 
 static tpf_matrix host_matrix(uint64_t rows, uint64_t cols, tpf_dtype dt) {
@@ -427,7 +400,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
     ref = host_matrix(T, g.n, dt);
     tpf_matrix w = view(&sm->w.host, g.n, H);
     TPF_CHECK_GOTO(tpf_ref_gemm(&xg, &w, &ref), rc, out);
-    check_close(r, s->name, "D = AG(X) W^T", &got, &ref);
+    check_close(r, s->name, "D = AG(X) W^T", &got, &ref, NULL);
     TPF_CHECK_GOTO(get_buffer(sm, c, &bufh), rc, out);
     check_exact(r, s->name, "gathered buffer", &bufh, &xg);
   } else if (s->op == OP_GEMM_RS) {
@@ -460,14 +433,14 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
     for (uint64_t i = 0; i < R; i++)
       for (uint64_t j = 0; j < H; j++)
         tpf_ref_set(&ref, i, j, acc[i * H + j]);
-    check_close_rs(r, s->name, "out = RS(X W^T)", &got, &ref, slack);
+    check_close(r, s->name, "out = RS(X W^T)", &got, &ref, slack);
   } else {
     TPF_CHECK_GOTO(down(sm, &sm->o, g.m), rc, out);
     tpf_matrix got = view(&sm->o.host, g.m, g.n);
     ref = host_matrix(g.m, g.n, dt);
     tpf_matrix ah = view(&sm->x.host, g.m, g.k), bh = view(&sm->w.host, g.n, g.k);
     TPF_CHECK_GOTO(tpf_ref_gemm(&ah, &bh, &ref), rc, out);
-    check_close(r, s->name, "independent GEMM", &got, &ref);
+    check_close(r, s->name, "independent GEMM", &got, &ref, NULL);
     TPF_CHECK_GOTO(get_buffer(sm, c, &bufh), rc, out);
     if (s->coll == TPF_COLL_AG) {
       check_exact(r, s->name, "all-gathered buffer", &bufh, &xg);
@@ -492,7 +465,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
         for (uint64_t j = 0; j < H; j++)
           tpf_ref_set(&want, i, j, acc[i * H + j]);
       tpf_matrix mine = rows_view(&bufh, (uint64_t)sm->rank * R, R);
-      check_close(r, s->name, "reduce-scattered chunk", &mine, &want);
+      check_close(r, s->name, "reduce-scattered chunk", &mine, &want, NULL);
       free(want.ptr);
     }
   }

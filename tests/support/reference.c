@@ -293,3 +293,37 @@ void tpf_ref_format(const tpf_ref_result *res, char *buf, size_t len) {
            res->abs_diff, res->rel, (unsigned long long)res->wrong,
            (unsigned long long)res->compared, res->pass ? "PASS" : "FAIL");
 }
+
+bool tpf_ref_check(const tpf_matrix *got, const tpf_matrix *want, const float *slack,
+                   tpf_ref_tol tol, const char *what, char *why, size_t len) {
+  tpf_ref_result r;
+  tpf_status st = slack ? tpf_ref_compare_slack(got, want, slack, tol, &r)
+                        : tpf_ref_compare(got, want, tol, &r);
+  if (st != TPF_OK) {
+    snprintf(why, len, "%s: shapes differ", what);
+    return false;
+  }
+  if (r.pass) return true;
+  char line[300];
+  tpf_ref_format(&r, line, sizeof line);
+  snprintf(why, len, "%s: %s", what, line);
+  return false;
+}
+
+bool tpf_ref_check_exact(const tpf_matrix *got, const tpf_matrix *want, const char *what, char *why,
+                         size_t len) {
+  size_t esz = tpf_dtype_size(got->dtype);
+  for (uint64_t i = 0; i < got->rows; i++) {
+    const unsigned char *g = (const unsigned char *)got->ptr + i * got->ld * esz;
+    const unsigned char *w = (const unsigned char *)want->ptr + i * want->ld * esz;
+    if (memcmp(g, w, (size_t)got->cols * esz) == 0) continue;
+    uint64_t j = 0;
+    while (j < got->cols && memcmp(g + j * esz, w + j * esz, esz) == 0)
+      j++;
+    snprintf(why, len, "%s: element (%llu, %llu) is %g, expected %g (bytes must be copied exactly)",
+             what, (unsigned long long)i, (unsigned long long)j, (double)tpf_ref_get(got, i, j),
+             (double)tpf_ref_get(want, i, j));
+    return false;
+  }
+  return true;
+}

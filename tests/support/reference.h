@@ -86,6 +86,14 @@ tpf_status tpf_ref_compare_slack(const tpf_matrix *got, const tpf_matrix *want, 
                                  tpf_ref_tol tol, tpf_ref_result *res);
 /* Tolerance for comparing results stored in these dtypes: the looser of the two. */
 tpf_ref_tol tpf_ref_tolerance_pair(tpf_dtype a, tpf_dtype b);
+/* Checks got against want with SPEC §7 (slack NULL) or tpf_ref_compare_slack; on failure writes
+ * "<what>: <the tpf_ref_format line>" into why and returns false. */
+bool tpf_ref_check(const tpf_matrix *got, const tpf_matrix *want, const float *slack,
+                   tpf_ref_tol tol, const char *what, char *why, size_t len);
+/* Byte-exact comparison (data that is only copied); on failure names the first differing
+ * element in why and returns false. */
+bool tpf_ref_check_exact(const tpf_matrix *got, const tpf_matrix *want, const char *what, char *why,
+                         size_t len);
 /* Formats a result as one line ("max diff at (3, 7): got 1.5 want 1.25 abs 0.25 rel 0.2 ..."). */
 void tpf_ref_format(const tpf_ref_result *res, char *buf, size_t len);
 
