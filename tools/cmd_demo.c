@@ -298,21 +298,12 @@ static tpf_matrix rows_view(const tpf_matrix *m, uint64_t r0, uint64_t n) {
 
 /* ---- one operation ---- */
 
-static tpf_status put_local(demo_site_mem *sm, tpf_comm *c, const tpf_matrix *x, uint64_t R) {
-  tpf_matrix loc;
-  TPF_CHECK(tpf_comm_local_chunk(c, &loc));
-  tpf_matrix src = rows_view(x, (uint64_t)sm->rank * R, R);
-  return sm->d->env->upload(sm->d->env, sm->rank, loc.ptr, src.ptr,
-                            (size_t)(R * loc.cols * tpf_dtype_size(loc.dtype)));
-}
-
 static tpf_status get_buffer(demo_site_mem *sm, tpf_comm *c, tpf_matrix *host) {
   tpf_matrix full;
   TPF_CHECK(tpf_comm_buffer(c, &full));
   *host = host_matrix(full.rows, full.cols, full.dtype);
   if (!host->ptr) return tpf_set_error(TPF_ENOMEM, "demo: buffer copy");
-  return sm->d->env->download(sm->d->env, sm->rank, host->ptr, full.ptr,
-                              (size_t)(full.rows * full.cols * tpf_dtype_size(full.dtype)));
+  return tpf_conf_get_buffer(sm->d->env, sm->rank, c, host->ptr, &full);
 }
 
 /* Runs site s at T on this rank; API failures are returned, wrong results recorded in r. */
@@ -341,7 +332,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
   if (s->op == OP_AG_GEMM) {
     xg = host_matrix(T, H, dt);
     tpf_ref_fill(&xg, seed_of(d, mbi, si, ROLE_X, 0), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(put_local(sm, c, &xg, R), rc, out);
+    TPF_CHECK_GOTO(tpf_conf_put_local(sm->d->env, sm->rank, c, &xg), rc, out);
     wd = view(&sm->w.dev, g.n, H);
     od = view(&sm->o.dev, T, g.n);
   } else if (s->op == OP_GEMM_RS) {
@@ -363,7 +354,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
     if (s->coll == TPF_COLL_AG) {
       xg = host_matrix(T, H, dt);
       tpf_ref_fill(&xg, seed_of(d, mbi, si, ROLE_X, 0), -1.0f, 1.0f);
-      TPF_CHECK_GOTO(put_local(sm, c, &xg, R), rc, out);
+      TPF_CHECK_GOTO(tpf_conf_put_local(sm->d->env, sm->rank, c, &xg), rc, out);
     } else {
       /* The dgrad partial [T, H] this rank's GEMM left in the buffer. */
       tpf_matrix full;

@@ -228,27 +228,17 @@ enum { ROLE_X = 1, ROLE_W, ROLE_A, ROLE_B, ROLE_PART };
 
 /* ---- the cases ---- */
 
-/* Writes rank r's local shard (rows [r*R, (r+1)*R) of x) into the communicator. */
-static tpf_status put_local(conf_ctx *cx, tpf_comm *c, const tpf_matrix *x, uint64_t R) {
-  tpf_matrix loc;
-  TPF_CHECK(tpf_comm_local_chunk(c, &loc));
-  tpf_matrix src = rows_of(x, (uint64_t)cx->rank * R, R);
-  return cx->run->env->upload(cx->run->env, cx->rank, loc.ptr, src.ptr,
-                              (size_t)(R * loc.cols * tpf_dtype_size(loc.dtype)));
-}
-
 static tpf_status get_buffer(conf_ctx *cx, tpf_comm *c, tpf_matrix *host) {
   tpf_matrix full;
   TPF_CHECK(tpf_comm_buffer(c, &full));
   TPF_CHECK(host_new(host, full.rows, full.cols, full.dtype));
-  return cx->run->env->download(cx->run->env, cx->rank, host->ptr, full.ptr,
-                                (size_t)(full.rows * full.cols * tpf_dtype_size(full.dtype)));
+  return tpf_conf_get_buffer(cx->run->env, cx->rank, c, host->ptr, &full);
 }
 
 static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
                           conf_verdict *v, conf_sig *sig) {
   conf_run *run = cx->run;
-  const uint64_t H = run->H, N = run->N, R = T / (uint64_t)run->P;
+  const uint64_t H = run->H, N = run->N;
   tpf_matrix x = {0}, dref = {0}, bufh = {0};
   conf_mat w, d;
   memset(&w, 0, sizeof w);
@@ -261,7 +251,7 @@ static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   TPF_CHECK_GOTO(mat_upload(cx, &w), rc, out);
   tpf_dtype od = out_dtype(dt, T, run->P);
   TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, run->P), od), rc, out);
-  TPF_CHECK_GOTO(put_local(cx, c, &x, R), rc, out);
+  TPF_CHECK_GOTO(tpf_conf_put_local(cx->run->env, cx->rank, c, &x), rc, out);
 
   TPF_CHECK_GOTO(tpf_ag_gemm(c, &w.dev, &d.dev, cx->stream), rc, out);
   TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
@@ -387,7 +377,7 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   if (!rs) {
     TPF_CHECK_GOTO(host_new(&x, T, H, dt), rc, out);
     tpf_ref_fill(&x, seed_of(cx, kind, dt, T, ROLE_X, 0), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(put_local(cx, c, &x, R), rc, out);
+    TPF_CHECK_GOTO(tpf_conf_put_local(cx->run->env, cx->rank, c, &x), rc, out);
   } else {
     /* Every rank's [T, H] partial fills its whole active buffer. */
     tpf_matrix full;

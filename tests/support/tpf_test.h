@@ -41,6 +41,23 @@ static inline tpf_comm_config tpf_test_config(const char *name, tpf_algo algo, t
   return c;
 }
 
+/* Deletes step idx of a schedule, dropping deps on it and renumbering later ones (for building
+ * broken schedules the checker must reject). */
+static inline void tpf_test_remove_step(tpf_schedule *s, int idx) {
+  memmove(&s->steps[idx], &s->steps[idx + 1], (size_t)(s->nsteps - idx - 1) * sizeof *s->steps);
+  s->nsteps--;
+  for (int i = 0; i < s->nsteps; i++) {
+    tpf_step *st = &s->steps[i];
+    int n = 0;
+    for (int j = 0; j < st->ndeps; j++) {
+      int dep = st->deps[j];
+      if (dep == idx) continue;
+      st->deps[n++] = (uint16_t)(dep > idx ? dep - 1 : dep);
+    }
+    st->ndeps = (uint8_t)n;
+  }
+}
+
 /* ---- mock_backend.c: a host-memory backend that records calls and executes nothing ---- */
 typedef struct {
   tpf_backend hdr; /* core-visible header */

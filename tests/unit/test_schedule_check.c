@@ -33,22 +33,6 @@ static void free_all(void) {
     tpf_schedule_free(&g_s[r]);
 }
 
-/* Deletes step idx, dropping deps on it and renumbering later ones. */
-static void remove_step(tpf_schedule *s, int idx) {
-  memmove(&s->steps[idx], &s->steps[idx + 1], (size_t)(s->nsteps - idx - 1) * sizeof *s->steps);
-  s->nsteps--;
-  for (int i = 0; i < s->nsteps; i++) {
-    tpf_step *st = &s->steps[i];
-    int n = 0;
-    for (int j = 0; j < st->ndeps; j++) {
-      int dep = st->deps[j];
-      if (dep == idx) continue;
-      st->deps[n++] = (uint16_t)(dep > idx ? dep - 1 : dep);
-    }
-    st->ndeps = (uint8_t)n;
-  }
-}
-
 static int find(const tpf_schedule *s, tpf_step_kind kind, int nth) {
   for (int i = 0; i < s->nsteps; i++)
     if (s->steps[i].kind == kind && nth-- == 0) return i;
@@ -76,7 +60,7 @@ static void ring_ag(void) {
 static void test_missing_recv(void **state) {
   (void)state;
   ring_ag();
-  remove_step(&g_s[2], find(&g_s[2], TPF_STEP_RECV, 0));
+  tpf_test_remove_step(&g_s[2], find(&g_s[2], TPF_STEP_RECV, 0));
   tpf_step *first = &g_s[2].steps[find(&g_s[2], TPF_STEP_RECV, 0)];
   first->deps[first->ndeps++] = 0; /* the next RECV is now first on its stream */
   expect_reject("missing recv", "rank 1 step 2 (SEND): no matching RECV on rank 2 with tag 0",
@@ -86,7 +70,7 @@ static void test_missing_recv(void **state) {
 static void test_missing_send(void **state) {
   (void)state;
   ring_ag();
-  remove_step(&g_s[3], find(&g_s[3], TPF_STEP_SEND, 2));
+  tpf_test_remove_step(&g_s[3], find(&g_s[3], TPF_STEP_SEND, 2));
   expect_reject("missing send", "rank 0 step", "(RECV): no matching SEND on rank 3 with tag 2");
 }
 
@@ -180,8 +164,8 @@ static void test_double_buffer_write(void **state) {
 static void test_never_produced(void **state) {
   (void)state;
   build(TPF_ALGO_BULK, TPF_COLL_AG, 2, 8, 8, 0);
-  remove_step(&g_s[1], find(&g_s[1], TPF_STEP_SEND, 0));
-  remove_step(&g_s[0], find(&g_s[0], TPF_STEP_RECV, 0));
+  tpf_test_remove_step(&g_s[1], find(&g_s[1], TPF_STEP_SEND, 0));
+  tpf_test_remove_step(&g_s[0], find(&g_s[0], TPF_STEP_RECV, 0));
   expect_reject("chunk never received", "rank 0: active byte 128 of [0, 256) is never produced",
                 NULL);
 }

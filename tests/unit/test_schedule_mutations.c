@@ -727,21 +727,6 @@ static void step_field_mutations(group *g, int mr) {
 
 /* ---- structural mutations ---- */
 
-static void delete_step(tpf_schedule *s, int idx) {
-  memmove(&s->steps[idx], &s->steps[idx + 1], (size_t)(s->nsteps - idx - 1) * sizeof *s->steps);
-  s->nsteps--;
-  for (int i = 0; i < s->nsteps; i++) {
-    tpf_step *st = &s->steps[i];
-    int n = 0;
-    for (int j = 0; j < st->ndeps; j++) {
-      int d = st->deps[j];
-      if (d == idx) continue;
-      st->deps[n++] = (uint16_t)(d > idx ? d - 1 : d);
-    }
-    st->ndeps = (uint8_t)n;
-  }
-}
-
 static void duplicate_step(tpf_schedule *s, int idx) {
   memmove(&s->steps[idx + 1], &s->steps[idx], (size_t)(s->nsteps - idx) * sizeof *s->steps);
   s->nsteps++;
@@ -768,14 +753,14 @@ static void structural_mutations(group *g, int mr) {
     /* Deleting a step loses its effect (a produced byte, a matched transfer, a barrier). */
     int dv = p1_noop(g, &g->orig[mr].steps[i]) ? HARMLESS : MUST_REJECT;
     reset(g);
-    delete_step(&g->mut[mr], i);
+    tpf_test_remove_step(&g->mut[mr], i);
     snprintf(g_desc, sizeof g_desc, "%s P=%d delete rank %d step %d (%s)", g->v->name, g->P, mr, i,
              kn);
     snprintf(g_key, sizeof g_key, "delete-one %s %s", g->v->name, kn);
     verdict_check(g, dv, NULL);
     reset(g);
     for (int r = 0; r < g->P; r++)
-      if (i < g->orig[r].nsteps) delete_step(&g->mut[r], i);
+      if (i < g->orig[r].nsteps) tpf_test_remove_step(&g->mut[r], i);
     snprintf(g_desc, sizeof g_desc, "%s P=%d delete step %d (%s) on every rank", g->v->name, g->P,
              i, kn);
     snprintf(g_key, sizeof g_key, "delete-all %s %s", g->v->name, kn);
