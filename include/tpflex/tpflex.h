@@ -136,6 +136,11 @@ tpf_status tpf_layout_chunk(const tpf_layout_desc *d, int j, tpf_region *out);
 /* This rank's shard: AG/BULK chunk r (the local input); RING RS: slot P-1 (its own partial);
  * PIPELINE and BULK RS: rows [r*T/P, (r+1)*T/P) of the buffer = chunk r of a [T, H] layout. */
 tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out);
+/* The smallest legal active row count >= rows for d's capacity (d->active is ignored): divisible
+ * by P, every chunk, slot and pipeline block 16-byte aligned (docs/SPEC.md §3); rows 0 counts as
+ * 1; quantized layouts answer C. Use it to pad a microbatch: T = 1000 with P = 8, H = 4, bf16
+ * gives 1008. TPF_ECAPACITY when no legal count <= C exists, with both numbers in the detail. */
+tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64_t *legal);
 
 /* ---- Communicators -------------------------------------------------------------------------- */
 
@@ -174,6 +179,9 @@ const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c);
 tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full);
 /* This rank's [T/P, H] view (see tpf_layout_local). */
 tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
+/* As tpf_layout_legal_rows for this communicator, with its backend's alignment; external and
+ * quantized communicators answer their capacity rows. */
+tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
 /* The whole registered data region (capacity bytes). */
 tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
 
