@@ -5,8 +5,8 @@
  * of the layout meets the alignment. All three byte sizes are (T/P) times a fixed per-layout
  * factor (H*e, P*(H/S)*e, (H/S)*e), so T/P a multiple of the alignment always satisfies them:
  * starting at the first multiple of P at or above the wanted rows, at most `align` candidates
- * are tried, and the capacity (legal, a multiple of P) bounds the walk in any case. Every candidate is checked by
- * the same validator as set_active_shape, so the answer can never disagree with it.
+ * are tried, and the capacity (legal, a multiple of P) bounds the walk in any case. Every candidate
+ * is checked by the same validator as set_active_shape, so the answer can never disagree with it.
  */
 #include "comm_internal.h"
 
@@ -32,7 +32,8 @@ static tpf_status legal_rows(const tpf_layout_desc *d, uint64_t align, uint64_t 
   /* C itself is legal (checked above) and a multiple of P, so the walk ends at C at the latest;
    * by the argument in the header comment it ends within `align` steps. */
   probe.active.rows = t;
-  while (tpf__layout_check_align(&probe, align) != TPF_OK) probe.active.rows += p;
+  while (tpf__layout_check_align(&probe, align) != TPF_OK)
+    probe.active.rows += p;
   tpf__clear_error();
   *out = probe.active.rows;
   return TPF_OK;

@@ -24,11 +24,14 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
   tpf_manager *m = NULL;
   tpf_comm *fc1 = NULL;
   tpf_status s = tpf_manager_create(be, &m);
-  tpf_comm_config cfg = {.name = "fc1_fprop", .algo = TPF_ALGO_RING, .coll = TPF_COLL_AG,
-                         .dtype = TPF_FP32, .capacity = {C, H}};
+  tpf_comm_config cfg = {.name = "fc1_fprop",
+                         .algo = TPF_ALGO_RING,
+                         .coll = TPF_COLL_AG,
+                         .dtype = TPF_FP32,
+                         .capacity = {C, H}};
   if (s == TPF_OK) s = tpf_manager_add(m, &cfg, &fc1); /* collective: registers [C, H] once */
-  static float w[P][N * H], d[P][C * N];                /* weight [N, H], output [T, N] */
-  const uint64_t tokens[] = {11, 64, 37, 3};            /* the microbatches' token counts */
+  static float w[P][N * H], d[P][C * N];               /* weight [N, H], output [T, N] */
+  const uint64_t tokens[] = {11, 64, 37, 3};           /* the microbatches' token counts */
   for (size_t b = 0; s == TPF_OK && b < sizeof tokens / sizeof *tokens; b++) {
     uint64_t t = 0;
     s = tpf_comm_legal_rows(fc1, tokens[b], &t); /* pad to the smallest legal T */
@@ -36,8 +39,10 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
     tpf_matrix x;
     if (s == TPF_OK) s = tpf_comm_local_chunk(fc1, &x); /* this rank's [T/P, H] shard */
     for (uint64_t i = 0; s == TPF_OK && i < x.rows; i++)
-      for (uint64_t j = 0; j < x.cols; j++) ((float *)x.ptr)[i * x.ld + j] = rows_value(rank, i, j);
-    for (int k = 0; k < N * H; k++) w[rank][k] = (k % H) % N == k / H; /* w[n][h] = (h%N == n) */
+      for (uint64_t j = 0; j < x.cols; j++)
+        ((float *)x.ptr)[i * x.ld + j] = rows_value(rank, i, j);
+    for (int k = 0; k < N * H; k++)
+      w[rank][k] = (k % H) % N == k / H; /* w[n][h] = (h%N == n) */
     tpf_matrix wm = {w[rank], N, H, H, TPF_FP32}, dm = {d[rank], t, N, N, TPF_FP32};
     if (s == TPF_OK) s = tpf_ag_gemm(fc1, &wm, &dm, NULL); /* d = AG(x) * w^T; NULL: simulator */
     double worst = 0; /* d[i][n] = x[i][n] + x[i][n + N], x row i from rank i / (T/P) */

@@ -120,9 +120,9 @@ typedef struct {
   uint64_t rows; /* rows of the buffer's columns it holds (PIPELINE blocks: T rows of H/S) */
 } tpf_region;
 
-/* Checks every rule of SPEC §3 for capacity and active shape (alignment: 16 bytes, the strictest
- * backend). TPF_EINVAL, TPF_ESHAPE, TPF_ECAPACITY, TPF_EDIVISIBLE, TPF_EALIGN, TPF_EUNSUPPORTED,
- * TPF_EOVERFLOW as in SPEC §3. */
+/* Checks every rule of docs/SPEC.md §3 for capacity and active shape (alignment: 16 bytes, the
+ * strictest backend). TPF_EINVAL, TPF_ESHAPE, TPF_ECAPACITY, TPF_EDIVISIBLE, TPF_EALIGN,
+ * TPF_EUNSUPPORTED, TPF_EOVERFLOW as in docs/SPEC.md §3. */
 tpf_status tpf_layout_check(const tpf_layout_desc *d);
 /* Bytes registered at capacity: C*H*e, or (2P-1)*(C/P)*H*e for RING RS. */
 tpf_status tpf_layout_registered_bytes(const tpf_layout_desc *d, uint64_t *bytes);
@@ -160,13 +160,14 @@ typedef struct {
 
 /* Creates a communicator and registers its buffer at capacity. Collective: every rank of the
  * group calls it with the same configuration, in the same order. The registration is zeroed.
- * TPF_EINVAL (NULL, bad enum), shape statuses for a capacity that breaks SPEC §3, TPF_ENOMEM,
- * TPF_EBACKEND. */
+ * TPF_EINVAL (NULL, bad enum), shape statuses for a capacity that breaks docs/SPEC.md §3,
+ * TPF_ENOMEM, TPF_EBACKEND. */
 tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
 /* Waits for its operations, deregisters and frees. NULL is TPF_EINVAL. */
 tpf_status tpf_comm_destroy(tpf_comm *c);
 /* Makes `active` the shape of the operations enqueued after this call; local, no communication,
- * no allocation. On failure nothing changes. Statuses of SPEC §3; TPF_ESTATE after a timeout. */
+ * no allocation. On failure nothing changes. Statuses of docs/SPEC.md §3; TPF_ESTATE after a
+ * timeout. */
 tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active);
 /* Current active shape (== capacity until the first set); {0,0} for NULL. */
 tpf_shape tpf_comm_active_shape(const tpf_comm *c);
