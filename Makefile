@@ -15,7 +15,7 @@ DEPS_BASE = cmake:/usr/bin/cmake gcc:/usr/bin/gcc make:/usr/bin/make libcmocka-d
 DEPS_COV  = gcovr:/usr/bin/gcovr
 DEPS_FUZZ = clang:/usr/bin/clang
 
-.PHONY: all deps demo test-sim test-cuda fuzz coverage bench install clean plan
+.PHONY: all deps pydeps need-python3 demo test-sim test-cuda fuzz coverage bench install clean plan
 
 all: $(BUILD)/tpflex
 
@@ -45,8 +45,27 @@ FORCE:
 demo: $(BUILD)/tpflex
 	$(BUILD)/tpflex demo $(DEMO_ARGS)
 
+# The Python package's tests need python3 and torch (a CPU build is enough: they run on the
+# simulator). Installed with pip when run as root, like the Debian packages above.
+TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+pydeps:
+	@command -v python3 >/dev/null || $(MAKE) --no-print-directory need-python3
+	@if ! python3 -c 'import torch' 2>/dev/null; then \
+	  if [ "$$(id -u)" = 0 ]; then \
+	    echo "tpflex: installing torch (CPU) for the Python tests"; \
+	    python3 -m pip install -q --index-url $(TORCH_INDEX) torch || \
+	    python3 -m pip install -q --break-system-packages --index-url $(TORCH_INDEX) torch || exit 1; \
+	  else \
+	    echo "tpflex: the Python tests need torch"; \
+	    echo "run: python3 -m pip install --index-url $(TORCH_INDEX) torch"; exit 1; \
+	  fi; \
+	fi
+
+need-python3:
+	$(call need,python3:/usr/bin/python3 python3-pip:/usr/lib/python3/dist-packages/pip)
+
 # Every test that needs no GPU; ctest prints the count ("100% tests passed, 0 tests failed out of N").
-test-sim: $(BUILD)/tpflex
+test-sim: pydeps $(BUILD)/tpflex
 	cd $(BUILD) && ctest --output-on-failure -LE gpu -j $(JOBS) 2>&1
 
 test-cuda:
