@@ -1037,6 +1037,14 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
                 "'%s': schedule for rank %d of %d on backend rank %d of %d", a->comm_name, sc->rank,
                 sc->tp_size, be->rank, be->tp_size);
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
+  /* CUDA-graph capture is not supported yet: the host handshake and host-ordered events would
+   * be recorded once and replayed with a stale shape, so refuse rather than replay wrongly. */
+  enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  TPF_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &capture), "cudaStreamIsCapturing");
+  TPF_RETURN_IF(capture != cudaStreamCaptureStatusNone, TPF_EUNSUPPORTED,
+                "'%s': the stream is being captured into a CUDA graph; tpflex operations cannot "
+                "be captured yet (enqueue them outside the capture)",
+                a->comm_name);
   /* A failure of an earlier operation is reported here until a sync clears it. */
   TPF_CHECK(tpf_cuda__check_status(b));
   /* Ranks in other processes: agree on the shape before anything is enqueued, so that a
