@@ -8,6 +8,22 @@
  * Conventions: every fallible function returns tpf_status; out-parameters are written only on
  * success; on failure tpf_last_error() holds a one-line detail with the numbers involved. Sizes
  * and offsets are uint64_t, in bytes when the name ends in _bytes or _off, in elements otherwise.
+ *
+ * Contracts (docs/SPEC.md has the layouts and rules):
+ * - Collective calls: tpf_comm_create / tpf_manager_add, tpf_ag_gemm, tpf_gemm_rs,
+ *   tpf_bulk_overlap, tpf_comm_destroy / tpf_manager_destroy. Every rank of the group makes them
+ *   with the same arguments (apart from rank-local pointers) in the same global order across all
+ *   its communicators. Everything else is local: set_active_shape, views, layout queries,
+ *   tpf_comm_legal_rows, status and name functions.
+ * - Threads: one thread at a time issues a rank's calls (a rank's communicators and manager are
+ *   not thread-safe); different ranks may be different threads of one process (the simulator,
+ *   tpf_cuda_threads_*) or different processes. tpf_last_error() is per thread.
+ *   tpf_set_allocator must be called before any object exists.
+ * - Views: the matrices from tpf_comm_buffer, tpf_comm_local_chunk and tpf_comm_registration
+ *   point into the registration and stay valid until tpf_comm_destroy, but their rows describe
+ *   the active shape of the moment they were taken: after a set_active_shape, take them again.
+ * - CUDA graphs: an operation enqueued on a stream under capture is refused with
+ *   TPF_EUNSUPPORTED (nothing is captured); capture is not supported yet.
  */
 #ifndef TPFLEX_H
 #define TPFLEX_H
