@@ -23,6 +23,7 @@
 #include "cmds.h"
 
 #include "../tests/conformance/conformance.h"
+#include "cli_args.h"
 #include "reference.h"
 #include "trace.h"
 #include "tpflex/tpflex_backend.h"
@@ -107,6 +108,7 @@ typedef struct {
   int mbs;
   uint64_t seed;
   unsigned delay_us, timeout_ms;
+  uint64_t arena_bytes; /* simulator arena; 0 = its default */
   const char *trace;
   tpf_dtype dtype;
   bool check;
@@ -570,9 +572,10 @@ static void report_mb(demo_ctx *d, int mb) {
     char mv[32], pd[32];
     fmt_bytes(moved, mv, sizeof mv);
     fmt_bytes(m->padded_bytes, pd, sizeof pd);
-    printf("%5d %7llu %5llu %6.1f%% %4d %12s %12s %9.2f  %s%s\n", mb + 1, (unsigned long long)m->T,
-           (unsigned long long)m->seqs, 100.0 * (double)m->T / (double)d->o.C, NOPS, mv, pd, op_ms,
-           ok ? "OK" : "FAIL", note);
+    printf("%5d %7llu %7llu %8llu %5llu %6.1f%% %4d %12s %12s %9.2f  %s%s\n", mb + 1,
+           (unsigned long long)m->tokens, (unsigned long long)m->T,
+           (unsigned long long)(m->T / (uint64_t)d->o.P), (unsigned long long)m->seqs,
+           100.0 * (double)m->T / (double)d->o.C, NOPS, mv, pd, op_ms, ok ? "OK" : "FAIL", note);
     if (!ok) printf("        rank %d: %s\n", bad_rank, why);
     fflush(stdout);
   }
@@ -718,6 +721,7 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
   cfg.seed = d->o.seed;
   cfg.max_delay_us = d->o.delay_us;
   cfg.timeout_ms = d->o.timeout_ms;
+  cfg.arena_bytes = d->o.arena_bytes;
   TPF_CHECK(tpf_sim_world_create(&cfg, &d->world));
   if (d->trace) tpf_sim_set_trace(d->world, tpf_trace_sim_event, d->trace);
   d->bytes_moved = sim_bytes_moved;
@@ -737,112 +741,71 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
 
 /* ---- command line ---- */
 
-static void usage(FILE *f) {
-  fprintf(f, "usage: tpflex demo [options]\n"
-             "  --backend sim|cuda   backend (default sim)\n"
-             "  --tp P               tensor-parallel ranks (default 4)\n"
-             "  --microbatches N     microbatches to run (default 12)\n"
-             "  --capacity C         max tokens per microbatch, a multiple of P (default 1024)\n"
-             "  --hidden H           hidden size, a multiple of P (default 128)\n"
-             "  --dtype bf16|fp16|fp32  buffer and operand dtype (default bf16)\n"
-             "  --seed S             seed of sequence lengths, data and delays (default 1)\n"
-             "  --max-delay-us U     simulator: random delay before each step (default 0)\n"
-             "  --timeout-ms MS      bound on every wait (default 10000)\n"
-             "  --trace FILE         write a Chrome trace JSON (open in ui.perfetto.dev)\n"
-             "  --rows N             table rows to print on long runs (default 40)\n"
-             "  --no-check           skip the reference checks (timing only)\n");
-}
-
-static bool parse_u64(const char *s, uint64_t *out) {
-  char *end = NULL;
-  unsigned long long v = strtoull(s, &end, 0);
-  if (!s[0] || *end) return false;
-  *out = v;
-  return true;
-}
+enum {
+  D_BACKEND, D_TP, D_MBS, D_CAP, D_HIDDEN, D_DTYPE, D_SEED, D_DELAY, D_TIMEOUT, D_ARENA, D_TRACE,
+  D_ROWS, D_NOCHECK, D_NOPTS
+};
+static const cli_opt kDemoOpts[D_NOPTS] = {
+    [D_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "sim|cuda", NULL, "backend (default sim)", 0,
+                   false},
+    [D_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P", "tensor-parallel ranks (default 4)", 0,
+              false},
+    [D_MBS] = {"--microbatches", CLI_U64, 1, 100000, NULL, "N",
+               "microbatches to run (default 12)", 0, false},
+    [D_CAP] = {"--capacity", CLI_U64, 1, 1ull << 24, NULL, "C",
+               "max tokens per microbatch, a multiple of P (default 1024)", 0, false},
+    [D_HIDDEN] = {"--hidden", CLI_U64, 4, 1ull << 16, NULL, "H",
+                  "hidden size, a multiple of P (default 128)", 0, false},
+    [D_DTYPE] = {"--dtype", CLI_CHOICE, 0, 0, "bf16|fp16|fp32", NULL,
+                 "buffer and operand dtype (default bf16)", 0, false},
+    [D_SEED] = {"--seed", CLI_U64, 0, UINT64_MAX, NULL, "S",
+                "seed of sequence lengths, data and delays (default 1)", 0, false},
+    [D_DELAY] = {"--max-delay-us", CLI_U64, 0, 1000000, NULL, "U",
+                 "simulator: random delay before each step (default 0)", 0, false},
+    [D_TIMEOUT] = {"--timeout-ms", CLI_U64, 1, 3600000, NULL, "MS",
+                   "bound on every wait (default 10000)", 0, false},
+    [D_ARENA] = {"--arena-mib", CLI_U64, 1, 1u << 20, NULL, "MIB",
+                 "simulator: size of the shared arena all registrations live in (default 1024)",
+                 0, false},
+    [D_TRACE] = {"--trace", CLI_STR, 0, 0, NULL, "FILE",
+                 "write a Chrome trace JSON (open in ui.perfetto.dev)", 0, false},
+    [D_ROWS] = {"--rows", CLI_U64, 1, 1000000, NULL, "N",
+                "table rows to print on long runs (default 40)", 0, false},
+    [D_NOCHECK] = {"--no-check", CLI_FLAG, 0, 0, NULL, NULL,
+                   "skip the reference checks (timing only)", 0, false},
+};
 
 static int parse(int argc, char **argv, demo_opts *o) {
-  o->backend = "sim";
-  o->P = 4;
-  o->C = 1024;
-  o->H = 128;
-  o->mbs = 12;
-  o->seed = 1;
-  o->delay_us = 0;
-  o->timeout_ms = 10000;
-  o->trace = NULL;
-  o->dtype = TPF_BF16;
-  o->check = true;
-  o->rows = 40;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    uint64_t n = 0;
-    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      usage(stdout);
-      return 0;
-    } else if (!strcmp(a, "--no-check")) {
-      o->check = false;
-      continue;
-    }
-    if (!v) {
-      fprintf(stderr, "tpflex demo: %s needs a value\n", a);
-      return 2;
-    }
-    i++;
-    if (!strcmp(a, "--backend")) {
-      o->backend = v;
-    } else if (!strcmp(a, "--trace")) {
-      o->trace = v;
-    } else if (!strcmp(a, "--dtype")) {
-      if (!strcmp(v, "bf16"))
-        o->dtype = TPF_BF16;
-      else if (!strcmp(v, "fp16"))
-        o->dtype = TPF_FP16;
-      else if (!strcmp(v, "fp32"))
-        o->dtype = TPF_FP32;
-      else {
-        fprintf(stderr, "tpflex demo: --dtype %s: use bf16, fp16 or fp32\n", v);
-        return 2;
-      }
-    } else if (parse_u64(v, &n)) {
-      if (!strcmp(a, "--tp"))
-        o->P = (int)n;
-      else if (!strcmp(a, "--microbatches"))
-        o->mbs = (int)n;
-      else if (!strcmp(a, "--capacity"))
-        o->C = n;
-      else if (!strcmp(a, "--hidden"))
-        o->H = n;
-      else if (!strcmp(a, "--seed"))
-        o->seed = n;
-      else if (!strcmp(a, "--max-delay-us"))
-        o->delay_us = (unsigned)n;
-      else if (!strcmp(a, "--timeout-ms"))
-        o->timeout_ms = (unsigned)n;
-      else if (!strcmp(a, "--rows"))
-        o->rows = n ? (int)n : 1;
-      else {
-        fprintf(stderr, "tpflex demo: unknown option %s\n", a);
-        usage(stderr);
-        return 2;
-      }
-    } else {
-      fprintf(stderr, "tpflex demo: unknown option %s or bad number %s\n", a, v);
-      usage(stderr);
-      return 2;
-    }
-  }
-  if (o->P < 1 || o->P > TPF_MAX_RANKS || o->mbs < 1 || o->C < (uint64_t)o->P ||
-      o->C % (uint64_t)o->P != 0 || o->H < 4 || o->H % (uint64_t)o->P != 0 || o->C > (1ull << 24) ||
-      o->H > (1ull << 16)) {
-    fprintf(stderr,
-            "tpflex demo: need 1 <= tp <= %d, microbatches >= 1, capacity a multiple of tp "
-            "(<= 2^24), hidden a multiple of tp (4..65536); got tp %d, capacity %llu, hidden "
-            "%llu\n",
-            TPF_MAX_RANKS, o->P, (unsigned long long)o->C, (unsigned long long)o->H);
-    return 2;
-  }
+  static const cli_ctx ctx = {"tpflex demo", false, NULL};
+  cli_val v[D_NOPTS];
+  int rc = cli_parse(&ctx, kDemoOpts, D_NOPTS, argc, argv, v, "usage: tpflex demo [options]   "
+                                                              "(every option is optional)");
+  if (rc >= 0) return rc;
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  o->backend = v[D_BACKEND].set ? v[D_BACKEND].s : "sim";
+  o->P = v[D_TP].set ? (int)v[D_TP].u : 4;
+  o->mbs = v[D_MBS].set ? (int)v[D_MBS].u : 12;
+  o->C = v[D_CAP].set ? v[D_CAP].u : 1024;
+  o->H = v[D_HIDDEN].set ? v[D_HIDDEN].u : 128;
+  o->dtype = v[D_DTYPE].set ? dts[v[D_DTYPE].u] : TPF_BF16;
+  o->seed = v[D_SEED].set ? v[D_SEED].u : 1;
+  o->delay_us = v[D_DELAY].set ? (unsigned)v[D_DELAY].u : 0;
+  o->timeout_ms = v[D_TIMEOUT].set ? (unsigned)v[D_TIMEOUT].u : 10000;
+  o->arena_bytes = v[D_ARENA].set ? v[D_ARENA].u << 20 : 0;
+  o->trace = v[D_TRACE].set ? v[D_TRACE].s : NULL;
+  o->rows = v[D_ROWS].set ? (int)v[D_ROWS].u : 40;
+  o->check = !v[D_NOCHECK].set;
+  const unsigned long long P = (unsigned long long)o->P;
+  if (o->C < P || o->C % P != 0)
+    return cli_error(&ctx, "--capacity '%llu' is not a multiple of --tp %llu (try %llu)",
+                     (unsigned long long)o->C, P, (o->C + P - 1) / P * P);
+  if (o->H % P != 0)
+    return cli_error(&ctx, "--hidden '%llu' is not a multiple of --tp %llu (try %llu)",
+                     (unsigned long long)o->H, P, (o->H + P - 1) / P * P);
+  if (o->arena_bytes && strcmp(o->backend, "sim") != 0)
+    return cli_error(&ctx, "--arena-mib applies to --backend sim only");
+  if (v[D_DELAY].set && strcmp(o->backend, "sim") != 0)
+    return cli_error(&ctx, "--max-delay-us applies to --backend sim only");
   return -1;
 }
 
@@ -1017,12 +980,16 @@ int tpf_cmd_demo(int argc, char **argv) {
            : kSites[i].algo == TPF_ALGO_PIPELINE ? "pipeline "
                                                  : "bulk ",
            tpf_coll_name(kSites[i].coll),
-           kSites[i].external ? " (external, stays at capacity)" : "");
-  printf("\nper microbatch: set_active_shape once, then %d operations (4 fprop, 6 bgrad), each "
+           kSites[i].external ? " (external)" : "");
+  printf("\n  (external: registered by the manager but filled outside tpflex, so it is never "
+         "resized and stays at capacity)");
+  printf("\nper microbatch: set_active_shape once, then %d operations (4 fprop, 6 dgrad/wgrad), each "
          "checked against the host reference%s\n\n",
          NOPS, o->check ? "" : " (checks off)");
-  printf("%5s %7s %5s %7s %4s %12s %12s %9s  %s\n", "mb", "T", "seqs", "fill", "ops", "moved",
-         "padded-to-C", "ops ms", "check");
+  printf("tokens = packed sequence tokens; rows T = tokens padded to a row count every layout "
+         "accepts; rows/rank = T/P; fill = T/C\n");
+  printf("%5s %7s %7s %8s %5s %7s %4s %12s %12s %9s  %s\n", "mb", "tokens", "rows T", "rows/rank",
+         "seqs", "fill", "ops", "moved", "padded-to-C", "ops ms", "check");
 
   d->t_start = now_s();
   d->t_progress = d->t_start;
@@ -1036,10 +1003,23 @@ int tpf_cmd_demo(int argc, char **argv) {
   printf("\nsummary\n");
   printf("  microbatches      %d of %d run, %llu checked OK, %llu failed\n", done, o->mbs,
          (unsigned long long)d->ok_mbs, (unsigned long long)d->failed_mbs);
-  printf("  tokens            %llu in packed sequences; %llu rows run (T rounded up to a multiple "
-         "of %d that every layout aligns); %llu rows if padded to capacity\n",
-         (unsigned long long)d->tokens_total, (unsigned long long)d->rows_total, o->P,
-         (unsigned long long)((uint64_t)done * o->C));
+  uint64_t q = 0; /* the row multiple every layout accepts at this shape, when there is one */
+  for (uint64_t t = (uint64_t)o->P; t <= o->C && !q; t += (uint64_t)o->P)
+    if (layouts_accept(o, t)) q = t;
+  for (uint64_t t = q; q && t <= o->C && t <= 16 * q; t += q)
+    if (!layouts_accept(o, t)) q = 0;
+  if (q)
+    printf("  tokens            %llu in packed sequences; %llu rows run (T = tokens rounded up to "
+           "a multiple of %llu, the smallest row step every layout aligns); %llu rows if padded "
+           "to capacity\n",
+           (unsigned long long)d->tokens_total, (unsigned long long)d->rows_total,
+           (unsigned long long)q, (unsigned long long)((uint64_t)done * o->C));
+  else
+    printf("  tokens            %llu in packed sequences; %llu rows run (T = tokens rounded up to "
+           "the next multiple of %d that every layout aligns); %llu rows if padded to "
+           "capacity\n",
+           (unsigned long long)d->tokens_total, (unsigned long long)d->rows_total, o->P,
+           (unsigned long long)((uint64_t)done * o->C));
   printf("  operations        %llu (%d per microbatch), ops time %.1f ms on rank 0, wall %.2f s\n",
          (unsigned long long)d->ops_total, NOPS, d->op_ms_total, wall);
   if (d->have_registrations)
@@ -1048,25 +1028,33 @@ int tpf_cmd_demo(int argc, char **argv) {
            d->regs_setup == (uint64_t)NSITES && d->regs_loop == 0 ? "1" : "NOT 1", NSITES,
            (unsigned long long)d->regs_setup, (unsigned long long)d->regs_loop, done);
   else
-    printf("  registrations     1 per communicator: %d communicators registered once at "
-           "capacity\n",
+    printf("  registrations     not counted by this backend (%d communicators, each registered "
+           "once at capacity by the demo)\n",
            NSITES);
   printf("  bytes moved       %s here vs %s padded to capacity (%.1f%% saved)%s\n", mv, pd,
          d->padded_total ? 100.0 * (1.0 - (double)d->sched_total / (double)d->padded_total) : 0.0,
          d->measured_ok && d->have_registrations ? "; backend-measured bytes equal the schedule's"
                                                  : "");
+  bool trace_failed = false;
   if (d->trace) {
     tpf_status ts = tpf_trace_write(d->trace, o->trace, o->P);
     if (ts == TPF_OK)
       printf("  trace             %s (%llu spans; one track per rank and stream; "
              "ui.perfetto.dev)\n",
              o->trace, (unsigned long long)tpf_trace_count(d->trace));
-    else
+    else {
       printf("  trace             not written: %s\n", tpf_last_error());
+      fprintf(stderr, "tpflex demo: --trace '%s' could not be written: %s\n", o->trace,
+              tpf_last_error());
+      trace_failed = true;
+    }
   }
-  bool pass = st == TPF_OK && d->failed_mbs == 0 && done == o->mbs &&
+  bool pass = st == TPF_OK && !trace_failed && d->failed_mbs == 0 && done == o->mbs &&
               (!d->have_registrations || (d->regs_setup == (uint64_t)NSITES && d->regs_loop == 0));
-  if (st != TPF_OK) printf("  error             %s: %s\n", tpf_status_name(st), tpf_last_error());
+  if (st != TPF_OK)
+    printf("  error             %s: %s%s\n", tpf_status_name(st), tpf_last_error(),
+           strstr(tpf_last_error(), "arena") ? " (the simulator arena: raise it with --arena-mib)"
+                                             : "");
   printf("  result            %s\n", pass ? "every check OK" : "FAILED");
   pthread_barrier_destroy(&d->barrier);
   tpf_trace_destroy(d->trace);

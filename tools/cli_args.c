@@ -1,0 +1,158 @@
+/* The shared option parser of the tpflex commands; see cli_args.h. */
+#include "cli_args.h"
+
+#include <stdarg.h>
+#include <string.h>
+
+bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out) {
+  if (!text || !text[0]) return false;
+  if (text[0] == '0' && text[1]) return false; /* no leading zero: never octal */
+  uint64_t v = 0;
+  for (const char *p = text; *p; p++) {
+    if (*p < '0' || *p > '9') return false;
+    unsigned d = (unsigned)(*p - '0');
+    if (v > (UINT64_MAX - d) / 10) return false; /* would wrap */
+    v = v * 10 + d;
+  }
+  if (v < min || v > max) return false;
+  *out = v;
+  return true;
+}
+
+static void json_escaped(const char *s) {
+  for (; *s; s++) {
+    unsigned char ch = (unsigned char)*s;
+    if (ch == '"' || ch == '\\')
+      printf("\\%c", ch);
+    else if (ch < 0x20)
+      printf("\\u%04x", ch);
+    else
+      putchar(ch);
+  }
+}
+
+int cli_error(const cli_ctx *ctx, const char *fmt, ...) {
+  char msg[1024];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  if (ctx->json) {
+    printf("{\"status\":\"error\",\"exit\":2,\"message\":\"");
+    json_escaped(ctx->cmd);
+    printf(": ");
+    json_escaped(msg);
+    printf("\"}\n");
+    fflush(stdout);
+  } else {
+    fprintf(stderr, "%s: %s\n", ctx->cmd, msg);
+  }
+  return 2;
+}
+
+int cli_find(const cli_opt *opts, int n, const char *name) {
+  for (int i = 0; i < n; i++)
+    if (strcmp(opts[i].name, name) == 0) return i;
+  return -1;
+}
+
+bool cli_has_word(int argc, char **argv, const char *w) {
+  for (int i = 1; i < argc; i++)
+    if (strcmp(argv[i], w) == 0) return true;
+  return false;
+}
+
+/* Index of word in the '|'-separated list, or -1. */
+static int choice_index(const char *choices, const char *word) {
+  size_t wl = strlen(word);
+  int idx = 0;
+  for (const char *p = choices;; idx++) {
+    const char *bar = strchr(p, '|');
+    size_t l = bar ? (size_t)(bar - p) : strlen(p);
+    if (l == wl && wl > 0 && strncmp(p, word, l) == 0) return idx;
+    if (!bar) return -1;
+    p = bar + 1;
+  }
+}
+
+void cli_usage(FILE *f, const cli_opt *opts, int n, const char *usage_intro, const char *outro) {
+  fprintf(f, "%s\n", usage_intro);
+  for (int i = 0; i < n; i++) {
+    const cli_opt *o = &opts[i];
+    char left[96];
+    if (o->kind == CLI_FLAG)
+      snprintf(left, sizeof left, "%s", o->name);
+    else if (o->kind == CLI_CHOICE)
+      snprintf(left, sizeof left, "%s %s", o->name, o->choices);
+    else
+      snprintf(left, sizeof left, "%s %s", o->name, o->metavar ? o->metavar : "N");
+    if (o->kind == CLI_U64)
+      fprintf(f, "  %-28s %s [%llu..%llu]\n", left, o->help, (unsigned long long)o->min,
+              (unsigned long long)o->max);
+    else
+      fprintf(f, "  %-28s %s\n", left, o->help);
+  }
+  fprintf(f, "  %-28s %s\n", "--help, -h", "this text");
+  if (outro) fprintf(f, "%s", outro);
+}
+
+int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **argv,
+              cli_val *vals, const char *usage_intro) {
+  memset(vals, 0, (size_t)n * sizeof *vals);
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+      if (!ctx->json) cli_usage(stdout, opts, n, usage_intro, NULL);
+      return 0;
+    }
+  }
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (strncmp(a, "--", 2) != 0 || !a[2])
+      return cli_error(ctx, "unexpected argument '%s' (options start with --; see --help)", a);
+    char name[64];
+    const char *eq = strchr(a, '=');
+    const char *v = NULL;
+    size_t nl = eq ? (size_t)(eq - a) : strlen(a);
+    if (nl >= sizeof name) return cli_error(ctx, "unknown option '%s'", a);
+    memcpy(name, a, nl);
+    name[nl] = '\0';
+    int k = cli_find(opts, n, name);
+    if (k < 0) return cli_error(ctx, "unknown option '%s' (see --help)", name);
+    const cli_opt *o = &opts[k];
+    if (vals[k].set && !o->repeat) return cli_error(ctx, "%s given more than once", name);
+    if (o->kind == CLI_FLAG) {
+      if (eq) return cli_error(ctx, "%s takes no value (got '%s')", name, a);
+      vals[k].set = true;
+      continue;
+    }
+    if (eq) {
+      v = eq + 1;
+    } else {
+      if (i + 1 >= argc) return cli_error(ctx, "%s needs a value", name);
+      v = argv[++i];
+    }
+    switch (o->kind) {
+    case CLI_U64: {
+      uint64_t x = 0;
+      if (!cli_parse_u64(v, o->min, o->max, &x))
+        return cli_error(ctx, "%s '%s' is not a decimal number in [%llu, %llu]", name, v,
+                         (unsigned long long)o->min, (unsigned long long)o->max);
+      vals[k].u = x;
+      break;
+    }
+    case CLI_CHOICE: {
+      int c = choice_index(o->choices, v);
+      if (c < 0) return cli_error(ctx, "%s '%s' is not one of %s", name, v, o->choices);
+      vals[k].u = o->repeat ? (vals[k].u | (1ull << c)) : (uint64_t)c;
+      break;
+    }
+    default: /* CLI_STR */
+      if (!v[0]) return cli_error(ctx, "%s '' is empty", name);
+      break;
+    }
+    vals[k].set = true;
+    vals[k].s = v;
+  }
+  return -1;
+}

@@ -1,0 +1,70 @@
+/* One option table and one strict number parser for every tpflex command (plan, demo, bench).
+ *
+ * Numbers are decimal digits only: no sign, no '+', no leading zero (so no octal), no hex, no
+ * exponent, no wrap; each option has its own [min, max] range, checked before the value is
+ * stored. Errors name the command and the option, echo the exact text typed and give the range,
+ * e.g. "tpflex demo: --tp '-1' is not a decimal number in [1, 64]". Options are "--name value"
+ * or "--name=value"; flags take no value ("--flag=x" is refused). */
+#ifndef TPF_CLI_ARGS_H
+#define TPF_CLI_ARGS_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum {
+  CLI_FLAG,   /* no value */
+  CLI_U64,    /* a decimal number in [min, max] */
+  CLI_STR,    /* any non-empty text (a file name, ...) */
+  CLI_CHOICE, /* one of the '|'-separated words in choices; the index is stored */
+} cli_kind;
+
+typedef struct {
+  const char *name;    /* "--tp" */
+  cli_kind kind;
+  uint64_t min, max;   /* CLI_U64 */
+  const char *choices; /* CLI_CHOICE: "bf16|fp16|fp32" */
+  const char *metavar; /* "P", "FILE" (usage) */
+  const char *help;    /* one line; the default belongs here */
+  unsigned applies;    /* command-defined mask (plan: algorithms); 0 = always */
+  bool repeat;         /* may be given more than once (CLI_CHOICE: indices are or-ed as bits) */
+} cli_opt;
+
+typedef struct {
+  bool set;
+  uint64_t u;    /* CLI_U64 value; CLI_CHOICE index; repeatable CLI_CHOICE: bit mask */
+  const char *s; /* the text typed (CLI_STR, CLI_CHOICE, CLI_U64) */
+} cli_val;
+
+typedef struct {
+  const char *cmd; /* "tpflex demo" */
+  bool json;       /* errors as {"status":..,"message":..} on stdout */
+  FILE *usage_to;  /* unused by the parser; for callers */
+} cli_ctx;
+
+/* Strict decimal: true and *out when text is digits only (no leading zero unless "0"), fits in
+ * 64 bits and lies in [min, max]. */
+bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out);
+
+/* Reports an error (stderr, or a JSON object on stdout when ctx->json) and returns 2. */
+int cli_error(const cli_ctx *ctx, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Parses argv[1..argc) against opts into vals (n entries, zeroed here). Returns -1 on success,
+ * 0 after printing usage for --help/-h, 2 after reporting an error. */
+int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **argv,
+              cli_val *vals, const char *usage_intro);
+
+/* Index of the option called name in opts, or -1. */
+int cli_find(const cli_opt *opts, int n, const char *name);
+
+/* Prints usage_intro, then one line per option (name, value, help). */
+void cli_usage(FILE *f, const cli_opt *opts, int n, const char *usage_intro, const char *outro);
+
+/* True when argv[1..argc) contains exactly the word w (to decide --json before parsing). */
+bool cli_has_word(int argc, char **argv, const char *w);
+
+#endif /* TPF_CLI_ARGS_H */
