@@ -1,0 +1,138 @@
+"""Loads libtpflex.so and declares the C API's argtypes (ctypes.CDLL releases the GIL on every
+call). Search order: $TPFLEX_LIBRARY, the build tree next to this package (build*/libtpflex.so),
+then an installed library (ctypes.util.find_library / libtpflex.so.0)."""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+from ctypes import POINTER, c_bool, c_char_p, c_int, c_uint, c_uint64, c_void_p
+from typing import Optional
+
+from .errors import TpflexError, error_for
+
+TPF_OK = 0
+DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
+ALGOS = {"bulk": 0, "pipeline": 1, "ring": 2}
+COLLS = {"ag": 0, "rs": 1}
+
+
+class Shape(ctypes.Structure):
+    _fields_ = [("rows", c_uint64), ("cols", c_uint64)]
+
+
+class Matrix(ctypes.Structure):
+    _fields_ = [("ptr", c_void_p), ("rows", c_uint64), ("cols", c_uint64), ("ld", c_uint64),
+                ("dtype", c_int)]
+
+
+class CommConfig(ctypes.Structure):
+    _fields_ = [("name", c_char_p), ("algo", c_int), ("coll", c_int), ("dtype", c_int),
+                ("capacity", Shape), ("num_splits", c_int), ("aggregate", c_bool),
+                ("external", c_bool)]
+
+
+class SimConfig(ctypes.Structure):
+    _fields_ = [("tp_size", c_int), ("seed", c_uint64), ("max_delay_us", c_uint),
+                ("timeout_ms", c_uint), ("arena_bytes", c_uint64)]
+
+
+class SimStats(ctypes.Structure):
+    _fields_ = [(n, c_uint64) for n in ("ops", "steps", "bytes_moved", "flops", "registrations",
+                                        "backend_calls", "signals")]
+
+
+SIM_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_void_p)
+
+
+def _find() -> str:
+    env = os.environ.get("TPFLEX_LIBRARY")
+    if env:
+        return env
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    cands = sorted(glob.glob(os.path.join(root, "build*", "libtpflex.so")), key=os.path.getmtime,
+                   reverse=True)
+    if cands:
+        return cands[0]
+    found = ctypes.util.find_library("tpflex")
+    return found or "libtpflex.so.0"
+
+
+_path = _find()
+try:
+    lib = ctypes.CDLL(_path)
+except OSError as e:  # pragma: no cover - depends on the machine
+    raise ImportError(f"tpflex: cannot load the C library '{_path}' ({e}); build it with CMake and "
+                      "set TPFLEX_LIBRARY=/path/to/libtpflex.so") from e
+LIBRARY_PATH: str = _path
+
+
+def _decl(name: str, res, *args) -> None:
+    f = getattr(lib, name)
+    f.restype = res
+    f.argtypes = list(args)
+
+
+_decl("tpf_status_name", c_char_p, c_int)
+_decl("tpf_last_error", c_char_p)
+_decl("tpf_comm_destroy", c_int, c_void_p)
+_decl("tpf_comm_set_active_shape", c_int, c_void_p, Shape)
+_decl("tpf_comm_active_shape", Shape, c_void_p)
+_decl("tpf_comm_capacity_shape", Shape, c_void_p)
+_decl("tpf_comm_epoch", c_uint64, c_void_p)
+_decl("tpf_comm_config_of", POINTER(CommConfig), c_void_p)
+_decl("tpf_comm_buffer", c_int, c_void_p, POINTER(Matrix))
+_decl("tpf_comm_local_chunk", c_int, c_void_p, POINTER(Matrix))
+_decl("tpf_comm_legal_rows", c_int, c_void_p, c_uint64, POINTER(c_uint64))
+_decl("tpf_comm_registration", c_int, c_void_p, POINTER(c_void_p), POINTER(c_uint64))
+_decl("tpf_ag_gemm", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), c_void_p)
+_decl("tpf_gemm_rs", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(Matrix), c_void_p)
+_decl("tpf_bulk_overlap", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(Matrix),
+      c_void_p)
+_decl("tpf_manager_create", c_int, c_void_p, POINTER(c_void_p))
+_decl("tpf_manager_add", c_int, c_void_p, POINTER(CommConfig), POINTER(c_void_p))
+_decl("tpf_manager_get", c_int, c_void_p, c_char_p, POINTER(c_void_p))
+_decl("tpf_manager_set_active_shape", c_int, c_void_p, Shape)
+_decl("tpf_manager_count", c_int, c_void_p)
+_decl("tpf_manager_at", c_int, c_void_p, c_int, POINTER(c_void_p))
+_decl("tpf_manager_destroy", c_int, c_void_p)
+
+HAVE_SIM = hasattr(lib, "tpf_sim_world_create")
+HAVE_CUDA = hasattr(lib, "tpf_cuda_backend_create")
+if HAVE_SIM:
+    _decl("tpf_sim_world_create", c_int, POINTER(SimConfig), POINTER(c_void_p))
+    _decl("tpf_sim_run", c_int, c_void_p, SIM_FN, c_void_p)
+    _decl("tpf_sim_world_destroy", c_int, c_void_p)
+    _decl("tpf_sim_get_stats", c_int, c_void_p, POINTER(SimStats))
+
+# Optional entry points another change may add; bound only when the library has them.
+HAVE_COMM_SYNC = hasattr(lib, "tpf_comm_sync")
+HAVE_COMM_ASYNC_ERROR = hasattr(lib, "tpf_comm_async_error")
+HAVE_COMM_ABORT = hasattr(lib, "tpf_comm_abort")
+if HAVE_COMM_SYNC:
+    _decl("tpf_comm_sync", c_int, c_void_p, c_void_p)
+if HAVE_COMM_ASYNC_ERROR:
+    _decl("tpf_comm_async_error", c_int, c_void_p)
+if HAVE_COMM_ABORT:
+    _decl("tpf_comm_abort", c_int, c_void_p)
+
+
+def last_error() -> str:
+    s = lib.tpf_last_error()
+    return s.decode("utf-8", "replace") if s else ""
+
+
+def check(status: int, call: str = "") -> None:
+    """Raises the exception class of `status` with tpf_last_error()'s text (read on the calling
+    thread, right after the call) unless it is TPF_OK."""
+    if status != TPF_OK:
+        raise error_for(status, last_error(), call)
+
+
+def status_name(status: int) -> str:
+    return lib.tpf_status_name(status).decode()
+
+
+__all__ = ["lib", "check", "last_error", "status_name", "Shape", "Matrix", "CommConfig",
+           "SimConfig", "SimStats", "SIM_FN", "TpflexError", "LIBRARY_PATH"]
