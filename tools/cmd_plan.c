@@ -6,7 +6,6 @@
  */
 #include "cmds.h"
 
-#include <errno.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,12 +14,53 @@
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h"
 
+#include "cli_args.h"
+
 typedef unsigned long long ull;
 
 static const char *const plan_usage =
-    "usage: tpflex plan --tp P --capacity C --tokens T --hidden H --algo ring|pipeline|bulk "
-    "--coll ag|rs [--splits S] [--aggregate] [--dtype bf16|fp16|fp32] [--n N] [--k K] "
-    "[--rank r] [--json]";
+    "usage: tpflex plan --tp P --capacity C --hidden H --algo ring|pipeline|bulk --coll ag|rs "
+    "[options]\n"
+    "Prints the registered bytes, the active layout and every rank's schedule of one operation,\n"
+    "then runs the schedule checker over all ranks. Exit 0 check OK, 1 check failed, 2 bad input.";
+
+/* Algorithms an option applies to (cli_opt.applies); 0 = every algorithm. */
+enum { A_RING = 1u << 0, A_PIPE = 1u << 1, A_BULK = 1u << 2 };
+
+enum { O_TP, O_CAP, O_TOKENS, O_HIDDEN, O_ALGO, O_COLL, O_SPLITS, O_AGG, O_DTYPE, O_N, O_K,
+       O_RANK, O_JSON, O_NOPTS };
+#define PLAN_MAX_DIM (1ull << 40)
+static const cli_opt kPlanOpts[O_NOPTS] = {
+    [O_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P", "required: tensor-parallel ranks", 0,
+              false},
+    [O_CAP] = {"--capacity", CLI_U64, 1, PLAN_MAX_DIM, NULL, "C",
+               "required: registered rows (tokens) of the buffer", 0, false},
+    [O_TOKENS] = {"--tokens", CLI_U64, 0, PLAN_MAX_DIM, NULL, "T",
+                  "optional: active rows, <= C (default C)", 0, false},
+    [O_HIDDEN] = {"--hidden", CLI_U64, 1, 1ull << 24, NULL, "H",
+                  "required: buffer columns (hidden size)", 0, false},
+    [O_ALGO] = {"--algo", CLI_CHOICE, 0, 0, "ring|pipeline|bulk", NULL,
+                "required: ring exchange, pipeline or bulk overlap", 0, false},
+    [O_COLL] = {"--coll", CLI_CHOICE, 0, 0, "ag|rs", NULL,
+                "required: all-gather or reduce-scatter", 0, false},
+    [O_SPLITS] = {"--splits", CLI_U64, 0, 1024, NULL, "S",
+                  "optional, ring and pipeline: GEMM chunks (0 = default: ring P, pipeline 4)",
+                  A_RING | A_PIPE, false},
+    [O_AGG] = {"--aggregate", CLI_FLAG, 0, 0, NULL, NULL,
+               "optional, ring ag only: 2-chunk messages after a pair swap (even P)", A_RING,
+               false},
+    [O_DTYPE] = {"--dtype", CLI_CHOICE, 0, 0, "bf16|fp16|fp32", NULL,
+                 "optional: buffer dtype (default bf16)", 0, false},
+    [O_N] = {"--n", CLI_U64, 1, PLAN_MAX_DIM, NULL, "N",
+             "optional, ag and bulk: GEMM output columns (default H)", 0, false},
+    [O_K] = {"--k", CLI_U64, 1, PLAN_MAX_DIM, NULL, "K",
+             "optional, rs and bulk: GEMM reduction dim (default H)", 0, false},
+    [O_RANK] = {"--rank", CLI_U64, 0, TPF_MAX_RANKS - 1, NULL, "r",
+                "optional: print only this rank's schedule, < P (the check sees all ranks)", 0,
+                false},
+    [O_JSON] = {"--json", CLI_FLAG, 0, 0, NULL, NULL,
+                "optional: JSON on stdout (errors too: {\"status\", \"message\"})", 0, false},
+};
 
 typedef struct {
   tpf_layout_desc d;
@@ -29,113 +69,70 @@ typedef struct {
   bool json;
 } plan_args;
 
-static int bad_args(tpf_status s) {
-  fprintf(stderr, "%s\n%s: %s\n", plan_usage, tpf_status_name(s), tpf_last_error());
-  return 2;
+/* a * b * c fits in 64 bits. */
+static bool fits3(uint64_t a, uint64_t b, uint64_t c) {
+  uint64_t ab;
+  if (__builtin_mul_overflow(a, b, &ab)) return false;
+  uint64_t abc;
+  return !__builtin_mul_overflow(ab, c, &abc);
 }
 
-static tpf_status parse_u64(const char *opt, const char *v, uint64_t *out) {
-  char *end = NULL;
-  if (!v || !*v || *v == '-')
-    return tpf_set_error(TPF_EINVAL, "%s needs a non-negative integer", opt);
-  errno = 0;
-  unsigned long long x = strtoull(v, &end, 10);
-  if (errno || *end) return tpf_set_error(TPF_EINVAL, "%s: '%s' is not an integer", opt, v);
-  *out = (uint64_t)x;
-  return TPF_OK;
-}
-
-static tpf_status parse_int(const char *opt, const char *v, int *out) {
-  uint64_t x;
-  tpf_status rc = parse_u64(opt, v, &x);
-  if (rc != TPF_OK) return rc;
-  if (x > 1000000) return tpf_set_error(TPF_EINVAL, "%s %llu is too large", opt, (ull)x);
-  *out = (int)x;
-  return TPF_OK;
-}
-
-static tpf_status parse_args(int argc, char **argv, plan_args *a) {
-  bool have_tp = false, have_cap = false, have_hidden = false, have_algo = false, have_coll = false,
-       have_tokens = false;
-  uint64_t n = 0, k = 0;
+/* -1 on success; else the exit status after reporting. */
+static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
+  cli_val v[O_NOPTS];
   memset(a, 0, sizeof *a);
-  a->d.dtype = TPF_BF16;
-  a->only_rank = -1;
-  for (int i = 1; i < argc; i++) {
-    const char *o = argv[i];
-    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-    tpf_status rc = TPF_OK;
-    if (strcmp(o, "--aggregate") == 0) {
-      a->d.aggregate = true;
-      continue;
-    }
-    if (strcmp(o, "--json") == 0) {
-      a->json = true;
-      continue;
-    }
-    if (!v) return tpf_set_error(TPF_EINVAL, "%s needs a value (or is unknown)", o);
-    i++;
-    if (strcmp(o, "--tp") == 0) {
-      rc = parse_int(o, v, &a->d.tp_size);
-      have_tp = true;
-    } else if (strcmp(o, "--capacity") == 0) {
-      rc = parse_u64(o, v, &a->d.capacity.rows);
-      have_cap = true;
-    } else if (strcmp(o, "--tokens") == 0) {
-      rc = parse_u64(o, v, &a->d.active.rows);
-      have_tokens = true;
-    } else if (strcmp(o, "--hidden") == 0) {
-      rc = parse_u64(o, v, &a->d.capacity.cols);
-      have_hidden = true;
-    } else if (strcmp(o, "--splits") == 0) {
-      rc = parse_int(o, v, &a->d.num_splits);
-    } else if (strcmp(o, "--n") == 0) {
-      rc = parse_u64(o, v, &n);
-    } else if (strcmp(o, "--k") == 0) {
-      rc = parse_u64(o, v, &k);
-    } else if (strcmp(o, "--rank") == 0) {
-      rc = parse_int(o, v, &a->only_rank);
-    } else if (strcmp(o, "--algo") == 0) {
-      have_algo = true;
-      if (strcmp(v, "ring") == 0)
-        a->d.algo = TPF_ALGO_RING;
-      else if (strcmp(v, "pipeline") == 0)
-        a->d.algo = TPF_ALGO_PIPELINE;
-      else if (strcmp(v, "bulk") == 0)
-        a->d.algo = TPF_ALGO_BULK;
-      else
-        rc = tpf_set_error(TPF_EINVAL, "unknown algo '%s' (ring, pipeline or bulk)", v);
-    } else if (strcmp(o, "--coll") == 0) {
-      have_coll = true;
-      if (strcmp(v, "ag") == 0)
-        a->d.coll = TPF_COLL_AG;
-      else if (strcmp(v, "rs") == 0)
-        a->d.coll = TPF_COLL_RS;
-      else
-        rc = tpf_set_error(TPF_EINVAL, "unknown coll '%s' (ag or rs)", v);
-    } else if (strcmp(o, "--dtype") == 0) {
-      if (strcmp(v, "bf16") == 0)
-        a->d.dtype = TPF_BF16;
-      else if (strcmp(v, "fp16") == 0)
-        a->d.dtype = TPF_FP16;
-      else if (strcmp(v, "fp32") == 0)
-        a->d.dtype = TPF_FP32;
-      else
-        rc = tpf_set_error(TPF_EINVAL, "unknown dtype '%s' (bf16, fp16 or fp32)", v);
-    } else {
-      rc = tpf_set_error(TPF_EINVAL, "unknown option '%s'", o);
-    }
-    if (rc != TPF_OK) return rc;
-  }
-  if (!have_tp || !have_cap || !have_hidden || !have_algo || !have_coll)
-    return tpf_set_error(TPF_EINVAL, "--tp, --capacity, --hidden, --algo and --coll are required");
-  if (!have_tokens) a->d.active.rows = a->d.capacity.rows;
+  int rc = cli_parse(ctx, kPlanOpts, O_NOPTS, argc, argv, v, plan_usage);
+  if (rc >= 0) return rc;
+  static const char *const req[] = {"--tp", "--capacity", "--hidden", "--algo", "--coll"};
+  static const int reqi[] = {O_TP, O_CAP, O_HIDDEN, O_ALGO, O_COLL};
+  for (int i = 0; i < 5; i++)
+    if (!v[reqi[i]].set)
+      return cli_error(ctx, "%s is required (--tp, --capacity, --hidden, --algo and --coll are; "
+                            "see --help)",
+                       req[i]);
+  static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK};
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  const unsigned amask = 1u << v[O_ALGO].u;
+  const bool ag = v[O_COLL].u == 0;
+  for (int i = 0; i < O_NOPTS; i++)
+    if (v[i].set && kPlanOpts[i].applies && !(kPlanOpts[i].applies & amask))
+      return cli_error(ctx, "%s does not apply to --algo %s", kPlanOpts[i].name, v[O_ALGO].s);
+  if (v[O_AGG].set && !ag) return cli_error(ctx, "--aggregate applies to --coll ag only");
+  if (v[O_N].set && !ag && amask != A_BULK)
+    return cli_error(ctx, "--n does not apply to --coll rs with --algo %s (its N is H)",
+                     v[O_ALGO].s);
+  if (v[O_K].set && ag && amask != A_BULK)
+    return cli_error(ctx, "--k does not apply to --coll ag with --algo %s (its K is H)",
+                     v[O_ALGO].s);
+  a->json = v[O_JSON].set;
+  a->d.tp_size = (int)v[O_TP].u;
+  a->d.capacity.rows = v[O_CAP].u;
+  a->d.capacity.cols = v[O_HIDDEN].u;
+  a->d.active.rows = v[O_TOKENS].set ? v[O_TOKENS].u : v[O_CAP].u;
   a->d.active.cols = a->d.capacity.cols;
+  a->d.algo = algos[v[O_ALGO].u];
+  a->d.coll = ag ? TPF_COLL_AG : TPF_COLL_RS;
+  a->d.num_splits = (int)v[O_SPLITS].u;
+  a->d.aggregate = v[O_AGG].set;
+  a->d.dtype = v[O_DTYPE].set ? dts[v[O_DTYPE].u] : TPF_BF16;
+  a->only_rank = v[O_RANK].set ? (int)v[O_RANK].u : -1;
+  if (a->d.active.rows > a->d.capacity.rows)
+    return cli_error(ctx, "--tokens '%s' is above --capacity %llu", v[O_TOKENS].s,
+                     (ull)a->d.capacity.rows);
   if (a->only_rank >= a->d.tp_size)
-    return tpf_set_error(TPF_EINVAL, "--rank %d outside [0, %d)", a->only_rank, a->d.tp_size);
-  uint64_t H = a->d.capacity.cols, T = a->d.active.rows;
-  if (n == 0) n = H;
-  if (k == 0) k = H;
+    return cli_error(ctx, "--rank '%s' is not below --tp %d", v[O_RANK].s, a->d.tp_size);
+  uint64_t H = a->d.capacity.cols, T = a->d.active.rows, C = a->d.capacity.rows;
+  uint64_t n = v[O_N].set ? v[O_N].u : H, k = v[O_K].set ? v[O_K].u : H;
+  const uint64_t e = 4; /* the widest element any operand or the fp32 accumulation uses */
+  if (!fits3(C, H, e) || !fits3(C, (uint64_t)a->d.tp_size * 2, H * e))
+    return cli_error(ctx, "--capacity %llu x --hidden %llu bytes overflow 64 bits", (ull)C,
+                     (ull)H);
+  if (v[O_N].set && (!fits3(C, n, e) || !fits3(n, k, e) || !fits3(n, H, e)))
+    return cli_error(ctx, "--n '%s': the GEMM operand sizes (n x m, n x k) overflow 64 bits",
+                     v[O_N].s);
+  if (v[O_K].set && (!fits3(C, k, e) || !fits3(n, k, e) || !fits3(k, H, e)))
+    return cli_error(ctx, "--k '%s': the GEMM operand sizes (k x m, n x k) overflow 64 bits",
+                     v[O_K].s);
   if (a->d.algo == TPF_ALGO_BULK) {
     a->g.m = T;
     a->g.n = n;
@@ -149,7 +146,17 @@ static tpf_status parse_args(int argc, char **argv, plan_args *a) {
     a->g.n = H;
     a->g.k = k;
   }
-  return tpf_layout_check(&a->d);
+  tpf_status st = tpf_layout_check(&a->d);
+  if (st != TPF_OK) {
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpf_last_error());
+    uint64_t legal = 0;
+    if (tpf_layout_legal_rows(&a->d, T, &legal) == TPF_OK && legal != T)
+      return cli_error(ctx, "%s: %s (the smallest legal --tokens >= %llu is %llu)",
+                       tpf_status_name(st), why, (ull)T, (ull)legal);
+    return cli_error(ctx, "%s: %s", tpf_status_name(st), why);
+  }
+  return -1;
 }
 
 /* "BUF@off[r,c]/ld", "X[r,c]", ... for one operand. */
@@ -334,14 +341,10 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
 }
 
 int tpf_cmd_plan(int argc, char **argv) {
-  for (int i = 1; i < argc; i++)
-    if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      printf("%s\n", plan_usage);
-      return 0;
-    }
+  const cli_ctx ctx = {"tpflex plan", cli_has_word(argc, argv, "--json"), NULL};
   plan_args a;
-  tpf_status rc = parse_args(argc, argv, &a);
-  if (rc != TPF_OK) return bad_args(rc);
+  int prc = parse_args(&ctx, argc, argv, &a);
+  if (prc >= 0) return prc;
   int P = a.d.tp_size;
   tpf_schedule *s = calloc((size_t)P, sizeof *s);
   if (!s) {
@@ -349,6 +352,7 @@ int tpf_cmd_plan(int argc, char **argv) {
     return 1;
   }
   int built = 0;
+  tpf_status rc = TPF_OK;
   for (; built < P; built++) {
     tpf_layout_desc d = a.d;
     d.rank = built;
@@ -357,7 +361,7 @@ int tpf_cmd_plan(int argc, char **argv) {
   }
   int ret = 0;
   if (rc != TPF_OK) {
-    ret = bad_args(rc);
+    ret = cli_error(&ctx, "%s: %s", tpf_status_name(rc), tpf_last_error());
   } else {
     tpf_status check = tpf_schedule_check(s, P);
     if (a.json)
