@@ -7,6 +7,7 @@
  * counts result elements outside the SPEC §7 tolerance, checked in the same run. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
+#include "cli_args.h"
 #include "cmds.h"
 
 #include <math.h>
@@ -325,107 +326,80 @@ static void bench_free_report(void) {
 
 /* ---- options ------------------------------------------------------------------------------ */
 
-static void bench_usage(FILE *f) {
-  fprintf(
-      f,
-      "usage: tpflex bench [options]\n"
-      "  --backend sim|cuda   simulator (default; CPU times) or the CUDA backend\n"
-      "  --tp P               TP size of the dynamic section; the tp section runs P = 2,4,8 up to "
-      "it\n"
-      "  --capacity C         registered rows (sim default 1024, cuda 32768)\n"
-      "  --hidden H           buffer columns (sim 256, cuda 8192)\n"
-      "  --n N                per-rank GEMM width: AG weight rows, RS reduction dim (sim 256, cuda "
-      "3584)\n"
-      "  --iters I            timed repetitions per configuration (sim 5, cuda 30)\n"
-      "  --warmup W           warm-up runs per configuration (sim 1, cuda 5)\n"
-      "  --calls K            set_active_shape calls timed in section 1 (default 100000)\n"
-      "  --csv FILE, --json FILE   also write every table there\n"
-      "  --quick              fewer sizes and repetitions (a smoke test)\n"
-      "  --section setshape|dynamic|chunking|tp|all   (repeatable; default all)\n"
-      "Sections: 1 setshape  set_active_shape cost vs re-registration; 2 dynamic  active T vs\n"
-      "padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs vs one GEMM (GPU only); 4 tp  P ranks\n"
-      "as threads on one device, overlapped vs serial vs one whole-layer GEMM.\n");
-}
+enum { B_BACKEND, B_TP, B_CAP, B_HIDDEN, B_N, B_ITERS, B_WARMUP, B_CALLS, B_CSV, B_JSON, B_QUICK,
+       B_SECTION, B_IPC_PEER, B_NOPTS };
+static const cli_opt kBenchOpts[B_NOPTS] = {
+    [B_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "sim|cuda", NULL,
+                   "simulator (default; CPU times) or the CUDA backend", 0, false},
+    [B_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P",
+              "TP size of the dynamic section; the tp section runs P = 2,4,8 up to it (sim 4, "
+              "cuda 8)",
+              0, false},
+    [B_CAP] = {"--capacity", CLI_U64, 1, 1u << 20, NULL, "C",
+               "registered rows (sim default 1024, cuda 32768)", 0, false},
+    [B_HIDDEN] = {"--hidden", CLI_U64, 1, 1u << 16, NULL, "H", "buffer columns (sim 256, cuda 8192)",
+                  0, false},
+    [B_N] = {"--n", CLI_U64, 1, 1u << 16, NULL, "N",
+             "per-rank GEMM width: AG weight rows, RS reduction dim (sim 256, cuda 3584)", 0,
+             false},
+    [B_ITERS] = {"--iters", CLI_U64, 1, BENCH_MAX_ITERS, NULL, "I",
+                 "timed repetitions per configuration (sim 5, cuda 30)", 0, false},
+    [B_WARMUP] = {"--warmup", CLI_U64, 0, 1000, NULL, "W",
+                  "warm-up runs per configuration (sim 1, cuda 5)", 0, false},
+    [B_CALLS] = {"--calls", CLI_U64, 100, 1000000000, NULL, "K",
+                 "set_active_shape calls timed in section 1 (default 100000)", 0, false},
+    [B_CSV] = {"--csv", CLI_STR, 0, 0, NULL, "FILE", "also write every table there as CSV", 0,
+               false},
+    [B_JSON] = {"--json", CLI_STR, 0, 0, NULL, "FILE", "also write every table there as JSON", 0,
+                false},
+    [B_QUICK] = {"--quick", CLI_FLAG, 0, 0, NULL, NULL,
+                 "fewer sizes and repetitions (a smoke test)", 0, false},
+    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0, "setshape|dynamic|chunking|tp|serial|all", NULL,
+                   "sections to run (repeatable; default all; serial = tp)", 0, true},
+    [B_IPC_PEER] = {"--ipc-peer", CLI_FLAG, 0, 0, NULL, NULL,
+                    "internal: the peer process of the CUDA IPC check", 0, false},
+};
+static const char bench_intro[] = "usage: tpflex bench [options]   (every option is optional)";
+static const char bench_outro[] =
+    "Sections, numbered as the tables print them: 1 setshape  set_active_shape cost vs\n"
+    "re-registration; 2 dynamic  active T vs padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs\n"
+    "vs one GEMM (GPU only); 4/5 tp (or serial)  P ranks as threads on one device, overlapped (4)\n"
+    "vs the serial baseline (5), with one whole-layer GEMM.\n";
 
-static bool bench_parse_u64(const char *s, uint64_t *out) {
-  char *end = NULL;
-  unsigned long long v = strtoull(s, &end, 10);
-  if (!s[0] || *end || s[0] == '-') return false;
-  *out = v;
-  return true;
+/* An output file that cannot be opened fails the command before the benchmark runs. */
+static int bench_check_writable(const cli_ctx *ctx, const char *opt, const char *path) {
+  FILE *f = fopen(path, "w");
+  if (!f) return cli_error(ctx, "%s '%s' cannot be written", opt, path);
+  fclose(f);
+  return -1;
 }
 
 int tpf_cmd_bench(int argc, char **argv) {
   bench_opts o;
   memset(&o, 0, sizeof(o));
-  uint64_t cap = 0, hid = 0, n = 0, tp = 0, iters = 0, warm = 0, calls = 0;
-  bool have_warm = false;
-  unsigned sections = 0;
-  for (int i = 1; i < argc; i++) {
-    const char *a = argv[i];
-    const char *v = (i + 1 < argc) ? argv[i + 1] : NULL;
-    bool ok = true;
-    if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      bench_usage(stdout);
-      return 0;
-    } else if (strcmp(a, "--ipc-peer") == 0) {
-      return bench_cuda_ipc_peer();
-    } else if (strcmp(a, "--quick") == 0) {
-      o.quick = true;
-      continue;
-    }
-    if (!v) {
-      fprintf(stderr, "tpflex bench: %s needs a value\n", a);
-      bench_usage(stderr);
-      return 2;
-    }
-    i++;
-    if (strcmp(a, "--backend") == 0) {
-      if (strcmp(v, "cuda") == 0)
-        o.cuda = true;
-      else if (strcmp(v, "sim") != 0)
-        ok = false;
-    } else if (strcmp(a, "--tp") == 0)
-      ok = bench_parse_u64(v, &tp) && tp >= 1 && tp <= 64;
-    else if (strcmp(a, "--capacity") == 0)
-      ok = bench_parse_u64(v, &cap) && cap >= 1;
-    else if (strcmp(a, "--hidden") == 0)
-      ok = bench_parse_u64(v, &hid) && hid >= 1;
-    else if (strcmp(a, "--n") == 0)
-      ok = bench_parse_u64(v, &n) && n >= 1;
-    else if (strcmp(a, "--iters") == 0)
-      ok = bench_parse_u64(v, &iters) && iters >= 1 && iters <= BENCH_MAX_ITERS;
-    else if (strcmp(a, "--warmup") == 0)
-      ok = (have_warm = bench_parse_u64(v, &warm)) && warm <= 1000;
-    else if (strcmp(a, "--calls") == 0)
-      ok = bench_parse_u64(v, &calls) && calls >= 100;
-    else if (strcmp(a, "--csv") == 0)
-      o.csv = v;
-    else if (strcmp(a, "--json") == 0)
-      o.json = v;
-    else if (strcmp(a, "--section") == 0) {
-      if (strcmp(v, "setshape") == 0)
-        sections |= BENCH_SEC_SETSHAPE;
-      else if (strcmp(v, "dynamic") == 0)
-        sections |= BENCH_SEC_DYNAMIC;
-      else if (strcmp(v, "chunking") == 0)
-        sections |= BENCH_SEC_CHUNKING;
-      else if (strcmp(v, "tp") == 0 || strcmp(v, "serial") == 0)
-        sections |= BENCH_SEC_TP;
-      else if (strcmp(v, "all") == 0)
-        sections |= BENCH_SEC_ALL;
-      else
-        ok = false;
-    } else {
-      fprintf(stderr, "tpflex bench: unknown option '%s'\n", a);
-      bench_usage(stderr);
-      return 2;
-    }
-    if (!ok) {
-      fprintf(stderr, "tpflex bench: bad value '%s' for %s\n", v, a);
-      return 2;
-    }
+  static const cli_ctx ctx = {"tpflex bench", false, NULL};
+  cli_val v[B_NOPTS];
+  int prc = cli_parse(&ctx, kBenchOpts, B_NOPTS, argc, argv, v, bench_intro);
+  if (prc == 0) {
+    printf("%s", bench_outro);
+    return 0;
   }
+  if (prc > 0) return prc;
+  if (v[B_IPC_PEER].set) return bench_cuda_ipc_peer();
+  o.quick = v[B_QUICK].set;
+  o.cuda = v[B_BACKEND].set && v[B_BACKEND].u == 1;
+  uint64_t cap = v[B_CAP].u, hid = v[B_HIDDEN].u, n = v[B_N].u, tp = v[B_TP].u,
+           iters = v[B_ITERS].u, warm = v[B_WARMUP].u, calls = v[B_CALLS].u;
+  bool have_warm = v[B_WARMUP].set;
+  o.csv = v[B_CSV].set ? v[B_CSV].s : NULL;
+  o.json = v[B_JSON].set ? v[B_JSON].s : NULL;
+  unsigned sections = 0;
+  static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
+                                      BENCH_SEC_TP, BENCH_SEC_TP, BENCH_SEC_ALL};
+  for (unsigned b = 0; b < 6; b++)
+    if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
+  if (o.csv && (prc = bench_check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;
+  if (o.json && (prc = bench_check_writable(&ctx, "--json", o.json)) >= 0) return prc;
 #ifndef TPF_HAVE_CUDA
   if (o.cuda) {
     fprintf(stderr, "tpflex bench: this build has no CUDA backend (configure with "
