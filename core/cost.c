@@ -1,0 +1,377 @@
+/* The cost model: the text format of a cost table, GEMM interpolation, and the replay of all
+ * ranks' schedules of one operation (see include/tpflex/tpflex_cost.h).
+ *
+ * Method of the replay: each rank's steps are walked stream by stream with a cursor per
+ * (rank, stream). A step can be placed when every earlier step of its stream and every dep has
+ * ended; it starts at the latest of those ends. A RECV also waits for the end of the matching
+ * SEND (same sender, receiver and tag) on the sender. A HANDSHAKE, or a BARRIER of one tag, is
+ * placed on all ranks at once, when every rank can place it: each rank's span starts at its own
+ * ready time and ends at the latest ready time plus the step's cost. Sweeps repeat until every
+ * step is placed; a sweep that places nothing means the schedules wait on each other in a
+ * cycle, which is reported rather than looped on. Span ends of -1 mark steps not yet placed, so
+ * the caller's span array is the whole state and nothing is allocated.
+ */
+#include "tpflex/tpflex_cost.h"
+
+#include "internal.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef unsigned long long ull;
+
+/* ---- the text format ------------------------------------------------------------------------ */
+
+/* Reads up to `want` numbers after the key; false when a field is missing, not a finite number
+ * >= 0, or followed by anything but a comment. */
+static bool read_numbers(const char *p, double *v, int want) {
+  for (int i = 0; i < want; i++) {
+    char *end = NULL;
+    errno = 0;
+    double x = strtod(p, &end);
+    if (end == p || errno != 0 || !isfinite(x) || x < 0) return false;
+    v[i] = x;
+    p = end;
+  }
+  while (*p == ' ' || *p == '\t' || *p == '\r')
+    p++;
+  return *p == '\0' || *p == '#';
+}
+
+static bool dtype_of(const char *name, size_t len, tpf_dtype *out) {
+  for (int t = 0; t < TPF_DTYPE_COUNT; t++) {
+    const char *n = tpf_dtype_name((tpf_dtype)t);
+    if (strlen(n) == len && strncmp(n, name, len) == 0) {
+      *out = (tpf_dtype)t;
+      return true;
+    }
+  }
+  return false;
+}
+
+enum { K_LAUNCH, K_HANDSHAKE, K_BARRIER, K_PEER, K_LOCAL, K_REDUCE, K_COUNT };
+
+static tpf_status parse_line(tpf_cost_table *t, bool *seen, const char *line, int lineno) {
+  static const char *const keys[K_COUNT] = {"launch_us", "handshake_us", "barrier_us",
+                                            "copy peer", "copy local",   "reduce"};
+  double v[4];
+  for (int k = 0; k < K_COUNT; k++) {
+    size_t n = strlen(keys[k]);
+    if (strncmp(line, keys[k], n) != 0 || (line[n] != ' ' && line[n] != '\t')) continue;
+    TPF_RETURN_IF(seen[k], TPF_EINVAL, "cost table line %d: '%s' given twice", lineno, keys[k]);
+    seen[k] = true;
+    int want = k >= K_PEER ? 2 : 1;
+    TPF_RETURN_IF(!read_numbers(line + n, v, want), TPF_EINVAL,
+                  "cost table line %d: '%s' needs %d number%s >= 0: '%s'", lineno, keys[k], want,
+                  want > 1 ? "s (latency_us, GB/s)" : "", line);
+    if (k == K_LAUNCH) t->launch_us = v[0];
+    if (k == K_HANDSHAKE) t->handshake_us = v[0];
+    if (k == K_BARRIER) t->barrier_us = v[0];
+    if (k >= K_PEER) {
+      TPF_RETURN_IF(v[1] <= 0, TPF_EINVAL, "cost table line %d: '%s' bandwidth must be > 0: '%s'",
+                    lineno, keys[k], line);
+      tpf_cost_link *l = k == K_PEER ? &t->peer : k == K_LOCAL ? &t->local : &t->reduce;
+      l->latency_us = v[0];
+      l->gbps = v[1];
+    }
+    return TPF_OK;
+  }
+  if (strncmp(line, "gemm", 4) == 0 && (line[4] == ' ' || line[4] == '\t')) {
+    const char *p = line + 5;
+    while (*p == ' ' || *p == '\t')
+      p++;
+    size_t len = strcspn(p, " \t");
+    tpf_dtype dt;
+    TPF_RETURN_IF(!dtype_of(p, len, &dt), TPF_EINVAL,
+                  "cost table line %d: unknown dtype '%.*s' (bf16, fp16, fp32, fp8_e4m3, "
+                  "fp8_e5m2)",
+                  lineno, (int)len, p);
+    TPF_RETURN_IF(!read_numbers(p + len, v, 4) || v[0] < 1 || v[1] < 1 || v[2] < 1 || v[3] <= 0,
+                  TPF_EINVAL,
+                  "cost table line %d: gemm needs <dtype> m n k us (m, n, k >= 1, us > 0): '%s'",
+                  lineno, line);
+    TPF_RETURN_IF(t->ngemm >= TPF_COST_MAX_GEMM_POINTS, TPF_EINVAL,
+                  "cost table line %d: more than %d gemm points", lineno, TPF_COST_MAX_GEMM_POINTS);
+    tpf_cost_gemm_point *g = &t->gemm[t->ngemm++];
+    g->dtype = dt;
+    g->m = (uint64_t)v[0];
+    g->n = (uint64_t)v[1];
+    g->k = (uint64_t)v[2];
+    g->us = v[3];
+    return TPF_OK;
+  }
+  return tpf_set_error(TPF_EINVAL, "cost table line %d: unknown key in '%s'", lineno, line);
+}
+
+tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out) {
+  TPF_RETURN_IF(!text || !out, TPF_EINVAL, "cost table: text or out pointer is NULL");
+  /* Parsed into scratch (too large for a stack frame; parsing is not on a per-microbatch path)
+   * so that *out is written only on success. */
+  tpf_cost_table *tt = tpf__calloc(1, sizeof *tt);
+  TPF_RETURN_IF(!tt, TPF_ENOMEM, "cost table: out of memory");
+  bool seen[K_COUNT] = {false};
+  char line[512];
+  int lineno = 0;
+  tpf_status rc = TPF_OK;
+  for (const char *p = text; *p && rc == TPF_OK;) {
+    size_t n = strcspn(p, "\n");
+    lineno++;
+    if (n >= sizeof line) {
+      rc = tpf_set_error(TPF_EINVAL, "cost table line %d: longer than %d characters", lineno,
+                         (int)sizeof line - 1);
+      break;
+    }
+    memcpy(line, p, n);
+    line[n] = '\0';
+    p += n + (p[n] == '\n');
+    char *s = line;
+    while (*s == ' ' || *s == '\t')
+      s++;
+    size_t e = strlen(s);
+    while (e > 0 && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r'))
+      s[--e] = '\0';
+    if (*s == '\0' || *s == '#') continue;
+    rc = parse_line(tt, seen, s, lineno);
+  }
+  if (rc == TPF_OK) *out = *tt;
+  tpf__free(tt);
+  return rc;
+}
+
+/* ---- GEMM interpolation --------------------------------------------------------------------- */
+
+static double flops_of(uint64_t m, uint64_t n, uint64_t k) {
+  return 2.0 * (double)m * (double)n * (double)k;
+}
+
+tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m, uint64_t n,
+                            uint64_t k, double *us) {
+  TPF_RETURN_IF(!t || !us, TPF_EINVAL, "cost: table or out pointer is NULL");
+  double f = flops_of(m, n, k);
+  if (f == 0) {
+    *us = 0;
+    return TPF_OK;
+  }
+  /* The neighbours below and above f in flops (the rate of each point is flops/us). */
+  int lo = -1, hi = -1;
+  for (int i = 0; i < t->ngemm; i++) {
+    const tpf_cost_gemm_point *g = &t->gemm[i];
+    if (g->dtype != dtype) continue;
+    double gf = flops_of(g->m, g->n, g->k);
+    if (gf <= f && (lo < 0 || gf > flops_of(t->gemm[lo].m, t->gemm[lo].n, t->gemm[lo].k))) lo = i;
+    if (gf >= f && (hi < 0 || gf < flops_of(t->gemm[hi].m, t->gemm[hi].n, t->gemm[hi].k))) hi = i;
+  }
+  TPF_RETURN_IF(lo < 0 && hi < 0, TPF_EINVAL, "cost table has no gemm point for %s",
+                tpf_dtype_name(dtype));
+  if (lo < 0) lo = hi;
+  if (hi < 0) hi = lo;
+  const tpf_cost_gemm_point *a = &t->gemm[lo], *b = &t->gemm[hi];
+  double fa = flops_of(a->m, a->n, a->k), fb = flops_of(b->m, b->n, b->k);
+  double ra = fa / a->us, rb = fb / b->us, rate = ra;
+  if (fb > fa) {
+    double w = (log(f) - log(fa)) / (log(fb) - log(fa));
+    rate = ra + w * (rb - ra);
+  }
+  *us = f / rate;
+  return TPF_OK;
+}
+
+/* ---- the replay ----------------------------------------------------------------------------- */
+
+static double link_us(const tpf_cost_link *l, double bytes) {
+  return l->latency_us + bytes / (l->gbps * 1e3);
+}
+
+static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, const tpf_step *st,
+                            double *us) {
+  double e = (double)tpf_dtype_size(s->dtype), c = t->launch_us;
+  switch (st->kind) {
+  case TPF_STEP_HANDSHAKE:
+    c += t->handshake_us;
+    break;
+  case TPF_STEP_BARRIER:
+    c += t->barrier_us;
+    break;
+  case TPF_STEP_RECV:
+    break;
+  case TPF_STEP_SEND:
+    c += link_us(st->peer == s->rank ? &t->local : &t->peer, (double)st->bytes);
+    break;
+  case TPF_STEP_REDUCE:
+  case TPF_STEP_PEER_REDUCE:
+    c += link_us(&t->reduce, (double)st->count * (double)st->m * (double)st->n * e);
+    break;
+  case TPF_STEP_GEMM: {
+    double g = 0;
+    TPF_CHECK(tpf_cost_gemm_us(t, s->dtype, st->m, st->n, st->k, &g));
+    c += g;
+    break;
+  }
+  default:
+    return tpf_set_error(TPF_EINVAL, "cost: step kind %d unknown", (int)st->kind);
+  }
+  *us = c;
+  return TPF_OK;
+}
+
+typedef struct {
+  const tpf_schedule *s;
+  int p, max;
+  tpf_cost_span *sp;
+  int cur[TPF_MAX_RANKS][TPF_NUM_STREAMS]; /* next unplaced step index per stream */
+} replay;
+
+static tpf_cost_span *span(replay *r, int rank, int i) {
+  return &r->sp[rank * r->max + i];
+}
+static bool placed(replay *r, int rank, int i) {
+  return span(r, rank, i)->end_us >= 0;
+}
+
+/* The next unplaced step of (rank, stream), or -1. */
+static int next_on(replay *r, int rank, int stream) {
+  const tpf_schedule *s = &r->s[rank];
+  int i = r->cur[rank][stream];
+  while (i < s->nsteps && (s->steps[i].stream != stream || placed(r, rank, i)))
+    i++;
+  r->cur[rank][stream] = i;
+  return i < s->nsteps ? i : -1;
+}
+
+/* When step i of rank can start as far as its own rank is concerned; false if not yet. */
+static bool ready_at(replay *r, int rank, int i, double *t) {
+  const tpf_schedule *s = &r->s[rank];
+  const tpf_step *st = &s->steps[i];
+  if (next_on(r, rank, st->stream) != i) return false;
+  double at = 0;
+  for (int j = i - 1; j >= 0; j--) /* the previous step of the same stream */
+    if (s->steps[j].stream == st->stream) {
+      at = span(r, rank, j)->end_us;
+      break;
+    }
+  for (int d = 0; d < st->ndeps; d++) {
+    if (!placed(r, rank, st->deps[d])) return false;
+    double e = span(r, rank, st->deps[d])->end_us;
+    if (e > at) at = e;
+  }
+  *t = at;
+  return true;
+}
+
+/* The step of `rank` matching a collective step (HANDSHAKE, or BARRIER of the same tag). */
+static int collective_match(const replay *r, int rank, const tpf_step *st) {
+  const tpf_schedule *s = &r->s[rank];
+  for (int i = 0; i < s->nsteps; i++)
+    if (s->steps[i].kind == st->kind &&
+        (st->kind != TPF_STEP_BARRIER || s->steps[i].tag == st->tag))
+      return i;
+  return -1;
+}
+
+static int send_match(const replay *r, int sender, int receiver, uint32_t tag) {
+  const tpf_schedule *s = &r->s[sender];
+  for (int i = 0; i < s->nsteps; i++)
+    if (s->steps[i].kind == TPF_STEP_SEND && s->steps[i].peer == receiver && s->steps[i].tag == tag)
+      return i;
+  return -1;
+}
+
+/* Tries to place step i of rank (and, for a collective step, its matches on every rank). */
+static tpf_status try_place(const tpf_cost_table *t, replay *r, int rank, int i, bool *did) {
+  const tpf_step *st = &r->s[rank].steps[i];
+  double at = 0, cost = 0;
+  if (!ready_at(r, rank, i, &at)) return TPF_OK;
+  TPF_CHECK(step_cost(t, &r->s[rank], st, &cost));
+  if (st->kind == TPF_STEP_HANDSHAKE || st->kind == TPF_STEP_BARRIER) {
+    int idx[TPF_MAX_RANKS];
+    double ready[TPF_MAX_RANKS], last = 0;
+    for (int q = 0; q < r->p; q++) {
+      idx[q] = collective_match(r, q, st);
+      TPF_RETURN_IF(idx[q] < 0, TPF_EINVAL,
+                    "cost: rank %d step %d (%s tag %u) has no match on rank %d", rank, i,
+                    tpf_step_kind_name(st->kind), st->tag, q);
+      if (!ready_at(r, q, idx[q], &ready[q])) return TPF_OK;
+      if (ready[q] > last) last = ready[q];
+    }
+    for (int q = 0; q < r->p; q++) {
+      span(r, q, idx[q])->start_us = ready[q];
+      span(r, q, idx[q])->end_us = last + cost;
+    }
+  } else {
+    double start = at;
+    if (st->kind == TPF_STEP_RECV) {
+      TPF_RETURN_IF(st->peer < 0 || st->peer >= r->p, TPF_EINVAL, "cost: rank %d step %d: peer %d",
+                    rank, i, (int)st->peer);
+      int j = send_match(r, st->peer, rank, st->tag);
+      TPF_RETURN_IF(j < 0, TPF_EINVAL, "cost: rank %d step %d RECV from %d tag %u has no SEND",
+                    rank, i, (int)st->peer, st->tag);
+      if (!placed(r, st->peer, j)) return TPF_OK;
+      double e = span(r, st->peer, j)->end_us;
+      if (e > at) at = e;
+    }
+    span(r, rank, i)->start_us = start;
+    span(r, rank, i)->end_us = at + cost;
+  }
+  *did = true;
+  return TPF_OK;
+}
+
+tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
+                            tpf_cost_span *spans, int max_steps, double *total_us) {
+  TPF_RETURN_IF(!t || !scheds || !spans || !total_us, TPF_EINVAL,
+                "cost: table, schedules, spans or total pointer is NULL");
+  TPF_RETURN_IF(tp_size < 1 || tp_size > TPF_MAX_RANKS, TPF_EINVAL,
+                "cost: tp_size %d outside [1, %d]", tp_size, TPF_MAX_RANKS);
+  for (int q = 0; q < tp_size; q++) {
+    TPF_RETURN_IF(scheds[q].nsteps < 0 || scheds[q].nsteps > max_steps, TPF_EINVAL,
+                  "cost: rank %d has %d steps, more than max_steps %d", q, scheds[q].nsteps,
+                  max_steps);
+    for (int i = 0; i < scheds[q].nsteps; i++) {
+      const tpf_step *st = &scheds[q].steps[i];
+      TPF_RETURN_IF(st->stream >= TPF_NUM_STREAMS || st->ndeps > TPF_STEP_MAX_DEPS, TPF_EINVAL,
+                    "cost: rank %d step %d: stream %d, %d deps", q, i, (int)st->stream,
+                    (int)st->ndeps);
+      for (int d = 0; d < st->ndeps; d++)
+        TPF_RETURN_IF(st->deps[d] >= i, TPF_EINVAL, "cost: rank %d step %d depends on step %d", q,
+                      i, (int)st->deps[d]);
+      spans[q * max_steps + i].start_us = -1;
+      spans[q * max_steps + i].end_us = -1;
+    }
+  }
+  replay r;
+  memset(&r, 0, sizeof r);
+  r.s = scheds;
+  r.p = tp_size;
+  r.max = max_steps;
+  r.sp = spans;
+  for (;;) {
+    bool did = false;
+    for (int q = 0; q < tp_size; q++)
+      for (int k = 0; k < TPF_NUM_STREAMS; k++) {
+        int i;
+        while ((i = next_on(&r, q, k)) >= 0) {
+          bool one = false;
+          TPF_CHECK(try_place(t, &r, q, i, &one));
+          if (!one) break;
+          did = true;
+        }
+      }
+    if (!did) break;
+  }
+  double end = 0;
+  for (int q = 0; q < tp_size; q++)
+    for (int i = 0; i < scheds[q].nsteps; i++) {
+      const tpf_cost_span *s = &spans[q * max_steps + i];
+      if (s->end_us < 0)
+        return tpf_set_error(TPF_EINVAL,
+                             "cost: rank %d step %d (%s) can never start: the schedules wait on "
+                             "each other",
+                             q, i, tpf_step_kind_name(scheds[q].steps[i].kind));
+      if (s->end_us > end) end = s->end_us;
+    }
+  *total_us = end;
+  return TPF_OK;
+}

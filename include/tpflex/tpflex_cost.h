@@ -1,0 +1,79 @@
+/* tpflex cost model: predicts an operation's time from its schedules and a cost table.
+ *
+ * A cost table says what each kind of step costs on a machine: GEMM time from measured points
+ * (m, n, k, dtype) -> microseconds, interpolated in between; transfers as latency + bytes over
+ * bandwidth for peer copies, same-device copies and reduction kernels; a launch overhead per
+ * step; the host/device cost of a handshake and of a barrier. tpf_cost_predict replays all P
+ * ranks' schedules of one operation over their streams: steps of one stream run in order, a step
+ * starts when its stream is free and its deps have ended, a RECV ends when the matching SEND on
+ * the sender has ended, and a HANDSHAKE or BARRIER ends when the last rank has reached it. The
+ * result is every step's predicted start and end and the operation's time (the last end).
+ *
+ * Text format (one item per line, '#' starts a comment, units in the key names):
+ *   launch_us 3.5                          per-step launch overhead
+ *   handshake_us 8                         HANDSHAKE step (beside its launch)
+ *   barrier_us 6                           BARRIER step
+ *   copy peer <latency_us> <GB/s>          SEND to another rank (NVLink or a shared GPU)
+ *   copy local <latency_us> <GB/s>         same-device copy
+ *   reduce <latency_us> <GB/s>             REDUCE/PEER_REDUCE, bytes read over the time
+ *   gemm <dtype> <m> <n> <k> <us>          a measured GEMM (dtype as tpf_dtype_name: bf16, ...)
+ * Every key but gemm appears at most once; at least one gemm line of a dtype is needed to price
+ * GEMMs of that dtype. GB/s means 1e9 bytes per second.
+ */
+#ifndef TPFLEX_COST_H
+#define TPFLEX_COST_H
+
+#include "tpflex_backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPF_COST_MAX_GEMM_POINTS 512
+
+typedef struct {
+  tpf_dtype dtype;
+  uint64_t m, n, k;
+  double us;
+} tpf_cost_gemm_point;
+
+typedef struct {
+  double latency_us;
+  double gbps; /* 1e9 bytes per second */
+} tpf_cost_link;
+
+typedef struct {
+  double launch_us, handshake_us, barrier_us;
+  tpf_cost_link peer, local, reduce;
+  int ngemm;
+  tpf_cost_gemm_point gemm[TPF_COST_MAX_GEMM_POINTS];
+} tpf_cost_table;
+
+/* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number
+ * and the offending text for a syntax error, an unknown key, a repeated key, a negative or
+ * non-finite number, a zero bandwidth or too many gemm lines. *out is written only on success. */
+tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out);
+
+/* Predicted GEMM time in microseconds (without the launch overhead). Points of the same dtype
+ * are ordered by flops (2mnk); the achieved rate (flops/us) is interpolated linearly in
+ * log(flops) between the two neighbours and held constant beyond the ends. TPF_EINVAL when the
+ * table has no point of that dtype. */
+tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m, uint64_t n,
+                            uint64_t k, double *us);
+
+typedef struct {
+  double start_us, end_us;
+} tpf_cost_span;
+
+/* Replays scheds[0..tp_size) (rank r's schedule of one operation at index r, as
+ * tpf_schedule_check takes them). spans, when not NULL, receives rank r's step i at
+ * spans[r * max_steps + i] (max_steps >= every nsteps). *total_us is the latest end.
+ * TPF_EINVAL for bad arguments, a RECV without its SEND, or schedules that cannot finish
+ * (a wait cycle), naming the rank and step. Allocates nothing. */
+tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
+                            tpf_cost_span *spans, int max_steps, double *total_us);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPFLEX_COST_H */

@@ -1,0 +1,245 @@
+/* The cost model: the text format, GEMM interpolation, and the replay against timelines worked
+ * out by hand (docs in include/tpflex/tpflex_cost.h). */
+#include "tpflex/tpflex_cost.h"
+#include "tpf_test.h"
+
+#include <math.h>
+
+static const char *TABLE = "# test table\n"
+                           "launch_us 1\n"
+                           "handshake_us 2   # beside the launch\n"
+                           "barrier_us 3\n"
+                           "copy peer 1 1\n"
+                           "copy local 0.5 4\n"
+                           "reduce 2 2\n"
+                           "gemm bf16 1 1 500 1\n"
+                           "gemm bf16 1 1 50000 10\n"
+                           "gemm fp32 8 8 8 10\n";
+
+static tpf_cost_table table;
+
+static tpf_step step(tpf_step_kind kind, tpf_stream_id stream, int peer, uint32_t tag) {
+  tpf_step s;
+  memset(&s, 0, sizeof s);
+  s.kind = (uint8_t)kind;
+  s.stream = (uint8_t)stream;
+  s.peer = peer;
+  s.tag = tag;
+  return s;
+}
+static void dep(tpf_step *s, int d) {
+  s->deps[s->ndeps++] = (uint16_t)d;
+}
+
+static void test_parse(void **state) {
+  (void)state;
+  TPF_ASSERT_OK(tpf_cost_table_parse(TABLE, &table));
+  assert_true(table.launch_us == 1 && table.handshake_us == 2 && table.barrier_us == 3);
+  assert_true(table.peer.latency_us == 1 && table.peer.gbps == 1);
+  assert_true(table.local.latency_us == 0.5 && table.reduce.gbps == 2);
+  assert_int_equal(table.ngemm, 3);
+  assert_int_equal(table.gemm[2].dtype, TPF_FP32);
+  struct {
+    const char *text, *needle;
+  } bad[] = {
+      {"launch_us 1\nlaunch_us 2\n", "line 2: 'launch_us' given twice"},
+      {"launch_us -1\n", "line 1"},
+      {"launch_us 1 2\n", "line 1"},
+      {"launch_us abc\n", "line 1"},
+      {"launch_us nan\n", "line 1"},
+      {"copy peer 1\n", "latency_us, GB/s"},
+      {"copy peer 1 0\n", "bandwidth must be > 0"},
+      {"\n\nfrobnicate 3\n", "line 3: unknown key"},
+      {"gemm bf17 1 1 1 1\n", "unknown dtype 'bf17'"},
+      {"gemm bf16 0 1 1 1\n", "m, n, k >= 1"},
+      {"gemm bf16 1 1 1 0\n", "us > 0"},
+  };
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(bad); i++) {
+    tpf_cost_table t;
+    memset(&t, 0x5a, sizeof t);
+    TPF_ASSERT_STATUS(tpf_cost_table_parse(bad[i].text, &t), TPF_EINVAL);
+    if (!strstr(tpf_last_error(), bad[i].needle))
+      fail_msg("case %zu: detail '%s' lacks '%s'", i, tpf_last_error(), bad[i].needle);
+    assert_true(t.ngemm == 0x5a5a5a5a); /* untouched */
+  }
+  TPF_ASSERT_STATUS(tpf_cost_table_parse(NULL, &table), TPF_EINVAL);
+}
+
+static void test_gemm_interpolation(void **state) {
+  (void)state;
+  double us = 0;
+  /* Rates 1000 flops/us at 1e3 flops and 1e4 at 1e5; 1e4 flops is halfway in log: 5500. */
+  TPF_ASSERT_OK(tpf_cost_gemm_us(&table, TPF_BF16, 1, 1, 5000, &us));
+  assert_true(fabs(us - 1e4 / 5500.0) < 1e-9);
+  TPF_ASSERT_OK(tpf_cost_gemm_us(&table, TPF_BF16, 1, 1, 500, &us));
+  assert_true(fabs(us - 1.0) < 1e-12);
+  TPF_ASSERT_OK(tpf_cost_gemm_us(&table, TPF_BF16, 1, 10, 50000, &us)); /* beyond: rate held */
+  assert_true(fabs(us - 100.0) < 1e-9);
+  TPF_ASSERT_OK(tpf_cost_gemm_us(&table, TPF_BF16, 1, 1, 50, &us));
+  assert_true(fabs(us - 0.1) < 1e-12);
+  TPF_ASSERT_STATUS(tpf_cost_gemm_us(&table, TPF_FP16, 1, 1, 1, &us), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "fp16"));
+}
+
+/* Two ranks; rank 1's send waits for its first GEMM. Worked out by hand (launch 1 per step):
+ * HANDSHAKE ends at 0+1+2 = 3 on both. GEMMs (k = 50000: 10 us) on compute0 end at 14.
+ * rank 0 SEND 2000 bytes at 1 GB/s: 3 + 1 + 1 + 2 = 7. rank 1 SEND after its GEMM: 14 -> 18.
+ * rank 1 RECV (from 0): max(3, 7) + 1 = 8; rank 0 RECV: max(3, 18) + 1 = 19.
+ * rank 0 second GEMM after its RECV: 19 -> 30; rank 1's: max(14, 8) -> 25. BARRIER tag 9 after
+ * the second GEMM: ready 30 and 25, both end at 30 + 1 + 3 = 34. Total 34. */
+static void test_replay_by_hand(void **state) {
+  (void)state;
+  tpf_step st[2][6];
+  tpf_schedule s[2];
+  for (int r = 0; r < 2; r++) {
+    memset(&s[r], 0, sizeof s[r]);
+    s[r].tp_size = 2;
+    s[r].rank = r;
+    s[r].dtype = TPF_BF16;
+    s[r].nsteps = 6;
+    s[r].steps = st[r];
+    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_SEND, -1, 0);
+    st[r][1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);
+    st[r][1].m = 1, st[r][1].n = 1, st[r][1].k = 50000;
+    dep(&st[r][1], 0);
+    st[r][2] = step(TPF_STEP_SEND, TPF_STREAM_SEND, 1 - r, 0);
+    st[r][2].bytes = 2000;
+    if (r == 1) dep(&st[r][2], 1);
+    st[r][3] = step(TPF_STEP_RECV, TPF_STREAM_RECV, 1 - r, 0);
+    dep(&st[r][3], 0);
+    st[r][4] = st[r][1];
+    st[r][4].ndeps = 0;
+    dep(&st[r][4], 3);
+    st[r][5] = step(TPF_STEP_BARRIER, TPF_STREAM_SEND, -1, 9);
+    dep(&st[r][5], 4);
+  }
+  tpf_cost_span sp[2 * 8];
+  double total = 0;
+  TPF_ASSERT_OK(tpf_cost_predict(&table, s, 2, sp, 8, &total));
+  const double want[2][6][2] = {
+      {{0, 3}, {3, 14}, {3, 7}, {3, 19}, {19, 30}, {30, 34}},
+      {{0, 3}, {3, 14}, {14, 18}, {3, 8}, {14, 25}, {25, 34}},
+  };
+  for (int r = 0; r < 2; r++)
+    for (int i = 0; i < 6; i++)
+      if (fabs(sp[r * 8 + i].start_us - want[r][i][0]) > 1e-9 ||
+          fabs(sp[r * 8 + i].end_us - want[r][i][1]) > 1e-9)
+        fail_msg("rank %d step %d: [%g, %g], expected [%g, %g]", r, i, sp[r * 8 + i].start_us,
+                 sp[r * 8 + i].end_us, want[r][i][0], want[r][i][1]);
+  assert_true(fabs(total - 34) < 1e-9);
+
+  /* A wait cycle: each rank receives first and sends only after its RECV. */
+  for (int r = 0; r < 2; r++) {
+    tpf_step send = st[r][2];
+    st[r][2] = st[r][3];
+    st[r][3] = send;
+    st[r][3].ndeps = 0;
+    dep(&st[r][3], 2);
+  }
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 8, &total), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "can never start"));
+  /* A RECV whose SEND does not exist. */
+  st[1][3].tag = 7;
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 8, &total), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "has no SEND"));
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 5, &total), TPF_EINVAL);
+  TPF_ASSERT_STATUS(tpf_cost_predict(NULL, s, 2, sp, 8, &total), TPF_EINVAL);
+}
+
+/* Real schedules: every algorithm replays to the end; RING AG time grows with T. */
+static void test_real_schedules(void **state) {
+  (void)state;
+  const int P = 4;
+  const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK,
+                            TPF_ALGO_BULK};
+  const tpf_coll colls[] = {TPF_COLL_AG, TPF_COLL_RS, TPF_COLL_RS, TPF_COLL_AG, TPF_COLL_RS};
+  static tpf_cost_span sp[TPF_MAX_RANKS * 256];
+  for (size_t a = 0; a < TPF_ARRAY_SIZE(algos); a++) {
+    double prev = 0;
+    for (uint64_t t = 64; t <= 1024; t *= 2) {
+      tpf_schedule s[4];
+      memset(s, 0, sizeof s);
+      for (int r = 0; r < P; r++) {
+        tpf_layout_desc d;
+        memset(&d, 0, sizeof d);
+        d.tp_size = P, d.rank = r, d.algo = algos[a], d.coll = colls[a], d.dtype = TPF_BF16;
+        d.capacity = (tpf_shape){1024, 256};
+        d.active = (tpf_shape){t, 256};
+        tpf_gemm_dims g = {t, 256, 256};
+        TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &s[r]));
+      }
+      double total = 0;
+      TPF_ASSERT_OK(tpf_cost_predict(&table, s, P, sp, 256, &total));
+      if (!(total > prev))
+        fail_msg("%s %s T=%llu: %g us, not more than %g at T/2", tpf_algo_name(algos[a]),
+                 tpf_coll_name(colls[a]), (unsigned long long)t, total, prev);
+      prev = total;
+      for (int r = 0; r < P; r++)
+        tpf_schedule_free(&s[r]);
+    }
+  }
+}
+
+/* Every malformed input the replay and the parser refuse, one by one. */
+static void test_refusals(void **state) {
+  (void)state;
+  static char big[64 * 1024];
+  memset(big, 'x', 600);
+  big[600] = '\0';
+  TPF_ASSERT_STATUS(tpf_cost_table_parse(big, &table), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "longer than"));
+  big[0] = '\0';
+  for (int i = 0; i <= TPF_COST_MAX_GEMM_POINTS; i++)
+    strcat(big, "gemm fp16 1 1 1 1\n");
+  TPF_ASSERT_STATUS(tpf_cost_table_parse(big, &table), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "more than"));
+  TPF_ASSERT_OK(tpf_cost_table_parse(TABLE, &table));
+
+  tpf_step st[2][2];
+  tpf_schedule s[2];
+  tpf_cost_span sp[2 * 4];
+  double total = 0;
+  for (int r = 0; r < 2; r++) {
+    memset(&s[r], 0, sizeof s[r]);
+    s[r].tp_size = 2, s[r].rank = r, s[r].dtype = TPF_BF16, s[r].nsteps = 2, s[r].steps = st[r];
+    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_SEND, -1, 0);
+    st[r][1] = step(TPF_STEP_SEND, TPF_STREAM_SEND, r, 0); /* to itself: the local link */
+    st[r][1].bytes = 4000;
+  }
+  TPF_ASSERT_OK(tpf_cost_predict(&table, s, 2, sp, 4, &total));
+  assert_true(fabs(total - (3 + 1 + 0.5 + 1)) < 1e-9);
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 0, sp, 4, &total), TPF_EINVAL);
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 1, &total), TPF_EINVAL);
+  st[1][1].stream = TPF_NUM_STREAMS;
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
+  st[1][1].stream = TPF_STREAM_SEND;
+  dep(&st[1][1], 1);
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
+  st[1][1].ndeps = 0;
+  st[1][1].kind = TPF_STEP_KIND_COUNT;
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "unknown"));
+  st[1][1] = step(TPF_STEP_RECV, TPF_STREAM_RECV, 5, 0);
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "peer 5"));
+  st[1][1] = step(TPF_STEP_BARRIER, TPF_STREAM_SEND, -1, 3); /* rank 0 has no barrier 3 */
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "no match on rank 0"));
+  st[1][1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);
+  st[1][1].m = 1, st[1][1].n = 1, st[1][1].k = 1;
+  s[1].dtype = TPF_FP16; /* no fp16 point */
+  TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
+  s[1].dtype = TPF_BF16;
+  st[1][1].m = 0; /* an empty GEMM costs its launch only */
+  TPF_ASSERT_OK(tpf_cost_predict(&table, s, 2, sp, 4, &total));
+  assert_true(fabs(sp[4 + 1].end_us - sp[4 + 1].start_us - 1) < 1e-12);
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test(test_parse),          cmocka_unit_test(test_gemm_interpolation),
+      cmocka_unit_test(test_replay_by_hand), cmocka_unit_test(test_real_schedules),
+      cmocka_unit_test(test_refusals),
+  };
+  return cmocka_run_group_tests(tests, NULL, NULL);
+}
