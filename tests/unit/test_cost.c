@@ -235,11 +235,37 @@ static void test_refusals(void **state) {
   assert_true(fabs(sp[4 + 1].end_us - sp[4 + 1].start_us - 1) < 1e-12);
 }
 
+/* The shipped tables parse, price every dtype they name, and order candidates sensibly: on the
+ * H200 table a [512, 8192] x [3584, 8192]^T GEMM costs less whole than as 8 row chunks. */
+static void test_shipped_tables(void **state) {
+  (void)state;
+  const char *names[] = {TPF_DATA_DIR "/cost/h200.txt", TPF_DATA_DIR "/cost/sim.txt"};
+  static char text[64 * 1024];
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(names); i++) {
+    FILE *f = fopen(names[i], "r");
+    if (!f) fail_msg("cannot open %s", names[i]);
+    size_t n = fread(text, 1, sizeof text - 1, f);
+    fclose(f);
+    text[n] = '\0';
+    tpf_cost_table t;
+    TPF_ASSERT_OK(tpf_cost_table_parse(text, &t));
+    assert_true(t.ngemm >= 4 && t.peer.gbps > 0 && t.local.gbps > 0 && t.reduce.gbps > 0);
+    if (i == 0) {
+      double one = 0, chunk = 0;
+      TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_BF16, 512, 3584, 8192, &one));
+      TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_BF16, 64, 3584, 8192, &chunk));
+      assert_true(fabs(one - 43.7) < 1e-9); /* a measured point comes back exactly */
+      assert_true(8 * chunk > 4 * one);     /* the chunking tax of bench/RESULTS.md section 3 */
+    }
+  }
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_parse),          cmocka_unit_test(test_gemm_interpolation),
       cmocka_unit_test(test_replay_by_hand), cmocka_unit_test(test_real_schedules),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_shipped_tables),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
