@@ -119,6 +119,9 @@ static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t deadline_ns)
     pthread_mutex_unlock(&rk->bell_mu);
     if (pred_holds(p)) return TPF_OK;
     if (atomic_load(&c->op->failed)) return TPF_ESTATE;
+    if (atomic_load(&c->op->reg->aborted))
+      return op_fail(c, TPF_ESTATE, "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d",
+                     comm_name(c), c->me, c->step_index);
     uint64_t now = tpf_sim__now_ns();
     if (now >= deadline_ns) return TPF_ETIMEOUT;
     uint64_t until = now + SIM_POLL_NS < deadline_ns ? now + SIM_POLL_NS : deadline_ns;
@@ -586,8 +589,10 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   op.workers_left = TPF_NUM_STREAMS;
   op.fault_step_base = step_base;
   atomic_init(&op.failed, 0);
-  op.done = calloc((size_t)a->sched->nsteps + 1, 1);
-  if (!op.done) return tpf_set_error(TPF_ENOMEM, "sim execute: %d step flags", a->sched->nsteps);
+  /* The rank's own flag array (no allocation per operation): only one operation of a rank runs
+   * at a time, and its workers have all let go of the previous one. */
+  op.done = rk->done;
+  memset(op.done, 0, (size_t)a->sched->nsteps + 1);
   pthread_mutex_init(&op.mu, NULL);
   cond_init_mono(&op.cv);
 
@@ -619,8 +624,41 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
     st = tpf_sim__canary_verify(h, a->comm_name);
   pthread_cond_destroy(&op.cv);
   pthread_mutex_destroy(&op.mu);
-  free(op.done);
+  if (st != TPF_OK && st != TPF_EMISMATCH && h->deferred == TPF_OK) h->deferred = st;
   return st;
+}
+
+/* The simulator completes every operation inside execute: nothing is left to wait for, and the
+ * deferred status is what the handle's operations already reported. */
+tpf_status tpf_sim__reg_sync(tpf_backend *be, tpf_reg *reg) {
+  (void)be;
+  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+  if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_sync: NULL registration");
+  if (h->deferred != TPF_OK)
+    return tpf_set_error(h->deferred, "sim: an operation on '%s' failed earlier (%s)", h->sh->name,
+                         tpf_status_name(h->deferred));
+  return TPF_OK;
+}
+
+tpf_status tpf_sim__reg_async_error(tpf_backend *be, tpf_reg *reg, tpf_status *out) {
+  (void)be;
+  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+  if (!h || !out) return tpf_set_error(TPF_EINVAL, "sim reg_async_error: NULL argument");
+  *out = h->deferred;
+  return TPF_OK;
+}
+
+/* Thread-safe: an atomic store and a doorbell, so a rank blocked in a wait on this handle sees
+ * it within one wakeup. */
+tpf_status tpf_sim__reg_abort(tpf_backend *be, tpf_reg *reg) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+  if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_abort: NULL registration");
+  atomic_store(&h->aborted, 1);
+  tpf_sim__ring(rk);
+  /* A step waiting on another step of its own operation waits on the operation's condition
+   * variable; the aborted wait above fails the operation, which broadcasts it. */
+  return TPF_OK;
 }
 
 tpf_status tpf_sim__sync(tpf_backend *be, void *stream) {

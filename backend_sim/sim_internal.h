@@ -16,6 +16,7 @@
 #define TPF_SIM_ARENA_ALIGN 4096u
 #define TPF_SIM_MSG_LEN 512
 #define TPF_SIM_NAME_LEN 64
+#define TPF_SIM_MAX_STEPS 65535 /* steps of one schedule (the pre-check's limit) */
 
 typedef struct tpf_sim_rank tpf_sim_rank;
 
@@ -40,6 +41,8 @@ typedef struct tpf_sim_reg {
   tpf_sim_shared *sh;
   int rank;
   uint64_t canary_off; /* bytes from here to data_bytes hold the canary */
+  atomic_int aborted;  /* tpf_comm_abort: every wait of an operation on this handle gives up */
+  tpf_status deferred; /* first failure of an operation on this handle (rank thread only) */
 } tpf_sim_reg;
 
 /* Registration rendezvous: the k-th reg_create of every rank meets in group k. */
@@ -109,6 +112,9 @@ struct tpf_sim_rank {
   int rank;
   uint64_t reg_count; /* registrations requested so far (rank thread only) */
   tpf_sim_worker workers[TPF_NUM_STREAMS];
+  /* Per-step completion flags of the operation being executed, reused by every operation so
+   * execute allocates nothing (issue 11 item 4); guarded by that operation's mutex. */
+  unsigned char done[TPF_SIM_MAX_STEPS + 1];
   bool workers_started[TPF_NUM_STREAMS];
   /* Job dispatch to the workers. */
   pthread_mutex_t mu;
@@ -190,6 +196,9 @@ void tpf_sim__free_groups(tpf_sim_world *w);
 /* sim_exec.c */
 tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
 tpf_status tpf_sim__sync(tpf_backend *be, void *stream);
+tpf_status tpf_sim__reg_sync(tpf_backend *be, tpf_reg *reg);
+tpf_status tpf_sim__reg_async_error(tpf_backend *be, tpf_reg *reg, tpf_status *out);
+tpf_status tpf_sim__reg_abort(tpf_backend *be, tpf_reg *reg);
 void *tpf_sim__worker_main(void *arg);
 /* Condition variable timed against CLOCK_MONOTONIC (deadlines from tpf_sim__now_ns). */
 void tpf_sim__cond_init_mono(pthread_cond_t *cv);

@@ -43,7 +43,7 @@ void tpf_sim__free_groups(tpf_sim_world *w) {
   while (w->groups) {
     tpf_sim_group *g = w->groups;
     w->groups = g->next;
-    free(g);
+    tpf__free(g);
   }
 }
 
@@ -72,7 +72,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
       return;
     }
   }
-  tpf_sim_shared *sh = calloc(1, sizeof *sh);
+  tpf_sim_shared *sh = tpf__calloc(1, sizeof *sh);
   if (!sh) {
     g->status = TPF_ENOMEM;
     snprintf(g->msg, sizeof g->msg, "registration '%s': shared descriptor", g->names[0]);
@@ -92,7 +92,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
              "registration '%s' of %llu bytes x %d ranks does not fit the simulator arena (%llu "
              "bytes; raise tpf_sim_config.arena_bytes)",
              g->names[0], (unsigned long long)g->bytes[0], P, (unsigned long long)w->arena_bytes);
-    free(sh);
+    tpf__free(sh);
     return;
   }
   sh->arena_len = total;
@@ -118,7 +118,7 @@ static void group_release(tpf_sim_world *w, tpf_sim_group *g) {
   for (tpf_sim_group **pp = &w->groups; *pp; pp = &(*pp)->next) {
     if (*pp == g) {
       *pp = g->next;
-      free(g);
+      tpf__free(g);
       return;
     }
   }
@@ -152,7 +152,7 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
   tpf_status local_st = tpf_sim__fault_call(w, "reg_create", rk->rank);
   tpf_sim_reg *h = NULL;
   if (local_st == TPF_OK) {
-    h = calloc(1, sizeof *h);
+    h = tpf__calloc(1, sizeof *h);
     if (!h) local_st = tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
   }
   char local_msg[TPF_SIM_MSG_LEN];
@@ -164,10 +164,10 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
   while (g && g->k != k)
     g = g->next;
   if (!g) {
-    g = calloc(1, sizeof *g);
+    g = tpf__calloc(1, sizeof *g);
     if (!g) {
       pthread_mutex_unlock(&w->mu);
-      free(h);
+      tpf__free(h);
       return tpf_set_error(TPF_ENOMEM, "sim reg_create: rendezvous");
     }
     g->k = k;
@@ -232,7 +232,7 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
   pthread_mutex_unlock(&w->mu);
 
   if (st != TPF_OK) {
-    free(h);
+    tpf__free(h);
     return tpf_set_error(st, "%s", msg);
   }
   h->sh = sh;
@@ -256,10 +256,10 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   if (--sh->refs == 0) {
     tpf_sim__arena_free(w, sh->arena_off, sh->arena_len);
     w->live_regs--;
-    free(sh);
+    tpf__free(sh);
   }
   pthread_mutex_unlock(&w->mu);
-  free(h);
+  tpf__free(h);
   return TPF_OK;
 }
 

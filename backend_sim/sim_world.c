@@ -38,7 +38,7 @@ tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off) {
     e->len -= len;
     if (e->len == 0) {
       *pp = e->next;
-      free(e);
+      tpf__free(e);
     }
     w->arena_used += len;
     return TPF_OK;
@@ -65,7 +65,7 @@ void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
     if (next && prev->off + prev->len == next->off) {
       prev->len += next->len;
       prev->next = next->next;
-      free(next);
+      tpf__free(next);
     }
     return;
   }
@@ -74,7 +74,7 @@ void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
     next->len += len;
     return;
   }
-  tpf_sim_extent *e = malloc(sizeof *e);
+  tpf_sim_extent *e = tpf__malloc(sizeof *e);
   if (!e) return; /* the extent is lost to the arena, nothing else: better than failing a destroy */
   e->off = off;
   e->len = len;
@@ -152,6 +152,9 @@ const tpf_backend_ops tpf_sim_ops = {
     .reg_activate = tpf_sim__reg_activate,
     .execute = tpf_sim__execute,
     .sync = tpf_sim__sync,
+    .reg_sync = tpf_sim__reg_sync,
+    .reg_async_error = tpf_sim__reg_async_error,
+    .reg_abort = tpf_sim__reg_abort,
 };
 
 /* ---- world ---- */
@@ -209,18 +212,18 @@ static void world_free(tpf_sim_world *w) {
       pthread_cond_destroy(&rk->bell_cv);
       pthread_mutex_destroy(&rk->fault_mu);
     }
-    free(w->ranks);
+    tpf__free(w->ranks);
   }
   tpf_sim__free_groups(w);
   while (w->free_list) {
     tpf_sim_extent *e = w->free_list;
     w->free_list = e->next;
-    free(e);
+    tpf__free(e);
   }
   if (w->arena) munmap(w->arena, (size_t)w->arena_bytes);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
-  free(w);
+  tpf__free(w);
 }
 
 tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) {
@@ -229,7 +232,7 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
   if (cfg->tp_size < 1 || cfg->tp_size > TPF_MAX_RANKS)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: tp_size %d outside 1..%d", cfg->tp_size,
                          TPF_MAX_RANKS);
-  tpf_sim_world *w = calloc(1, sizeof *w);
+  tpf_sim_world *w = tpf__calloc(1, sizeof *w);
   if (!w) return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: world");
   w->tp_size = cfg->tp_size;
   w->seed = cfg->seed;
@@ -255,8 +258,8 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
         strerror(err));
   }
   w->arena = a;
-  w->free_list = malloc(sizeof *w->free_list);
-  w->ranks = calloc((size_t)w->tp_size, sizeof *w->ranks);
+  w->free_list = tpf__malloc(sizeof *w->free_list);
+  w->ranks = tpf__calloc((size_t)w->tp_size, sizeof *w->ranks);
   if (!w->free_list || !w->ranks) {
     world_free(w);
     return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: rank table");

@@ -11,7 +11,32 @@
  */
 #include "comm_internal.h"
 
+#include <stdatomic.h>
 #include <string.h>
+
+/* The communicator as allocated: the shared struct (comm_internal.h) followed by what only this
+ * file needs: the abort flag and the schedule storage, sized at creation for the largest
+ * schedule any active shape T <= C can need, so an operation builds its schedule without
+ * allocating (issue 11 item 4). */
+typedef struct {
+  struct tpf_comm c; /* must stay first */
+  atomic_int aborted;
+  int max_steps;
+  tpf_step steps[]; /* max_steps entries */
+} comm_full;
+
+static comm_full *full_of(const tpf_comm *c) {
+  return (comm_full *)(void *)(uintptr_t)c;
+}
+
+static bool aborted(const tpf_comm *c) {
+  return atomic_load(&full_of(c)->aborted) != 0;
+}
+
+#define TPF_RETURN_IF_ABORTED(c)                                                                   \
+  TPF_RETURN_IF(aborted(c), TPF_ESTATE,                                                            \
+                "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",             \
+                (c)->cfg.name)
 
 static tpf_layout_desc desc_of(const tpf_comm *c, tpf_shape active) {
   tpf_layout_desc d;
@@ -54,8 +79,17 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm
   TPF_CHECK(tpf__be_validate(be));
   TPF_CHECK(check_config(cfg));
 
-  tpf_comm *c = tpf__calloc(1, sizeof *c);
-  TPF_RETURN_IF(!c, TPF_ENOMEM, "'%s': cannot allocate the communicator", cfg->name);
+  tpf_layout_desc cap_desc;
+  memset(&cap_desc, 0, sizeof cap_desc);
+  cap_desc.tp_size = be->tp_size;
+  cap_desc.algo = cfg->algo;
+  cap_desc.capacity = cfg->capacity;
+  int max_steps = tpf__schedule_max_steps(&cap_desc);
+  comm_full *f = tpf__calloc(1, sizeof *f + (size_t)max_steps * sizeof(tpf_step));
+  TPF_RETURN_IF(!f, TPF_ENOMEM, "'%s': cannot allocate the communicator", cfg->name);
+  atomic_init(&f->aborted, 0);
+  f->max_steps = max_steps;
+  tpf_comm *c = &f->c;
   tpf_status rc = TPF_OK;
   c->be = be;
   c->cfg = *cfg;
@@ -81,7 +115,7 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm
 
 fail:
   tpf__free(c->name);
-  tpf__free(c);
+  tpf__free(f);
   return rc;
 }
 
@@ -91,12 +125,13 @@ tpf_status tpf_comm_destroy(tpf_comm *c) {
   tpf_status rc = tpf__be_sync(c->be, NULL);
   tpf_status rc2 = tpf__be_reg_destroy(c->be, c->reg);
   tpf__free(c->name);
-  tpf__free(c);
+  tpf__free(full_of(c));
   return rc != TPF_OK ? rc : rc2;
 }
 
 tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *active_bytes) {
   TPF_RETURN_IF(!c, TPF_EINVAL, "communicator is NULL");
+  TPF_RETURN_IF_ABORTED(c);
   TPF_RETURN_IF(c->failed != TPF_OK, TPF_ESTATE,
                 "'%s' failed earlier (%s) and accepts no shape change; destroy it", c->cfg.name,
                 tpf_status_name(c->failed));
@@ -222,6 +257,7 @@ static bool aliases(const tpf_comm *c, const tpf_matrix *m) {
 
 static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, const char *want) {
   TPF_RETURN_IF(!c, TPF_EINVAL, "%s: communicator is NULL", op);
+  TPF_RETURN_IF_ABORTED(c);
   TPF_RETURN_IF(c->failed != TPF_OK, TPF_ESTATE,
                 "'%s' failed earlier (%s); destroy it and create a new one", c->cfg.name,
                 tpf_status_name(c->failed));
@@ -233,12 +269,15 @@ static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, cons
   return TPF_OK;
 }
 
-/* Builds the schedule for the current active shape and runs it on the backend. */
+/* Builds the schedule for the current active shape into the communicator's storage (no
+ * allocation) and runs it on the backend. The backend is done with the steps when execute
+ * returns: synchronous backends have run them, asynchronous ones have enqueued them. */
 static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *x,
                          const tpf_matrix *w, const tpf_matrix *d, void *stream) {
   tpf_layout_desc desc = desc_of(c, c->active);
   tpf_schedule s;
-  tpf_status rc = tpf_schedule_build(&desc, g, &s);
+  comm_full *f = full_of(c);
+  tpf_status rc = tpf__schedule_build_into(&desc, g, f->steps, f->max_steps, &s);
   if (rc != TPF_OK) return named(c, rc);
   tpf_exec_args a;
   memset(&a, 0, sizeof a);
@@ -249,7 +288,6 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   if (w) a.w = *w;
   if (d) a.d = *d;
   rc = tpf__be_execute(c->be, c->reg, &a, stream);
-  tpf_schedule_free(&s);
   /* Every rank consumed this sequence number once the backend ran the handshake; a mismatch is
    * detected there, before any byte moves, so the group stays in step and usable. Anything else
    * may have left partial data behind: refuse to continue. */
@@ -306,4 +344,50 @@ tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
                 "'%s': a, b or d overlaps the registered buffer", c->cfg.name);
   tpf_gemm_dims g = {a->rows, b->rows, a->cols};
   return run_op(c, &g, a, b, d, stream);
+}
+
+/* ---- Completion and errors (issue 11 item 2) ---- */
+
+/* The deferred status of what was enqueued: the failure that left the communicator failed, else
+ * what the backend holds for this registration (optional op). Never waits. */
+static tpf_status deferred(tpf_comm *c) {
+  if (c->failed != TPF_OK) return c->failed;
+  tpf_status st = TPF_OK;
+  if (c->be->ops->reg_async_error) {
+    tpf_status rc = c->be->ops->reg_async_error(c->be, c->reg, &st);
+    if (rc != TPF_OK) return rc;
+  }
+  return st;
+}
+
+tpf_status tpf_comm_sync(tpf_comm *c) {
+  TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_sync: communicator is NULL");
+  TPF_RETURN_IF_ABORTED(c);
+  tpf_status rc = c->be->ops->reg_sync ? c->be->ops->reg_sync(c->be, c->reg)
+                                       : tpf__be_sync(c->be, NULL);
+  if (rc != TPF_OK) {
+    if (c->failed == TPF_OK && rc != TPF_EMISMATCH) c->failed = rc;
+    return named(c, rc);
+  }
+  TPF_RETURN_IF(c->failed != TPF_OK, c->failed,
+                "'%s': an enqueued operation failed earlier (%s); destroy the communicator",
+                c->cfg.name, tpf_status_name(c->failed));
+  return TPF_OK;
+}
+
+tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out) {
+  TPF_RETURN_IF(!c || !out, TPF_EINVAL, "tpf_comm_async_error: NULL argument");
+  TPF_RETURN_IF_ABORTED(c);
+  tpf_status st = deferred(c);
+  *out = st;
+  return TPF_OK;
+}
+
+tpf_status tpf_comm_abort(tpf_comm *c) {
+  TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_abort: communicator is NULL");
+  /* Only an atomic store and the backend's thread-safe abort: callable from any thread while the
+   * rank's own thread is blocked in an operation on c. */
+  atomic_store(&full_of(c)->aborted, 1);
+  if (c->be->ops->reg_abort) return c->be->ops->reg_abort(c->be, c->reg);
+  return TPF_OK;
 }

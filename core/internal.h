@@ -70,6 +70,15 @@ int tpf__layout_splits(const tpf_layout_desc *d);
 /* True for fp8 dtypes (quantized communicators). */
 bool tpf__dtype_quantized(tpf_dtype t);
 
+/* ---- schedule.c ---- */
+/* Steps reserved for any schedule of a communicator of d's configuration and capacity (any
+ * active shape T <= C and any split count it may resolve to); 0 for a bad descriptor. */
+int tpf__schedule_max_steps(const tpf_layout_desc *d);
+/* tpf_schedule_build into caller-owned storage of storage_cap steps: allocates nothing;
+ * s->steps points at storage (do not tpf_schedule_free it). TPF_ESTATE when it does not fit. */
+tpf_status tpf__schedule_build_into(const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                                    tpf_step *storage, int storage_cap, tpf_schedule *s);
+
 /* ---- backend.c: the only call path from the core into a backend ---- */
 tpf_status tpf__be_validate(const tpf_backend *be);
 tpf_status tpf__be_reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,

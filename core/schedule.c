@@ -250,7 +250,38 @@ static tpf_status check_dims(const tpf_layout_desc *d, const tpf_gemm_dims *g) {
   return TPF_OK;
 }
 
+/* Upper bound on the steps of every builder: handshake, 3 per ring step or block, extras. */
+static int step_bound(int p, int splits) {
+  return 8 + 4 * p + 3 * splits;
+}
+
+int tpf__schedule_max_steps(const tpf_layout_desc *d) {
+  if (!d || d->tp_size < 1 || d->tp_size > TPF_MAX_RANKS) return 0;
+  /* Every split count a shape of this capacity may resolve to: RING at most P, PIPELINE at most
+   * TPF_MAX_SPLITS (and H), BULK 1. */
+  int splits = 1;
+  if (d->algo == TPF_ALGO_RING) splits = d->tp_size;
+  if (d->algo == TPF_ALGO_PIPELINE)
+    splits = d->capacity.cols < TPF_MAX_SPLITS ? (int)d->capacity.cols : TPF_MAX_SPLITS;
+  if (splits < 1) splits = 1;
+  return step_bound(d->tp_size, splits);
+}
+
+static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_step *storage,
+                        int storage_cap, tpf_schedule *s);
+
 tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_schedule *s) {
+  return build(d, g, NULL, 0, s);
+}
+
+tpf_status tpf__schedule_build_into(const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                                    tpf_step *storage, int storage_cap, tpf_schedule *s) {
+  TPF_RETURN_IF(!storage || storage_cap < 1, TPF_EINVAL, "schedule_build_into: no storage");
+  return build(d, g, storage, storage_cap, s);
+}
+
+static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_step *storage,
+                        int storage_cap, tpf_schedule *s) {
   TPF_RETURN_IF(!d || !g || !s, TPF_EINVAL, "schedule_build: NULL argument");
   TPF_CHECK(tpf_layout_check(d));
   TPF_CHECK(check_dims(d, g));
@@ -299,14 +330,21 @@ tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g, 
   h.num_compute_streams =
       h.num_splits < TPF_MAX_COMPUTE_STREAMS ? h.num_splits : TPF_MAX_COMPUTE_STREAMS;
 
-  /* Upper bound on the steps of every builder: handshake, 3 per ring step or block, extras. */
   builder b;
   memset(&b, 0, sizeof b);
-  b.cap = 8 + 4 * c.p + 3 * h.num_splits;
+  b.cap = step_bound(c.p, h.num_splits);
   for (int i = 0; i < TPF_NUM_STREAMS; i++)
     b.last[i] = -1;
-  b.steps = tpf__calloc((size_t)b.cap, sizeof *b.steps);
-  TPF_RETURN_IF(!b.steps, TPF_ENOMEM, "schedule of %d steps: out of memory", b.cap);
+  if (storage) {
+    /* Caller-owned storage (the communicator's): no allocation on the per-operation path. */
+    TPF_RETURN_IF(storage_cap < b.cap, TPF_ESTATE,
+                  "schedule of up to %d steps does not fit the %d reserved steps", b.cap,
+                  storage_cap);
+    b.steps = storage;
+  } else {
+    b.steps = tpf__calloc((size_t)b.cap, sizeof *b.steps);
+    TPF_RETURN_IF(!b.steps, TPF_ENOMEM, "schedule of %d steps: out of memory", b.cap);
+  }
 
   add_step(&b, TPF_STEP_HANDSHAKE, TPF_STREAM_SEND, -1);
   switch (d->algo) {

@@ -202,6 +202,32 @@ tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal
 /* The whole registered data region (capacity bytes). */
 tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
 
+/* Completion and errors (NCCL's ncclCommGetAsyncError / ncclCommAbort model). Errors of enqueued
+ * operations are deferred per communicator: a failure is reported only on the communicator whose
+ * operation caused it, never on another communicator of the same backend.
+ *
+ * tpf_comm_sync: waits on the host until every operation enqueued on c has completed (CUDA:
+ * its streams; the simulator completes operations before returning, so nothing is waited for)
+ * and returns the deferred status: TPF_OK, or the first failure of those operations (which also
+ * leaves c failed: later operations return TPF_ESTATE). Local, not collective. Call it from the
+ * thread that issues c's operations.
+ *
+ * tpf_comm_async_error: stores in *out the deferred status of the operations already enqueued
+ * on c, without waiting (TPF_OK while none has failed so far). Returns TPF_EINVAL for NULL
+ * arguments and TPF_ESTATE after an abort; otherwise TPF_OK. Same thread rule as sync.
+ *
+ * tpf_comm_abort: unblocks a group stuck on a dead peer. A rank of c blocked in a wait for a
+ * peer (handshake, receive, barrier) gives up promptly with TPF_ESTATE instead of waiting for
+ * its timeout, and from then on every call on c (operations, set_active_shape, sync,
+ * async_error) returns TPF_ESTATE with a detail saying it was aborted; only tpf_comm_destroy
+ * remains useful (it is still collective). Call it on every rank that should stop: each rank's
+ * communicator is aborted separately. Thread-safe: may be called from any thread, also while
+ * the rank's own thread is blocked in an operation on c (a watchdog); it never blocks and
+ * allocates nothing. Idempotent. TPF_EINVAL for NULL. */
+tpf_status tpf_comm_sync(tpf_comm *c);
+tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out);
+tpf_status tpf_comm_abort(tpf_comm *c);
+
 /* ---- Operations ------------------------------------------------------------------------------
  * `stream` is a cudaStream_t for CUDA and NULL for the simulator (which completes the operation
  * before returning). Operand rules: w and x have the buffer's dtype (bf16, fp16 or fp32); outputs

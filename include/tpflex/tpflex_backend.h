@@ -179,6 +179,18 @@ typedef struct tpf_backend_ops {
   tpf_status (*execute)(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
   /* Wait for everything enqueued on `stream` (NULL: all) and report a deferred error. */
   tpf_status (*sync)(tpf_backend *be, void *stream);
+  /* ---- Added in 0.2 (same ABI version: appended, optional; NULL = unsupported/no-op) ---- */
+  /* Wait on the host for every operation enqueued on `reg` and return its deferred status (the
+   * first failure of those operations, TPF_OK if none). NULL: the core calls sync(be, NULL). */
+  tpf_status (*reg_sync)(tpf_backend *be, tpf_reg *reg);
+  /* The deferred status of operations already enqueued on `reg`, without waiting: *out gets
+   * TPF_OK or the first failure. Kept per registration: a failure of another registration never
+   * shows here. NULL: only failures returned by execute/sync are reported. */
+  tpf_status (*reg_async_error)(tpf_backend *be, tpf_reg *reg, tpf_status *out);
+  /* Thread-safe, callable while this rank's thread is blocked in execute on `reg`: make every
+   * present and future wait of operations on `reg` give up promptly (TPF_ESTATE). Must not
+   * allocate or block. NULL: waits end only at their timeout. */
+  tpf_status (*reg_abort)(tpf_backend *be, tpf_reg *reg);
 } tpf_backend_ops;
 
 /* Every backend object starts with this header; the core reads only these fields. */
