@@ -775,6 +775,8 @@ static const cli_opt kDemoOpts[D_NOPTS] = {
                    "skip the reference checks (timing only)", 0, false},
 };
 
+static bool layouts_accept(const demo_opts *o, uint64_t T);
+
 static int parse(int argc, char **argv, demo_opts *o) {
   static const cli_ctx ctx = {"tpflex demo", false, NULL};
   cli_val v[D_NOPTS];
@@ -802,6 +804,20 @@ static int parse(int argc, char **argv, demo_opts *o) {
   if (o->H % P != 0)
     return cli_error(&ctx, "--hidden '%llu' is not a multiple of --tp %llu (try %llu)",
                      (unsigned long long)o->H, P, (o->H + P - 1) / P * P);
+  if (!layouts_accept(o, o->C)) {
+    demo_opts t = *o;
+    char why[512];
+    snprintf(why, sizeof why, "%s", tpf_last_error());
+    for (t.C = o->C + P; t.C <= o->C + 4096 * P && t.C <= (1ull << 24); t.C += P)
+      if (layouts_accept(&t, t.C))
+        return cli_error(&ctx,
+                         "--capacity '%llu' with --hidden %llu --tp %llu breaks a layout rule "
+                         "(%s); the smallest capacity above it that every layout accepts is %llu",
+                         (unsigned long long)o->C, (unsigned long long)o->H, P, why,
+                         (unsigned long long)t.C);
+    return cli_error(&ctx, "--capacity '%llu' with --hidden %llu --tp %llu breaks a layout rule (%s)",
+                     (unsigned long long)o->C, (unsigned long long)o->H, P, why);
+  }
   if (o->arena_bytes && strcmp(o->backend, "sim") != 0)
     return cli_error(&ctx, "--arena-mib applies to --backend sim only");
   if (v[D_DELAY].set && strcmp(o->backend, "sim") != 0)

@@ -35,7 +35,7 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
               false},
     [O_CAP] = {"--capacity", CLI_U64, 1, PLAN_MAX_DIM, NULL, "C",
                "required: registered rows (tokens) of the buffer", 0, false},
-    [O_TOKENS] = {"--tokens", CLI_U64, 0, PLAN_MAX_DIM, NULL, "T",
+    [O_TOKENS] = {"--tokens", CLI_U64, 1, PLAN_MAX_DIM, NULL, "T",
                   "optional: active rows, <= C (default C)", 0, false},
     [O_HIDDEN] = {"--hidden", CLI_U64, 1, 1ull << 24, NULL, "H",
                   "required: buffer columns (hidden size)", 0, false},
