@@ -1,0 +1,235 @@
+#!/usr/bin/env python3
+"""Table-driven test of every option of every tpflex command (plan, demo, bench).
+
+For each numeric option: invalid values (negative, '+3', '010', '0x10', 2^32+1, 2^64, '', 'abc',
+'1e3', min-1, max+1) must exit 2 with a message that names the option and echoes the text typed;
+boundary and valid values must run. Choice and file options, flags given a value, unknown options,
+stray words, --opt=value, unwritable outputs and plan's --json errors are covered too. Every run
+is bounded by a timeout (a hang fails the test). Usage: test_cli.py PATH/TO/tpflex
+"""
+import json
+import subprocess
+import sys
+
+TPF = sys.argv[1] if len(sys.argv) > 1 else "tpflex"
+TIMEOUT = 20
+U64 = 2**64
+failures = []
+count = 0
+
+# Arguments a command needs to run, and tiny shapes for valid runs.
+BASE = {
+    "plan": {"--tp": "4", "--capacity": "64", "--hidden": "64", "--algo": "ring", "--coll": "ag"},
+    "demo": {"--tp": "2", "--capacity": "32", "--hidden": "16", "--microbatches": "1"},
+    "bench": {"--tp": "2", "--capacity": "64", "--hidden": "16", "--n": "16", "--iters": "1",
+              "--warmup": "0", "--calls": "100", "--section": "setshape", "--quick": None},
+}
+# Numeric options: (command, option, min, max), as the commands' option tables give them.
+NUMS = [
+    ("plan", "--tp", 1, 64), ("plan", "--capacity", 1, 2**40), ("plan", "--tokens", 1, 2**40),
+    ("plan", "--hidden", 1, 2**24), ("plan", "--splits", 0, 1024), ("plan", "--n", 1, 2**40),
+    ("plan", "--k", 1, 2**40), ("plan", "--rank", 0, 63),
+    ("demo", "--tp", 1, 64), ("demo", "--microbatches", 1, 100000),
+    ("demo", "--capacity", 1, 2**24), ("demo", "--hidden", 4, 2**16),
+    ("demo", "--seed", 0, U64 - 1), ("demo", "--max-delay-us", 0, 1000000),
+    ("demo", "--timeout-ms", 1, 3600000), ("demo", "--arena-mib", 1, 2**20),
+    ("demo", "--rows", 1, 1000000),
+    ("bench", "--tp", 1, 64), ("bench", "--capacity", 1, 2**20), ("bench", "--hidden", 1, 2**16),
+    ("bench", "--n", 1, 2**16), ("bench", "--iters", 1, 1000), ("bench", "--warmup", 0, 1000),
+    ("bench", "--calls", 100, 1000000000),
+]
+# Choice options: (command, option, valid words).
+CHOICES = [
+    ("plan", "--algo", ["ring", "pipeline", "bulk"]), ("plan", "--coll", ["ag", "rs"]),
+    ("plan", "--dtype", ["bf16", "fp16", "fp32"]),
+    ("demo", "--backend", ["sim"]), ("demo", "--dtype", ["bf16", "fp16", "fp32"]),
+    ("bench", "--backend", ["sim"]),
+    ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all"]),
+]
+FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("demo", "--no-check"),
+         ("bench", "--quick")]
+FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json")]
+
+
+def argv(cmd, over=None, drop=(), extra=()):
+    args = dict(BASE[cmd])
+    for k in drop:
+        args.pop(k, None)
+    args.update(over or {})
+    out = [TPF, cmd]
+    for k, v in args.items():
+        out += [k] if v is None else [k, v]
+    return out + list(extra)
+
+
+def run(args):
+    try:
+        p = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
+        return p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        return "timeout", "", ""
+
+
+def case(name, args, rc=0, err=None, out=None):
+    """rc: expected exit status (or 'nonzero'); err/out: substrings required in stderr/stdout."""
+    global count
+    count += 1
+    got, so, se = run(args)
+    bad = []
+    if got == "timeout":
+        bad.append("timed out after %d s (hang)" % TIMEOUT)
+    elif rc == "nonzero" and got == 0 or rc != "nonzero" and got != rc:
+        bad.append("exit %s, want %s" % (got, rc))
+    for want, text, where in ((err, se, "stderr"), (out, so, "stdout")):
+        for w in [want] if isinstance(want, str) else (want or []):
+            if w not in text:
+                bad.append("%s lacks %r" % (where, w))
+    if bad:
+        failures.append("%s: %s\n    cmd: %s\n    stdout: %s\n    stderr: %s" %
+                        (name, "; ".join(bad), " ".join(repr(a) for a in args), so[-400:],
+                         se[-400:]))
+
+
+# ---- numbers: every invalid form, the range ends, and the message ----
+for cmd, opt, lo, hi in NUMS:
+    bad = ["-1", "+3", "010", "0x10", str(2**32 + 1), str(U64), "", "abc", "1e3", " 5", "5 "]
+    if lo > 0:
+        bad.append(str(lo - 1))
+    bad.append(str(hi + 1))
+    for v in bad:
+        if v.lstrip("0123456789") == "" and v != "" and not v.startswith("0") and lo <= int(v) <= hi:
+            continue  # in range: not an invalid value for this option
+        rng = "[%d, %d]" % (lo, hi)
+        case("%s %s %r" % (cmd, opt, v), argv(cmd, {opt: v}), 2,
+             err=["%s '%s'" % (opt, v), rng])
+        case("%s %s=%r" % (cmd, opt, v), argv(cmd, extra=["%s=%s" % (opt, v)], drop=[opt]), 2,
+             err="%s '%s'" % (opt, v))
+    case("%s %s without a value" % (cmd, opt), argv(cmd, drop=[opt], extra=[opt]), 2,
+         err="%s needs a value" % opt)
+    case("%s %s twice" % (cmd, opt), argv(cmd, {opt: str(lo)}, extra=[opt, str(lo)]), 2,
+         err="%s given more than once" % opt)
+
+# ---- choices, flags, files ----
+for cmd, opt, words in CHOICES:
+    for v in ["xyz", "", "RING", words[0] + "x"]:
+        case("%s %s %r" % (cmd, opt, v), argv(cmd, {opt: v}), 2, err="%s '%s'" % (opt, v))
+for cmd, opt in FLAGS:
+    case("%s %s=1" % (cmd, opt), argv(cmd, drop=[opt], extra=[opt + "=1"]), 2,
+         err="%s takes no value" % opt)
+for cmd, opt in FILES:
+    case("%s %s ''" % (cmd, opt), argv(cmd, {opt: ""}), 2, err="%s '' is empty" % opt)
+    rc = "nonzero"
+    case("%s %s unwritable" % (cmd, opt), argv(cmd, {opt: "/nonexistent/dir/t.json"}), rc,
+         err="/nonexistent/dir/t.json")
+
+# ---- unknown options, stray words, --opt=value, help ----
+for cmd in BASE:
+    case(cmd + " unknown option", argv(cmd, extra=["--x"]), 2, err="unknown option '--x'")
+    case(cmd + " unknown option=value", argv(cmd, extra=["--x=3"]), 2, err="unknown option '--x'")
+    case(cmd + " single dash", argv(cmd, extra=["-x"]), 2, err="'-x'")
+    case(cmd + " stray word", argv(cmd, extra=["stray"]), 2, err="unexpected argument 'stray'")
+    case(cmd + " --help", [TPF, cmd, "--help"], 0, out="usage: tpflex " + cmd)
+case("unknown command", [TPF, "frobnicate"], 2, err="unknown command 'frobnicate'")
+case("version", [TPF, "version"], 0, out="tpflex ")
+
+# ---- plan: input errors, algorithm-specific options, JSON errors, help text ----
+P = "plan"
+case("plan reference command", [TPF, "plan", "--tp", "4", "--capacity", "4096", "--tokens", "1000",
+                                "--hidden", "1024", "--algo", "ring", "--coll", "rs", "--rank",
+                                "1"], 0, out=["schedule check: OK", "rank 1:"])
+case("plan --opt=value", [TPF, "plan", "--tp=4", "--capacity=64", "--hidden=64", "--algo=bulk",
+                          "--coll=rs", "--k=32"], 0, out="schedule check: OK")
+for req in ["--tp", "--capacity", "--hidden", "--algo", "--coll"]:
+    case("plan without " + req, argv(P, drop=[req]), 2, err=req + " is required")
+case("plan --aggregate with pipeline", argv(P, {"--algo": "pipeline", "--coll": "rs"},
+                                            extra=["--aggregate"]), 2,
+     err="--aggregate does not apply to --algo pipeline")
+case("plan --aggregate with ring rs", argv(P, {"--coll": "rs"}, extra=["--aggregate"]), 2,
+     err="--aggregate")
+case("plan --splits with bulk", argv(P, {"--algo": "bulk", "--splits": "2"}), 2,
+     err="--splits does not apply to --algo bulk")
+case("plan --n with ring rs", argv(P, {"--coll": "rs", "--n": "8"}), 2, err="--n does not apply")
+case("plan --k with ring ag", argv(P, {"--k": "8"}), 2, err="--k does not apply")
+case("plan --rank = P", argv(P, {"--rank": "4"}), 2, err="--rank '4'")
+case("plan --tokens > C", argv(P, {"--tokens": "128"}), 2, err="--tokens '128'")
+case("plan --tokens not divisible", argv(P, {"--tokens": "6"}), 2,
+     err=["TPF_EDIVISIBLE", "smallest legal --tokens >= 6 is 8"])
+case("plan overflowing buffer", argv(P, {"--capacity": str(2**40), "--hidden": str(2**24)}), 2,
+     err="--capacity")
+case("plan overflowing GEMM --n", argv(P, {"--capacity": str(2**40), "--hidden": "4",
+                                           "--algo": "bulk", "--n": str(2**40)}), 2,
+     err="--n '%d'" % 2**40)
+case("plan overflowing GEMM --k", argv(P, {"--capacity": str(2**40), "--hidden": "4",
+                                           "--algo": "bulk", "--k": str(2**40)}), 2,
+     err="--k '%d'" % 2**40)
+for name, extra in [("bad number", ["--tp", "-1"]), ("unknown option", ["--x"]),
+                    ("stray word", ["stray"])]:
+    a = argv(P, drop=["--tp"] if extra[0] == "--tp" else [], extra=extra + ["--json"])
+    count += 1
+    rc, so, se = run(a)
+    try:
+        j = json.loads(so)
+        ok = rc == 2 and j.get("status") == "error" and extra[-1] in j.get("message", "")
+    except ValueError:
+        ok = False
+    if not ok:
+        failures.append("plan --json %s: want exit 2 and a JSON error naming %r on stdout; got "
+                        "exit %s, stdout %r" % (name, extra[-1], rc, so[:300]))
+case("plan --json valid", argv(P, extra=["--json"]), 0, out='"check":"OK"')
+rc, so, _ = run([TPF, "plan", "--help"])
+count += 1
+for opt in ["--tp", "--capacity", "--tokens", "--hidden", "--algo", "--coll", "--splits",
+            "--aggregate", "--dtype", "--n", "--k", "--rank", "--json"]:
+    line = next((l for l in so.splitlines() if l.strip().startswith(opt + " ") or
+                 l.strip() == opt or l.strip().startswith(opt + "  ")), "")
+    if "required" not in line and "optional" not in line:
+        failures.append("plan --help: %s is not described as required or optional" % opt)
+# boundaries that must run
+for over in [{"--tp": "1", "--capacity": "8", "--hidden": "1"}, {"--tp": "64", "--rank": "63"},
+             {"--tokens": "4"}, {"--splits": "0"}, {"--tokens": "64"},
+             {"--algo": "pipeline", "--coll": "rs", "--splits": "1"},
+             {"--hidden": str(2**24), "--capacity": "4"}, {"--dtype": "fp32"}]:
+    case("plan valid %s" % over, argv(P, over), 0, out="schedule check: OK")
+case("plan valid --aggregate", argv(P, extra=["--aggregate"]), 0, out="schedule check: OK")
+
+# ---- demo: per-value messages, boundaries, wording ----
+D = "demo"
+case("demo capacity not a multiple", argv(D, {"--capacity": "33"}), 2,
+     err="--capacity '33' is not a multiple of --tp 2")
+case("demo hidden not a multiple", argv(D, {"--tp": "4", "--capacity": "32", "--hidden": "18"}),
+     2, err="--hidden '18' is not a multiple of --tp 4")
+case("demo arena too small", argv(D, {"--arena-mib": "1", "--capacity": "4096",
+                                      "--hidden": "1024"}), 1, out="--arena-mib")
+case("demo backend cuda without CUDA or GPU", argv(D, {"--backend": "cuda"}), "nonzero")
+case("demo capacity breaks alignment", argv(D, {"--tp": "1", "--capacity": "1", "--hidden": "4"}),
+     2, err=["--capacity '1'", "smallest capacity above it that every layout accepts is"])
+case("plan capacity breaks alignment", argv(P, {"--tp": "1", "--capacity": "1", "--hidden": "1"}),
+     2, err="TPF_EALIGN")
+for over in [{"--tp": "1", "--capacity": "8", "--hidden": "4"}, {"--seed": str(U64 - 1)},
+             {"--seed": "0"}, {"--max-delay-us": "0"}, {"--timeout-ms": "3600000"},
+             {"--rows": "1"}, {"--dtype": "fp32"}, {"--arena-mib": "64"},
+             {"--tp": "8", "--capacity": "64", "--hidden": "64"}]:
+    case("demo valid %s" % over, argv(D, over), 0, out="result            every check OK")
+case("demo --no-check", argv(D, extra=["--no-check"]), 0, out="(checks off)")
+case("demo --trace ok", argv(D, {"--trace": "/tmp/tpflex_cli_test_trace.json"}), 0,
+     out="trace             /tmp/tpflex_cli_test_trace.json")
+case("demo --opt=value", [TPF, "demo", "--tp=2", "--capacity=32", "--hidden=16",
+                          "--microbatches=1"], 0, out="every check OK")
+case("demo default", [TPF, "demo"], 0,
+     out=["12 of 12 run, 12 checked OK", "every check OK", "6 dgrad/wgrad", "tokens",
+          "rows/rank", "(external:", "a multiple of 4"])
+
+# ---- bench: boundaries ----
+B = "bench"
+for over in [{"--iters": "1"}, {"--warmup": "0"}, {"--calls": "100"}, {"--tp": "1"},
+             {"--section": "dynamic"}, {"--csv": "/tmp/tpflex_cli_test.csv"},
+             {"--json": "/tmp/tpflex_cli_test.json"}]:
+    case("bench valid %s" % over, argv(B, over), 0, out="bench finished: all checks passed")
+case("bench --section repeated", argv(B, extra=["--section", "chunking"]), 0,
+     out=["Section 1", "Section 3"])
+case("bench help numbering", [TPF, "bench", "--help"], 0, out=["1 setshape", "4/5 tp"])
+
+print("%d cases, %d failed" % (count, len(failures)))
+for f in failures:
+    print("FAIL " + f)
+sys.exit(1 if failures else 0)
