@@ -32,7 +32,7 @@ def _close(got, ref, dtype):
 
 
 class OperationsVsTorch(unittest.TestCase):
-    def _check_all(self, P, dtype, steps=4):
+    def _check_all(self, P, dtype, steps=4, max_delay_us=0):
         rng = random.Random(1000 + P)
         g = torch.Generator().manual_seed(P)
         Ts = _t_sequence(P, steps, rng)
@@ -97,7 +97,7 @@ class OperationsVsTorch(unittest.TestCase):
             tt.destroy_ub()
             return fails, epochs, n
 
-        res = sim.run(P, body, timeout_ms=5000)
+        res = sim.run(P, body, timeout_ms=5000, max_delay_us=max_delay_us)
         for r, (fails, epochs, n) in enumerate(res):
             self.assertEqual(fails, [], f"P={P} {dtype} rank {r} T={Ts}")
             self.assertEqual(epochs, len(Ts))
@@ -117,6 +117,9 @@ class OperationsVsTorch(unittest.TestCase):
 
     def test_p4_bf16(self):
         self._check_all(4, torch.bfloat16)
+
+    def test_p4_fp32_random_step_delays(self):
+        self._check_all(4, torch.float32, steps=2, max_delay_us=50)
 
     def test_fp16_p2(self):
         TOL[torch.float16] = (0.01, 0.001)
