@@ -144,7 +144,7 @@ int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **a
     case CLI_CHOICE: {
       int c = choice_index(o->choices, v);
       if (c < 0) return cli_error(ctx, "%s '%s' is not one of %s", name, v, o->choices);
-      vals[k].u = o->repeat ? (vals[k].u | (1ull << c)) : (uint64_t)c;
+      vals[k].u = o->repeat ? (vals[k].u | ((uint64_t)1 << c)) : (uint64_t)c;
       break;
     }
     default: /* CLI_STR */

@@ -2,6 +2,7 @@
  * packed-sequence microbatches through one fixed-capacity manager), bench (benchmarks). */
 #include "cmds.h"
 
+#include <stdbool.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -13,7 +14,10 @@ static void usage(FILE *f) {
              "  demo   run packed-sequence microbatches of varying T through one manager\n"
              "  bench  benchmark set_active_shape, dynamic vs padded, chunking and overlap\n"
              "  version\n"
-             "`tpflex <command> --help` describes each command's options.\n");
+             "`tpflex <command> --help` describes each command's options. Every command takes\n"
+             "`--name value` or `--name=value`; numbers are plain decimal (no sign, no 0x, no\n"
+             "leading zero) within the range --help prints. Exit 0 OK, 1 a failed check or run,\n"
+             "2 bad arguments.\n");
 }
 
 int main(int argc, char **argv) {
@@ -25,6 +29,13 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "plan") == 0) return tpf_cmd_plan(argc - 1, argv + 1);
   if (strcmp(cmd, "demo") == 0) return tpf_cmd_demo(argc - 1, argv + 1);
   if (strcmp(cmd, "bench") == 0) return tpf_cmd_bench(argc - 1, argv + 1);
+  const bool simple = strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 ||
+                      strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 ||
+                      strcmp(cmd, "-h") == 0;
+  if (simple && argc > 2) {
+    fprintf(stderr, "tpflex %s: unexpected argument '%s' (it takes none)\n", cmd, argv[2]);
+    return 2;
+  }
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     printf("tpflex %d.%d.%d\n", TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH);
     return 0;

@@ -131,6 +131,8 @@ for cmd in BASE:
     case(cmd + " --help", [TPF, cmd, "--help"], 0, out="usage: tpflex " + cmd)
 case("unknown command", [TPF, "frobnicate"], 2, err="unknown command 'frobnicate'")
 case("version", [TPF, "version"], 0, out="tpflex ")
+case("version stray word", [TPF, "version", "x"], 2, err="unexpected argument 'x'")
+case("no command", [TPF], 2, err="usage: tpflex")
 
 # ---- plan: input errors, algorithm-specific options, JSON errors, help text ----
 P = "plan"
