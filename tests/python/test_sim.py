@@ -195,6 +195,8 @@ class ErrorPaths(unittest.TestCase):
         errs = self._one(lambda r: tt.set_ub_active_shape([C + 2, H]), E.TpflexCapacityError,
                          str(C + 2), str(C))
         self.assertEqual(errs[0].status_name, "TPF_ECAPACITY")
+        self.assertIn("exceed capacity", errs[0].detail)  # tpf_last_error() text
+        self.assertEqual(errs[0].status, 3)
 
     def test_divisible(self):
         self._one(lambda r: tt.set_ub_active_shape([7, H]), E.TpflexDivisibleError, "7")
