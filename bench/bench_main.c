@@ -364,7 +364,11 @@ static const char bench_outro[] =
     "Sections, numbered as the tables print them: 1 setshape  set_active_shape cost vs\n"
     "re-registration; 2 dynamic  active T vs padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs\n"
     "vs one GEMM (GPU only); 4/5 tp (or serial)  P ranks as threads on one device, overlapped (4)\n"
-    "vs the serial baseline (5), with one whole-layer GEMM.\n";
+    "vs the serial baseline (5), with one whole-layer GEMM.\n"
+    "On the simulator every registration lives in one shared arena of 1 GiB (tpf_sim_config\n"
+    "arena_bytes; not an option here): about P x C x H x 2 bytes per communicator must fit, so\n"
+    "large --capacity x --hidden fail with a message naming the simulator arena; use tpflex demo\n"
+    "--arena-mib or the CUDA backend for larger shapes.\n";
 
 /* An output file that cannot be opened fails the command before the benchmark runs. */
 static int bench_check_writable(const cli_ctx *ctx, const char *opt, const char *path) {
