@@ -3,7 +3,10 @@
  *
  * Method of the replay: each rank's steps are walked stream by stream with a cursor per
  * (rank, stream). A step can be placed when every earlier step of its stream and every dep has
- * ended; it starts at the latest of those ends. A RECV also waits for the end of the matching
+ * ended and its rank's host thread has enqueued it (steps are enqueued in order, launch_us
+ * each); it starts at the latest of those times. A rank's GEMMs, on whichever compute stream,
+ * run one at a time (each fills the GPU's multiprocessors), so a GEMM also waits for the rank's
+ * previous GEMM; copies and waits run beside them. A RECV also waits for the end of the matching
  * SEND (same sender, receiver and tag) on the sender. A HANDSHAKE, or a BARRIER of one tag, is
  * placed on all ranks at once, when every rank can place it: each rank's span starts at its own
  * ready time and ends at the latest ready time plus the step's cost. Sweeps repeat until every
@@ -187,7 +190,7 @@ static double link_us(const tpf_cost_link *l, double bytes) {
 
 static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, const tpf_step *st,
                             double *us) {
-  double e = (double)tpf_dtype_size(s->dtype), c = t->launch_us;
+  double e = (double)tpf_dtype_size(s->dtype), c = 0;
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
     c += t->handshake_us;
@@ -220,6 +223,8 @@ static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, cons
 typedef struct {
   const tpf_schedule *s;
   int p, max;
+  double launch_us;
+  double gemm_free[TPF_MAX_RANKS]; /* a rank's GEMMs share its GPU's SMs: one at a time */
   tpf_cost_span *sp;
   int cur[TPF_MAX_RANKS][TPF_NUM_STREAMS]; /* next unplaced step index per stream */
 } replay;
@@ -246,10 +251,12 @@ static bool ready_at(replay *r, int rank, int i, double *t) {
   const tpf_schedule *s = &r->s[rank];
   const tpf_step *st = &s->steps[i];
   if (next_on(r, rank, st->stream) != i) return false;
-  double at = 0;
+  /* One host thread enqueues a rank's steps in order, launch_us each: step i is on its stream
+   * no earlier than (i + 1) * launch_us. */
+  double at = (double)(i + 1) * r->launch_us;
   for (int j = i - 1; j >= 0; j--) /* the previous step of the same stream */
     if (s->steps[j].stream == st->stream) {
-      at = span(r, rank, j)->end_us;
+      if (span(r, rank, j)->end_us > at) at = span(r, rank, j)->end_us;
       break;
     }
   for (int d = 0; d < st->ndeps; d++) {
@@ -312,6 +319,10 @@ static tpf_status try_place(const tpf_cost_table *t, replay *r, int rank, int i,
       double e = span(r, st->peer, j)->end_us;
       if (e > at) at = e;
     }
+    if (st->kind == TPF_STEP_GEMM) {
+      if (r->gemm_free[rank] > at) at = r->gemm_free[rank];
+      r->gemm_free[rank] = at + cost;
+    }
     span(r, rank, i)->start_us = start;
     span(r, rank, i)->end_us = at + cost;
   }
@@ -347,6 +358,7 @@ tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds,
   r.p = tp_size;
   r.max = max_steps;
   r.sp = spans;
+  r.launch_us = t->launch_us;
   for (;;) {
     bool did = false;
     for (int q = 0; q < tp_size; q++)

@@ -3,14 +3,15 @@
  * A cost table says what each kind of step costs on a machine: GEMM time from measured points
  * (m, n, k, dtype) -> microseconds, interpolated in between; transfers as latency + bytes over
  * bandwidth for peer copies, same-device copies and reduction kernels; a launch overhead per
- * step; the host/device cost of a handshake and of a barrier. tpf_cost_predict replays all P
+ * step (host time: one thread enqueues a rank's steps in order, so step i cannot start before
+ * (i + 1) * launch_us); the cost of a handshake and of a barrier. tpf_cost_predict replays all P
  * ranks' schedules of one operation over their streams: steps of one stream run in order, a step
  * starts when its stream is free and its deps have ended, a RECV ends when the matching SEND on
  * the sender has ended, and a HANDSHAKE or BARRIER ends when the last rank has reached it. The
  * result is every step's predicted start and end and the operation's time (the last end).
  *
  * Text format (one item per line, '#' starts a comment, units in the key names):
- *   launch_us 3.5                          per-step launch overhead
+ *   launch_us 3.5                          host enqueue time per step
  *   handshake_us 8                         HANDSHAKE step (beside its launch)
  *   barrier_us 6                           BARRIER step
  *   copy peer <latency_us> <GB/s>          SEND to another rank (NVLink or a shared GPU)
@@ -72,6 +73,45 @@ typedef struct {
  * (a wait cycle), naming the rank and step. Allocates nothing. */
 tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
                             tpf_cost_span *spans, int max_steps, double *total_us);
+
+/* ---- The planner's candidates ---------------------------------------------------------------
+ * For one operation of a communicator at one active shape, the schedules its algorithm admits
+ * and the no-overlap baseline, each with its predicted time:
+ *   RING AG:  splits P (a GEMM per chunk), P/2 with aggregate (even P), and splits 1, which is
+ *             the baseline itself (the whole exchange, then one GEMM);
+ *   RING RS:  splits P, and the baseline (one GEMM, then the reduce-scatter);
+ *   PIPELINE: S in {1, 2, 4, 8} where H and the alignment allow, and the baseline;
+ *   BULK:     its one schedule (the GEMM is independent of the collective: nothing to choose).
+ * The baseline of RS is priced analytically with the same table: handshake, one GEMM of all T
+ * rows, P-1 peer copies of S_T and one reduction of P partials. The choice is the fastest
+ * prediction; within 0.5 % the simpler schedule (fewer splits, then the baseline) wins, so tiny
+ * differences of the model never flip a decision. Depends only on the table, the layout and
+ * the GEMM dims, which every rank agrees on, so every rank chooses the same. */
+#define TPF_PLAN_MAX_CANDIDATES 8
+
+typedef struct {
+  tpf_algo algo;       /* the schedule's algorithm (the communicator's) */
+  int num_splits;      /* its split count; the baseline has 1 */
+  bool aggregate;      /* RING AG 2-chunk messages */
+  bool baseline;       /* the no-overlap baseline */
+  double predicted_us; /* the replayed (or, for the RS baseline, computed) time */
+  char label[40];      /* "ring ag splits 8", "baseline: ag, then one gemm", ... */
+} tpf_plan_candidate;
+
+typedef struct {
+  int ncand;
+  tpf_plan_candidate cand[TPF_PLAN_MAX_CANDIDATES];
+  int chosen;    /* index into cand */
+  int baseline;  /* index of the baseline candidate, -1 for BULK */
+  char why[200]; /* one line: the winner, its time, and its margin over the runner-up */
+} tpf_plan_result;
+
+/* Predicts every candidate for d (any rank; all P ranks' schedules are built and replayed) and
+ * the GEMM dims g (as tpf_schedule_build takes them). TPF_EINVAL and layout statuses for a bad
+ * d, the cost-model statuses for a table that cannot price a step. Allocates while it builds
+ * schedules: call it once per (communicator, T) and keep the result, never per operation. */
+tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
+                            const tpf_gemm_dims *g, tpf_plan_result *out);
 
 #ifdef __cplusplus
 }
