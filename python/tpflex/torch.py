@@ -56,7 +56,7 @@ def _map_options(op: str, options: Dict[str, Any]) -> None:
         if k not in _OPTION_DEFAULTS:
             raise TpflexInvalidError(f"unknown option '{k}' (known: {sorted(_OPTION_DEFAULTS)})", op)
         d = _OPTION_DEFAULTS[k]
-        if k == "stream" and (v is None):
+        if k == "stream" and v is None or k in ("num_splits", "splits") and v in (None, 0):
             continue
         is_default = (v is None and d is None) or (d is not None and v is not None and
                                                    type(v) in (bool, int, float) and v == d)
