@@ -111,9 +111,9 @@ HAVE_COMM_SYNC = hasattr(lib, "tpf_comm_sync")
 HAVE_COMM_ASYNC_ERROR = hasattr(lib, "tpf_comm_async_error")
 HAVE_COMM_ABORT = hasattr(lib, "tpf_comm_abort")
 if HAVE_COMM_SYNC:
-    _decl("tpf_comm_sync", c_int, c_void_p, c_void_p)
+    _decl("tpf_comm_sync", c_int, c_void_p)
 if HAVE_COMM_ASYNC_ERROR:
-    _decl("tpf_comm_async_error", c_int, c_void_p)
+    _decl("tpf_comm_async_error", c_int, c_void_p, POINTER(c_int))
 if HAVE_COMM_ABORT:
     _decl("tpf_comm_abort", c_int, c_void_p)
 

@@ -18,8 +18,8 @@ import torch
 
 from . import _lib, sim
 from ._lib import CommConfig, Matrix, Shape, check, lib
-from .errors import (TpflexInvalidError, TpflexShapeError, TpflexStateError,
-                     TpflexUnsupportedError)
+from .errors import (TpflexError, TpflexInvalidError, TpflexShapeError, TpflexStateError,
+                     TpflexUnsupportedError, error_for)
 
 _TORCH_TO_TPF = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
 _TPF_TO_TORCH = {v: k for k, v in _TORCH_TO_TPF.items()}
@@ -240,16 +240,25 @@ class Communicator:
                                    ctypes.byref(d), None), f"bulk_overlap on '{self.name}'")
         return out
 
+    # Bound only when the loaded libtpflex has them (tpf_comm_sync / _async_error / _abort).
     if _lib.HAVE_COMM_SYNC:
-        def sync(self, stream: Any = None) -> None:
-            check(lib.tpf_comm_sync(self._handle(), None), f"sync on '{self.name}'")
+        def sync(self) -> None:
+            """Waits for this communicator's enqueued operations; raises their deferred failure."""
+            check(lib.tpf_comm_sync(self._handle()), f"sync on '{self.name}'")
 
     if _lib.HAVE_COMM_ASYNC_ERROR:
-        def async_error(self) -> None:
-            check(lib.tpf_comm_async_error(self._handle()), f"async_error on '{self.name}'")
+        def async_error(self) -> Optional[TpflexError]:
+            """The deferred failure of the operations enqueued so far (not raised), or None."""
+            st = ctypes.c_int(0)
+            check(lib.tpf_comm_async_error(self._handle(), ctypes.byref(st)),
+                  f"async_error on '{self.name}'")
+            return None if st.value == 0 else error_for(st.value, _lib.last_error(),
+                                                         f"async_error on '{self.name}'")
 
     if _lib.HAVE_COMM_ABORT:
         def abort(self) -> None:
+            """Unblocks waits on this communicator; afterwards its calls raise TpflexStateError.
+            Thread-safe (usable from a watchdog thread)."""
             check(lib.tpf_comm_abort(self._handle()), f"abort on '{self.name}'")
 
     def __repr__(self) -> str:

@@ -269,6 +269,21 @@ class ErrorPaths(unittest.TestCase):
         with self.assertRaises(E.TpflexStateError):
             tt.initialize_ub([C, H], 1, backend="sim")
 
+    @unittest.skipUnless(hasattr(tt.Communicator, "abort"), "libtpflex has no tpf_comm_abort")
+    def test_sync_async_error_abort(self):
+        def f(r):
+            tt.set_ub_active_shape([8, H])
+            ub = tt.get_ub("fc1_fprop")
+            ub.ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
+            ub.sync()
+            assert ub.async_error() is None
+            ub.abort()
+            ub.ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
+        errs = _run_expect(2, f)
+        for r, e in enumerate(errs):
+            self.assertIsInstance(e, E.TpflexStateError, f"rank {r}: {e!r}")
+            self.assertIn("abort", e.detail)
+
     def test_unknown_name(self):
         self._one(lambda r: tt.get_ub("nope"), E.TpflexInvalidError, "nope")
 
