@@ -121,6 +121,8 @@ struct tpf_reg {
   tpf_cuda_hostsync *hostsync;    /* processes of one node: host agreement; else NULL */
   bool sync_owner;                /* this rank allocated sync (rank 0) */
   cudaEvent_t ready_ev[2];        /* this rank's operation-start events, by parity */
+  atomic_int aborted;             /* tpf_comm_abort: host waits on this registration give up */
+  tpf_status deferred;            /* first device-side failure attributed to it (rank thread) */
 };
 
 typedef struct {
@@ -282,6 +284,9 @@ static tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *reg);
 static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a,
                                     void *stream);
 static tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
+static tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r);
+static tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out);
+static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
 
 static const tpf_backend_ops tpf_cuda__ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
@@ -294,6 +299,9 @@ static const tpf_backend_ops tpf_cuda__ops = {
     .reg_activate = NULL, /* a shape change needs no device work at all */
     .execute = tpf_cuda__execute,
     .sync = tpf_cuda__sync,
+    .reg_sync = tpf_cuda__reg_sync,
+    .reg_async_error = tpf_cuda__reg_async_error,
+    .reg_abort = tpf_cuda__reg_abort,
 };
 
 static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
@@ -463,8 +471,8 @@ static uint64_t tpf_cuda__now_ns(void) {
  * bounded by the backend's timeout. The peer only has to reach the same point of its program,
  * not finish any device work, so the wait is short unless a rank is late or missing. Returns the
  * word seen. */
-static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, const tpf_exec_args *a, int step,
-                                      const char *what, int peer, tpf_cuda_slot *slot,
+static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                      int step, const char *what, int peer, tpf_cuda_slot *slot,
                                       uint64_t want, uint64_t *seen) {
   const uint64_t start = tpf_cuda__now_ns();
   for (unsigned spins = 0;; spins++) {
@@ -474,6 +482,11 @@ static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, const tpf_exec_args *
       return TPF_OK;
     }
     if ((spins & 63u) == 63u) {
+      if (atomic_load(&r->aborted))
+        return tpf_set_error(TPF_ESTATE,
+                             "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d (%s) "
+                             "waiting for rank %d",
+                             a->comm_name, b->base.rank, step, what, peer);
       if (tpf_cuda__now_ns() - start > b->timeout_ns)
         return tpf_set_error(TPF_ETIMEOUT,
                              "'%s' rank %d, operation %llu, step %d (%s): waited %llu ms for rank "
@@ -507,7 +520,7 @@ static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r, con
     if (q == me) continue;
     uint64_t w = 0;
     TPF_CHECK(
-        tpf_cuda__host_wait(b, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq, &w));
+        tpf_cuda__host_wait(b, r, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq, &w));
     if (TPF_READY_ROWS(w) != (rows & ((1ull << TPF_READY_ROWS_BITS) - 1)) && bad < 0) {
       bad = q;
       bad_rows = TPF_READY_ROWS(w);
@@ -1016,6 +1029,12 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
                            a->comm_name, me);
     if (idle_since == 0) idle_since = tpf_cuda__now_ns();
     if ((++spins & 63u) == 0) {
+      if (atomic_load(&r->aborted))
+        return tpf_set_error(TPF_ESTATE,
+                             "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d (%s) "
+                             "waiting for rank %d",
+                             a->comm_name, me, blocked, tpf_step_kind_name(sc->steps[blocked].kind),
+                             blocked_peer);
       if (tpf_cuda__now_ns() - idle_since > b->timeout_ns)
         return tpf_set_error(TPF_ETIMEOUT,
                              "'%s' rank %d, operation %llu, step %d (%s): waited %llu ms for rank "
@@ -1124,5 +1143,57 @@ tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
   tpf_cuda__gemm_stats(tpf_cuda__of(be)->gemm, &s.gemm_heuristic_queries, &s.gemm_cache_hits,
                        &s.gemm_fallbacks);
   *out = s;
+  return TPF_OK;
+}
+
+/* ---- per-registration completion and errors (issue 11 item 2) ----
+ * The device status area is the backend's, shared by its registrations; a failure is attributed
+ * to a registration by the address of the word the failing wait watched (the flags and ready
+ * words live in the waiting rank's own allocation). A failure of another registration is left
+ * in place for that registration's sync. Known limitation: execute still checks the shared area
+ * before enqueuing, so it refuses to start while another registration's failure is pending. */
+static bool tpf_cuda__status_is_mine(const tpf_cuda_backend *b, const tpf_reg *r) {
+  const uint64_t addr = b->status_host->addr;
+  const uint64_t lo = (uint64_t)(uintptr_t)r->base;
+  return addr >= lo && addr < lo + r->alloc_bytes;
+}
+
+static tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  TPF_RETURN_IF(r == NULL || out == NULL, TPF_EINVAL, "cuda reg_async_error: NULL argument");
+  tpf_status st = r->deferred;
+  /* A host-mapped read: never waits for the device. */
+  if (st == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK && tpf_cuda__status_is_mine(b, r))
+    st = tpf_cuda__check_status(b);
+  *out = st;
+  return TPF_OK;
+}
+
+static tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_sync: NULL registration");
+  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
+  /* The registration's operations run on the backend's streams. */
+  for (int k = 0; k < TPF_NUM_STREAMS; k++)
+    TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[k]), "cudaStreamSynchronize");
+  if (r->deferred == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK &&
+      tpf_cuda__status_is_mine(b, r)) {
+    r->deferred = tpf_cuda__check_status(b);
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", tpf_last_error());
+    TPF_CHECK(tpf_cuda__clear_status(b));
+    return tpf_set_error(r->deferred, "'%s': %s", r->name, msg);
+  }
+  TPF_RETURN_IF(r->deferred != TPF_OK, r->deferred, "'%s': an operation failed earlier (%s)",
+                r->name, tpf_status_name(r->deferred));
+  return TPF_OK;
+}
+
+/* Thread-safe: one atomic store. The in-process host waits (handshake, event tables) poll it.
+ * Device-side waits of the multi-process path end at their own timeout. */
+static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r) {
+  (void)be;
+  TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_abort: NULL registration");
+  atomic_store(&r->aborted, 1);
   return TPF_OK;
 }
