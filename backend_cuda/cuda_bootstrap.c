@@ -9,7 +9,11 @@
  * rank that never arrives yields TPF_ETIMEOUT instead of a hang.
  *
  * Method (NCCL): allgather is ncclAllGather of a device staging buffer on a private stream,
- * followed by a synchronisation of that stream; barrier is an ncclAllReduce of one int.
+ * followed by a wait for that stream; barrier is an ncclAllReduce of one int. The wait polls the
+ * stream (cudaStreamQuery) and the communicator (ncclCommGetAsyncError), bounded by the same
+ * TPF_CUDA_BOOT_TIMEOUT_MS: a rank that never joins yields TPF_ETIMEOUT with a message instead
+ * of a hang. The collective then stays pending on the caller's NCCL communicator, which tpflex
+ * does not own: the message tells the caller to ncclCommAbort it.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_internal.h"
@@ -181,11 +185,41 @@ typedef struct {
   void *dbuf; /* staging: nranks * dbuf_per_rank bytes */
   size_t dbuf_per_rank;
   int nranks;
+  uint64_t timeout_ms; /* bound on every bootstrap collective */
 } tpf_cuda_nccl_ctx;
 
 static tpf_status tpf_cuda__nccl_err(ncclResult_t r, const char *what) {
   return tpf_set_error(TPF_EBACKEND, "NCCL %s failed: %s (%d)", what, ncclGetErrorString(r),
                        (int)r);
+}
+
+static uint64_t tpf_cuda__boot_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
+
+/* Waits for the bootstrap stream, bounded by the timeout, watching the communicator's errors. */
+static tpf_status tpf_cuda__nccl_wait(tpf_cuda_nccl_ctx *c, const char *what) {
+  const uint64_t start = tpf_cuda__boot_now_ms();
+  for (;;) {
+    cudaError_t e = cudaStreamQuery(c->stream);
+    if (e == cudaSuccess) return TPF_OK;
+    if (e != cudaErrorNotReady) return tpf_cuda__err(e, "cudaStreamQuery(bootstrap)");
+    ncclResult_t ar = ncclSuccess;
+    ncclResult_t nr = ncclCommGetAsyncError(c->comm, &ar);
+    if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommGetAsyncError");
+    if (ar != ncclSuccess && ar != ncclInProgress) return tpf_cuda__nccl_err(ar, what);
+    if (tpf_cuda__boot_now_ms() - start > c->timeout_ms)
+      return tpf_set_error(TPF_ETIMEOUT,
+                           "NCCL bootstrap %s: not complete after %llu ms (a rank of the %d never "
+                           "joined?); the collective is still pending on the caller's NCCL "
+                           "communicator: ncclCommAbort it (TPF_CUDA_BOOT_TIMEOUT_MS sets the "
+                           "bound)",
+                           what, (unsigned long long)c->timeout_ms, c->nranks);
+    struct timespec d = {0, 1000000L};
+    nanosleep(&d, NULL);
+  }
 }
 
 static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
@@ -210,9 +244,7 @@ static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *re
   if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllGather");
   e = cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost, c->stream);
   if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
-  e = cudaStreamSynchronize(c->stream);
-  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
-  return TPF_OK;
+  return tpf_cuda__nccl_wait(c, "allgather");
 }
 
 static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
@@ -230,9 +262,7 @@ static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
   }
   ncclResult_t nr = ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream);
   if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllReduce");
-  e = cudaStreamSynchronize(c->stream);
-  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaStreamSynchronize(bootstrap)");
-  return TPF_OK;
+  return tpf_cuda__nccl_wait(c, "barrier");
 }
 
 tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out) {
@@ -251,6 +281,9 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
   c->comm = comm;
   c->device = device;
   c->nranks = n;
+  const char *t = getenv("TPF_CUDA_BOOT_TIMEOUT_MS");
+  c->timeout_ms = (t != NULL && *t) ? strtoull(t, NULL, 10) : 120000u;
+  if (c->timeout_ms == 0) c->timeout_ms = 120000u;
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
