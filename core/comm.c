@@ -35,7 +35,7 @@ static bool aborted(const tpf_comm *c) {
 
 #define TPF_RETURN_IF_ABORTED(c)                                                                   \
   TPF_RETURN_IF(aborted(c), TPF_ESTATE,                                                            \
-                "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",             \
+                "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
                 (c)->cfg.name)
 
 static tpf_layout_desc desc_of(const tpf_comm *c, tpf_shape active) {
@@ -108,12 +108,15 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm
     goto fail;
   }
   TPF_CHECK_GOTO(tpf_layout_registered_bytes(&d, &c->reg_bytes), rc, fail);
+  TPF_CHECK_GOTO(tpf__planner_create(cfg, &d, &c->planner), rc, fail);
+  if (c->planner) c->cfg.cost = tpf__planner_table(c->planner); /* our copy */
   rc = tpf__be_reg_create(be, c->name, c->reg_bytes, &c->reg, &c->base);
   if (rc != TPF_OK) goto fail;
   *out = c;
   return TPF_OK;
 
 fail:
+  tpf__planner_destroy(c->planner);
   tpf__free(c->name);
   tpf__free(f);
   return rc;
@@ -124,6 +127,7 @@ tpf_status tpf_comm_destroy(tpf_comm *c) {
   /* Wait for what is in flight before the memory goes; keep going on error so nothing leaks. */
   tpf_status rc = tpf__be_sync(c->be, NULL);
   tpf_status rc2 = tpf__be_reg_destroy(c->be, c->reg);
+  tpf__planner_destroy(c->planner);
   tpf__free(c->name);
   tpf__free(full_of(c));
   return rc != TPF_OK ? rc : rc2;
@@ -277,7 +281,13 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   tpf_layout_desc desc = desc_of(c, c->active);
   tpf_schedule s;
   comm_full *f = full_of(c);
-  tpf_status rc = tpf__schedule_build_into(&desc, g, f->steps, f->max_steps, &s);
+  tpf_status rc = TPF_OK;
+  /* Adaptive: the split count (and aggregate) the planner chose for this T and GEMM size. It
+   * depends only on the configuration, the agreed shape and the GEMM dims: every rank chooses
+   * the same, and the handshake would still catch a rank that did not. */
+  if (c->planner && desc.algo != TPF_ALGO_BULK) rc = tpf__planner_apply(c->planner, &desc, g);
+  if (rc != TPF_OK) return named(c, rc);
+  rc = tpf__schedule_build_into(&desc, g, f->steps, f->max_steps, &s);
   if (rc != TPF_OK) return named(c, rc);
   tpf_exec_args a;
   memset(&a, 0, sizeof a);
@@ -363,8 +373,8 @@ static tpf_status deferred(tpf_comm *c) {
 tpf_status tpf_comm_sync(tpf_comm *c) {
   TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_sync: communicator is NULL");
   TPF_RETURN_IF_ABORTED(c);
-  tpf_status rc = c->be->ops->reg_sync ? c->be->ops->reg_sync(c->be, c->reg)
-                                       : tpf__be_sync(c->be, NULL);
+  tpf_status rc =
+      c->be->ops->reg_sync ? c->be->ops->reg_sync(c->be, c->reg) : tpf__be_sync(c->be, NULL);
   if (rc != TPF_OK) {
     if (c->failed == TPF_OK && rc != TPF_EMISMATCH) c->failed = rc;
     return named(c, rc);
@@ -390,4 +400,12 @@ tpf_status tpf_comm_abort(tpf_comm *c) {
   atomic_store(&full_of(c)->aborted, 1);
   if (c->be->ops->reg_abort) return c->be->ops->reg_abort(c->be, c->reg);
   return TPF_OK;
+}
+
+tpf_status tpf_comm_plan_info(const tpf_comm *c, tpf_plan_result *out) {
+  TPF_RETURN_IF(!c || !out, TPF_EINVAL, "tpf_comm_plan_info: communicator or out is NULL");
+  TPF_RETURN_IF(!c->planner, TPF_EUNSUPPORTED,
+                "'%s' plans nothing: it was created with TPF_PLAN_FIXED (splits %d)", c->cfg.name,
+                c->cfg.num_splits);
+  return tpf__planner_last(c->planner, out);
 }

@@ -4,6 +4,7 @@
 #define TPF_INTERNAL_H
 
 #include "tpflex/tpflex_backend.h"
+#include "tpflex/tpflex_cost.h"
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -87,5 +88,16 @@ tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
 tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
 tpf_status tpf__be_sync(tpf_backend *be, void *stream);
+
+/* ---- plan.c: an adaptive communicator's planner (NULL for a FIXED one) ---- */
+typedef struct tpf_planner tpf_planner;
+/* *out NULL for TPF_PLAN_FIXED; cap: the communicator's layout at capacity. */
+tpf_status tpf__planner_create(const tpf_comm_config *cfg, const tpf_layout_desc *cap,
+                               tpf_planner **out);
+void tpf__planner_destroy(tpf_planner *p);
+const tpf_cost_table *tpf__planner_table(const tpf_planner *p);
+/* Sets d's num_splits and aggregate to the cached or newly planned choice; allocates nothing. */
+tpf_status tpf__planner_apply(tpf_planner *p, tpf_layout_desc *d, const tpf_gemm_dims *g);
+tpf_status tpf__planner_last(const tpf_planner *p, tpf_plan_result *out);
 
 #endif /* TPF_INTERNAL_H */

@@ -162,16 +162,24 @@ tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64
 
 typedef struct tpf_backend tpf_backend;
 typedef struct tpf_comm tpf_comm;
+typedef struct tpf_cost_table tpf_cost_table; /* tpflex_cost.h */
+
+/* How a communicator picks an operation's schedule. FIXED: num_splits and aggregate as
+ * configured (the 0.1 behaviour). ADAPTIVE: per active shape and GEMM size, the fastest
+ * candidate the cost model predicts (tpflex_cost.h: tpf_plan_predict, tpf_comm_plan_info). */
+typedef enum { TPF_PLAN_FIXED = 0, TPF_PLAN_ADAPTIVE = 1 } tpf_plan_mode;
 
 typedef struct {
-  const char *name;   /* site name ("fc1_fprop"); copied; unique within a manager */
-  tpf_algo algo;      /* algorithm */
-  tpf_coll coll;      /* collective */
-  tpf_dtype dtype;    /* buffer dtype; fp8 dtypes make the communicator quantized */
-  tpf_shape capacity; /* [C, H], registered once */
-  int num_splits;     /* see tpf_layout_desc; 0 = default */
-  bool aggregate;     /* RING AG only */
-  bool external;      /* managed outside tpflex: stays at capacity under the manager */
+  const char *name;           /* site name ("fc1_fprop"); copied; unique within a manager */
+  tpf_algo algo;              /* algorithm */
+  tpf_coll coll;              /* collective */
+  tpf_dtype dtype;            /* buffer dtype; fp8 dtypes make the communicator quantized */
+  tpf_shape capacity;         /* [C, H], registered once */
+  int num_splits;             /* see tpf_layout_desc; 0 = default */
+  bool aggregate;             /* RING AG only */
+  bool external;              /* managed outside tpflex: stays at capacity under the manager */
+  tpf_plan_mode plan;         /* FIXED (0, default) or ADAPTIVE */
+  const tpf_cost_table *cost; /* ADAPTIVE: the cost table, copied at creation */
 } tpf_comm_config;
 
 /* Creates a communicator and registers its buffer at capacity. Collective: every rank of the

@@ -43,12 +43,12 @@ typedef struct {
   double gbps; /* 1e9 bytes per second */
 } tpf_cost_link;
 
-typedef struct {
+struct tpf_cost_table {
   double launch_us, handshake_us, barrier_us;
   tpf_cost_link peer, local, reduce;
   int ngemm;
   tpf_cost_gemm_point gemm[TPF_COST_MAX_GEMM_POINTS];
-} tpf_cost_table;
+};
 
 /* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number
  * and the offending text for a syntax error, an unknown key, a repeated key, a negative or
@@ -95,6 +95,7 @@ typedef struct {
   bool aggregate;      /* RING AG 2-chunk messages */
   bool baseline;       /* the no-overlap baseline */
   double predicted_us; /* the replayed (or, for the RS baseline, computed) time */
+  bool runnable;       /* a schedule tpflex runs (the RS baseline is only priced) */
   char label[40];      /* "ring ag splits 8", "baseline: ag, then one gemm", ... */
 } tpf_plan_candidate;
 
@@ -112,6 +113,14 @@ typedef struct {
  * schedules: call it once per (communicator, T) and keep the result, never per operation. */
 tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
                             const tpf_gemm_dims *g, tpf_plan_result *out);
+
+/* An adaptive communicator's decision for its last operation (or, before any, none: ncand 0):
+ * the candidates with their predictions, the one that ran and why. Decisions are cached per
+ * (T, GEMM size) in TPF_PLAN_CACHE entries per communicator, and a miss is planned in storage
+ * reserved at creation, so neither a hit nor a miss allocates. TPF_EUNSUPPORTED for a FIXED
+ * communicator. */
+#define TPF_PLAN_CACHE 32
+tpf_status tpf_comm_plan_info(const tpf_comm *c, tpf_plan_result *out);
 
 #ifdef __cplusplus
 }

@@ -30,7 +30,7 @@ class Matrix(ctypes.Structure):
 class CommConfig(ctypes.Structure):
     _fields_ = [("name", c_char_p), ("algo", c_int), ("coll", c_int), ("dtype", c_int),
                 ("capacity", Shape), ("num_splits", c_int), ("aggregate", c_bool),
-                ("external", c_bool)]
+                ("external", c_bool), ("plan", c_int), ("cost", c_void_p)]
 
 
 class SimConfig(ctypes.Structure):

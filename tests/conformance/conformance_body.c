@@ -452,6 +452,17 @@ static bool kind_runs(const conf_kind *k, int P) {
   return !(k->aggregate && P % 2 != 0);
 }
 
+/* --adaptive: every communicator plans its schedules (TPF_PLAN_ADAPTIVE) on this synthetic
+ * table, whose steep chunking tax at small GEMMs and per-message latency make the choice change
+ * with T; the results must still match the reference exactly as in fixed mode. */
+static bool g_adaptive;
+static tpf_cost_table g_table;
+static const char *kAdaptiveTable = "launch_us 2\nhandshake_us 5\nbarrier_us 5\n"
+                                    "copy peer 20 10\ncopy local 5 40\nreduce 5 20\n"
+                                    "gemm bf16 1 32 32 50\ngemm bf16 512 32 32 60\n"
+                                    "gemm fp16 1 32 32 50\ngemm fp16 512 32 32 60\n"
+                                    "gemm fp32 1 32 32 50\ngemm fp32 512 32 32 60\n";
+
 static tpf_status comm_new(conf_ctx *cx, int kind, tpf_dtype dt, tpf_comm **out) {
   const conf_kind *k = &kKinds[kind];
   char name[64];
@@ -466,6 +477,10 @@ static tpf_status comm_new(conf_ctx *cx, int kind, tpf_dtype dt, tpf_comm **out)
   cfg.capacity.cols = cx->run->H;
   cfg.num_splits = k->splits;
   cfg.aggregate = k->aggregate;
+  if (g_adaptive) {
+    cfg.plan = TPF_PLAN_ADAPTIVE;
+    cfg.cost = &g_table;
+  }
   return tpf_comm_create(cx->be, &cfg, out);
 }
 
@@ -555,7 +570,7 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
 
 static void usage(const char *env) {
   printf("conformance[%s] options: --quick (capacity 4P instead of 16P), --tp N (only P = N), "
-         "--kind NAME (one variant), --seed N, --no-history\n",
+         "--kind NAME (one variant), --seed N, --no-history, --adaptive (TPF_PLAN_ADAPTIVE)\n",
          env);
 }
 
@@ -567,6 +582,12 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!strcmp(argv[i], "--adaptive")) {
+      if (tpf_cost_table_parse(kAdaptiveTable, &g_table) != TPF_OK) {
+        fprintf(stderr, "conformance: adaptive table: %s\n", tpf_last_error());
+        return 2;
+      }
+      g_adaptive = true;
     } else if (!strcmp(argv[i], "--no-history")) {
       histories = false;
     } else if (!strcmp(argv[i], "--tp") && i + 1 < argc) {
@@ -595,6 +616,7 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
          "bf16/fp16/fp32, every T multiple of P%s\n",
          env->name, env->max_ranks, quick ? "4P" : "16P", NKINDS,
          histories ? ", shape histories vs fresh communicators" : "");
+  if (g_adaptive) printf("conformance[%s]: adaptive planning on (synthetic cost table)\n", env->name);
   fflush(stdout);
   double t_all = now_s();
   uint64_t cases = 0, failed = 0, run_errors = 0;

@@ -68,7 +68,13 @@ static void test_each_candidate_wins(void **state) {
   t = table_of(FEWEST);
   TPF_ASSERT_OK(tpf_plan_predict(&t, &rs, &grs, &r));
   print_message("ring rs, fewest-steps table: %s\n", r.why);
-  assert_true(chosen(&r)->baseline);
+  /* The RS baseline would win, but tpflex has no serial RS schedule: the fastest runnable runs,
+   * and the message says what the baseline would have taken. */
+  assert_false(chosen(&r)->baseline);
+  assert_true(chosen(&r)->runnable);
+  assert_false(r.cand[r.baseline].runnable);
+  assert_true(r.cand[r.baseline].predicted_us < chosen(&r)->predicted_us);
+  assert_non_null(strstr(r.why, "the fastest tpflex runs"));
   tpf_layout_desc pl = desc(4, TPF_ALGO_PIPELINE, TPF_COLL_RS, 1024, 256);
   t = table_of(OVERLAP);
   TPF_ASSERT_OK(tpf_plan_predict(&t, &pl, &grs, &r));
@@ -120,11 +126,75 @@ static void test_refusals(void **state) {
   assert_non_null(strstr(tpf_last_error(), "fp16"));
 }
 
+/* An adaptive communicator: the schedule handed to the backend carries the planner's choice,
+ * tpf_comm_plan_info shows it, neither a miss nor a hit allocates, more distinct T than cache
+ * entries keep working, and the configuration is validated. */
+static void test_adaptive_comm(void **state) {
+  (void)state;
+  enum { P = 8, C = 4096, H = 256, N = 256 };
+  static uint16_t wbuf[N * H], dbuf[C * N];
+  tpf_mock_backend be;
+  tpf_mock_init(&be, P, 3);
+  tpf_cost_table lat = table_of(AGGREGATE), few = table_of(FEWEST);
+  tpf_comm_config cfg = tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_BF16, C, H);
+  cfg.plan = TPF_PLAN_ADAPTIVE;
+  cfg.cost = &lat;
+  tpf_comm *c = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  tpf_plan_result r;
+  TPF_ASSERT_OK(tpf_comm_plan_info(c, &r));
+  assert_int_equal(r.ncand, 0); /* nothing planned yet */
+  tpf_matrix w = {wbuf, N, H, H, TPF_BF16};
+  tpf__alloc_set_budget(0);                /* from here on, any allocation fails the test */
+  for (uint64_t T = 64; T <= C; T += 64) { /* 64 distinct T: more than the cache holds */
+    TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){T, H}));
+    tpf_matrix d = {dbuf, T, N, N, TPF_BF16};
+    TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL));
+    TPF_ASSERT_OK(tpf_comm_plan_info(c, &r));
+    assert_true(r.ncand == 3);
+    assert_int_equal(be.last_sched.num_splits, r.cand[r.chosen].num_splits);
+    assert_int_equal(be.last_sched.aggregate, r.cand[r.chosen].aggregate);
+    TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL)); /* a hit */
+  }
+  TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){1024, H}));
+  tpf_matrix d = {dbuf, 1024, N, N, TPF_BF16};
+  TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL));
+  tpf__alloc_set_budget(-1);
+  assert_true(be.last_sched.aggregate); /* the latency table's winner at T = 1024 */
+  assert_int_equal(be.last_sched.num_splits, 4);
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+
+  cfg.cost = &few; /* the table is copied at creation: a later change of `few` would not matter */
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  memset(&few, 0, sizeof few);
+  TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){1024, H}));
+  TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL));
+  assert_int_equal(be.last_sched.num_splits, 1);
+  TPF_ASSERT_OK(tpf_comm_plan_info(c, &r));
+  assert_true(r.cand[r.chosen].baseline);
+  print_message("adaptive comm, fewest-steps table: %s\n", r.why);
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+
+  cfg.cost = NULL;
+  TPF_ASSERT_STATUS(tpf_comm_create(&be.hdr, &cfg, &c), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "needs a cost table"));
+  cfg.plan = (tpf_plan_mode)7;
+  TPF_ASSERT_STATUS(tpf_comm_create(&be.hdr, &cfg, &c), TPF_EINVAL);
+  cfg.plan = TPF_PLAN_FIXED;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  TPF_ASSERT_STATUS(tpf_comm_plan_info(c, &r), TPF_EUNSUPPORTED);
+  assert_non_null(strstr(tpf_last_error(), "TPF_PLAN_FIXED"));
+  TPF_ASSERT_STATUS(tpf_comm_plan_info(NULL, &r), TPF_EINVAL);
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+  assert_int_equal(be.reg_live, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_candidate_wins),
       cmocka_unit_test(test_same_on_every_rank),
       cmocka_unit_test(test_refusals),
+      cmocka_unit_test(test_adaptive_comm),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
