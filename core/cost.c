@@ -319,9 +319,10 @@ static tpf_status try_place(const tpf_cost_table *t, replay *r, int rank, int i,
       double e = span(r, st->peer, j)->end_us;
       if (e > at) at = e;
     }
-    if (st->kind == TPF_STEP_GEMM) {
+    if (st->kind == TPF_STEP_GEMM) { /* starts when the rank's previous GEMM has finished */
       if (r->gemm_free[rank] > at) at = r->gemm_free[rank];
       r->gemm_free[rank] = at + cost;
+      start = at;
     }
     span(r, rank, i)->start_us = start;
     span(r, rank, i)->end_us = at + cost;

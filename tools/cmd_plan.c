@@ -13,6 +13,7 @@
 
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h"
+#include "tpflex/tpflex_cost.h"
 
 #include "cli_args.h"
 
@@ -27,8 +28,24 @@ static const char *const plan_usage =
 /* Algorithms an option applies to (cli_opt.applies); 0 = every algorithm. */
 enum { A_RING = 1u << 0, A_PIPE = 1u << 1, A_BULK = 1u << 2 };
 
-enum { O_TP, O_CAP, O_TOKENS, O_HIDDEN, O_ALGO, O_COLL, O_SPLITS, O_AGG, O_DTYPE, O_N, O_K,
-       O_RANK, O_JSON, O_NOPTS };
+enum {
+  O_TP,
+  O_CAP,
+  O_TOKENS,
+  O_HIDDEN,
+  O_ALGO,
+  O_COLL,
+  O_SPLITS,
+  O_AGG,
+  O_DTYPE,
+  O_N,
+  O_K,
+  O_RANK,
+  O_JSON,
+  O_PREDICT,
+  O_COST,
+  O_NOPTS
+};
 #define PLAN_MAX_DIM (1ull << 40)
 static const cli_opt kPlanOpts[O_NOPTS] = {
     [O_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P", "required: tensor-parallel ranks", 0,
@@ -41,8 +58,8 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
                   "required: buffer columns (hidden size)", 0, false},
     [O_ALGO] = {"--algo", CLI_CHOICE, 0, 0, "ring|pipeline|bulk", NULL,
                 "required: ring exchange, pipeline or bulk overlap", 0, false},
-    [O_COLL] = {"--coll", CLI_CHOICE, 0, 0, "ag|rs", NULL,
-                "required: all-gather or reduce-scatter", 0, false},
+    [O_COLL] = {"--coll", CLI_CHOICE, 0, 0, "ag|rs", NULL, "required: all-gather or reduce-scatter",
+                0, false},
     [O_SPLITS] = {"--splits", CLI_U64, 0, 1024, NULL, "S",
                   "optional, ring and pipeline: GEMM chunks (0 = default: ring P, pipeline 4)",
                   A_RING | A_PIPE, false},
@@ -60,6 +77,14 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
                 false},
     [O_JSON] = {"--json", CLI_FLAG, 0, 0, NULL, NULL,
                 "optional: JSON on stdout (errors too: {\"status\", \"message\"})", 0, false},
+    [O_PREDICT] = {"--predict", CLI_FLAG, 0, 0, NULL, NULL,
+                   "optional: instead of the schedule, every planner candidate with its predicted "
+                   "time and timeline, the choice and why",
+                   0, false},
+    [O_COST] = {"--cost", CLI_STR, 0, 0, NULL, "FILE",
+                "optional, with --predict: cost table (default: the shipped H200 table, "
+                "data/cost/h200.txt)",
+                0, false},
 };
 
 typedef struct {
@@ -67,6 +92,8 @@ typedef struct {
   tpf_gemm_dims g;
   int only_rank; /* -1: all */
   bool json;
+  bool predict;
+  const char *cost; /* NULL: the default table */
 } plan_args;
 
 /* a * b * c fits in 64 bits. */
@@ -87,8 +114,9 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   static const int reqi[] = {O_TP, O_CAP, O_HIDDEN, O_ALGO, O_COLL};
   for (int i = 0; i < 5; i++)
     if (!v[reqi[i]].set)
-      return cli_error(ctx, "%s is required (--tp, --capacity, --hidden, --algo and --coll are; "
-                            "see --help)",
+      return cli_error(ctx,
+                       "%s is required (--tp, --capacity, --hidden, --algo and --coll are; "
+                       "see --help)",
                        req[i]);
   static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK};
   static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
@@ -105,6 +133,10 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
     return cli_error(ctx, "--k does not apply to --coll ag with --algo %s (its K is H)",
                      v[O_ALGO].s);
   a->json = v[O_JSON].set;
+  a->predict = v[O_PREDICT].set;
+  a->cost = v[O_COST].set ? v[O_COST].s : NULL;
+  if (a->cost && !a->predict) return cli_error(ctx, "--cost applies with --predict only");
+  if (a->predict && a->json) return cli_error(ctx, "--predict prints text; drop --json");
   a->d.tp_size = (int)v[O_TP].u;
   a->d.capacity.rows = v[O_CAP].u;
   a->d.capacity.cols = v[O_HIDDEN].u;
@@ -125,8 +157,7 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   uint64_t n = v[O_N].set ? v[O_N].u : H, k = v[O_K].set ? v[O_K].u : H;
   const uint64_t e = 4; /* the widest element any operand or the fp32 accumulation uses */
   if (!fits3(C, H, e) || !fits3(C, (uint64_t)a->d.tp_size * 2, H * e))
-    return cli_error(ctx, "--capacity %llu x --hidden %llu bytes overflow 64 bits", (ull)C,
-                     (ull)H);
+    return cli_error(ctx, "--capacity %llu x --hidden %llu bytes overflow 64 bits", (ull)C, (ull)H);
   if (v[O_N].set && (!fits3(C, n, e) || !fits3(n, k, e) || !fits3(n, H, e)))
     return cli_error(ctx, "--n '%s': the GEMM operand sizes (n x m, n x k) overflow 64 bits",
                      v[O_N].s);
@@ -340,11 +371,116 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
   printf("}\n");
 }
 
+/* ---- --predict: the planner's candidates on a cost table ---- */
+
+#ifndef TPF_COST_DIRS
+#define TPF_COST_DIRS ""
+#endif
+
+static char *read_file(const char *path, size_t max) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char *buf = malloc(max + 1);
+  size_t n = buf ? fread(buf, 1, max, f) : 0;
+  int more = buf ? fgetc(f) : EOF;
+  fclose(f);
+  if (!buf || more != EOF) {
+    free(buf);
+    return NULL;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+/* Rank r's steps of one candidate with their predicted spans. */
+static void print_timeline(const plan_args *a, const tpf_cost_table *t,
+                           const tpf_plan_candidate *c) {
+  int P = a->d.tp_size, r = a->only_rank < 0 ? 0 : a->only_rank;
+  tpf_schedule *s = calloc((size_t)P, sizeof *s);
+  int built = 0, max_steps = 0;
+  tpf_status rc = s ? TPF_OK : TPF_ENOMEM;
+  for (; rc == TPF_OK && built < P; built++) {
+    tpf_layout_desc d = a->d;
+    d.rank = built;
+    d.num_splits = c->num_splits;
+    d.aggregate = c->aggregate;
+    rc = tpf_schedule_build(&d, &a->g, &s[built]);
+    if (rc != TPF_OK) break;
+    if (s[built].nsteps > max_steps) max_steps = s[built].nsteps;
+  }
+  tpf_cost_span *sp = rc == TPF_OK ? calloc((size_t)P * (size_t)max_steps, sizeof *sp) : NULL;
+  double total = 0;
+  if (rc == TPF_OK && sp) rc = tpf_cost_predict(t, s, P, sp, max_steps, &total);
+  if (rc == TPF_OK && sp) {
+    printf("  timeline of rank %d (us):\n", r);
+    for (int i = 0; i < s[r].nsteps; i++) {
+      const tpf_step *st = &s[r].steps[i];
+      printf("    %3d %-11s %-8s chunk %3d  %10.1f .. %10.1f\n", i, tpf_step_kind_name(st->kind),
+             tpf_stream_name(st->stream), (int)st->chunk, sp[r * max_steps + i].start_us,
+             sp[r * max_steps + i].end_us);
+    }
+  } else if (!c->runnable) {
+    printf(
+        "  (priced by formula: handshake, one GEMM of all rows, P-1 peer copies, one reduction)\n");
+  }
+  free(sp);
+  for (int q = 0; q < built; q++)
+    tpf_schedule_free(&s[q]);
+  free(s);
+}
+
+static int predict(const cli_ctx *ctx, const plan_args *a) {
+  static tpf_cost_table t;
+  char *text = NULL;
+  const char *used = a->cost;
+  if (used) {
+    text = read_file(used, 1u << 20);
+    if (!text) return cli_error(ctx, "--cost '%s' cannot be read (or is over 1 MiB)", used);
+  } else {
+    static char path[1024];
+    const char *dirs = TPF_COST_DIRS; /* ':'-separated, compiled in: install dir, source dir */
+    while (*dirs && !text) {
+      size_t n = strcspn(dirs, ":");
+      snprintf(path, sizeof path, "%.*s/h200.txt", (int)n, dirs);
+      text = read_file(path, 1u << 20);
+      dirs += n + (dirs[n] == ':');
+    }
+    if (!text)
+      return cli_error(ctx, "no default cost table found (looked in '%s'); pass --cost FILE",
+                       TPF_COST_DIRS);
+    used = path;
+  }
+  tpf_status rc = tpf_cost_table_parse(text, &t);
+  free(text);
+  if (rc != TPF_OK) return cli_error(ctx, "--cost '%s': %s", used, tpf_last_error());
+  tpf_plan_result r;
+  rc = tpf_plan_predict(&t, &a->d, &a->g, &r);
+  if (rc != TPF_OK) return cli_error(ctx, "%s: %s", tpf_status_name(rc), tpf_last_error());
+  printf("cost table: %s\n", used);
+  printf("operation: %s %s, P=%d, T=%llu of C=%llu, H=%llu, GEMM m=%llu n=%llu k=%llu, %s\n",
+         tpf_algo_name(a->d.algo), tpf_coll_name(a->d.coll), a->d.tp_size, (ull)a->d.active.rows,
+         (ull)a->d.capacity.rows, (ull)a->d.capacity.cols, (ull)a->g.m, (ull)a->g.n, (ull)a->g.k,
+         tpf_dtype_name(a->d.dtype));
+  printf("%-3s %-32s %14s %10s %s\n", "#", "candidate", "predicted(us)", "vs_best", "runs");
+  double best = r.cand[r.chosen].predicted_us;
+  for (int i = 0; i < r.ncand; i++)
+    printf("%-3d %-32s %14.1f %10.3f %s%s\n", i, r.cand[i].label, r.cand[i].predicted_us,
+           r.cand[i].predicted_us / best, r.cand[i].runnable ? "yes" : "no (priced only)",
+           i == r.chosen ? "  <- chosen" : "");
+  printf("choice: %s\n", r.why);
+  for (int i = 0; i < r.ncand; i++) {
+    printf("candidate %d: %s\n", i, r.cand[i].label);
+    print_timeline(a, &t, &r.cand[i]);
+  }
+  return 0;
+}
+
 int tpf_cmd_plan(int argc, char **argv) {
   const cli_ctx ctx = {"tpflex plan", cli_has_word(argc, argv, "--json"), NULL};
   plan_args a;
   int prc = parse_args(&ctx, argc, argv, &a);
   if (prc >= 0) return prc;
+  if (a.predict) return predict(&ctx, &a);
   int P = a.d.tp_size;
   tpf_schedule *s = calloc((size_t)P, sizeof *s);
   if (!s) {

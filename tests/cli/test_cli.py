@@ -7,6 +7,7 @@ boundary and valid values must run. Choice and file options, flags given a value
 stray words, --opt=value, unwritable outputs and plan's --json errors are covered too. Every run
 is bounded by a timeout (a hang fails the test). Usage: test_cli.py PATH/TO/tpflex
 """
+import os
 import json
 import subprocess
 import sys
@@ -181,7 +182,7 @@ case("plan --json valid", argv(P, extra=["--json"]), 0, out='"check":"OK"')
 rc, so, _ = run([TPF, "plan", "--help"])
 count += 1
 for opt in ["--tp", "--capacity", "--tokens", "--hidden", "--algo", "--coll", "--splits",
-            "--aggregate", "--dtype", "--n", "--k", "--rank", "--json"]:
+            "--aggregate", "--dtype", "--n", "--k", "--rank", "--json", "--predict", "--cost"]:
     line = next((l for l in so.splitlines() if l.strip().startswith(opt + " ") or
                  l.strip() == opt or l.strip().startswith(opt + "  ")), "")
     if "required" not in line and "optional" not in line:
@@ -193,6 +194,21 @@ for over in [{"--tp": "1", "--capacity": "8", "--hidden": "1"}, {"--tp": "64", "
              {"--hidden": str(2**24), "--capacity": "4"}, {"--dtype": "fp32"}]:
     case("plan valid %s" % over, argv(P, over), 0, out="schedule check: OK")
 case("plan valid --aggregate", argv(P, extra=["--aggregate"]), 0, out="schedule check: OK")
+# --predict / --cost: the planner's candidates and choice on a cost table
+case("plan --predict default table", argv(P, extra=["--predict"]), 0, out="choice: ")
+case("plan --predict --cost file", argv(P, extra=["--predict", "--cost", os.path.join(
+    os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "cost", "sim.txt")]), 0,
+    out="<- chosen")
+case("plan --cost without --predict", argv(P, extra=["--cost", "/tmp/x"]), 2,
+     err="--cost applies with --predict only")
+case("plan --predict --cost missing", argv(P, extra=["--predict", "--cost", "/nonexistent/t"]), 2,
+     err="--cost '/nonexistent/t' cannot be read")
+with open("/tmp/tpflex_cli_bad_cost.txt", "w") as f:
+    f.write("launch_us 1\nfrobnicate 2\n")
+case("plan --predict --cost bad table", argv(P, extra=["--predict", "--cost",
+     "/tmp/tpflex_cli_bad_cost.txt"]), 2, err="line 2: unknown key")
+case("plan --predict=x", argv(P, extra=["--predict=x"]), 2, err="--predict")
+case("plan --cost empty", argv(P, extra=["--predict", "--cost", ""]), 2, err="--cost")
 
 # ---- demo: per-value messages, boundaries, wording ----
 D = "demo"
