@@ -13,7 +13,7 @@ import subprocess
 import sys
 
 TPF = sys.argv[1] if len(sys.argv) > 1 else "tpflex"
-TIMEOUT = 20
+TIMEOUT = int(os.environ.get("TPF_CLI_TIMEOUT", "20"))  # seconds per run
 U64 = 2**64
 failures = []
 count = 0
