@@ -36,6 +36,14 @@
 extern "C" {
 #endif
 
+/* Marks the public API: the shared library exports these names and nothing else (it is built
+ * with hidden visibility by default). */
+#if defined(__GNUC__) || defined(__clang__)
+#define TPF_API __attribute__((visibility("default")))
+#else
+#define TPF_API
+#endif
+
 #define TPF_VERSION_MAJOR 0
 #define TPF_VERSION_MINOR 1
 #define TPF_VERSION_PATCH 0
@@ -65,12 +73,12 @@ typedef enum {
 } tpf_status;
 
 /* "TPF_ECAPACITY" for TPF_ECAPACITY; "TPF_UNKNOWN" for a value outside the enum. */
-const char *tpf_status_name(tpf_status s);
+TPF_API const char *tpf_status_name(tpf_status s);
 /* One-line meaning of a status; never NULL. */
-const char *tpf_strerror(tpf_status s);
+TPF_API const char *tpf_strerror(tpf_status s);
 /* Detail of the last failure on the calling thread ("active rows 4100 exceed capacity 4096 for
  * 'fc1_fprop'"); "" when none. The string is thread-local and valid until the next failing call. */
-const char *tpf_last_error(void);
+TPF_API const char *tpf_last_error(void);
 
 /* Allocator hooks (libuv style). All four NULL restores the C library's. Must be called before
  * any object exists. Returns TPF_EINVAL if only some are given. */
@@ -78,7 +86,8 @@ typedef void *(*tpf_malloc_fn)(size_t);
 typedef void *(*tpf_calloc_fn)(size_t, size_t);
 typedef void *(*tpf_realloc_fn)(void *, size_t);
 typedef void (*tpf_free_fn)(void *);
-tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r, tpf_free_fn f);
+TPF_API tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r,
+                                     tpf_free_fn f);
 
 typedef enum {
   TPF_BF16 = 0,
@@ -106,12 +115,12 @@ typedef struct {
 } tpf_matrix;
 
 /* Bytes per element: 2 for bf16/fp16, 4 for fp32, 1 for fp8; 0 for an invalid value. */
-size_t tpf_dtype_size(tpf_dtype t);
+TPF_API size_t tpf_dtype_size(tpf_dtype t);
 /* "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2"; "?" for an invalid value. */
-const char *tpf_dtype_name(tpf_dtype t);
+TPF_API const char *tpf_dtype_name(tpf_dtype t);
 /* "bulk", "pipeline", "ring" / "ag", "rs"; "?" for an invalid value. */
-const char *tpf_algo_name(tpf_algo a);
-const char *tpf_coll_name(tpf_coll c);
+TPF_API const char *tpf_algo_name(tpf_algo a);
+TPF_API const char *tpf_coll_name(tpf_coll c);
 
 /* ---- Pure layout queries (no backend) ------------------------------------------------------ */
 
@@ -139,24 +148,24 @@ typedef struct {
 /* Checks every rule of docs/SPEC.md §3 for capacity and active shape (alignment: 16 bytes, the
  * strictest backend). TPF_EINVAL, TPF_ESHAPE, TPF_ECAPACITY, TPF_EDIVISIBLE, TPF_EALIGN,
  * TPF_EUNSUPPORTED, TPF_EOVERFLOW as in docs/SPEC.md §3. */
-tpf_status tpf_layout_check(const tpf_layout_desc *d);
+TPF_API tpf_status tpf_layout_check(const tpf_layout_desc *d);
 /* Bytes registered at capacity: C*H*e, or (2P-1)*(C/P)*H*e for RING RS. */
-tpf_status tpf_layout_registered_bytes(const tpf_layout_desc *d, uint64_t *bytes);
+TPF_API tpf_status tpf_layout_registered_bytes(const tpf_layout_desc *d, uint64_t *bytes);
 /* Bytes the active layout names (a prefix of the registration): T*H*e or (2P-1)*(T/P)*H*e. */
-tpf_status tpf_layout_active_bytes(const tpf_layout_desc *d, uint64_t *bytes);
+TPF_API tpf_status tpf_layout_active_bytes(const tpf_layout_desc *d, uint64_t *bytes);
 /* Number of chunks/slots/blocks of the active layout: P, 2P-1 (RING RS) or S (PIPELINE). */
-tpf_status tpf_layout_chunk_count(const tpf_layout_desc *d, int *count);
+TPF_API tpf_status tpf_layout_chunk_count(const tpf_layout_desc *d, int *count);
 /* Chunk/slot/block j of the active layout (packed: chunk j at j*S_T). TPF_EINVAL for j out of
  * range. */
-tpf_status tpf_layout_chunk(const tpf_layout_desc *d, int j, tpf_region *out);
+TPF_API tpf_status tpf_layout_chunk(const tpf_layout_desc *d, int j, tpf_region *out);
 /* This rank's shard: AG/BULK chunk r (the local input); RING RS: slot P-1 (its own partial);
  * PIPELINE and BULK RS: rows [r*T/P, (r+1)*T/P) of the buffer = chunk r of a [T, H] layout. */
-tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out);
+TPF_API tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out);
 /* The smallest legal active row count >= rows for d's capacity (d->active is ignored): divisible
  * by P, every chunk, slot and pipeline block 16-byte aligned (docs/SPEC.md §3); rows 0 counts as
  * 1; quantized layouts answer C. Use it to pad a microbatch: T = 1000 with P = 8, H = 4, bf16
  * gives 1008. TPF_ECAPACITY when no legal count <= C exists, with both numbers in the detail. */
-tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64_t *legal);
+TPF_API tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64_t *legal);
 
 /* ---- Communicators -------------------------------------------------------------------------- */
 
@@ -186,29 +195,29 @@ typedef struct {
  * group calls it with the same configuration, in the same order. The registration is zeroed.
  * TPF_EINVAL (NULL, bad enum), shape statuses for a capacity that breaks docs/SPEC.md §3,
  * TPF_ENOMEM, TPF_EBACKEND. */
-tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
+TPF_API tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
 /* Waits for its operations, deregisters and frees. NULL is TPF_EINVAL. */
-tpf_status tpf_comm_destroy(tpf_comm *c);
+TPF_API tpf_status tpf_comm_destroy(tpf_comm *c);
 /* Makes `active` the shape of the operations enqueued after this call; local, no communication,
  * no allocation. On failure nothing changes. Statuses of docs/SPEC.md §3; TPF_ESTATE after a
  * timeout. */
-tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active);
+TPF_API tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active);
 /* Current active shape (== capacity until the first set); {0,0} for NULL. */
-tpf_shape tpf_comm_active_shape(const tpf_comm *c);
-tpf_shape tpf_comm_capacity_shape(const tpf_comm *c);
+TPF_API tpf_shape tpf_comm_active_shape(const tpf_comm *c);
+TPF_API tpf_shape tpf_comm_capacity_shape(const tpf_comm *c);
 /* Number of successful set_active_shape calls (the shape epoch); 0 for NULL. */
-uint64_t tpf_comm_epoch(const tpf_comm *c);
+TPF_API uint64_t tpf_comm_epoch(const tpf_comm *c);
 /* The configuration it was created with (name points into the communicator). */
-const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c);
+TPF_API const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c);
 /* Active buffer view: [T, H] (RING RS: all 2P-1 slots, [(2P-1)*T/P, H]). */
-tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full);
+TPF_API tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full);
 /* This rank's [T/P, H] view (see tpf_layout_local). */
-tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
+TPF_API tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
 /* As tpf_layout_legal_rows for this communicator, with its backend's alignment; external and
  * quantized communicators answer their capacity rows. */
-tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
+TPF_API tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
 /* The whole registered data region (capacity bytes). */
-tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
+TPF_API tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
 
 /* Completion and errors (NCCL's ncclCommGetAsyncError / ncclCommAbort model). Errors of enqueued
  * operations are deferred per communicator: a failure is reported only on the communicator whose
@@ -232,9 +241,9 @@ tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
  * communicator is aborted separately. Thread-safe: may be called from any thread, also while
  * the rank's own thread is blocked in an operation on c (a watchdog); it never blocks and
  * allocates nothing. Idempotent. TPF_EINVAL for NULL. */
-tpf_status tpf_comm_sync(tpf_comm *c);
-tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out);
-tpf_status tpf_comm_abort(tpf_comm *c);
+TPF_API tpf_status tpf_comm_sync(tpf_comm *c);
+TPF_API tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out);
+TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
 
 /* ---- Operations ------------------------------------------------------------------------------
  * `stream` is a cudaStream_t for CUDA and NULL for the simulator (which completes the operation
@@ -245,33 +254,33 @@ tpf_status tpf_comm_abort(tpf_comm *c);
 
 /* RING AG: the local shard is already in tpf_comm_local_chunk; w is [N, H]; d is [T, N].
  * Afterwards the buffer holds AG(X) = [T, H] and d = AG(X) * w^T. */
-tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream);
+TPF_API tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream);
 /* RING RS or PIPELINE RS: x is [T, K], w is [H, K], out is [T/P, H]:
  * out = rows [r*T/P, (r+1)*T/P) of sum over ranks of x * w^T. */
-tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
-                       void *stream);
+TPF_API tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
+                               tpf_matrix *out, void *stream);
 /* BULK: the collective runs on the buffer in place (AG: local chunk r in, [T, H] out; RS: [T, H]
  * partials in, chunk r reduced) while d = a * b^T runs beside it. a is [M, K], b is [N, K], d is
  * [M, N]; a, b, d must not alias the registration. */
-tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
-                            void *stream);
+TPF_API tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
+                                    tpf_matrix *d, void *stream);
 
 /* ---- Manager -------------------------------------------------------------------------------- */
 
 typedef struct tpf_manager tpf_manager;
-tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out);
+TPF_API tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out);
 /* Creates a communicator owned by the manager; TPF_EINVAL for a duplicate name. */
-tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out);
+TPF_API tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out);
 /* TPF_EINVAL when no communicator has that name. */
-tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out);
+TPF_API tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out);
 /* Applies `active` to every eligible communicator (unquantized, not external), all-or-nothing:
  * all are validated first; on any failure none changes and the detail names the communicator. */
-tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active);
+TPF_API tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active);
 /* Number of communicators, and the i-th in creation order. */
-int tpf_manager_count(const tpf_manager *m);
-tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out);
+TPF_API int tpf_manager_count(const tpf_manager *m);
+TPF_API tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out);
 /* Destroys every communicator, then the manager. */
-tpf_status tpf_manager_destroy(tpf_manager *m);
+TPF_API tpf_status tpf_manager_destroy(tpf_manager *m);
 
 #ifdef __cplusplus
 }

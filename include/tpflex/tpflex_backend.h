@@ -130,17 +130,18 @@ typedef struct {
 /* Builds rank d->rank's schedule for the active shape of d (which must pass tpf_layout_check).
  * Allocates s->steps; free with tpf_schedule_free. TPF_EINVAL, layout statuses,
  * TPF_EUNSUPPORTED (e.g. aggregate with odd P), TPF_ENOMEM. */
-tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_schedule *s);
-void tpf_schedule_free(tpf_schedule *s);
+TPF_API tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                                      tpf_schedule *s);
+TPF_API void tpf_schedule_free(tpf_schedule *s);
 /* The independent checker: given all P ranks' schedules of one operation (scheds[r] is rank r's),
  * verifies that every output byte is produced exactly once, nothing touches bytes outside the
  * active layout, every SEND matches exactly one RECV (same bytes, offsets and tag), no step reads
  * a chunk before it has arrived, and the dependency lists only point backwards. On failure
  * returns TPF_EINVAL with the first violation in tpf_last_error(). */
-tpf_status tpf_schedule_check(const tpf_schedule *scheds, int tp_size);
+TPF_API tpf_status tpf_schedule_check(const tpf_schedule *scheds, int tp_size);
 /* Short names for printing: "GEMM", "SEND", ...; "compute0", "send", "recv". */
-const char *tpf_step_kind_name(int kind);
-const char *tpf_stream_name(int stream);
+TPF_API const char *tpf_step_kind_name(int kind);
+TPF_API const char *tpf_stream_name(int stream);
 
 /* ---- The ops table -------------------------------------------------------------------------- */
 
@@ -202,15 +203,15 @@ struct tpf_backend {
 
 /* Records a failure detail for tpf_last_error() (printf-style); returns `s` for tail calls.
  * Backends use it at the edge where they translate a foreign error. */
-tpf_status tpf_set_error(tpf_status s, const char *fmt, ...)
+TPF_API tpf_status tpf_set_error(tpf_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif
     ;
 
 /* Host reference numerics shared by backends and tests: convert one element to/from float. */
-float tpf_elem_to_float(tpf_dtype t, const void *p);
-void tpf_float_to_elem(tpf_dtype t, float v, void *p);
+TPF_API float tpf_elem_to_float(tpf_dtype t, const void *p);
+TPF_API void tpf_float_to_elem(tpf_dtype t, float v, void *p);
 
 #ifdef __cplusplus
 }

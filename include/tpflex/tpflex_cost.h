@@ -53,14 +53,14 @@ struct tpf_cost_table {
 /* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number
  * and the offending text for a syntax error, an unknown key, a repeated key, a negative or
  * non-finite number, a zero bandwidth or too many gemm lines. *out is written only on success. */
-tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out);
+TPF_API tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out);
 
 /* Predicted GEMM time in microseconds (without the launch overhead). Points of the same dtype
  * are ordered by flops (2mnk); the achieved rate (flops/us) is interpolated linearly in
  * log(flops) between the two neighbours and held constant beyond the ends. TPF_EINVAL when the
  * table has no point of that dtype. */
-tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m, uint64_t n,
-                            uint64_t k, double *us);
+TPF_API tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m,
+                                    uint64_t n, uint64_t k, double *us);
 
 typedef struct {
   double start_us, end_us;
@@ -71,8 +71,9 @@ typedef struct {
  * spans[r * max_steps + i] (max_steps >= every nsteps). *total_us is the latest end.
  * TPF_EINVAL for bad arguments, a RECV without its SEND, or schedules that cannot finish
  * (a wait cycle), naming the rank and step. Allocates nothing. */
-tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
-                            tpf_cost_span *spans, int max_steps, double *total_us);
+TPF_API tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds,
+                                    int tp_size, tpf_cost_span *spans, int max_steps,
+                                    double *total_us);
 
 /* ---- The planner's candidates ---------------------------------------------------------------
  * For one operation of a communicator at one active shape, the schedules its algorithm admits
@@ -111,8 +112,8 @@ typedef struct {
  * the GEMM dims g (as tpf_schedule_build takes them). TPF_EINVAL and layout statuses for a bad
  * d, the cost-model statuses for a table that cannot price a step. Allocates while it builds
  * schedules: call it once per (communicator, T) and keep the result, never per operation. */
-tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
-                            const tpf_gemm_dims *g, tpf_plan_result *out);
+TPF_API tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
+                                    const tpf_gemm_dims *g, tpf_plan_result *out);
 
 /* An adaptive communicator's decision for its last operation (or, before any, none: ncand 0):
  * the candidates with their predictions, the one that ran and why. Decisions are cached per
@@ -120,7 +121,7 @@ tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
  * reserved at creation, so neither a hit nor a miss allocates. TPF_EUNSUPPORTED for a FIXED
  * communicator. */
 #define TPF_PLAN_CACHE 32
-tpf_status tpf_comm_plan_info(const tpf_comm *c, tpf_plan_result *out);
+TPF_API tpf_status tpf_comm_plan_info(const tpf_comm *c, tpf_plan_result *out);
 
 #ifdef __cplusplus
 }

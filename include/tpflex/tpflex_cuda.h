@@ -20,13 +20,13 @@ typedef struct {
 } tpf_bootstrap;
 
 /* Creates this rank's backend (collective over the bootstrap group). */
-tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out);
-tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
+TPF_API tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out);
+TPF_API tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
 
 /* Bound of every device-side wait of this backend (default 30000 ms, or the environment variable
  * TPF_CUDA_TIMEOUT_MS at creation). Applies to operations enqueued afterwards. TPF_EINVAL for a
  * non-CUDA backend or 0. */
-tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms);
+TPF_API tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms);
 
 /* Counters for tests and tuning. gemm_heuristic_queries counts cuBLASLt heuristic calls (one per
  * new GEMM shape); gemm_cache_hits the GEMMs served from the per-shape cache. TPF_EINVAL for a
@@ -36,21 +36,21 @@ typedef struct {
   uint64_t gemm_cache_hits;
   uint64_t gemm_fallbacks; /* GEMMs cuBLASLt had no algorithm for, done by a plain kernel */
 } tpf_cuda_stats;
-tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out);
+TPF_API tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out);
 
 /* In-process ranks (threads, possibly several on one GPU): one group object shared by the
  * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
 typedef struct tpf_cuda_threads tpf_cuda_threads;
-tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out);
-tpf_status tpf_cuda_threads_bootstrap(tpf_cuda_threads *g, int rank, int device,
-                                      tpf_bootstrap *out);
-tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g);
+TPF_API tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out);
+TPF_API tpf_status tpf_cuda_threads_bootstrap(tpf_cuda_threads *g, int rank, int device,
+                                              tpf_bootstrap *out);
+TPF_API tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g);
 
 /* Bootstrap over an existing NCCL communicator (ncclComm_t passed as void *), one process per
  * rank; `device` is the rank's CUDA device. The returned bootstrap's ctx is owned by the caller
  * and freed with tpf_cuda_nccl_bootstrap_free. */
-tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out);
-void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b);
+TPF_API tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out);
+TPF_API void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b);
 
 #ifdef __cplusplus
 }

@@ -20,14 +20,14 @@ typedef struct {
 } tpf_sim_config;
 
 /* Creates a world of P ranks. TPF_EINVAL for P outside 1..64, TPF_ENOMEM, TPF_EBACKEND. */
-tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out);
+TPF_API tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out);
 /* Runs fn(be, rank, arg) once per rank, each on its own thread, and joins them. Returns TPF_OK
  * if every rank returned TPF_OK, else the status of the lowest failing rank (its detail is kept
  * in tpf_last_error() of the calling thread). Rank r gets the same backend object in every run,
  * valid until tpf_sim_world_destroy, so objects created in one run may be used in the next. */
-tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int rank, void *arg),
-                       void *arg);
-tpf_status tpf_sim_world_destroy(tpf_sim_world *w);
+TPF_API tpf_status tpf_sim_run(tpf_sim_world *w,
+                               tpf_status (*fn)(tpf_backend *be, int rank, void *arg), void *arg);
+TPF_API tpf_status tpf_sim_world_destroy(tpf_sim_world *w);
 
 /* ---- Additions: observation and test hooks. Call them between runs (no rank running). ------ */
 
@@ -50,7 +50,7 @@ typedef struct {
 /* fn is called from the worker threads of every rank (concurrently): it must be thread-safe.
  * NULL turns tracing off. TPF_EINVAL for a NULL world. */
 typedef void (*tpf_sim_trace_fn)(void *ctx, const tpf_sim_trace_event *ev);
-tpf_status tpf_sim_set_trace(tpf_sim_world *w, tpf_sim_trace_fn fn, void *ctx);
+TPF_API tpf_status tpf_sim_set_trace(tpf_sim_world *w, tpf_sim_trace_fn fn, void *ctx);
 
 /* Counters since the world was created. bytes_moved counts bytes that crossed from one rank's
  * registration to another's (SEND payloads and the peer reads of PEER_REDUCE). */
@@ -63,10 +63,10 @@ typedef struct {
   uint64_t backend_calls; /* reg_create/reg_destroy/reg_activate/execute/sync calls, all ranks */
   uint64_t signals;       /* flag raises (SEND completions and BARRIER arrivals), all ranks */
 } tpf_sim_stats;
-tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out);
+TPF_API tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out);
 /* Nanoseconds since the world was created: the clock of tpf_sim_trace_event, so that a caller
  * can put its own spans on the same time line. 0 for NULL. Thread-safe. */
-uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w);
+TPF_API uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w);
 
 /* Fault injection for the fault tests (SQLite's test VFS): counts are world-wide, 1-based, in
  * the order the calls happen. 0 disables a fault. What counts as a backend call and as a signal
@@ -78,7 +78,7 @@ typedef struct {
 } tpf_sim_fault;
 /* Installs f (copied; NULL clears) and resets the fault counters. TPF_EINVAL for a NULL world.
  * The same as tpf_sim_set_fault_ex with only `base` set. */
-tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f);
+TPF_API tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f);
 
 /* Addition: the full fault plan. Counts are 1-based, in the order the calls happen, over the
  * ranks in rank_mask (0: every rank, counted world-wide). 0 disables a fault.
@@ -109,7 +109,7 @@ typedef struct {
 } tpf_sim_fault_ex;
 /* Installs f (copied; NULL clears) and resets the fault counters and held signals. TPF_EINVAL
  * for a NULL world. */
-tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f);
+TPF_API tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f);
 
 /* What the fault hook counted since the last tpf_sim_set_fault(_ex), and what the world still
  * holds: run an operation fault-free, read calls/entries/signals, then loop k over 1..count. */
@@ -124,7 +124,7 @@ typedef struct {
   uint64_t pending_rendezvous; /* reg_create rendezvous some rank has not reached yet */
 } tpf_sim_fault_report;
 /* TPF_EINVAL for NULL. Call between runs. */
-tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out);
+TPF_API tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out);
 
 #ifdef __cplusplus
 }
