@@ -45,7 +45,7 @@ extern "C" {
 #endif
 
 #define TPF_VERSION_MAJOR 0
-#define TPF_VERSION_MINOR 1
+#define TPF_VERSION_MINOR 2
 #define TPF_VERSION_PATCH 0
 
 /* Status codes: one list generates the enum, tpf_status_name() and tpf_strerror(), so the three

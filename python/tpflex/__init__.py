@@ -6,4 +6,4 @@ from .errors import *  # noqa: F401,F403
 from .errors import TpflexError, STATUS_CLASSES  # noqa: F401
 from ._lib import LIBRARY_PATH, last_error  # noqa: F401
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
