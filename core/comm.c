@@ -38,7 +38,7 @@ static bool aborted(const tpf_comm *c) {
                 "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
                 (c)->cfg.name)
 
-static tpf_layout_desc desc_of(const tpf_comm *c, tpf_shape active) {
+tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active) {
   tpf_layout_desc d;
   memset(&d, 0, sizeof d);
   d.tp_size = c->be->tp_size;
@@ -101,7 +101,7 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm
   c->active = cfg->capacity;
 
   /* The capacity shape obeys the same rules as an active shape (SPEC §3). */
-  tpf_layout_desc d = desc_of(c, cfg->capacity);
+  tpf_layout_desc d = tpf__comm_desc(c, cfg->capacity);
   rc = tpf__layout_check_align(&d, be->ops->align_bytes);
   if (rc != TPF_OK) {
     rc = named(c, rc);
@@ -146,7 +146,7 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
   TPF_RETURN_IF(c->cfg.external, TPF_EUNSUPPORTED,
                 "'%s' is external and stays at its capacity shape [%llu, %llu]", c->cfg.name,
                 (unsigned long long)c->cfg.capacity.rows, (unsigned long long)c->cfg.capacity.cols);
-  tpf_layout_desc d = desc_of(c, active);
+  tpf_layout_desc d = tpf__comm_desc(c, active);
   tpf_status rc = tpf__layout_check_align(&d, c->be->ops->align_bytes);
   if (rc != TPF_OK) return named(c, rc);
   return tpf_layout_active_bytes(&d, active_bytes);
@@ -206,7 +206,7 @@ tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full) {
 
 tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local) {
   TPF_RETURN_IF(!c || !local, TPF_EINVAL, "tpf_comm_local_chunk: NULL argument");
-  tpf_layout_desc d = desc_of(c, c->active);
+  tpf_layout_desc d = tpf__comm_desc(c, c->active);
   tpf_region r;
   TPF_CHECK(tpf_layout_local(&d, &r));
   *local = view(c, r.offset_bytes, r.rows);
@@ -278,7 +278,7 @@ static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, cons
  * returns: synchronous backends have run them, asynchronous ones have enqueued them. */
 static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *x,
                          const tpf_matrix *w, const tpf_matrix *d, void *stream) {
-  tpf_layout_desc desc = desc_of(c, c->active);
+  tpf_layout_desc desc = tpf__comm_desc(c, c->active);
   tpf_schedule s;
   comm_full *f = full_of(c);
   tpf_status rc = TPF_OK;

@@ -23,6 +23,8 @@ struct tpf_comm {
   tpf_shape prev_active;
 };
 
+/* The layout descriptor of c (this rank, its configuration) for the given active shape. */
+tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active);
 /* Validates `active` for c without changing anything; yields the active layout's bytes. */
 tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *active_bytes);
 /* Commits a shape that tpf__comm_check_shape accepted. */

@@ -10,8 +10,6 @@
  */
 #include "comm_internal.h"
 
-#include <string.h>
-
 typedef unsigned long long ull;
 
 static tpf_status legal_rows(const tpf_layout_desc *d, uint64_t align, uint64_t want,
@@ -45,17 +43,7 @@ tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64
 
 tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal) {
   TPF_RETURN_IF(!c, TPF_EINVAL, "legal rows: communicator is NULL");
-  tpf_layout_desc d;
-  memset(&d, 0, sizeof d);
-  d.tp_size = c->be->tp_size;
-  d.rank = c->be->rank;
-  d.algo = c->cfg.algo;
-  d.coll = c->cfg.coll;
-  d.dtype = c->cfg.dtype;
-  d.capacity = c->cfg.capacity;
-  d.active = c->cfg.capacity;
-  d.num_splits = c->cfg.num_splits;
-  d.aggregate = c->cfg.aggregate;
+  tpf_layout_desc d = tpf__comm_desc(c, c->cfg.capacity);
   uint64_t t = 0;
   TPF_CHECK(legal_rows(&d, c->be->ops->align_bytes, rows, &t));
   *legal = c->cfg.external ? c->cfg.capacity.rows : t; /* external: stays at capacity */

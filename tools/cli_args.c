@@ -19,7 +19,7 @@ bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out) 
   return true;
 }
 
-static void json_escaped(const char *s) {
+void cli_json_escaped(const char *s) {
   for (; *s; s++) {
     unsigned char ch = (unsigned char)*s;
     if (ch == '"' || ch == '\\')
@@ -39,9 +39,9 @@ int cli_error(const cli_ctx *ctx, const char *fmt, ...) {
   va_end(ap);
   if (ctx->json) {
     printf("{\"status\":\"error\",\"exit\":2,\"message\":\"");
-    json_escaped(ctx->cmd);
+    cli_json_escaped(ctx->cmd);
     printf(": ");
-    json_escaped(msg);
+    cli_json_escaped(msg);
     printf("\"}\n");
     fflush(stdout);
   } else {

@@ -46,6 +46,10 @@ typedef struct {
  * 64 bits and lies in [min, max]. */
 bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out);
 
+/* Writes s to stdout as the inside of a JSON string (quotes, backslashes, control characters
+ * escaped). */
+void cli_json_escaped(const char *s);
+
 /* Reports an error (stderr, or a JSON object on stdout when ctx->json) and returns 2. */
 int cli_error(const cli_ctx *ctx, const char *fmt, ...)
 #if defined(__GNUC__)

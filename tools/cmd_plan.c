@@ -301,15 +301,7 @@ static void print_text(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
 
 static void json_str(const char *s) {
   putchar('"');
-  for (; *s; s++) {
-    unsigned char ch = (unsigned char)*s;
-    if (ch == '"' || ch == '\\')
-      printf("\\%c", ch);
-    else if (ch < 0x20)
-      printf("\\u%04x", ch);
-    else
-      putchar(ch);
-  }
+  cli_json_escaped(s);
   putchar('"');
 }
 
