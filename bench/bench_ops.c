@@ -825,10 +825,12 @@ int bench_section_setshape(const bench_opts *o0) {
     bench_ss_row("tpf_comm_set_active_shape", P, o, s->calls, s->comm_med_ns, s->comm_p99_ns,
                  (double)s->comm_allocs / (double)s->calls, nregs,
                  o->cuda ? (double)s->dev_delta / 1048576.0 / (double)(2 * s->calls) : NAN,
-                 "tpflex: one communicator");
+                 o->cuda ? "tpflex: one communicator"
+                         : "tpflex: one communicator (+ sim canary fill of inactive bytes)");
     bench_ss_row("tpf_manager_set_active_shape", P, o, s->calls, s->mgr_med_ns, s->mgr_p99_ns,
                  (double)s->mgr_allocs / (double)s->calls, nregs, NAN,
-                 "tpflex: manager of 4 communicators");
+                 o->cuda ? "tpflex: manager of 4 communicators"
+                         : "tpflex: manager of 4 communicators (+ sim canary fill)");
     bench_progress("[1/4 setshape] timing %d destroy + create (re-registration)", s->realloc_n);
     s->phase = 2;
     st = bench_group_run(g, bench_ss_rank, s);
