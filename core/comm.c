@@ -298,6 +298,9 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   if (w) a.w = *w;
   if (d) a.d = *d;
   rc = tpf__be_execute(c->be, c->reg, &a, stream);
+  /* Refused before the handshake (e.g. a stream under CUDA-graph capture): nothing was enqueued
+   * and no peer saw this sequence number, so the communicator stays as it was. */
+  if (rc == TPF_EUNSUPPORTED) return rc;
   /* Every rank consumed this sequence number once the backend ran the handshake; a mismatch is
    * detected there, before any byte moves, so the group stays in step and usable. Anything else
    * may have left partial data behind: refuse to continue. */
