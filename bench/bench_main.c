@@ -326,8 +326,22 @@ static void bench_free_report(void) {
 
 /* ---- options ------------------------------------------------------------------------------ */
 
-enum { B_BACKEND, B_TP, B_CAP, B_HIDDEN, B_N, B_ITERS, B_WARMUP, B_CALLS, B_CSV, B_JSON, B_QUICK,
-       B_SECTION, B_IPC_PEER, B_NOPTS };
+enum {
+  B_BACKEND,
+  B_TP,
+  B_CAP,
+  B_HIDDEN,
+  B_N,
+  B_ITERS,
+  B_WARMUP,
+  B_CALLS,
+  B_CSV,
+  B_JSON,
+  B_QUICK,
+  B_SECTION,
+  B_IPC_PEER,
+  B_NOPTS
+};
 static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "sim|cuda", NULL,
                    "simulator (default; CPU times) or the CUDA backend", 0, false},
@@ -337,8 +351,8 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
               0, false},
     [B_CAP] = {"--capacity", CLI_U64, 1, 1u << 20, NULL, "C",
                "registered rows (sim default 1024, cuda 32768)", 0, false},
-    [B_HIDDEN] = {"--hidden", CLI_U64, 1, 1u << 16, NULL, "H", "buffer columns (sim 256, cuda 8192)",
-                  0, false},
+    [B_HIDDEN] = {"--hidden", CLI_U64, 1, 1u << 16, NULL, "H",
+                  "buffer columns (sim 256, cuda 8192)", 0, false},
     [B_N] = {"--n", CLI_U64, 1, 1u << 16, NULL, "N",
              "per-rank GEMM width: AG weight rows, RS reduction dim (sim 256, cuda 3584)", 0,
              false},
@@ -399,7 +413,7 @@ int tpf_cmd_bench(int argc, char **argv) {
   o.json = v[B_JSON].set ? v[B_JSON].s : NULL;
   unsigned sections = 0;
   static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
-                                      BENCH_SEC_TP, BENCH_SEC_TP, BENCH_SEC_ALL};
+                                      BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL};
   for (unsigned b = 0; b < 6; b++)
     if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
   if (o.csv && (prc = bench_check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;

@@ -184,7 +184,7 @@ tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m
 
 /* ---- the replay ----------------------------------------------------------------------------- */
 
-static double link_us(const tpf_cost_link *l, double bytes) {
+double tpf__cost_link_us(const tpf_cost_link *l, double bytes) {
   return l->latency_us + bytes / (l->gbps * 1e3);
 }
 
@@ -201,11 +201,11 @@ static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, cons
   case TPF_STEP_RECV:
     break;
   case TPF_STEP_SEND:
-    c += link_us(st->peer == s->rank ? &t->local : &t->peer, (double)st->bytes);
+    c += tpf__cost_link_us(st->peer == s->rank ? &t->local : &t->peer, (double)st->bytes);
     break;
   case TPF_STEP_REDUCE:
   case TPF_STEP_PEER_REDUCE:
-    c += link_us(&t->reduce, (double)st->count * (double)st->m * (double)st->n * e);
+    c += tpf__cost_link_us(&t->reduce, (double)st->count * (double)st->m * (double)st->n * e);
     break;
   case TPF_STEP_GEMM: {
     double g = 0;

@@ -89,6 +89,9 @@ tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_b
 tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
 tpf_status tpf__be_sync(tpf_backend *be, void *stream);
 
+/* ---- cost.c: time of one transfer, latency + bytes over bandwidth (microseconds) ---- */
+double tpf__cost_link_us(const tpf_cost_link *l, double bytes);
+
 /* ---- plan.c: an adaptive communicator's planner (NULL for a FIXED one) ---- */
 typedef struct tpf_planner tpf_planner;
 /* *out NULL for TPF_PLAN_FIXED; cap: the communicator's layout at capacity. */

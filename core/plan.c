@@ -62,10 +62,6 @@ static tpf_status predict_schedule(const tpf_cost_table *t, const tpf_layout_des
   return tpf_cost_predict(t, w->s, w->p, w->sp, w->max_steps, us);
 }
 
-static double link_us(const tpf_cost_link *l, double bytes) {
-  return l->latency_us + bytes / (l->gbps * 1e3);
-}
-
 /* One GEMM of all T rows, then P-1 peer copies of S_T and a reduction of P partials. */
 static tpf_status rs_baseline(const tpf_cost_table *t, const tpf_layout_desc *d,
                               const tpf_gemm_dims *g, double *us) {
@@ -74,8 +70,8 @@ static tpf_status rs_baseline(const tpf_cost_table *t, const tpf_layout_desc *d,
   TPF_CHECK(tpf_cost_gemm_us(t, d->dtype, d->active.rows, d->capacity.cols, g->k, &gemm));
   double chunk = rows / p * h * e;
   double c = t->launch_us + t->handshake_us + t->launch_us + gemm;
-  c += (p - 1) * (t->launch_us + link_us(&t->peer, chunk));
-  c += t->launch_us + link_us(&t->reduce, p * chunk);
+  c += (p - 1) * (t->launch_us + tpf__cost_link_us(&t->peer, chunk));
+  c += t->launch_us + tpf__cost_link_us(&t->reduce, p * chunk);
   *us = c;
   return TPF_OK;
 }

@@ -96,8 +96,8 @@ void cli_usage(FILE *f, const cli_opt *opts, int n, const char *usage_intro, con
   if (outro) fprintf(f, "%s", outro);
 }
 
-int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **argv,
-              cli_val *vals, const char *usage_intro) {
+int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **argv, cli_val *vals,
+              const char *usage_intro) {
   memset(vals, 0, (size_t)n * sizeof *vals);
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];

@@ -20,7 +20,7 @@ typedef enum {
 } cli_kind;
 
 typedef struct {
-  const char *name;    /* "--tp" */
+  const char *name; /* "--tp" */
   cli_kind kind;
   uint64_t min, max;   /* CLI_U64 */
   const char *choices; /* CLI_CHOICE: "bf16|fp16|fp32" */
@@ -59,8 +59,8 @@ int cli_error(const cli_ctx *ctx, const char *fmt, ...)
 
 /* Parses argv[1..argc) against opts into vals (n entries, zeroed here). Returns -1 on success,
  * 0 after printing usage for --help/-h, 2 after reporting an error. */
-int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **argv,
-              cli_val *vals, const char *usage_intro);
+int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **argv, cli_val *vals,
+              const char *usage_intro);
 
 /* Index of the option called name in opts, or -1. */
 int cli_find(const cli_opt *opts, int n, const char *name);

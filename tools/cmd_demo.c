@@ -742,16 +742,28 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
 /* ---- command line ---- */
 
 enum {
-  D_BACKEND, D_TP, D_MBS, D_CAP, D_HIDDEN, D_DTYPE, D_SEED, D_DELAY, D_TIMEOUT, D_ARENA, D_TRACE,
-  D_ROWS, D_NOCHECK, D_NOPTS
+  D_BACKEND,
+  D_TP,
+  D_MBS,
+  D_CAP,
+  D_HIDDEN,
+  D_DTYPE,
+  D_SEED,
+  D_DELAY,
+  D_TIMEOUT,
+  D_ARENA,
+  D_TRACE,
+  D_ROWS,
+  D_NOCHECK,
+  D_NOPTS
 };
 static const cli_opt kDemoOpts[D_NOPTS] = {
     [D_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "sim|cuda", NULL, "backend (default sim)", 0,
                    false},
     [D_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P", "tensor-parallel ranks (default 4)", 0,
               false},
-    [D_MBS] = {"--microbatches", CLI_U64, 1, 100000, NULL, "N",
-               "microbatches to run (default 12)", 0, false},
+    [D_MBS] = {"--microbatches", CLI_U64, 1, 100000, NULL, "N", "microbatches to run (default 12)",
+               0, false},
     [D_CAP] = {"--capacity", CLI_U64, 1, 1ull << 24, NULL, "C",
                "max tokens per microbatch, a multiple of P (default 1024)", 0, false},
     [D_HIDDEN] = {"--hidden", CLI_U64, 4, 1ull << 16, NULL, "H",
@@ -765,8 +777,8 @@ static const cli_opt kDemoOpts[D_NOPTS] = {
     [D_TIMEOUT] = {"--timeout-ms", CLI_U64, 1, 3600000, NULL, "MS",
                    "bound on every wait (default 10000)", 0, false},
     [D_ARENA] = {"--arena-mib", CLI_U64, 1, 1u << 20, NULL, "MIB",
-                 "simulator: size of the shared arena all registrations live in (default 1024)",
-                 0, false},
+                 "simulator: size of the shared arena all registrations live in (default 1024)", 0,
+                 false},
     [D_TRACE] = {"--trace", CLI_STR, 0, 0, NULL, "FILE",
                  "write a Chrome trace JSON (open in ui.perfetto.dev)", 0, false},
     [D_ROWS] = {"--rows", CLI_U64, 1, 1000000, NULL, "N",
@@ -780,8 +792,9 @@ static bool layouts_accept(const demo_opts *o, uint64_t T);
 static int parse(int argc, char **argv, demo_opts *o) {
   static const cli_ctx ctx = {"tpflex demo", false, NULL};
   cli_val v[D_NOPTS];
-  int rc = cli_parse(&ctx, kDemoOpts, D_NOPTS, argc, argv, v, "usage: tpflex demo [options]   "
-                                                              "(every option is optional)");
+  int rc = cli_parse(&ctx, kDemoOpts, D_NOPTS, argc, argv, v,
+                     "usage: tpflex demo [options]   "
+                     "(every option is optional)");
   if (rc >= 0) return rc;
   static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
   o->backend = v[D_BACKEND].set ? v[D_BACKEND].s : "sim";
@@ -815,7 +828,8 @@ static int parse(int argc, char **argv, demo_opts *o) {
                          "(%s); the smallest capacity above it that every layout accepts is %llu",
                          (unsigned long long)o->C, (unsigned long long)o->H, P, why,
                          (unsigned long long)t.C);
-    return cli_error(&ctx, "--capacity '%llu' with --hidden %llu --tp %llu breaks a layout rule (%s)",
+    return cli_error(&ctx,
+                     "--capacity '%llu' with --hidden %llu --tp %llu breaks a layout rule (%s)",
                      (unsigned long long)o->C, (unsigned long long)o->H, P, why);
   }
   if (o->arena_bytes && strcmp(o->backend, "sim") != 0)
@@ -995,13 +1009,13 @@ int tpf_cmd_demo(int argc, char **argv) {
            kSites[i].algo == TPF_ALGO_RING       ? "ring-exchange "
            : kSites[i].algo == TPF_ALGO_PIPELINE ? "pipeline "
                                                  : "bulk ",
-           tpf_coll_name(kSites[i].coll),
-           kSites[i].external ? " (external)" : "");
+           tpf_coll_name(kSites[i].coll), kSites[i].external ? " (external)" : "");
   printf("\n  (external: registered by the manager but filled outside tpflex, so it is never "
          "resized and stays at capacity)");
-  printf("\nper microbatch: set_active_shape once, then %d operations (4 fprop, 6 dgrad/wgrad), each "
-         "checked against the host reference%s\n\n",
-         NOPS, o->check ? "" : " (checks off)");
+  printf(
+      "\nper microbatch: set_active_shape once, then %d operations (4 fprop, 6 dgrad/wgrad), each "
+      "checked against the host reference%s\n\n",
+      NOPS, o->check ? "" : " (checks off)");
   printf("tokens = packed sequence tokens; rows T = tokens padded to a row count every layout "
          "accepts; rows/rank = T/P; fill = T/C\n");
   printf("%5s %7s %7s %8s %5s %7s %4s %12s %12s %9s  %s\n", "mb", "tokens", "rows T", "rows/rank",

@@ -616,7 +616,8 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
          "bf16/fp16/fp32, every T multiple of P%s\n",
          env->name, env->max_ranks, quick ? "4P" : "16P", NKINDS,
          histories ? ", shape histories vs fresh communicators" : "");
-  if (g_adaptive) printf("conformance[%s]: adaptive planning on (synthetic cost table)\n", env->name);
+  if (g_adaptive)
+    printf("conformance[%s]: adaptive planning on (synthetic cost table)\n", env->name);
   fflush(stdout);
   double t_all = now_s();
   uint64_t cases = 0, failed = 0, run_errors = 0;

@@ -33,8 +33,11 @@ int main(void) {
   CHECK(tpf_cuda_threads_create(1, &g) == TPF_OK, "threads: %s", tpf_last_error());
   CHECK(tpf_cuda_threads_bootstrap(g, 0, 0, &boot) == TPF_OK, "boot: %s", tpf_last_error());
   CHECK(tpf_cuda_backend_create(&boot, &be) == TPF_OK, "backend: %s", tpf_last_error());
-  tpf_comm_config cfg = {.name = "fc1_fprop", .algo = TPF_ALGO_RING, .coll = TPF_COLL_AG,
-                         .dtype = TPF_FP32, .capacity = {C, H}};
+  tpf_comm_config cfg = {.name = "fc1_fprop",
+                         .algo = TPF_ALGO_RING,
+                         .coll = TPF_COLL_AG,
+                         .dtype = TPF_FP32,
+                         .capacity = {C, H}};
   CHECK(tpf_comm_create(be, &cfg, &c) == TPF_OK, "create: %s", tpf_last_error());
   float *w = NULL, *d = NULL;
   CHECK(cudaMalloc((void **)&w, sizeof(float) * N * H) == cudaSuccess, "cudaMalloc w");
