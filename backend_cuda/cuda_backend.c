@@ -252,12 +252,18 @@ static tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
   if (code == TPF_CUDA_DEV_OK) return TPF_OK;
   const tpf_cuda_status *st = b->status_host;
   const char *kind = tpf_step_kind_name((int)st->kind);
-  if (code == TPF_CUDA_DEV_MISMATCH)
+  if (code == TPF_CUDA_DEV_MISMATCH) {
+    char mine[40], theirs[40];
     return tpf_set_error(TPF_EMISMATCH,
-                         "rank %d, operation %llu: active rows %llu here but %llu on rank %d "
-                         "(detected by the handshake before any byte moved on this rank)",
-                         b->base.rank, (unsigned long long)st->seq, (unsigned long long)st->mine,
-                         (unsigned long long)st->theirs, (int)st->peer);
+                         "rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on "
+                         "rank %d (detected by the handshake before any byte moved on this rank)",
+                         b->base.rank, (unsigned long long)st->seq,
+                         (unsigned long long)TPF_READY_ROWS(st->mine),
+                         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->mine), mine, sizeof mine),
+                         (unsigned long long)TPF_READY_ROWS(st->theirs),
+                         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->theirs), theirs, sizeof theirs),
+                         (int)st->peer);
+  }
   return tpf_set_error(TPF_ETIMEOUT,
                        "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
                        "(wanted %llu, saw %llu at %p)",
@@ -477,7 +483,7 @@ static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, tpf_reg *r, const tpf
   const uint64_t start = tpf_cuda__now_ns();
   for (unsigned spins = 0;; spins++) {
     uint64_t w = atomic_load_explicit(&slot->word, memory_order_acquire);
-    if (TPF_READY_SEQ(w) == (want & 0xFFFFFFull)) {
+    if (TPF_READY_SEQ(w) == (want & TPF_READY_SEQ_MASK)) {
       *seen = w;
       return TPF_OK;
     }
@@ -513,24 +519,28 @@ static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r, con
   const uint64_t rows = a->sched->rows;
   cudaEvent_t ev = r->ready_ev[par];
   TPF_CUDA_TRY(cudaEventRecord(ev, s), "cudaEventRecord(handshake)");
-  tpf_cuda__publish(&r->sync->ready[me * 2 + par], ev, TPF_READY_WORD(a->seq, rows));
+  const uint64_t word = TPF_READY_WORD(a->seq, a->sched->op_key, rows);
+  tpf_cuda__publish(&r->sync->ready[me * 2 + par], ev, word);
   int bad = -1;
-  uint64_t bad_rows = 0;
+  uint64_t bad_body = 0;
   for (int q = 0; q < P; q++) {
     if (q == me) continue;
     uint64_t w = 0;
     TPF_CHECK(
         tpf_cuda__host_wait(b, r, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq, &w));
-    if (TPF_READY_ROWS(w) != (rows & ((1ull << TPF_READY_ROWS_BITS) - 1)) && bad < 0) {
+    if (TPF_READY_BODY(w) != TPF_READY_BODY(word) && bad < 0) {
       bad = q;
-      bad_rows = TPF_READY_ROWS(w);
+      bad_body = TPF_READY_BODY(w);
     }
   }
+  char mine[40], theirs[40];
   TPF_RETURN_IF(bad >= 0, TPF_EMISMATCH,
-                "'%s' rank %d, operation %llu: active rows %llu here but %llu on rank %d "
+                "'%s' rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on rank %d "
                 "(host handshake: nothing was enqueued, no byte moved)",
-                a->comm_name, me, (unsigned long long)a->seq, (unsigned long long)rows,
-                (unsigned long long)bad_rows, bad);
+                a->comm_name, me, (unsigned long long)a->seq, (unsigned long long)TPF_READY_ROWS(word),
+                tpf_op_key_name(a->sched->op_key, mine, sizeof mine),
+                (unsigned long long)TPF_READY_ROWS(bad_body),
+                tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
   for (int q = 0; q < P; q++)
     if (q != me)
       TPF_CUDA_TRY(cudaStreamWaitEvent(s, r->sync->ready[q * 2 + par].ev, 0),
@@ -801,9 +811,9 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     if (r->sync != NULL) return tpf_cuda__local_handshake(b, r, a, s);
     tpf_cuda__flag_init(b, a, TPF_STEP_HANDSHAKE, 0, &f);
     f.handshake = 1;
-    f.store_value = TPF_READY_WORD(a->seq, sc->rows);
-    f.wait_value = a->seq & 0xFFFFFFull;
-    f.rows = sc->rows & ((1ull << TPF_READY_ROWS_BITS) - 1);
+    f.store_value = TPF_READY_WORD(a->seq, sc->op_key, sc->rows);
+    f.wait_value = a->seq & TPF_READY_SEQ_MASK;
+    f.rows = TPF_READY_BODY(f.store_value);
     for (int q = 0; q < P; q++) {
       if (q == me) continue;
       f.remote[q] = tpf_cuda__ready(r, q, me, a->seq);
@@ -1069,7 +1079,9 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
   /* Ranks in other processes: agree on the shape before anything is enqueued, so that a
    * disagreement moves no byte (the device handshake still orders the buffers). */
   if (r->hostsync != NULL && be->tp_size > 1)
-    TPF_CHECK(tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq, sc->rows, b->timeout_ns));
+    TPF_CHECK(tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq,
+                                       TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows)),
+                                       b->timeout_ns));
   TPF_CHECK(tpf_cuda__ensure_events(b, sc->nsteps));
   const int n = sc->nsteps;
   bool used[TPF_NUM_STREAMS] = {false};

@@ -127,19 +127,20 @@ void tpf_cuda__hostsync_destroy(tpf_cuda_hostsync *h) {
 }
 
 tpf_status tpf_cuda__hostsync_agree(tpf_cuda_hostsync *h, const char *name, uint64_t seq,
-                                    uint64_t rows, uint64_t timeout_ns) {
+                                    uint64_t body, uint64_t timeout_ns) {
   const int P = h->nranks, me = h->rank, par = (int)(seq & 1u);
-  const uint64_t row_mask = (1ull << TPF_READY_ROWS_BITS) - 1;
-  atomic_store_explicit(&h->words[me * 2 + par], TPF_READY_WORD(seq, rows), memory_order_release);
+  body &= TPF_READY_BODY_MASK;
+  atomic_store_explicit(&h->words[me * 2 + par], TPF_READY_WORD(seq, 0, 0) | body,
+                        memory_order_release);
   const uint64_t start = now_ns();
   int bad = -1;
-  uint64_t bad_rows = 0;
+  uint64_t bad_body = 0;
   for (int q = 0; q < P; q++) {
     if (q == me) continue;
     uint64_t w;
     for (unsigned spins = 0;; spins++) {
       w = atomic_load_explicit(&h->words[q * 2 + par], memory_order_acquire);
-      if (TPF_READY_SEQ(w) == (seq & 0xFFFFFFull)) break;
+      if (TPF_READY_SEQ(w) == (seq & TPF_READY_SEQ_MASK)) break;
       if ((spins & 63u) == 63u) {
         if (now_ns() - start > timeout_ns)
           return tpf_set_error(TPF_ETIMEOUT,
@@ -150,15 +151,18 @@ tpf_status tpf_cuda__hostsync_agree(tpf_cuda_hostsync *h, const char *name, uint
         sched_yield();
       }
     }
-    if (TPF_READY_ROWS(w) != (rows & row_mask) && bad < 0) {
+    if (TPF_READY_BODY(w) != body && bad < 0) {
       bad = q;
-      bad_rows = TPF_READY_ROWS(w);
+      bad_body = TPF_READY_BODY(w);
     }
   }
+  char mine[40], theirs[40];
   TPF_RETURN_IF(bad >= 0, TPF_EMISMATCH,
-                "'%s' rank %d, operation %llu: active rows %llu here but %llu on rank %d (host "
-                "agreement: nothing was enqueued, no byte moved)",
-                name, me, (unsigned long long)seq, (unsigned long long)rows,
-                (unsigned long long)bad_rows, bad);
+                "'%s' rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on rank %d "
+                "(host agreement: nothing was enqueued, no byte moved)",
+                name, me, (unsigned long long)seq, (unsigned long long)TPF_READY_ROWS(body),
+                tpf_op_key_name((uint8_t)TPF_READY_KEY(body), mine, sizeof mine),
+                (unsigned long long)TPF_READY_ROWS(bad_body),
+                tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
   return TPF_OK;
 }

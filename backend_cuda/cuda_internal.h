@@ -53,7 +53,7 @@ typedef struct {
   const uint64_t *local[TPF_CUDA_MAX_PEERS]; /* own word to wait on, per peer (NULL: none) */
   uint64_t store_value;                      /* value stored into every remote word */
   uint64_t wait_value;                       /* HANDSHAKE: expected seq (24 bits); else >= */
-  uint64_t rows;                             /* HANDSHAKE: my active rows */
+  uint64_t rows;                             /* HANDSHAKE: TPF_READY_BODY of my word */
   uint64_t timeout_ns;                       /* bound of every wait */
   uint64_t seq;                              /* for the error record */
   int32_t nranks;                            /* entries of remote/local considered */
@@ -92,10 +92,11 @@ typedef struct tpf_cuda_hostsync tpf_cuda_hostsync;
 tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
                                      tpf_cuda_hostsync **out);
 void tpf_cuda__hostsync_destroy(tpf_cuda_hostsync *h);
-/* Announces (seq, rows) and waits, bounded, for every peer's announcement of seq: TPF_OK,
- * TPF_EMISMATCH naming both row counts, or TPF_ETIMEOUT naming the missing rank. */
+/* Announces (seq, body) and waits, bounded, for every peer's announcement of seq: TPF_OK,
+ * TPF_EMISMATCH naming both rows and operation keys, or TPF_ETIMEOUT naming the missing rank.
+ * body is TPF_READY_BODY of the operation's ready word (its op key and active rows). */
 tpf_status tpf_cuda__hostsync_agree(tpf_cuda_hostsync *h, const char *name, uint64_t seq,
-                                    uint64_t rows, uint64_t timeout_ns);
+                                    uint64_t body, uint64_t timeout_ns);
 
 /* ---- cuda_gemm.c ---- */
 typedef struct tpf_cuda_gemm tpf_cuda_gemm;

@@ -78,8 +78,8 @@ __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
       const uint64_t v = tpf_cuda__ld_acquire(w);
       if (a.handshake) {
         if (TPF_READY_SEQ(v) == a.wait_value) {
-          if (TPF_READY_ROWS(v) != a.rows) {
-            tpf_cuda__fail(a, TPF_CUDA_DEV_MISMATCH, q, a.rows, TPF_READY_ROWS(v), w);
+          if (TPF_READY_BODY(v) != a.rows) {
+            tpf_cuda__fail(a, TPF_CUDA_DEV_MISMATCH, q, a.rows, TPF_READY_BODY(v), w);
             return;
           }
           break;

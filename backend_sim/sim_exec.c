@@ -95,16 +95,16 @@ static tpf_status op_fail(sim_ctx *c, tpf_status st, const char *fmt, ...) {
 typedef struct {
   _Atomic uint64_t *word;
   uint64_t want;
-  bool ready_word; /* compare TPF_READY_SEQ (mod 2^24) instead of >= */
+  bool ready_word; /* compare TPF_READY_SEQ (mod 2^16) instead of >= */
 } sim_pred;
 
 static bool pred_holds(const sim_pred *p) {
   uint64_t v = atomic_load_explicit(p->word, memory_order_acquire);
   if (p->ready_word) {
-    /* Equal, or ahead by less than half the 24-bit space (a protocol break, reported by the
+    /* Equal, or ahead by less than half the 16-bit space (a protocol break, reported by the
      * caller as a mismatch rather than waited on forever). */
-    uint64_t d = (TPF_READY_SEQ(v) - (p->want & 0xFFFFFFu)) & 0xFFFFFFu;
-    return v != 0 && d < 0x800000u;
+    uint64_t d = (TPF_READY_SEQ(v) - (p->want & TPF_READY_SEQ_MASK)) & TPF_READY_SEQ_MASK;
+    return v != 0 && d < (TPF_READY_SEQ_MASK + 1) / 2;
   }
   return v >= p->want;
 }
@@ -258,12 +258,23 @@ static tpf_status resolve(sim_ctx *c, const tpf_mref *r, int buf_rank, uint64_t 
 
 /* ---- steps ---- */
 
+/* The step's epilogue (tpf_exec_args.epi) when the core flagged it. */
+static tpf_sim_epi step_epi(const sim_ctx *c, const tpf_step *s) {
+  tpf_sim_epi e;
+  e.epi = (s->flags & TPF_STEP_EPILOGUE) ? &c->args->epi : NULL;
+  e.bias_col = s->d.col;
+  return e;
+}
+
 static tpf_status step_gemm(sim_ctx *c, const tpf_step *s) {
   tpf_sim_view a, wv, d;
-  TPF_CHECK(resolve(c, &s->a, c->me, s->m, s->k, "a", &a));
-  TPF_CHECK(resolve(c, &s->w, c->me, s->n, s->k, "w", &wv));
+  /* A transposed operand's stored block is [k, m] / [k, n]. */
+  const bool ta = (s->flags & TPF_STEP_TRANS_A) != 0, tw = (s->flags & TPF_STEP_TRANS_W) != 0;
+  TPF_CHECK(resolve(c, &s->a, c->me, ta ? s->k : s->m, ta ? s->m : s->k, "a", &a));
+  TPF_CHECK(resolve(c, &s->w, c->me, tw ? s->k : s->n, tw ? s->n : s->k, "w", &wv));
   TPF_CHECK(resolve(c, &s->d, c->me, s->m, s->n, "d", &d));
-  tpf_status st = tpf_sim__gemm(&c->wk->scratch, a, wv, d, s->m, s->n, s->k);
+  tpf_sim_epi e = step_epi(c, s);
+  tpf_status st = tpf_sim__gemm(&c->wk->scratch, a, wv, d, s->m, s->n, s->k, s->flags, &e);
   if (st != TPF_OK)
     return op_fail(c, st, "'%s' rank %d step %d: %s", comm_name(c), c->me, c->step_index,
                    tpf_last_error());
@@ -330,7 +341,7 @@ static tpf_status step_barrier(sim_ctx *c, const tpf_step *s) {
 static tpf_status step_handshake(sim_ctx *c) {
   int P = c->sched->tp_size;
   uint64_t seq = c->args->seq, rows = c->sched->rows;
-  uint64_t word = TPF_READY_WORD(seq, rows);
+  uint64_t word = TPF_READY_WORD(seq, c->sched->op_key, rows);
   for (int q = 0; q < P; q++) {
     if (q == c->me) continue;
     atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me, seq), word, memory_order_release);
@@ -349,19 +360,28 @@ static tpf_status step_handshake(sim_ctx *c) {
                      c->w->timeout_ms, c->me, c->step_index, comm_name(c), (unsigned long long)seq,
                      q, (unsigned long long)TPF_READY_SEQ(got));
     if (st != TPF_OK) return st;
-    if (TPF_READY_SEQ(got) != (seq & 0xFFFFFFu))
+    if (TPF_READY_SEQ(got) != (seq & TPF_READY_SEQ_MASK))
       return op_fail(c, TPF_EMISMATCH,
                      "ranks disagree on the operation sequence of '%s': rank %d is at operation "
                      "%llu, rank %d already announced %llu",
                      comm_name(c), c->me, (unsigned long long)seq, q,
                      (unsigned long long)TPF_READY_SEQ(got));
-    if (TPF_READY_ROWS(got) != rows)
+    if (TPF_READY_ROWS(got) != TPF_READY_ROWS(word))
       return op_fail(c, TPF_EMISMATCH,
                      "active shapes differ on '%s' operation %llu: rank %d has [%llu, %llu], "
                      "rank %d has [%llu, %llu]",
                      comm_name(c), (unsigned long long)seq, c->me, (unsigned long long)rows,
                      (unsigned long long)c->sched->cols, q, (unsigned long long)TPF_READY_ROWS(got),
                      (unsigned long long)c->sched->cols);
+    if (TPF_READY_KEY(got) != TPF_READY_KEY(word)) {
+      char mine[40], theirs[40];
+      return op_fail(c, TPF_EMISMATCH,
+                     "operations differ on '%s' operation %llu (active rows %llu): rank %d runs "
+                     "%s, rank %d runs %s",
+                     comm_name(c), (unsigned long long)seq, (unsigned long long)rows, c->me,
+                     tpf_op_key_name(c->sched->op_key, mine, sizeof mine), q,
+                     tpf_op_key_name((uint8_t)TPF_READY_KEY(got), theirs, sizeof theirs));
+    }
   }
   return TPF_OK;
 }
@@ -389,7 +409,8 @@ static tpf_status step_reduce(sim_ctx *c, const tpf_step *s, bool peers) {
     if (owner != c->me) c->moved += s->m * s->n * esz;
   }
   TPF_CHECK(resolve(c, &s->d, c->me, s->m, s->n, "d", &d));
-  tpf_status st = tpf_sim__reduce(&c->wk->scratch, src, s->count, d, s->m, s->n);
+  tpf_sim_epi e = step_epi(c, s);
+  tpf_status st = tpf_sim__reduce(&c->wk->scratch, src, s->count, d, s->m, s->n, &e);
   if (st != TPF_OK)
     return op_fail(c, st, "'%s' rank %d step %d: %s", comm_name(c), c->me, c->step_index,
                    tpf_last_error());

@@ -46,6 +46,8 @@ typedef struct tpf_sim_reg {
 } tpf_sim_reg;
 
 /* Registration rendezvous: the k-th reg_create of every rank meets in group k. */
+typedef struct tpf_sim_exchange tpf_sim_exchange;
+
 typedef struct tpf_sim_group {
   struct tpf_sim_group *next;
   uint64_t k;
@@ -110,7 +112,8 @@ struct tpf_sim_rank {
   struct tpf_backend hdr; /* must stay first: the core casts */
   tpf_sim_world *world;
   int rank;
-  uint64_t reg_count; /* registrations requested so far (rank thread only) */
+  uint64_t reg_count;      /* registrations requested so far (rank thread only) */
+  uint64_t exchange_count; /* allgathers so far (rank thread only; sim_exchange.c) */
   tpf_sim_worker workers[TPF_NUM_STREAMS];
   /* Per-step completion flags of the operation being executed, reused by every operation so
    * execute allocates nothing (issue 11 item 4); guarded by that operation's mutex. */
@@ -151,6 +154,7 @@ struct tpf_sim_world {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   tpf_sim_group *groups;
+  tpf_sim_exchange *exchanges; /* allgather rendezvous (sim_exchange.c) */
   /* Observation. */
   tpf_sim_trace_fn trace_fn;
   void *trace_ctx;
@@ -192,6 +196,11 @@ unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
 _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);
 void tpf_sim__free_groups(tpf_sim_world *w);
+/* sim_exchange.c: the allgather op and its rendezvous list. */
+tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes);
+void tpf_sim__free_exchanges(tpf_sim_world *w);
+/* Exchanges some rank has not reached yet (world mutex held). */
+uint64_t tpf_sim__pending_exchanges(const tpf_sim_world *w);
 
 /* sim_exec.c */
 tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
@@ -212,11 +221,20 @@ typedef struct {
   uint64_t ld;
   tpf_dtype dtype;
 } tpf_sim_view;
-/* d[m, n] = a[m, k] * w[n, k]^T with fp32 accumulation, rounded to d's dtype. */
+/* The epilogue of one step (NULL: none): v -> act(alpha v + beta d + bias[bias_col + j]). */
+typedef struct {
+  const tpf_epilogue *epi;
+  uint64_t bias_col;
+} tpf_sim_epi;
+/* d[m, n] = op(a)[m, k] * op(w)[k, n] with fp32 accumulation, rounded to d's dtype; op(a) = a,
+ * or the transpose of the stored [k, m] block with TPF_STEP_TRANS_A in flags; op(w) = w^T of
+ * the stored [n, k] block, or the stored [k, n] block itself with TPF_STEP_TRANS_W. */
 tpf_status tpf_sim__gemm(tpf_sim_scratch *s, tpf_sim_view a, tpf_sim_view w, tpf_sim_view d,
-                         uint64_t m, uint64_t n, uint64_t k);
-/* d[m, n] = sum over t < count of src[t][m, n] in fp32 (in t order), rounded once. */
+                         uint64_t m, uint64_t n, uint64_t k, unsigned flags,
+                         const tpf_sim_epi *epi);
+/* d[m, n] = sum over t < count of src[t][m, n] in fp32 (in t order), then the epilogue, rounded
+ * once. */
 tpf_status tpf_sim__reduce(tpf_sim_scratch *s, const tpf_sim_view *src, uint32_t count,
-                           tpf_sim_view d, uint64_t m, uint64_t n);
+                           tpf_sim_view d, uint64_t m, uint64_t n, const tpf_sim_epi *epi);
 
 #endif /* TPF_SIM_INTERNAL_H */

@@ -13,6 +13,7 @@
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "sim_internal.h"
 
+#include <stddef.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -155,6 +156,7 @@ const tpf_backend_ops tpf_sim_ops = {
     .reg_sync = tpf_sim__reg_sync,
     .reg_async_error = tpf_sim__reg_async_error,
     .reg_abort = tpf_sim__reg_abort,
+    .allgather = tpf_sim__allgather,
 };
 
 /* ---- world ---- */
@@ -215,6 +217,7 @@ static void world_free(tpf_sim_world *w) {
     tpf__free(w->ranks);
   }
   tpf_sim__free_groups(w);
+  tpf_sim__free_exchanges(w);
   while (w->free_list) {
     tpf_sim_extent *e = w->free_list;
     w->free_list = e->next;
@@ -229,6 +232,15 @@ static void world_free(tpf_sim_world *w) {
 tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) {
   if (!cfg || !out)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
+  if (cfg->size > sizeof(tpf_sim_config) ||
+      (cfg->size != 0 && cfg->size < offsetof(tpf_sim_config, arena_bytes)))
+    return tpf_set_error(TPF_EINVAL,
+                         "tpf_sim_world_create: config size %zu; this library knows %zu bytes "
+                         "(use TPF_SIM_CONFIG_INIT, or 0)",
+                         cfg->size, sizeof(tpf_sim_config));
+  tpf_sim_config norm = TPF_SIM_CONFIG_INIT;
+  memcpy(&norm, cfg, cfg->size ? cfg->size : sizeof norm);
+  cfg = &norm;
   if (cfg->tp_size < 1 || cfg->tp_size > TPF_MAX_RANKS)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: tp_size %d outside 1..%d", cfg->tp_size,
                          TPF_MAX_RANKS);
@@ -395,6 +407,7 @@ tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report
   r.arena_used_bytes = mw->arena_used;
   for (const tpf_sim_group *g = mw->groups; g; g = g->next)
     r.pending_rendezvous++;
+  r.pending_rendezvous += tpf_sim__pending_exchanges(mw);
   pthread_mutex_unlock(&mw->mu);
   *out = r;
   return TPF_OK;

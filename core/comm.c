@@ -11,7 +11,12 @@
  */
 #include "comm_internal.h"
 
+#include "tpflex/tpflex_cost.h"
+
+#include <math.h>
 #include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 /* The communicator as allocated: the shared struct (comm_internal.h) followed by what only this
@@ -63,6 +68,13 @@ static tpf_status named(const tpf_comm *c, tpf_status s) {
 
 static tpf_status check_config(const tpf_comm_config *cfg) {
   TPF_RETURN_IF(!cfg, TPF_EINVAL, "communicator config is NULL");
+  TPF_RETURN_IF(cfg->size > sizeof(tpf_comm_config) ||
+                    (cfg->size != 0 && cfg->size < offsetof(tpf_comm_config, num_splits)),
+                TPF_EINVAL,
+                "communicator config size %zu: this library (%d.%d.%d) knows %zu bytes (set size "
+                "with TPF_COMM_CONFIG_INIT, or 0)",
+                cfg->size, TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH,
+                sizeof(tpf_comm_config));
   TPF_RETURN_IF(!cfg->name || !cfg->name[0], TPF_EINVAL, "communicator config has no name");
   TPF_RETURN_IF(strlen(cfg->name) > 255, TPF_EINVAL, "communicator name longer than 255 bytes");
   TPF_RETURN_IF((unsigned)cfg->algo >= TPF_ALGO_COUNT, TPF_EINVAL,
@@ -74,10 +86,156 @@ static tpf_status check_config(const tpf_comm_config *cfg) {
   return TPF_OK;
 }
 
-tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out) {
+/* The caller's config as this library's struct: fields beyond a smaller (older) size take their
+ * defaults (TPF_COMM_CONFIG_INIT). */
+static tpf_comm_config normalized(const tpf_comm_config *cfg) {
+  tpf_comm_config n = TPF_COMM_CONFIG_INIT;
+  size_t size = cfg->size ? cfg->size : sizeof n;
+  memcpy(&n, cfg, size);
+  n.size = sizeof n;
+  return n;
+}
+
+/* ---- Configuration agreement (issue 11 item 3) ---- */
+
+/* Everything that shapes the bytes, in a fixed layout with no padding, compared field by field
+ * in this order so every rank reports the same first difference. */
+#define FP_NAME_LEN 64
+typedef struct {
+  uint64_t magic; /* "tpfcfg02": a rank built from another library version differs here */
+  uint64_t cap_rows, cap_cols, name_hash, cost_hash;
+  int32_t algo, coll, dtype, num_splits, aggregate, external, plan, name_len;
+  char name[FP_NAME_LEN]; /* the first bytes, for the message */
+} fingerprint;
+#define FP_MAGIC 0x7470666366673032ull
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+static uint64_t cost_hash(const tpf_cost_table *t) {
+  if (!t) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  const double d[] = {t->launch_us,        t->handshake_us,    t->barrier_us,
+                      t->peer.latency_us,  t->peer.gbps,       t->local.latency_us,
+                      t->local.gbps,       t->reduce.latency_us, t->reduce.gbps};
+  h = fnv(h, d, sizeof d);
+  for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++) {
+    const tpf_cost_gemm_point *g = &t->gemm[i];
+    const uint64_t v[] = {(uint64_t)g->dtype, g->m, g->n, g->k};
+    h = fnv(fnv(h, v, sizeof v), &g->us, sizeof g->us);
+  }
+  return h;
+}
+
+static void fingerprint_of(const tpf_comm_config *cfg, fingerprint *fp) {
+  memset(fp, 0, sizeof *fp);
+  fp->magic = FP_MAGIC;
+  fp->cap_rows = cfg->capacity.rows;
+  fp->cap_cols = cfg->capacity.cols;
+  size_t len = strlen(cfg->name);
+  fp->name_hash = fnv(0xcbf29ce484222325ull, cfg->name, len);
+  fp->cost_hash = cfg->plan == TPF_PLAN_ADAPTIVE ? cost_hash(cfg->cost) : 0;
+  fp->algo = (int32_t)cfg->algo;
+  fp->coll = (int32_t)cfg->coll;
+  fp->dtype = (int32_t)cfg->dtype;
+  fp->num_splits = cfg->num_splits;
+  fp->aggregate = cfg->aggregate;
+  fp->external = cfg->external;
+  fp->plan = (int32_t)cfg->plan;
+  fp->name_len = (int32_t)len;
+  memcpy(fp->name, cfg->name, len < FP_NAME_LEN - 1 ? len : FP_NAME_LEN - 1);
+}
+
+static const char *enum_text(const char *field, int32_t v, char *buf, size_t n) {
+  if (!strcmp(field, "algo")) return tpf_algo_name((tpf_algo)v);
+  if (!strcmp(field, "coll")) return tpf_coll_name((tpf_coll)v);
+  if (!strcmp(field, "dtype")) return tpf_dtype_name((tpf_dtype)v);
+  if (!strcmp(field, "plan")) return v == TPF_PLAN_ADAPTIVE ? "adaptive" : "fixed";
+  if (!strcmp(field, "aggregate") || !strcmp(field, "external")) return v ? "true" : "false";
+  snprintf(buf, n, "%d", (int)v);
+  return buf;
+}
+
+/* The first field in which rank q's fingerprint differs from rank 0's, in the fixed order. */
+static tpf_status compare_fingerprints(const char *name, const fingerprint *all, int P) {
+  for (int q = 1; q < P; q++) {
+    const fingerprint *a = &all[0], *b = &all[q];
+    char va[32], vb[32];
+    TPF_RETURN_IF(a->magic != b->magic, TPF_EMISMATCH,
+                  "'%s': ranks 0 and %d run different tpflex versions (configuration formats "
+                  "differ)",
+                  name, q);
+    TPF_RETURN_IF(a->name_hash != b->name_hash || a->name_len != b->name_len ||
+                      memcmp(a->name, b->name, FP_NAME_LEN),
+                  TPF_EMISMATCH,
+                  "configuration differs between ranks: name is '%.63s' on rank 0, '%.63s' on "
+                  "rank %d (communicators must be created in the same order on every rank)",
+                  a->name, b->name, q);
+    const struct {
+      const char *field;
+      int32_t x, y;
+    } ints[] = {{"algo", a->algo, b->algo},
+                {"coll", a->coll, b->coll},
+                {"dtype", a->dtype, b->dtype},
+                {"num_splits", a->num_splits, b->num_splits},
+                {"aggregate", a->aggregate, b->aggregate},
+                {"external", a->external, b->external},
+                {"plan", a->plan, b->plan}};
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+      if (i == 3) { /* capacity sits between dtype and num_splits in the documented order */
+        TPF_RETURN_IF(a->cap_rows != b->cap_rows || a->cap_cols != b->cap_cols, TPF_EMISMATCH,
+                      "configuration of '%s' differs between ranks: capacity is [%llu, %llu] "
+                      "on rank 0, [%llu, %llu] on rank %d",
+                      name, (unsigned long long)a->cap_rows, (unsigned long long)a->cap_cols,
+                      (unsigned long long)b->cap_rows, (unsigned long long)b->cap_cols, q);
+      }
+      TPF_RETURN_IF(ints[i].x != ints[i].y, TPF_EMISMATCH,
+                    "configuration of '%s' differs between ranks: %s is %s on rank 0, %s on "
+                    "rank %d",
+                    name, ints[i].field, enum_text(ints[i].field, ints[i].x, va, sizeof va),
+                    enum_text(ints[i].field, ints[i].y, vb, sizeof vb), q);
+    }
+    TPF_RETURN_IF(a->cost_hash != b->cost_hash, TPF_EMISMATCH,
+                  "configuration of '%s' differs between ranks: the adaptive cost table on rank "
+                  "%d is not rank 0's (hash %016llx vs %016llx): ranks would plan differently",
+                  name, q, (unsigned long long)b->cost_hash, (unsigned long long)a->cost_hash);
+  }
+  return TPF_OK;
+}
+
+/* Exchanges fingerprints over the backend (when it can) and compares them; every rank sees all
+ * of them, so every rank fails with the same message. */
+static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg) {
+  if (be->tp_size < 2 || !be->ops->allgather) return TPF_OK;
+  fingerprint mine;
+  fingerprint_of(cfg, &mine);
+  fingerprint *all = tpf__calloc((size_t)be->tp_size, sizeof *all);
+  TPF_RETURN_IF(!all, TPF_ENOMEM, "'%s': cannot allocate %d fingerprints", cfg->name,
+                be->tp_size);
+  tpf_status rc = be->ops->allgather(be, &mine, all, sizeof mine);
+  if (rc != TPF_OK) {
+    char detail[400];
+    strncpy(detail, tpf_last_error(), sizeof detail - 1);
+    detail[sizeof detail - 1] = '\0';
+    rc = tpf_set_error(rc, "'%s': %s", cfg->name, detail);
+  }
+  if (rc == TPF_OK) rc = compare_fingerprints(cfg->name, all, be->tp_size);
+  tpf__free(all);
+  return rc;
+}
+
+tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *user_cfg, tpf_comm **out) {
   TPF_RETURN_IF(!out, TPF_EINVAL, "tpf_comm_create: out is NULL");
   TPF_CHECK(tpf__be_validate(be));
-  TPF_CHECK(check_config(cfg));
+  TPF_CHECK(check_config(user_cfg));
+  const tpf_comm_config norm = normalized(user_cfg);
+  const tpf_comm_config *cfg = &norm;
+  /* Collective: before anything is registered, so a disagreement registers nothing. */
+  TPF_CHECK(agree(be, cfg));
 
   tpf_layout_desc cap_desc;
   memset(&cap_desc, 0, sizeof cap_desc);
@@ -273,22 +431,106 @@ static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, cons
   return TPF_OK;
 }
 
+/* ---- Per-operation options (issue 11 item 1) ---- */
+
+/* The caller's options as this library's struct (NULL: the defaults), checked. */
+static tpf_status op_options(const tpf_comm *c, const char *op, const tpf_op_options *in,
+                             tpf_op_options *o) {
+  const tpf_op_options def = TPF_OP_OPTIONS_INIT;
+  *o = def;
+  if (!in) return TPF_OK;
+  const char *n = c->cfg.name;
+  TPF_RETURN_IF(in->size > sizeof *o || (in->size != 0 && in->size < offsetof(tpf_op_options, alpha)),
+                TPF_EINVAL,
+                "'%s' %s: options size %zu: this library knows %zu bytes (start from "
+                "TPF_OP_OPTIONS_INIT)",
+                n, op, in->size, sizeof *o);
+  memcpy(o, in, in->size ? in->size : sizeof *o);
+  o->size = sizeof *o;
+  TPF_RETURN_IF(!isfinite(o->alpha) || !isfinite(o->beta), TPF_EINVAL,
+                "'%s' %s: alpha %g and beta %g must be finite", n, op, (double)o->alpha,
+                (double)o->beta);
+  TPF_RETURN_IF(o->num_splits < 0 || o->num_splits > TPF_MAX_SPLITS, TPF_EINVAL,
+                "'%s' %s: num_splits %d outside 0..%d", n, op, o->num_splits, TPF_MAX_SPLITS);
+  return TPF_OK;
+}
+
+static bool has_epilogue(const tpf_op_options *o) {
+  return o->alpha != 1.0f || o->beta != 0.0f || o->bias != NULL || o->gelu;
+}
+
+/* The layout of this operation: the communicator's, with the operation's split count when it
+ * names one (RING AG: P/2 is the aggregate variant, P and 1 the plain ring), checked against
+ * the active shape with the backend's alignment. */
+static tpf_status op_desc(const tpf_comm *c, const tpf_op_options *o, tpf_layout_desc *d) {
+  *d = tpf__comm_desc(c, c->active);
+  if (o->num_splits == 0) return TPF_OK;
+  TPF_RETURN_IF(d->algo == TPF_ALGO_BULK, TPF_EUNSUPPORTED,
+                "'%s': a bulk operation has no splits (num_splits %d given; use 0)", c->cfg.name,
+                o->num_splits);
+  d->num_splits = o->num_splits;
+  if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
+    const int P = d->tp_size;
+    d->aggregate = P > 2 && P % 2 == 0 && o->num_splits == P / 2;
+  }
+  tpf_status rc = tpf__layout_check_align(d, c->be->ops->align_bytes);
+  if (rc == TPF_OK) return TPF_OK;
+  char detail[300];
+  strncpy(detail, tpf_last_error(), sizeof detail - 1);
+  detail[sizeof detail - 1] = '\0';
+  return tpf_set_error(rc, "'%s': num_splits %d is not legal for active rows %llu: %s",
+                       c->cfg.name, o->num_splits, (unsigned long long)c->active.rows, detail);
+}
+
+/* Operand resolution, done once here so a backend only maps steps (issue 15 item 1): a GEMM
+ * operand of a stored-transposed user matrix names the stored element where its block starts
+ * and carries the flag; the steps that write D carry the epilogue flag. */
+static void apply_options(tpf_schedule *s, const tpf_op_options *o) {
+  const bool epi = has_epilogue(o);
+  for (int i = 0; i < s->nsteps; i++) {
+    tpf_step *st = &s->steps[i];
+    if (st->kind == TPF_STEP_GEMM) {
+      if (o->trans_a && st->a.id == TPF_MAT_X) {
+        uint64_t t = st->a.row;
+        st->a.row = st->a.col;
+        st->a.col = t;
+        st->flags |= TPF_STEP_TRANS_A;
+      }
+      if (o->trans_w && st->w.id == TPF_MAT_W) {
+        uint64_t t = st->w.row;
+        st->w.row = st->w.col;
+        st->w.col = t;
+        st->flags |= TPF_STEP_TRANS_W;
+      }
+    }
+    if (epi && st->d.id == TPF_MAT_D &&
+        (st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE ||
+         st->kind == TPF_STEP_PEER_REDUCE))
+      st->flags |= TPF_STEP_EPILOGUE;
+  }
+}
+
 /* Builds the schedule for the current active shape into the communicator's storage (no
  * allocation) and runs it on the backend. The backend is done with the steps when execute
  * returns: synchronous backends have run them, asynchronous ones have enqueued them. */
 static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *x,
-                         const tpf_matrix *w, const tpf_matrix *d, void *stream) {
-  tpf_layout_desc desc = tpf__comm_desc(c, c->active);
+                         const tpf_matrix *w, const tpf_matrix *d, const tpf_op_options *o,
+                         void *stream) {
+  tpf_layout_desc desc;
+  TPF_CHECK(op_desc(c, o, &desc));
   tpf_schedule s;
   comm_full *f = full_of(c);
   tpf_status rc = TPF_OK;
   /* Adaptive: the split count (and aggregate) the planner chose for this T and GEMM size. It
    * depends only on the configuration, the agreed shape and the GEMM dims: every rank chooses
-   * the same, and the handshake would still catch a rank that did not. */
-  if (c->planner && desc.algo != TPF_ALGO_BULK) rc = tpf__planner_apply(c->planner, &desc, g);
+   * the same, and the handshake would still catch a rank that did not. An operation that names
+   * its split count is not planned. */
+  if (c->planner && desc.algo != TPF_ALGO_BULK && o->num_splits == 0)
+    rc = tpf__planner_apply(c->planner, &desc, g);
   if (rc != TPF_OK) return named(c, rc);
   rc = tpf__schedule_build_into(&desc, g, f->steps, f->max_steps, &s);
   if (rc != TPF_OK) return named(c, rc);
+  apply_options(&s, o);
   tpf_exec_args a;
   memset(&a, 0, sizeof a);
   a.sched = &s;
@@ -297,6 +539,10 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   if (x) a.x = *x;
   if (w) a.w = *w;
   if (d) a.d = *d;
+  a.epi.alpha = o->alpha;
+  a.epi.beta = o->beta;
+  a.epi.bias = o->bias;
+  a.epi.gelu = o->gelu;
   rc = tpf__be_execute(c->be, c->reg, &a, stream);
   /* Refused before the handshake (e.g. a stream under CUDA-graph capture): nothing was enqueued
    * and no peer saw this sequence number, so the communicator stays as it was. */
@@ -310,53 +556,104 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   return rc;
 }
 
-tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream) {
-  TPF_CHECK(check_op(c, "tpf_ag_gemm",
-                     c && c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_AG, "ring ag"));
-  const uint64_t T = c->active.rows, H = c->cfg.capacity.cols;
-  TPF_CHECK(check_matrix(c, "weight w", w, w ? w->rows : 0, H, c->cfg.dtype, false));
-  TPF_RETURN_IF(w->rows == 0, TPF_ESHAPE, "'%s': weight w has 0 rows", c->cfg.name);
-  TPF_CHECK(check_matrix(c, "output d", d, T, w->rows, c->cfg.dtype, true));
-  TPF_RETURN_IF(aliases(c, w) || aliases(c, d), TPF_EINVAL,
-                "'%s': w or d overlaps the registered buffer", c->cfg.name);
-  tpf_gemm_dims g = {T, w->rows, H};
-  return run_op(c, &g, NULL, w, d, stream);
+/* Rows and columns of a matrix as stored, for an operand used as [rows, cols] (transposed when
+ * `trans`). */
+static void stored(bool trans, uint64_t rows, uint64_t cols, uint64_t *sr, uint64_t *sc) {
+  *sr = trans ? cols : rows;
+  *sc = trans ? rows : cols;
 }
 
-tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
-                       void *stream) {
+tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
+                          const tpf_op_options *opt, void *stream) {
+  TPF_CHECK(check_op(c, "tpf_ag_gemm",
+                     c && c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_AG, "ring ag"));
+  tpf_op_options o;
+  TPF_CHECK(op_options(c, "tpf_ag_gemm", opt, &o));
+  TPF_RETURN_IF(o.trans_a, TPF_EUNSUPPORTED,
+                "'%s': tpf_ag_gemm's activation is the gathered buffer [T, H]; trans_a is not "
+                "available (use trans_w for a weight stored [H, N])",
+                c->cfg.name);
+  const uint64_t T = c->active.rows, H = c->cfg.capacity.cols;
+  TPF_RETURN_IF(!w, TPF_EINVAL, "'%s': weight w is NULL", c->cfg.name);
+  const uint64_t N = o.trans_w ? w->cols : w->rows;
+  uint64_t wr, wc;
+  stored(o.trans_w, N, H, &wr, &wc);
+  TPF_CHECK(check_matrix(c, o.trans_w ? "weight w (trans_w: [H, N])" : "weight w", w, wr, wc,
+                         c->cfg.dtype, false));
+  TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': weight w has 0 %s", c->cfg.name,
+                o.trans_w ? "columns (trans_w)" : "rows");
+  TPF_CHECK(check_matrix(c, "output d", d, T, N, c->cfg.dtype, true));
+  TPF_RETURN_IF(aliases(c, w) || aliases(c, d), TPF_EINVAL,
+                "'%s': w or d overlaps the registered buffer", c->cfg.name);
+  tpf_gemm_dims g = {T, N, H};
+  return run_op(c, &g, NULL, w, d, &o, stream);
+}
+
+tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
+                          const tpf_op_options *opt, void *stream) {
   TPF_CHECK(check_op(c, "tpf_gemm_rs",
                      c && c->cfg.coll == TPF_COLL_RS &&
                          (c->cfg.algo == TPF_ALGO_RING || c->cfg.algo == TPF_ALGO_PIPELINE),
                      "ring rs or pipeline rs"));
+  tpf_op_options o;
+  TPF_CHECK(op_options(c, "tpf_gemm_rs", opt, &o));
   const uint64_t T = c->active.rows, H = c->cfg.capacity.cols;
   const uint64_t P = (uint64_t)c->be->tp_size;
-  TPF_CHECK(check_matrix(c, "input x", x, T, x ? x->cols : 0, c->cfg.dtype, false));
-  TPF_RETURN_IF(x->cols == 0, TPF_ESHAPE, "'%s': input x has 0 columns", c->cfg.name);
-  TPF_CHECK(check_matrix(c, "weight w", w, H, x->cols, c->cfg.dtype, false));
+  TPF_RETURN_IF(!x, TPF_EINVAL, "'%s': input x is NULL", c->cfg.name);
+  const uint64_t K = o.trans_a ? x->rows : x->cols;
+  uint64_t xr, xc, wr, wc;
+  stored(o.trans_a, T, K, &xr, &xc);
+  stored(o.trans_w, H, K, &wr, &wc);
+  TPF_CHECK(check_matrix(c, o.trans_a ? "input x (trans_a: [K, T])" : "input x", x, xr, xc,
+                         c->cfg.dtype, false));
+  TPF_RETURN_IF(K == 0, TPF_ESHAPE, "'%s': input x has 0 %s", c->cfg.name,
+                o.trans_a ? "rows (trans_a)" : "columns");
+  TPF_CHECK(check_matrix(c, o.trans_w ? "weight w (trans_w: [K, H])" : "weight w", w, wr, wc,
+                         c->cfg.dtype, false));
   TPF_CHECK(check_matrix(c, "output out", out, T / P, H, c->cfg.dtype, true));
   TPF_RETURN_IF(aliases(c, x) || aliases(c, w) || aliases(c, out), TPF_EINVAL,
                 "'%s': x, w or out overlaps the registered buffer", c->cfg.name);
-  tpf_gemm_dims g = {T, H, x->cols};
-  return run_op(c, &g, x, w, out, stream);
+  tpf_gemm_dims g = {T, H, K};
+  return run_op(c, &g, x, w, out, &o, stream);
+}
+
+tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
+                               tpf_matrix *d, const tpf_op_options *opt, void *stream) {
+  TPF_CHECK(check_op(c, "tpf_bulk_overlap", c && c->cfg.algo == TPF_ALGO_BULK, "bulk"));
+  tpf_op_options o;
+  TPF_CHECK(op_options(c, "tpf_bulk_overlap", opt, &o));
+  TPF_RETURN_IF(!a || !b, TPF_EINVAL, "'%s': a or b is NULL", c->cfg.name);
+  TPF_RETURN_IF(!gemm_dtype(a->dtype), TPF_EINVAL, "'%s': a dtype %s is not bf16, fp16 or fp32",
+                c->cfg.name, tpf_dtype_name(a->dtype));
+  const uint64_t M = o.trans_a ? a->cols : a->rows, K = o.trans_a ? a->rows : a->cols;
+  TPF_CHECK(check_matrix(c, "a", a, a->rows, a->cols, a->dtype, false));
+  TPF_RETURN_IF(M == 0 || K == 0, TPF_ESHAPE, "'%s': a is [%llu, %llu]", c->cfg.name,
+                (unsigned long long)a->rows, (unsigned long long)a->cols);
+  const uint64_t N = o.trans_w ? b->cols : b->rows;
+  uint64_t br, bc;
+  stored(o.trans_w, N, K, &br, &bc);
+  TPF_CHECK(check_matrix(c, o.trans_w ? "b (trans_w: [K, N])" : "b", b, br, bc, a->dtype, false));
+  TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': b has 0 %s", c->cfg.name,
+                o.trans_w ? "columns (trans_w)" : "rows");
+  TPF_CHECK(check_matrix(c, "d", d, M, N, a->dtype, true));
+  TPF_RETURN_IF(aliases(c, a) || aliases(c, b) || aliases(c, d), TPF_EINVAL,
+                "'%s': a, b or d overlaps the registered buffer", c->cfg.name);
+  tpf_gemm_dims g = {M, N, K};
+  return run_op(c, &g, a, b, d, &o, stream);
+}
+
+tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream) {
+  return tpf_ag_gemm_ex(c, w, d, NULL, stream);
+}
+
+tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
+                       void *stream) {
+  return tpf_gemm_rs_ex(c, x, w, out, NULL, stream);
 }
 
 tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
                             void *stream) {
-  TPF_CHECK(check_op(c, "tpf_bulk_overlap", c && c->cfg.algo == TPF_ALGO_BULK, "bulk"));
-  TPF_RETURN_IF(!a || !b, TPF_EINVAL, "'%s': a or b is NULL", c->cfg.name);
-  TPF_RETURN_IF(!gemm_dtype(a->dtype), TPF_EINVAL, "'%s': a dtype %s is not bf16, fp16 or fp32",
-                c->cfg.name, tpf_dtype_name(a->dtype));
-  TPF_CHECK(check_matrix(c, "a", a, a->rows, a->cols, a->dtype, false));
-  TPF_RETURN_IF(a->rows == 0 || a->cols == 0, TPF_ESHAPE, "'%s': a is [%llu, %llu]", c->cfg.name,
-                (unsigned long long)a->rows, (unsigned long long)a->cols);
-  TPF_CHECK(check_matrix(c, "b", b, b->rows, a->cols, a->dtype, false));
-  TPF_RETURN_IF(b->rows == 0, TPF_ESHAPE, "'%s': b has 0 rows", c->cfg.name);
-  TPF_CHECK(check_matrix(c, "d", d, a->rows, b->rows, a->dtype, true));
-  TPF_RETURN_IF(aliases(c, a) || aliases(c, b) || aliases(c, d), TPF_EINVAL,
-                "'%s': a, b or d overlaps the registered buffer", c->cfg.name);
-  tpf_gemm_dims g = {a->rows, b->rows, a->cols};
-  return run_op(c, &g, a, b, d, stream);
+  return tpf_bulk_overlap_ex(c, a, b, d, NULL, stream);
 }
 
 /* ---- Completion and errors (issue 11 item 2) ---- */

@@ -4,6 +4,8 @@
 #include "internal.h"
 
 #include <string.h>
+#include <math.h>
+#include <stdio.h>
 
 static uint32_t f2u(float f) {
   uint32_t u;
@@ -148,4 +150,18 @@ void tpf_float_to_elem(tpf_dtype t, float v, void *p) {
   case TPF_DTYPE_COUNT:
     break;
   }
+}
+
+float tpf_gelu(float x) {
+  /* The tanh form cuBLASLt's GELU epilogue computes; sqrt(2/pi) = 0.7978845608. */
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+const char *tpf_op_key_name(uint8_t key, char *buf, size_t n) {
+  static const char *const kinds[] = {"?", "ag_gemm", "gemm_rs", "bulk"};
+  if (!buf || n == 0) return "";
+  unsigned s = TPF_OP_KEY_SPLITS(key);
+  snprintf(buf, n, "%s/%u split%s", kinds[TPF_OP_KEY_KIND(key)], s, s == 1 ? "" : "s");
+  return buf;
 }

@@ -178,7 +178,13 @@ typedef struct tpf_cost_table tpf_cost_table; /* tpflex_cost.h */
  * candidate the cost model predicts (tpflex_cost.h: tpf_plan_predict, tpf_comm_plan_info). */
 typedef enum { TPF_PLAN_FIXED = 0, TPF_PLAN_ADAPTIVE = 1 } tpf_plan_mode;
 
+/* Versioned (NCCL's ncclConfig_t style): start from TPF_COMM_CONFIG_INIT, which sets size. A
+ * caller built against an older header passes its smaller size and gets the defaults of the
+ * fields it does not know; size 0 means "this header's layout" (code written for 0.1, whose
+ * struct had no size field, keeps compiling and working with designated initializers). A size
+ * larger than this library's struct is refused with TPF_EINVAL. */
 typedef struct {
+  size_t size;                /* sizeof(tpf_comm_config), or 0 (see above) */
   const char *name;           /* site name ("fc1_fprop"); copied; unique within a manager */
   tpf_algo algo;              /* algorithm */
   tpf_coll coll;              /* collective */
@@ -190,11 +196,19 @@ typedef struct {
   tpf_plan_mode plan;         /* FIXED (0, default) or ADAPTIVE */
   const tpf_cost_table *cost; /* ADAPTIVE: the cost table, copied at creation */
 } tpf_comm_config;
+#define TPF_COMM_CONFIG_INIT                                                                       \
+  { sizeof(tpf_comm_config), NULL, TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16, {0, 0}, 0, false, false,   \
+    TPF_PLAN_FIXED, NULL }
 
 /* Creates a communicator and registers its buffer at capacity. Collective: every rank of the
  * group calls it with the same configuration, in the same order. The registration is zeroed.
- * TPF_EINVAL (NULL, bad enum), shape statuses for a capacity that breaks docs/SPEC.md §3,
- * TPF_ENOMEM, TPF_EBACKEND. */
+ * Before registering, the ranks exchange a fingerprint of everything that shapes the bytes (algo,
+ * coll, dtype, capacity, num_splits, aggregate, plan mode and cost table, external, name): any
+ * difference fails the call on every rank with TPF_EMISMATCH naming the first differing field
+ * and both values ("num_splits differs: 4 on rank 0, 8 on rank 1"); nothing is registered.
+ * TPF_EINVAL (NULL, bad enum, bad size), shape statuses for a capacity that breaks
+ * docs/SPEC.md §3, TPF_EMISMATCH, TPF_ETIMEOUT (a rank never arrived), TPF_ENOMEM,
+ * TPF_EBACKEND. */
 TPF_API tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
 /* Waits for its operations, deregisters and frees. NULL is TPF_EINVAL. */
 TPF_API tpf_status tpf_comm_destroy(tpf_comm *c);
@@ -252,16 +266,50 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
  * the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves the
  * communicator failed: every later operation returns TPF_ESTATE. */
 
-/* RING AG: the local shard is already in tpf_comm_local_chunk; w is [N, H]; d is [T, N].
- * Afterwards the buffer holds AG(X) = [T, H] and d = AG(X) * w^T. */
+/* Per-operation options (0.2), versioned like tpf_comm_config: start from TPF_OP_OPTIONS_INIT.
+ * A NULL options pointer means the defaults, which are the 0.1 behaviour. With op(a) = a, or a^T
+ * when trans_a, and op(w) = w^T, or w when trans_w, every operation computes
+ *
+ *     D = act(alpha * op(a) op(w) + beta * D + bias)      (fp32 math, one rounding to D's dtype)
+ *
+ * where a is the operation's activation (ag_gemm: the gathered buffer; gemm_rs: x; bulk: a), w
+ * its weight (bulk: b), bias is added to every row, act is GELU (tanh form, as cuBLASLt's
+ * epilogue) when gelu is set and the identity otherwise. For gemm_rs, alpha * op(a) op(w) is the
+ * sum over ranks, and beta, bias and GELU apply once, to the reduced rows this rank owns. The
+ * output dtype is D's own dtype field (the buffer's dtype or fp32): a second field could only
+ * contradict the matrix. */
+typedef struct {
+  size_t size;  /* sizeof(tpf_op_options), or 0 for this header's layout; larger: TPF_EINVAL */
+  bool trans_a; /* a is stored [K, M] and used transposed (gemm_rs x, bulk a; not ag_gemm) */
+  bool trans_w; /* w is stored [K, N] and used as is: dgrad dY*W, wgrad dY^T*X (trans_a too) */
+  float alpha;  /* scales the product; default 1 */
+  float beta;   /* != 0 reads D before writing it (accumulation, e.g. wgrad); default 0 */
+  const void *bias; /* NULL, or N elements of D's dtype (host memory for the simulator, device
+                     * memory for CUDA), added to every row before act */
+  bool gelu;        /* act = GELU (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))) */
+  int num_splits;   /* this operation's split count (any the active shape allows: see
+                     * tpf_layout_desc; RING AG P/2 is the aggregate variant); 0 = the
+                     * communicator's (or the adaptive planner's) choice */
+} tpf_op_options;
+#define TPF_OP_OPTIONS_INIT {sizeof(tpf_op_options), false, false, 1.0f, 0.0f, NULL, false, 0}
+
+/* RING AG: the local shard is already in tpf_comm_local_chunk; w is [N, H] ([H, N] with
+ * trans_w); d is [T, N]. Afterwards the buffer holds AG(X) = [T, H] and d = AG(X) * op(w). */
+TPF_API tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
+                                  const tpf_op_options *opt, void *stream);
+/* RING RS or PIPELINE RS: x is [T, K] ([K, T] with trans_a), w is [H, K] ([K, H] with trans_w),
+ * out is [T/P, H]: out = rows [r*T/P, (r+1)*T/P) of sum over ranks of op(x) * op(w). */
+TPF_API tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
+                                  tpf_matrix *out, const tpf_op_options *opt, void *stream);
+/* BULK: the collective runs on the buffer in place (AG: local chunk r in, [T, H] out; RS: [T, H]
+ * partials in, chunk r reduced) while d = op(a) * op(b) runs beside it. op(a) is [M, K], op(b)
+ * is [K, N], d is [M, N]; a, b, d must not alias the registration. num_splits must be 0. */
+TPF_API tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
+                                       tpf_matrix *d, const tpf_op_options *opt, void *stream);
+/* The 0.1 names: the same operations with the default options. */
 TPF_API tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream);
-/* RING RS or PIPELINE RS: x is [T, K], w is [H, K], out is [T/P, H]:
- * out = rows [r*T/P, (r+1)*T/P) of sum over ranks of x * w^T. */
 TPF_API tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
                                tpf_matrix *out, void *stream);
-/* BULK: the collective runs on the buffer in place (AG: local chunk r in, [T, H] out; RS: [T, H]
- * partials in, chunk r reduced) while d = a * b^T runs beside it. a is [M, K], b is [N, K], d is
- * [M, N]; a, b, d must not alias the registration. */
 TPF_API tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
                                     tpf_matrix *d, void *stream);
 

@@ -15,8 +15,8 @@
  * so an operation that is retried or skipped cannot leave a flag drifting (TE's adder bug).
  *
  * Handshake. Step 0 of every schedule is HANDSHAKE: the rank writes its ready word
- * TPF_READY_WORD(seq, active_rows) into every peer's registration and waits until every peer's
- * ready word carries seq, then compares the rows. Ready words are kept per sequence parity
+ * TPF_READY_WORD(seq, op_key, active_rows) into every peer's registration and waits until every
+ * peer's ready word carries seq, then compares the key (operation kind, split count) and rows. Ready words are kept per sequence parity
  * (slot seq & 1): a peer may announce seq+1 before a slow rank has read its announcement of seq,
  * but never seq+2, which needs the slow rank's own announcement of seq+1. Any difference fails the
  * operation with TPF_EMISMATCH on every rank before any byte moves. A rank writes ready(seq) only
@@ -33,7 +33,7 @@
 extern "C" {
 #endif
 
-#define TPF_BACKEND_ABI_VERSION 1
+#define TPF_BACKEND_ABI_VERSION 2 /* 0.2: ready-word key, step flags, epilogue */
 #define TPF_MAX_RANKS 64    /* P limit of every backend */
 #define TPF_MAX_TAGS 128    /* flags per (sender, receiver) pair per registration */
 #define TPF_MAX_SPLITS 64   /* num_splits limit */
@@ -41,14 +41,31 @@ extern "C" {
 #define TPF_NUM_STREAMS 5   /* see tpf_stream_id */
 #define TPF_MAX_COMPUTE_STREAMS 3
 
-/* The ready word: sequence number in the top 24 bits (mod 2^24), active rows in the low 40. Rows
- * are limited to 2^40 - 1 at communicator creation. */
+/* The ready word (0.2): sequence number in the top 16 bits (mod 2^16), the operation key in the
+ * next 8 and the active rows in the low 40. Rows are limited to 2^40 - 1 at communicator
+ * creation. The key (tpf_schedule.op_key, TPF_OP_KEY) names the operation kind and its split
+ * count, so ranks whose operations would move different bytes for the same rows fail the
+ * handshake: a backend compares TPF_READY_BODY (key and rows) and reports both halves. */
+#define TPF_READY_SEQ_BITS 16
+#define TPF_READY_KEY_BITS 8
 #define TPF_READY_ROWS_BITS 40
-#define TPF_READY_WORD(seq, rows)                                                                  \
-  ((((uint64_t)(seq)&0xFFFFFFull) << TPF_READY_ROWS_BITS) |                                        \
+#define TPF_READY_SEQ_MASK 0xFFFFull
+#define TPF_READY_BODY_MASK ((1ull << (TPF_READY_KEY_BITS + TPF_READY_ROWS_BITS)) - 1)
+#define TPF_READY_WORD(seq, key, rows)                                                             \
+  ((((uint64_t)(seq)&TPF_READY_SEQ_MASK) << (TPF_READY_KEY_BITS + TPF_READY_ROWS_BITS)) |          \
+   (((uint64_t)(key)&0xFFull) << TPF_READY_ROWS_BITS) |                                            \
    ((uint64_t)(rows) & ((1ull << TPF_READY_ROWS_BITS) - 1)))
-#define TPF_READY_SEQ(word) ((uint64_t)(word) >> TPF_READY_ROWS_BITS)
+#define TPF_READY_SEQ(word) ((uint64_t)(word) >> (TPF_READY_KEY_BITS + TPF_READY_ROWS_BITS))
+#define TPF_READY_KEY(word) (((uint64_t)(word) >> TPF_READY_ROWS_BITS) & 0xFFull)
 #define TPF_READY_ROWS(word) ((uint64_t)(word) & ((1ull << TPF_READY_ROWS_BITS) - 1))
+#define TPF_READY_BODY(word) ((uint64_t)(word)&TPF_READY_BODY_MASK)
+
+/* Operation kinds of the key, and the key itself: kind in the top 2 bits, splits - 1 in the low
+ * 6 (splits 1..TPF_MAX_SPLITS). */
+typedef enum { TPF_OP_AG_GEMM = 1, TPF_OP_GEMM_RS = 2, TPF_OP_BULK = 3 } tpf_op_kind;
+#define TPF_OP_KEY(kind, splits) ((uint8_t)((((unsigned)(kind)&3u) << 6) | (((unsigned)(splits)-1u) & 63u)))
+#define TPF_OP_KEY_KIND(key) (((unsigned)(key) >> 6) & 3u)
+#define TPF_OP_KEY_SPLITS(key) (((unsigned)(key)&63u) + 1u)
 
 typedef enum {
   TPF_STEP_HANDSHAKE = 0, /* announce (seq, rows) to all peers, wait for theirs, compare */
@@ -87,10 +104,18 @@ typedef struct {
   uint64_t row, col;  /* first element */
 } tpf_mref;
 
+/* Step flags (0.2), set by the core from the operation's options before the backend sees the
+ * schedule. TRANS_A / TRANS_W: the GEMM operand a / w is a sub-matrix of a stored-transposed
+ * user matrix: its reference (row, col) names the stored element where the [k, m] / [k, n]
+ * block starts, and the backend uses the block transposed (cuBLASLt's op flags). EPILOGUE: the
+ * step writes the operation's output D and applies tpf_exec_args.epi to what it writes. */
+enum { TPF_STEP_TRANS_A = 1u << 0, TPF_STEP_TRANS_W = 1u << 1, TPF_STEP_EPILOGUE = 1u << 2 };
+
 typedef struct {
   uint8_t kind;                     /* tpf_step_kind */
   uint8_t stream;                   /* tpf_stream_id */
   uint8_t ndeps;                    /* entries used in deps */
+  uint8_t flags;                    /* TPF_STEP_* flags above; 0 = 0.1 semantics */
   uint16_t deps[TPF_STEP_MAX_DEPS]; /* indices of earlier steps of this rank to wait for */
   int32_t peer;                     /* SEND/RECV: the other rank; else -1 */
   uint32_t tag;                     /* SEND/RECV/BARRIER flag index, < TPF_MAX_TAGS */
@@ -117,6 +142,7 @@ typedef struct {
   uint64_t active_bytes;           /* prefix the active layout names */
   uint64_t gemm_m, gemm_n, gemm_k; /* the operation's GEMM: [m,k] x [n,k]^T */
   int num_compute_streams;         /* compute streams used */
+  uint8_t op_key;                  /* TPF_OP_KEY of the operation (handshake) */
   int nsteps;                      /* steps used */
   tpf_step *steps;                 /* nsteps entries, owned by the schedule */
 } tpf_schedule;
@@ -153,12 +179,22 @@ enum {
   TPF_BE_CAP_CANARY = 1u << 2       /* verifies bytes beyond the active layout after each op */
 };
 
+/* The epilogue of the steps flagged TPF_STEP_EPILOGUE: they write
+ * D[i, j] = act(alpha * v + beta * D[i, j] + bias[d.col + j]) for the value v they computed (the
+ * GEMM product, or the sum of a REDUCE / PEER_REDUCE), in fp32, rounded once to D's dtype. */
+typedef struct {
+  float alpha, beta; /* 1 and 0 by default */
+  const void *bias;  /* NULL or N elements of D's dtype; a step adds bias[d.col + j] */
+  bool gelu;         /* tanh GELU, as tpf_gelu below */
+} tpf_epilogue;
+
 /* The operands of one operation, as the user passed them (already validated by the core). */
 typedef struct {
   const tpf_schedule *sched; /* this rank's steps */
   const char *comm_name;     /* for messages */
   uint64_t seq;              /* operation sequence number on this communicator, from 1 */
-  tpf_matrix x, w, d;        /* user operands; ptr NULL when the operation has none */
+  tpf_matrix x, w, d;        /* user operands (stored layout); ptr NULL when absent */
+  tpf_epilogue epi;          /* for steps flagged TPF_STEP_EPILOGUE */
 } tpf_exec_args;
 
 typedef struct tpf_backend_ops {
@@ -194,6 +230,11 @@ typedef struct tpf_backend_ops {
    * present and future wait of operations on `reg` give up promptly (TPF_ESTATE). Must not
    * allocate or block. NULL: waits end only at their timeout. */
   tpf_status (*reg_abort)(tpf_backend *be, tpf_reg *reg);
+  /* Collective over the group, not tied to a registration, bounded by the backend's timeout:
+   * every rank contributes `bytes` from mine; all receives P * bytes in rank order. The core
+   * calls it at communicator creation, before reg_create, to compare configuration
+   * fingerprints (a rank that never arrives is TPF_ETIMEOUT). NULL: no agreement check. */
+  tpf_status (*allgather)(tpf_backend *be, const void *mine, void *all, size_t bytes);
 } tpf_backend_ops;
 
 /* Every backend object starts with this header; the core reads only these fields. */
@@ -214,6 +255,10 @@ TPF_API tpf_status tpf_set_error(tpf_status s, const char *fmt, ...)
 /* Host reference numerics shared by backends and tests: convert one element to/from float. */
 TPF_API float tpf_elem_to_float(tpf_dtype t, const void *p);
 TPF_API void tpf_float_to_elem(tpf_dtype t, float v, void *p);
+/* The epilogue's activation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+TPF_API float tpf_gelu(float x);
+/* "ag_gemm/4 splits" for an op key, into buf (n >= 32); returns buf. For mismatch messages. */
+TPF_API const char *tpf_op_key_name(uint8_t key, char *buf, size_t n);
 
 #ifdef __cplusplus
 }

@@ -11,13 +11,18 @@ extern "C" {
 
 typedef struct tpf_sim_world tpf_sim_world;
 
+/* Versioned like tpf_comm_config: size is sizeof(tpf_sim_config) (TPF_SIM_CONFIG_INIT), a
+ * smaller size from an older header (fields it lacks take their defaults) or 0 for this
+ * header's layout; larger is TPF_EINVAL. */
 typedef struct {
+  size_t size;           /* see above */
   int tp_size;           /* P, 1..64 */
   uint64_t seed;         /* seeds the random step delays */
   unsigned max_delay_us; /* each step sleeps a random 0..max_delay_us first; 0 = none */
   unsigned timeout_ms;   /* bound on every wait; 0 = default (10000) */
   uint64_t arena_bytes;  /* addition: virtual size of the shared arena; 0 = default (1 GiB) */
 } tpf_sim_config;
+#define TPF_SIM_CONFIG_INIT {sizeof(tpf_sim_config), 1, 0, 0, 0, 0}
 
 /* Creates a world of P ranks. TPF_EINVAL for P outside 1..64, TPF_ENOMEM, TPF_EBACKEND. */
 TPF_API tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out);
@@ -121,7 +126,8 @@ typedef struct {
                                 * reordered signals, late entries */
   uint64_t live_registrations; /* collective registrations not yet released by every rank */
   uint64_t arena_used_bytes;   /* arena bytes they hold */
-  uint64_t pending_rendezvous; /* reg_create rendezvous some rank has not reached yet */
+  uint64_t pending_rendezvous; /* reg_create / creation-exchange rendezvous some rank has not
+                                * reached yet */
 } tpf_sim_fault_report;
 /* TPF_EINVAL for NULL. Call between runs. */
 TPF_API tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out);

@@ -7,7 +7,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
-from ctypes import POINTER, c_bool, c_char_p, c_int, c_uint, c_uint64, c_void_p
+from ctypes import POINTER, c_bool, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
 from typing import Optional
 
 from .errors import TpflexError, error_for
@@ -28,13 +28,13 @@ class Matrix(ctypes.Structure):
 
 
 class CommConfig(ctypes.Structure):
-    _fields_ = [("name", c_char_p), ("algo", c_int), ("coll", c_int), ("dtype", c_int),
+    _fields_ = [("size", c_size_t), ("name", c_char_p), ("algo", c_int), ("coll", c_int), ("dtype", c_int),
                 ("capacity", Shape), ("num_splits", c_int), ("aggregate", c_bool),
                 ("external", c_bool), ("plan", c_int), ("cost", c_void_p)]
 
 
 class SimConfig(ctypes.Structure):
-    _fields_ = [("tp_size", c_int), ("seed", c_uint64), ("max_delay_us", c_uint),
+    _fields_ = [("size", c_size_t), ("tp_size", c_int), ("seed", c_uint64), ("max_delay_us", c_uint),
                 ("timeout_ms", c_uint), ("arena_bytes", c_uint64)]
 
 

@@ -49,7 +49,7 @@ class World:
         if not _lib.HAVE_SIM:
             raise TpflexUnsupportedError("the loaded libtpflex has no simulator backend",
                                          "tpflex.sim")
-        cfg = SimConfig(tp_size=tp_size, seed=seed, max_delay_us=max_delay_us,
+        cfg = SimConfig(size=ctypes.sizeof(SimConfig), tp_size=tp_size, seed=seed, max_delay_us=max_delay_us,
                         timeout_ms=timeout_ms, arena_bytes=arena_bytes)
         h = ctypes.c_void_p()
         check(lib.tpf_sim_world_create(ctypes.byref(cfg), ctypes.byref(h)), "tpf_sim_world_create")

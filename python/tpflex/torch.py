@@ -288,7 +288,7 @@ class Manager:
             external: bool = False, num_splits: int = 0, aggregate: bool = False) -> Communicator:
         if self._h is None:
             raise TpflexStateError("manager destroyed", "add")
-        cfg = CommConfig(name=name.encode(), algo=_ALGO[method], coll=_COLL[coll],
+        cfg = CommConfig(size=ctypes.sizeof(CommConfig), name=name.encode(), algo=_ALGO[method], coll=_COLL[coll],
                          dtype=_TORCH_TO_TPF[dtype], capacity=capacity, num_splits=num_splits,
                          aggregate=aggregate, external=external)
         c = ctypes.c_void_p()

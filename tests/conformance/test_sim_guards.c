@@ -203,7 +203,7 @@ static void test_sim__run_reports_the_failing_rank(void **state) {
   TPF_ASSERT_STATUS(tpf_sim_run(w, rank_fails, NULL), TPF_ESHAPE);
   assert_non_null(strstr(tpf_last_error(), "rank 2: rank two says no"));
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
-  tpf_sim_config bad = {0, 0, 0, 0, 0};
+  tpf_sim_config bad = {0, 0, 0, 0, 0, 0};
   tpf_sim_world *x = NULL;
   TPF_ASSERT_STATUS(tpf_sim_world_create(&bad, &x), TPF_EINVAL);
   bad.tp_size = TPF_MAX_RANKS + 1;

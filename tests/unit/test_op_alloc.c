@@ -239,7 +239,7 @@ static void test_op_alloc__zero_allocations_every_op_every_T(void **state) {
     static world_state s;
     memset(&s, 0, sizeof s);
     s.P = Ps[pi];
-    tpf_sim_config cfg = {s.P, 7, 0, 0, 0};
+    tpf_sim_config cfg = {0, s.P, 7, 0, 0, 0};
     tpf_sim_world *w = NULL;
     long live0 = tpf__alloc_live_count();
     long a0 = atomic_load(&g_allocs);
@@ -331,7 +331,7 @@ static tpf_status two_destroy(tpf_backend *be, int r, void *arg) {
 
 static void test_op_alloc__sync_and_async_error_per_comm(void **state) {
   (void)state;
-  tpf_sim_config cfg = {2, 3, 0, 300, 0};
+  tpf_sim_config cfg = {0, 2, 3, 0, 300, 0};
   tpf_sim_world *w = NULL;
   two_comm t;
   memset(&t, 0, sizeof t);
@@ -414,7 +414,7 @@ static tpf_status ab_destroy(tpf_backend *be, int r, void *arg) {
 static void test_op_alloc__abort_unblocks_dead_peer_wait(void **state) {
   (void)state;
   const unsigned timeout_ms = 5000;
-  tpf_sim_config cfg = {2, 5, 0, timeout_ms, 0};
+  tpf_sim_config cfg = {0, 2, 5, 0, timeout_ms, 0};
   tpf_sim_world *w = NULL;
   abort_state s;
   memset(&s, 0, sizeof s);
