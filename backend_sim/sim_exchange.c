@@ -131,8 +131,8 @@ tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size
       if ((x->missing_mask >> (unsigned)r) & 1u)
         n += (size_t)snprintf(missing + n, sizeof missing - n, "%s%d", n ? ", " : "", r);
     int came = 0;
-    for (uint64_t m = ~x->missing_mask & ((w->tp_size >= 64) ? ~0ull : (1ull << w->tp_size) - 1);
-         m; m &= m - 1)
+    for (uint64_t m = ~x->missing_mask & ((w->tp_size >= 64) ? ~0ull : (1ull << w->tp_size) - 1); m;
+         m &= m - 1)
       came++;
     if (late)
       snprintf(msg, sizeof msg,

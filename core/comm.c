@@ -119,9 +119,9 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 static uint64_t cost_hash(const tpf_cost_table *t) {
   if (!t) return 0;
   uint64_t h = 0xcbf29ce484222325ull;
-  const double d[] = {t->launch_us,        t->handshake_us,    t->barrier_us,
-                      t->peer.latency_us,  t->peer.gbps,       t->local.latency_us,
-                      t->local.gbps,       t->reduce.latency_us, t->reduce.gbps};
+  const double d[] = {t->launch_us,       t->handshake_us,      t->barrier_us,
+                      t->peer.latency_us, t->peer.gbps,         t->local.latency_us,
+                      t->local.gbps,      t->reduce.latency_us, t->reduce.gbps};
   h = fnv(h, d, sizeof d);
   for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++) {
     const tpf_cost_gemm_point *g = &t->gemm[i];
@@ -214,8 +214,7 @@ static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg) {
   fingerprint mine;
   fingerprint_of(cfg, &mine);
   fingerprint *all = tpf__calloc((size_t)be->tp_size, sizeof *all);
-  TPF_RETURN_IF(!all, TPF_ENOMEM, "'%s': cannot allocate %d fingerprints", cfg->name,
-                be->tp_size);
+  TPF_RETURN_IF(!all, TPF_ENOMEM, "'%s': cannot allocate %d fingerprints", cfg->name, be->tp_size);
   tpf_status rc = be->ops->allgather(be, &mine, all, sizeof mine);
   if (rc != TPF_OK) {
     char detail[400];
@@ -440,7 +439,8 @@ static tpf_status op_options(const tpf_comm *c, const char *op, const tpf_op_opt
   *o = def;
   if (!in) return TPF_OK;
   const char *n = c->cfg.name;
-  TPF_RETURN_IF(in->size > sizeof *o || (in->size != 0 && in->size < offsetof(tpf_op_options, alpha)),
+  TPF_RETURN_IF(in->size > sizeof *o ||
+                    (in->size != 0 && in->size < offsetof(tpf_op_options, alpha)),
                 TPF_EINVAL,
                 "'%s' %s: options size %zu: this library knows %zu bytes (start from "
                 "TPF_OP_OPTIONS_INIT)",
@@ -478,8 +478,8 @@ static tpf_status op_desc(const tpf_comm *c, const tpf_op_options *o, tpf_layout
   char detail[300];
   strncpy(detail, tpf_last_error(), sizeof detail - 1);
   detail[sizeof detail - 1] = '\0';
-  return tpf_set_error(rc, "'%s': num_splits %d is not legal for active rows %llu: %s",
-                       c->cfg.name, o->num_splits, (unsigned long long)c->active.rows, detail);
+  return tpf_set_error(rc, "'%s': num_splits %d is not legal for active rows %llu: %s", c->cfg.name,
+                       o->num_splits, (unsigned long long)c->active.rows, detail);
 }
 
 /* Operand resolution, done once here so a backend only maps steps (issue 15 item 1): a GEMM
@@ -617,8 +617,8 @@ tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
   return run_op(c, &g, x, w, out, &o, stream);
 }
 
-tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
-                               tpf_matrix *d, const tpf_op_options *opt, void *stream) {
+tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
+                               const tpf_op_options *opt, void *stream) {
   TPF_CHECK(check_op(c, "tpf_bulk_overlap", c && c->cfg.algo == TPF_ALGO_BULK, "bulk"));
   tpf_op_options o;
   TPF_CHECK(op_options(c, "tpf_bulk_overlap", opt, &o));

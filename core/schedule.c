@@ -314,7 +314,7 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
   h.aggregate = d->aggregate;
   /* The handshake compares this key next to the rows: ranks whose operations differ in kind or
    * split count would move different bytes (issue 11 item 3). */
-  h.op_key = TPF_OP_KEY(d->algo == TPF_ALGO_BULK  ? TPF_OP_BULK
+  h.op_key = TPF_OP_KEY(d->algo == TPF_ALGO_BULK ? TPF_OP_BULK
                         : d->coll == TPF_COLL_AG ? TPF_OP_AG_GEMM
                                                  : TPF_OP_GEMM_RS,
                         h.num_splits);

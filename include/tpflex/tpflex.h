@@ -197,8 +197,10 @@ typedef struct {
   const tpf_cost_table *cost; /* ADAPTIVE: the cost table, copied at creation */
 } tpf_comm_config;
 #define TPF_COMM_CONFIG_INIT                                                                       \
-  { sizeof(tpf_comm_config), NULL, TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16, {0, 0}, 0, false, false,   \
-    TPF_PLAN_FIXED, NULL }
+  {                                                                                                \
+    sizeof(tpf_comm_config), NULL, TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16, {0, 0}, 0, false, false,  \
+        TPF_PLAN_FIXED, NULL                                                                       \
+  }
 
 /* Creates a communicator and registers its buffer at capacity. Collective: every rank of the
  * group calls it with the same configuration, in the same order. The registration is zeroed.
@@ -279,11 +281,11 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
  * output dtype is D's own dtype field (the buffer's dtype or fp32): a second field could only
  * contradict the matrix. */
 typedef struct {
-  size_t size;  /* sizeof(tpf_op_options), or 0 for this header's layout; larger: TPF_EINVAL */
-  bool trans_a; /* a is stored [K, M] and used transposed (gemm_rs x, bulk a; not ag_gemm) */
-  bool trans_w; /* w is stored [K, N] and used as is: dgrad dY*W, wgrad dY^T*X (trans_a too) */
-  float alpha;  /* scales the product; default 1 */
-  float beta;   /* != 0 reads D before writing it (accumulation, e.g. wgrad); default 0 */
+  size_t size;      /* sizeof(tpf_op_options), or 0 for this header's layout; larger: TPF_EINVAL */
+  bool trans_a;     /* a is stored [K, M] and used transposed (gemm_rs x, bulk a; not ag_gemm) */
+  bool trans_w;     /* w is stored [K, N] and used as is: dgrad dY*W, wgrad dY^T*X (trans_a too) */
+  float alpha;      /* scales the product; default 1 */
+  float beta;       /* != 0 reads D before writing it (accumulation, e.g. wgrad); default 0 */
   const void *bias; /* NULL, or N elements of D's dtype (host memory for the simulator, device
                      * memory for CUDA), added to every row before act */
   bool gelu;        /* act = GELU (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))) */
@@ -291,7 +293,8 @@ typedef struct {
                      * tpf_layout_desc; RING AG P/2 is the aggregate variant); 0 = the
                      * communicator's (or the adaptive planner's) choice */
 } tpf_op_options;
-#define TPF_OP_OPTIONS_INIT {sizeof(tpf_op_options), false, false, 1.0f, 0.0f, NULL, false, 0}
+#define TPF_OP_OPTIONS_INIT                                                                        \
+  { sizeof(tpf_op_options), false, false, 1.0f, 0.0f, NULL, false, 0 }
 
 /* RING AG: the local shard is already in tpf_comm_local_chunk; w is [N, H] ([H, N] with
  * trans_w); d is [T, N]. Afterwards the buffer holds AG(X) = [T, H] and d = AG(X) * op(w). */

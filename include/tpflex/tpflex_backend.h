@@ -16,13 +16,14 @@
  *
  * Handshake. Step 0 of every schedule is HANDSHAKE: the rank writes its ready word
  * TPF_READY_WORD(seq, op_key, active_rows) into every peer's registration and waits until every
- * peer's ready word carries seq, then compares the key (operation kind, split count) and rows. Ready words are kept per sequence parity
- * (slot seq & 1): a peer may announce seq+1 before a slow rank has read its announcement of seq,
- * but never seq+2, which needs the slow rank's own announcement of seq+1. Any difference fails the
- * operation with TPF_EMISMATCH on every rank before any byte moves. A rank writes ready(seq) only
- * after its operation seq-1 finished, so no peer writes into a buffer its owner still reads (the
- * WAR hazard TE leaves open). Pull-style schedules (PIPELINE RS, BULK RS) end with a BARRIER so
- * that peers finish reading a buffer before its owner may reuse it.
+ * peer's ready word carries seq, then compares the key (operation kind, split count) and rows.
+ * Ready words are kept per sequence parity (slot seq & 1): a peer may announce seq+1 before a slow
+ * rank has read its announcement of seq, but never seq+2, which needs the slow rank's own
+ * announcement of seq+1. Any difference fails the operation with TPF_EMISMATCH on every rank before
+ * any byte moves. A rank writes ready(seq) only after its operation seq-1 finished, so no peer
+ * writes into a buffer its owner still reads (the WAR hazard TE leaves open). Pull-style schedules
+ * (PIPELINE RS, BULK RS) end with a BARRIER so that peers finish reading a buffer before its owner
+ * may reuse it.
  */
 #ifndef TPFLEX_BACKEND_H
 #define TPFLEX_BACKEND_H
@@ -34,11 +35,11 @@ extern "C" {
 #endif
 
 #define TPF_BACKEND_ABI_VERSION 2 /* 0.2: ready-word key, step flags, epilogue */
-#define TPF_MAX_RANKS 64    /* P limit of every backend */
-#define TPF_MAX_TAGS 128    /* flags per (sender, receiver) pair per registration */
-#define TPF_MAX_SPLITS 64   /* num_splits limit */
-#define TPF_STEP_MAX_DEPS 4 /* cross-stream dependencies per step */
-#define TPF_NUM_STREAMS 5   /* see tpf_stream_id */
+#define TPF_MAX_RANKS 64          /* P limit of every backend */
+#define TPF_MAX_TAGS 128          /* flags per (sender, receiver) pair per registration */
+#define TPF_MAX_SPLITS 64         /* num_splits limit */
+#define TPF_STEP_MAX_DEPS 4       /* cross-stream dependencies per step */
+#define TPF_NUM_STREAMS 5         /* see tpf_stream_id */
 #define TPF_MAX_COMPUTE_STREAMS 3
 
 /* The ready word (0.2): sequence number in the top 16 bits (mod 2^16), the operation key in the
@@ -63,7 +64,8 @@ extern "C" {
 /* Operation kinds of the key, and the key itself: kind in the top 2 bits, splits - 1 in the low
  * 6 (splits 1..TPF_MAX_SPLITS). */
 typedef enum { TPF_OP_AG_GEMM = 1, TPF_OP_GEMM_RS = 2, TPF_OP_BULK = 3 } tpf_op_kind;
-#define TPF_OP_KEY(kind, splits) ((uint8_t)((((unsigned)(kind)&3u) << 6) | (((unsigned)(splits)-1u) & 63u)))
+#define TPF_OP_KEY(kind, splits)                                                                   \
+  ((uint8_t)((((unsigned)(kind)&3u) << 6) | (((unsigned)(splits)-1u) & 63u)))
 #define TPF_OP_KEY_KIND(key) (((unsigned)(key) >> 6) & 3u)
 #define TPF_OP_KEY_SPLITS(key) (((unsigned)(key)&63u) + 1u)
 

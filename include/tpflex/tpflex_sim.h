@@ -22,7 +22,8 @@ typedef struct {
   unsigned timeout_ms;   /* bound on every wait; 0 = default (10000) */
   uint64_t arena_bytes;  /* addition: virtual size of the shared arena; 0 = default (1 GiB) */
 } tpf_sim_config;
-#define TPF_SIM_CONFIG_INIT {sizeof(tpf_sim_config), 1, 0, 0, 0, 0}
+#define TPF_SIM_CONFIG_INIT                                                                        \
+  { sizeof(tpf_sim_config), 1, 0, 0, 0, 0 }
 
 /* Creates a world of P ranks. TPF_EINVAL for P outside 1..64, TPF_ENOMEM, TPF_EBACKEND. */
 TPF_API tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out);

@@ -26,6 +26,7 @@
 #include "internal.h" /* TPF_CHECK, TPF_CHECK_GOTO */
 #include "reference.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,7 @@ typedef struct {
   int P;
   uint64_t C, H, K, N; /* capacity rows, buffer columns, RS inner dim, AG weight rows */
   bool histories;
+  bool options;  /* the API 0.2 options sweep (on unless --no-options) */
   int only_kind; /* -1: all */
   uint64_t seed;
   int verbose;
@@ -496,6 +498,283 @@ static void record(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, const char 
   if (cx->res->failed <= CONF_MAX_PRINTED) fprintf(stdout, "%s\n", line);
 }
 
+/* ---- API 0.2 options (issue 11 item 1): every option on every operation ---- */
+
+/* One combination of options. Splits are swept separately (opts_splits). */
+typedef struct {
+  const char *label;
+  bool trans_a, trans_w, bias, gelu;
+  float alpha, beta;
+} conf_opt;
+
+static const conf_opt kOpts[] = {
+    {"trans_w", false, true, false, false, 1.0f, 0.0f},
+    {"trans_a", true, false, false, false, 1.0f, 0.0f},
+    {"wgrad-accumulate", true, true, false, false, 1.0f, 1.0f},
+    {"alpha-beta", false, false, false, false, 0.5f, -0.75f},
+    {"bias", false, false, true, false, 1.0f, 0.0f},
+    {"bias-gelu", false, true, true, true, 1.0f, 0.0f},
+    {"gelu-accumulate", true, false, false, true, 2.0f, 0.5f},
+};
+#define NOPTS ((int)(sizeof kOpts / sizeof kOpts[0]))
+
+/* A [rows, cols] matrix stored as given or transposed ([cols, rows]) in backend memory, filled
+ * from `seed`; logical gets the [rows, cols] host copy the reference multiplies. */
+static tpf_status opt_operand(conf_ctx *cx, bool trans, uint64_t rows, uint64_t cols, tpf_dtype dt,
+                              uint64_t seed, uint64_t pad, conf_mat *stored, tpf_matrix *logical) {
+  const uint64_t sr = trans ? cols : rows, sc = trans ? rows : cols;
+  TPF_CHECK(mat_new(cx, stored, sr, sc, sc + pad, dt));
+  tpf_ref_fill(&stored->host, seed, -1.0f, 1.0f);
+  TPF_CHECK(host_new(logical, rows, cols, dt));
+  if (trans) {
+    TPF_CHECK(tpf_ref_transpose(&stored->host, logical));
+  } else {
+    for (uint64_t i = 0; i < rows; i++)
+      for (uint64_t j = 0; j < cols; j++)
+        tpf_ref_set(logical, i, j, tpf_ref_get(&stored->host, i, j));
+  }
+  return mat_upload(cx, stored);
+}
+
+/* The logical [n, k] form of a weight whose op(w) = w^T (stored [n, k]) or w (stored [k, n]):
+ * what tpf_ref_gemm_f32 multiplies as x * w^T. */
+static tpf_status opt_weight(conf_ctx *cx, bool trans, uint64_t n, uint64_t k, tpf_dtype dt,
+                             uint64_t seed, conf_mat *stored, tpf_matrix *nk) {
+  /* trans_w: stored [k, n], and the [n, k] form is its transpose. */
+  return opt_operand(cx, trans, n, k, dt, seed, 0, stored, nk);
+}
+
+/* Runs one options case on c at its active shape T. splits: 0, or the operation's split count.
+ * expect: TPF_OK, or the status a refused split count must return (nothing may change). */
+static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
+                            const conf_opt *o, int splits, tpf_status expect, conf_verdict *v) {
+  conf_run *run = cx->run;
+  const conf_kind *k = &kKinds[kind];
+  const int P = run->P;
+  const uint64_t R = T / (uint64_t)P;
+  const bool ag = k->algo == TPF_ALGO_RING && k->coll == TPF_COLL_AG;
+  const bool bulk = k->algo == TPF_ALGO_BULK;
+  const bool trans_a = o->trans_a && !ag; /* ag_gemm's activation is the buffer */
+  /* Logical GEMM dims: op(a) [M, Kd], op(w) [Kd, Nd]; the output has Mo rows (RS: this rank's). */
+  const uint64_t M = T, Kd = ag ? run->H : run->K, Nd = (ag || bulk) ? run->N : run->H;
+  const uint64_t Mo = (!ag && !bulk) ? R : T;
+  const uint64_t seed_base =
+      mix(seed_of(cx, kind, dt, T, 77, 0), (uint64_t)(o - kOpts) * 131u + (uint64_t)splits);
+  tpf_matrix x = {0}, al = {0}, wl = {0}, want = {0}, oldh = {0}, bufh = {0}, biash = {0};
+  conf_mat a, w, d, bias;
+  memset(&a, 0, sizeof a);
+  memset(&w, 0, sizeof w);
+  memset(&d, 0, sizeof d);
+  memset(&bias, 0, sizeof bias);
+  float *prod = NULL, *acc = NULL, *slack = NULL;
+  tpf_status rc = TPF_OK;
+  const tpf_dtype od = out_dtype(dt, T, P);
+
+  if (ag) {
+    TPF_CHECK_GOTO(host_new(&x, T, run->H, dt), rc, out);
+    tpf_ref_fill(&x, mix(seed_base, 1), -1.0f, 1.0f);
+    TPF_CHECK_GOTO(tpf_conf_put_local(run->env, cx->rank, c, &x), rc, out);
+  } else {
+    TPF_CHECK_GOTO(opt_operand(cx, trans_a, M, Kd, dt, mix(seed_base, 2 + (uint64_t)cx->rank),
+                               pad_ld(trans_a ? M : Kd, T, P), &a, &al),
+                   rc, out);
+  }
+  TPF_CHECK_GOTO(
+      opt_weight(cx, o->trans_w, Nd, Kd, dt, mix(seed_base, 100 + (uint64_t)cx->rank), &w, &wl), rc,
+      out);
+  TPF_CHECK_GOTO(mat_new(cx, &d, Mo, Nd, pad_ld(Nd, T, P), od), rc, out);
+  if (o->beta != 0.0f) { /* D holds what the operation accumulates into */
+    tpf_ref_fill(&d.host, mix(seed_base, 200 + (uint64_t)cx->rank), -1.0f, 1.0f);
+    TPF_CHECK_GOTO(mat_upload(cx, &d), rc, out);
+    TPF_CHECK_GOTO(host_new(&oldh, Mo, Nd, od), rc, out);
+    for (uint64_t i = 0; i < Mo; i++)
+      for (uint64_t j = 0; j < Nd; j++)
+        tpf_ref_set(&oldh, i, j, tpf_ref_get(&d.host, i, j));
+  }
+  if (o->bias) {
+    TPF_CHECK_GOTO(mat_new(cx, &bias, 1, Nd, Nd, od), rc, out);
+    tpf_ref_fill(&bias.host, mix(seed_base, 300), -1.0f, 1.0f); /* the same on every rank */
+    TPF_CHECK_GOTO(mat_upload(cx, &bias), rc, out);
+  }
+  if (bulk && k->coll == TPF_COLL_AG) {
+    TPF_CHECK_GOTO(host_new(&x, T, run->H, dt), rc, out);
+    tpf_ref_fill(&x, mix(seed_base, 1), -1.0f, 1.0f);
+    TPF_CHECK_GOTO(tpf_conf_put_local(run->env, cx->rank, c, &x), rc, out);
+  }
+
+  tpf_op_options opt = TPF_OP_OPTIONS_INIT;
+  opt.trans_a = trans_a;
+  opt.trans_w = o->trans_w;
+  opt.alpha = o->alpha;
+  opt.beta = o->beta;
+  opt.bias = o->bias ? bias.dev.ptr : NULL;
+  opt.gelu = o->gelu;
+  opt.num_splits = splits;
+  const uint64_t epoch = tpf_comm_epoch(c);
+  tpf_status st;
+  if (ag)
+    st = tpf_ag_gemm_ex(c, &w.dev, &d.dev, &opt, cx->stream);
+  else if (bulk)
+    st = tpf_bulk_overlap_ex(c, &a.dev, &w.dev, &d.dev, &opt, cx->stream);
+  else
+    st = tpf_gemm_rs_ex(c, &a.dev, &w.dev, &d.dev, &opt, cx->stream);
+  if (expect != TPF_OK) {
+    if (st != expect)
+      verdict_fail(v, "splits %d: got %s, expected the refusal %s (%s)", splits,
+                   tpf_status_name(st), tpf_status_name(expect), tpf_last_error());
+    if (tpf_comm_epoch(c) != epoch) verdict_fail(v, "a refused operation changed the epoch");
+    goto out;
+  }
+  TPF_CHECK_GOTO(st, rc, out);
+  TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
+  TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
+
+  /* The reference: the fp32 product (RS: the sum over ranks of this rank's rows of every
+   * rank's partial, each rounded to the buffer dtype as its slot stores it), then the
+   * epilogue, rounded once. */
+  prod = calloc((size_t)(Mo * Nd), sizeof(float));
+  if (!prod) {
+    rc = tpf_set_error(TPF_ENOMEM, "conformance: options reference");
+    goto out;
+  }
+  if (ag) {
+    TPF_CHECK_GOTO(tpf_ref_gemm_f32(&x, &wl, prod), rc, out);
+  } else if (bulk) {
+    TPF_CHECK_GOTO(tpf_ref_gemm_f32(&al, &wl, prod), rc, out);
+  } else {
+    acc = calloc((size_t)(Mo * Nd), sizeof(float));
+    slack = calloc((size_t)(Mo * Nd), sizeof(float));
+    if (!acc || !slack) {
+      rc = tpf_set_error(TPF_ENOMEM, "conformance: options RS reference");
+      goto out;
+    }
+    for (int q = 0; q < P; q++) {
+      conf_mat aq, wq;
+      tpf_matrix alq = {0}, wlq = {0};
+      memset(&aq, 0, sizeof aq);
+      memset(&wq, 0, sizeof wq);
+      /* Rank q's operands, regenerated from its seeds (host only: the uploads are unused). */
+      rc = opt_operand(cx, trans_a, M, Kd, dt, mix(seed_base, 2 + (uint64_t)q),
+                       pad_ld(trans_a ? M : Kd, T, P), &aq, &alq);
+      if (rc == TPF_OK)
+        rc = opt_weight(cx, o->trans_w, Nd, Kd, dt, mix(seed_base, 100 + (uint64_t)q), &wq, &wlq);
+      if (rc == TPF_OK) {
+        tpf_matrix mine = rows_of(&alq, (uint64_t)cx->rank * R, R);
+        rc = tpf_ref_gemm_f32(&mine, &wlq, prod);
+      }
+      for (uint64_t i = 0; rc == TPF_OK && i < Mo * Nd; i++) {
+        acc[i] += tpf_ref_round(dt, prod[i]);
+        slack[i] += (float)tpf_ref_ulp(dt, prod[i]) * fabsf(o->alpha) * (o->gelu ? 1.2f : 1.0f);
+      }
+      mat_free(cx, &aq);
+      mat_free(cx, &wq);
+      free(alq.ptr);
+      free(wlq.ptr);
+      if (rc != TPF_OK) goto out;
+    }
+    memcpy(prod, acc, (size_t)(Mo * Nd) * sizeof(float));
+  }
+  TPF_CHECK_GOTO(host_new(&want, Mo, Nd, od), rc, out);
+  TPF_CHECK_GOTO(tpf_ref_epilogue(prod, o->alpha, o->beta, o->beta != 0.0f ? &oldh : NULL,
+                                  o->bias ? bias.host.ptr : NULL, o->gelu, &want),
+                 rc, out);
+  check_close(v, "D = act(alpha op(a) op(w) + beta D + bias)", &d.host, &want, slack, dt);
+  if (ag) {
+    TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
+    check_exact(v, "gathered buffer", &bufh, &x);
+  }
+out:
+  free(prod);
+  free(acc);
+  free(slack);
+  free(x.ptr);
+  free(al.ptr);
+  free(wl.ptr);
+  free(want.ptr);
+  free(oldh.ptr);
+  free(bufh.ptr);
+  free(biash.ptr);
+  mat_free(cx, &a);
+  mat_free(cx, &w);
+  mat_free(cx, &d);
+  mat_free(cx, &bias);
+  return rc;
+}
+
+/* The split counts a RING/PIPELINE operation may name, legal or not for this T (the layout
+ * decides; an illegal one must be refused with the layout's status and change nothing). */
+static int split_candidates(const conf_kind *k, int P, int *out) {
+  int n = 0;
+  if (k->algo == TPF_ALGO_RING && k->coll == TPF_COLL_AG) {
+    out[n++] = P;
+    if (P > 2 && P % 2 == 0) out[n++] = P / 2;
+    if (P > 1) out[n++] = 1;
+    if (P > 2) out[n++] = P - 1; /* never legal for P > 2: must be refused */
+  } else if (k->algo == TPF_ALGO_RING) {
+    out[n++] = P;
+    if (P > 1) out[n++] = 1; /* ring RS runs P chunks only: refused */
+  } else if (k->algo == TPF_ALGO_PIPELINE) {
+    static const int s[] = {1, 2, 3, 4, 8, 16};
+    for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)
+      out[n++] = s[i];
+  }
+  return n;
+}
+
+/* What an operation with `splits` must return at active rows T: TPF_OK when the layout accepts
+ * it (with the strictest backend alignment, 16 bytes), else the layout's status. */
+static tpf_status split_expect(conf_ctx *cx, const tpf_comm *c, int splits) {
+  tpf_layout_desc d;
+  memset(&d, 0, sizeof d);
+  const tpf_comm_config *cfg = tpf_comm_config_of(c);
+  d.tp_size = cx->run->P;
+  d.rank = cx->rank;
+  d.algo = cfg->algo;
+  d.coll = cfg->coll;
+  d.dtype = cfg->dtype;
+  d.capacity = cfg->capacity;
+  d.active = tpf_comm_active_shape(c);
+  d.num_splits = splits;
+  d.aggregate = cfg->algo == TPF_ALGO_RING && cfg->coll == TPF_COLL_AG && d.tp_size > 2 &&
+                d.tp_size % 2 == 0 && splits == d.tp_size / 2;
+  return tpf_layout_check(&d);
+}
+
+/* Every option combination and every split count on one communicator at a few T. */
+static tpf_status options_one(conf_ctx *cx, int kind, tpf_dtype dt) {
+  const uint64_t P = (uint64_t)cx->run->P, C = cx->run->C;
+  const uint64_t Ts[] = {P, (C / P / 2 > 0 ? C / P / 2 : 1) * P, C};
+  const conf_kind *k = &kKinds[kind];
+  tpf_comm *c = NULL;
+  TPF_CHECK(comm_new(cx, kind, dt, &c));
+  tpf_status rc = TPF_OK;
+  for (size_t ti = 0; ti < sizeof Ts / sizeof Ts[0] && rc == TPF_OK; ti++) {
+    const uint64_t T = Ts[ti];
+    tpf_shape s = {T, cx->run->H};
+    rc = tpf_comm_set_active_shape(c, s);
+    for (int oi = 0; oi < NOPTS && rc == TPF_OK; oi++) {
+      conf_verdict v = {true, ""};
+      rc = case_opts(cx, c, kind, dt, T, &kOpts[oi], 0, TPF_OK, &v);
+      char what[64];
+      snprintf(what, sizeof what, " options %s", kOpts[oi].label);
+      if (rc == TPF_OK) record(cx, kind, dt, T, what, &v);
+    }
+    int splits[8];
+    const int ns = k->algo == TPF_ALGO_BULK ? 0 : split_candidates(k, cx->run->P, splits);
+    for (int si = 0; si < ns && rc == TPF_OK; si++) {
+      /* Each split count with a rotating option combination, so splits meet options too. */
+      const conf_opt *o = &kOpts[(si + ti) % NOPTS];
+      conf_verdict v = {true, ""};
+      rc = case_opts(cx, c, kind, dt, T, o, splits[si], split_expect(cx, c, splits[si]), &v);
+      char what[64];
+      snprintf(what, sizeof what, " num_splits %d with %s", splits[si], o->label);
+      if (rc == TPF_OK) record(cx, kind, dt, T, what, &v);
+    }
+  }
+  tpf_status rc2 = tpf_comm_destroy(c);
+  return rc != TPF_OK ? rc : rc2;
+}
+
 /* The main sweep for one (kind, dtype): one communicator, every T ascending. */
 static tpf_status sweep_one(conf_ctx *cx, int kind, tpf_dtype dt) {
   tpf_comm *c = NULL;
@@ -563,6 +842,7 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
     for (int di = 0; di < NDTYPES; di++) {
       TPF_CHECK(sweep_one(&cx, kind, kDtypes[di]));
       if (run->histories) TPF_CHECK(history_one(&cx, kind, kDtypes[di]));
+      if (run->options) TPF_CHECK(options_one(&cx, kind, kDtypes[di]));
     }
   }
   return TPF_OK;
@@ -570,13 +850,14 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
 
 static void usage(const char *env) {
   printf("conformance[%s] options: --quick (capacity 4P instead of 16P), --tp N (only P = N), "
-         "--kind NAME (one variant), --seed N, --no-history, --adaptive (TPF_PLAN_ADAPTIVE)\n",
+         "--kind NAME (one variant), --seed N, --no-history, --no-options (skip the per-operation "
+         "options sweep), --adaptive (TPF_PLAN_ADAPTIVE)\n",
          env);
 }
 
 int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
   static const int kPs[] = {1, 2, 3, 4, 5, 6, 8};
-  bool quick = false, histories = true;
+  bool quick = false, histories = true, options = true;
   int only_tp = 0, only_kind = -1;
   uint64_t seed = 42;
   for (int i = 1; i < argc; i++) {
@@ -590,6 +871,8 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
       g_adaptive = true;
     } else if (!strcmp(argv[i], "--no-history")) {
       histories = false;
+    } else if (!strcmp(argv[i], "--no-options")) {
+      options = false;
     } else if (!strcmp(argv[i], "--tp") && i + 1 < argc) {
       only_tp = atoi(argv[++i]);
     } else if (!strcmp(argv[i], "--seed") && i + 1 < argc) {
@@ -616,6 +899,10 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
          "bf16/fp16/fp32, every T multiple of P%s\n",
          env->name, env->max_ranks, quick ? "4P" : "16P", NKINDS,
          histories ? ", shape histories vs fresh communicators" : "");
+  if (options)
+    printf("conformance[%s]: per-operation options: %d combinations (transposes, alpha/beta "
+           "accumulation, bias, GELU) and every split count at 3 T per variant\n",
+           env->name, NOPTS);
   if (g_adaptive)
     printf("conformance[%s]: adaptive planning on (synthetic cost table)\n", env->name);
   fflush(stdout);
@@ -636,6 +923,7 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
     run->K = 16;
     run->N = 24;
     run->histories = histories;
+    run->options = options;
     run->only_kind = only_kind;
     run->seed = seed;
     double t0 = now_s();

@@ -194,6 +194,34 @@ tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out
   return ref_gemm_impl(x, w, NULL, out);
 }
 
+tpf_status tpf_ref_transpose(const tpf_matrix *src, tpf_matrix *dst) {
+  if (!src || !dst || dst->rows != src->cols || dst->cols != src->rows || dst->ld < dst->cols)
+    return TPF_EINVAL;
+  for (uint64_t i = 0; i < src->rows; i++)
+    for (uint64_t j = 0; j < src->cols; j++)
+      tpf_ref_set(dst, j, i, tpf_ref_get(src, i, j));
+  return TPF_OK;
+}
+
+float tpf_ref_gelu(float x) {
+  const double d = (double)x;
+  return (float)(0.5 * d * (1.0 + tanh(0.79788456080286535588 * (d + 0.044715 * d * d * d))));
+}
+
+tpf_status tpf_ref_epilogue(const float *v, float alpha, float beta, const tpf_matrix *old,
+                            const void *bias, bool gelu, tpf_matrix *out) {
+  if (!v || !out || (beta != 0.0f && (!old || old->rows != out->rows || old->cols != out->cols)))
+    return TPF_EINVAL;
+  for (uint64_t i = 0; i < out->rows; i++)
+    for (uint64_t j = 0; j < out->cols; j++) {
+      float x = alpha * v[i * out->cols + j];
+      if (beta != 0.0f) x += beta * tpf_ref_get(old, i, j);
+      if (bias) x += tpf_ref_load(out->dtype, bias, (size_t)j);
+      tpf_ref_set(out, i, j, gelu ? tpf_ref_gelu(x) : x);
+    }
+  return TPF_OK;
+}
+
 tpf_ref_tol tpf_ref_tolerance(tpf_dtype t) {
   tpf_ref_tol tol;
   if (t == TPF_FP32) {

@@ -51,6 +51,19 @@ tpf_status tpf_ref_gemm(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d)
 /* Same product into an fp32 array out[m * n] (row-major, ld n), without the final rounding. */
 tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out);
 
+/* ---- API 0.2 options (tpflex.h, tpf_op_options) ---- */
+/* dst = src^T: src [r, c] (any ld), dst [c, r] of src's dtype with ld >= r. TPF_EINVAL when the
+ * shapes do not fit. Exact (a copy). */
+tpf_status tpf_ref_transpose(const tpf_matrix *src, tpf_matrix *dst);
+/* GELU, tanh form, computed in double: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))). */
+float tpf_ref_gelu(float x);
+/* The epilogue of tpf_op_options on an fp32 product v [out->rows * out->cols] (row-major, ld
+ * cols): out[i, j] = act(alpha v + beta old[i, j] + bias[j]) rounded once to out's dtype. old
+ * (same shape as out) is read only when beta != 0; bias (out->cols elements of out's dtype) may
+ * be NULL. out and old may be the same matrix. */
+tpf_status tpf_ref_epilogue(const float *v, float alpha, float beta, const tpf_matrix *old,
+                            const void *bias, bool gelu, tpf_matrix *out);
+
 /* ---- SPEC §7 comparison ---- */
 typedef struct {
   double rtol, atol;
