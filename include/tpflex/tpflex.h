@@ -59,7 +59,7 @@ extern "C" {
   XX(EALIGN, 5, "chunk size or offset misses the backend's required alignment")                    \
   XX(EUNSUPPORTED, 6, "operation not supported for this communicator or backend")                  \
   XX(ESTATE, 7, "object is in the wrong state for this call (e.g. failed after a timeout)")        \
-  XX(EMISMATCH, 8, "ranks of the group disagree on the active shape or operation")                 \
+  XX(EMISMATCH, 8, "ranks disagree on the configuration, active shape or operation")              \
   XX(ETIMEOUT, 9, "a wait for a peer exceeded the configured timeout")                             \
   XX(ENOMEM, 10, "out of memory")                                                                  \
   XX(EOVERFLOW, 11, "a size or offset overflows 64 bits")                                          \
