@@ -47,14 +47,6 @@ typedef struct {
   uint64_t flops;
 } sim_ctx;
 
-static void cond_init_mono(pthread_cond_t *cv) {
-  pthread_condattr_t at;
-  pthread_condattr_init(&at);
-  pthread_condattr_setclock(&at, CLOCK_MONOTONIC);
-  pthread_cond_init(cv, &at);
-  pthread_condattr_destroy(&at);
-}
-
 static struct timespec mono_ts(uint64_t ns) {
   struct timespec ts;
   ts.tv_sec = (time_t)(ns / 1000000000ull);
@@ -615,7 +607,7 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   op.done = rk->done;
   memset(op.done, 0, (size_t)a->sched->nsteps + 1);
   pthread_mutex_init(&op.mu, NULL);
-  cond_init_mono(&op.cv);
+  tpf_sim__cond_init_mono(&op.cv);
 
   pthread_mutex_lock(&rk->mu);
   rk->job = &op;
@@ -686,8 +678,4 @@ tpf_status tpf_sim__sync(tpf_backend *be, void *stream) {
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   (void)stream; /* nothing is ever left in flight */
   return tpf_sim__fault_call(rk->world, "sync", rk->rank);
-}
-
-void tpf_sim__cond_init_mono(pthread_cond_t *cv) {
-  cond_init_mono(cv);
 }

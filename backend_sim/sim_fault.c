@@ -1,0 +1,84 @@
+/* The simulator's fault plan (tpf_sim_set_fault_ex): which backend call fails, which entry comes
+ * late, and the counters of tpf_sim_get_fault_report. A leaf: it reads and counts, and calls no
+ * other simulator file. The signal faults (drop, delay, duplicate, reorder) act where flags are
+ * raised, in sim_exec.c, and only read the plan from here. */
+#define _POSIX_C_SOURCE 200809L
+#include "sim_internal.h"
+
+#include <errno.h>
+#include <string.h>
+#include <time.h>
+
+bool tpf_sim__fault_counts(const tpf_sim_world *w, int rank) {
+  return w->fault.rank_mask == 0 ||
+         (rank >= 0 && rank < 64 && ((w->fault.rank_mask >> (unsigned)rank) & 1u));
+}
+
+bool tpf_sim__fault_fires(tpf_sim_world *w, uint64_t k) {
+  uint64_t f = w->fault.base.fail_call;
+  if (f == 0 || k == 0 || !(k == f || (w->fault.fail_persistent && k > f))) return false;
+  atomic_fetch_add(&w->fault_injected, 1);
+  return true;
+}
+
+tpf_status tpf_sim__fault_enter(tpf_sim_world *w, const char *what, int rank, uint64_t steps,
+                                uint64_t *step_base) {
+  atomic_fetch_add(&w->backend_calls, 1);
+  if (step_base) *step_base = 0;
+  if (!tpf_sim__fault_counts(w, rank)) return TPF_OK;
+  uint64_t e = atomic_fetch_add(&w->fault_entries, 1) + 1;
+  if (w->fault.late_entry != 0 && e == w->fault.late_entry && w->fault.late_ms != 0) {
+    atomic_fetch_add(&w->fault_injected, 1);
+    struct timespec ts = {(time_t)(w->fault.late_ms / 1000u),
+                          (long)(w->fault.late_ms % 1000u) * 1000000L};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
+  }
+  /* Numbers are reserved for the steps too, so that step numbering never depends on timing. */
+  uint64_t k = atomic_fetch_add(&w->fault_calls, 1 + steps) + 1;
+  if (step_base) *step_base = k + 1;
+  if (!tpf_sim__fault_fires(w, k)) return TPF_OK;
+  tpf_status st = w->fault.base.fail_status != TPF_OK ? w->fault.base.fail_status : TPF_EBACKEND;
+  return tpf_set_error(st, "injected fault: backend call %llu (%s on rank %d) fails%s",
+                       (unsigned long long)k, what, rank,
+                       w->fault.fail_persistent ? " (persistent)" : "");
+}
+
+tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank) {
+  return tpf_sim__fault_enter(w, what, rank, 0, NULL);
+}
+
+void tpf_sim__fault_forget(tpf_sim_rank *rk, const tpf_sim_shared *sh) {
+  pthread_mutex_lock(&rk->fault_mu);
+  if (rk->held_reorder.on && rk->held_reorder.sh == sh) rk->held_reorder.on = false;
+  if (rk->held_dup.on && rk->held_dup.sh == sh) rk->held_dup.on = false;
+  pthread_mutex_unlock(&rk->fault_mu);
+}
+
+tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
+  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault: NULL world");
+  tpf_sim_fault_ex x;
+  memset(&x, 0, sizeof x);
+  if (f) x.base = *f;
+  return tpf_sim_set_fault_ex(w, &x);
+}
+
+tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f) {
+  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_fault_ex: NULL world");
+  if (f)
+    w->fault = *f;
+  else
+    memset(&w->fault, 0, sizeof w->fault);
+  atomic_store(&w->fault_calls, 0);
+  atomic_store(&w->fault_signals, 0);
+  atomic_store(&w->fault_entries, 0);
+  atomic_store(&w->fault_injected, 0);
+  for (int r = 0; r < w->tp_size; r++) {
+    tpf_sim_rank *rk = &w->ranks[r];
+    pthread_mutex_lock(&rk->fault_mu);
+    rk->held_reorder.on = false;
+    rk->held_dup.on = false;
+    pthread_mutex_unlock(&rk->fault_mu);
+  }
+  return TPF_OK;
+}
