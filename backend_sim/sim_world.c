@@ -9,6 +9,11 @@
  * every writer into that rank's flags rings, so waits cost no CPU on a 2-core machine and every
  * wait carries a deadline. tpf_sim_run starts one thread per rank for the user's function; the
  * workers outlive runs, so objects created in one run are usable in the next.
+ *
+ * Rooms: sim_world.c (this: world, ranks, runs, the ops table, observation) calls sim_exec.c
+ * (execute and the stream workers), sim_reg.c (registrations, canary), sim_exchange.c (the
+ * creation allgather) and sim_math.c; those call only the leaves sim_clock.c, sim_arena.c,
+ * sim_doorbell.c and sim_fault.c, which call nothing. No file calls back up.
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "sim_internal.h"
