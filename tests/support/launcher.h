@@ -1,0 +1,114 @@
+/* Ranks as processes for tests and benchmarks: a launcher that starts P processes, each a rank
+ * (fork for a function, or fork + exec for a command), and a socket bootstrap that implements
+ * tpf_bootstrap between them without MPI.
+ *
+ * Rendezvous. The launcher creates a listening Unix socket (Linux abstract namespace: no file,
+ * nothing to clean up) before starting any rank; rank 0 inherits it, every other rank connects to
+ * its name. A connection is queued by the kernel even before rank 0 accepts, so there is no start
+ * race. Ranks started by something else may use the same bootstrap: rank 0 then binds the name
+ * itself and the others retry their connect until the timeout.
+ *
+ * Bootstrap. Rank 0 is the hub: an allgather is every rank sending its bytes to rank 0, which
+ * answers each with all of them in rank order; a barrier is an allgather of nothing. Every wait is
+ * bounded by the bootstrap's timeout, and a dead peer is seen at once (its connection closes):
+ * the call fails with TPF_ETIMEOUT naming the rank, never hangs. A failure is sticky and spreads:
+ * the failing rank closes its connection (rank 0 first sends the reason to everyone), so every
+ * rank's next bootstrap call fails promptly with a message naming the rank that went away.
+ *
+ * Everything here is plain POSIX plus Linux's abstract sockets; no CUDA, so the CPU tests use it
+ * with forked processes and the GPU tests with ranks that each own a CUDA context.
+ */
+#ifndef TPF_LAUNCHER_H
+#define TPF_LAUNCHER_H
+
+#include "tpflex/tpflex_backend.h" /* TPF_MAX_RANKS */
+#include "tpflex/tpflex_cuda.h"    /* tpf_bootstrap */
+
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPF_LAUNCH_ADDR_BYTES 108 /* sizeof sockaddr_un.sun_path */
+
+/* Environment of an exec'd rank (and of a forked one, for commands it may exec itself). */
+#define TPF_LAUNCH_ENV_RANK "TPF_LAUNCH_RANK"
+#define TPF_LAUNCH_ENV_NRANKS "TPF_LAUNCH_NRANKS"
+#define TPF_LAUNCH_ENV_ADDR "TPF_LAUNCH_ADDR"
+#define TPF_LAUNCH_ENV_FD "TPF_LAUNCH_LISTEN_FD"
+/* Bound of every bootstrap wait in ms when the caller passes 0 (default 120000, as the CUDA
+ * backend's own bootstraps; TPF_CUDA_BOOT_TIMEOUT_MS is read too). */
+#define TPF_LAUNCH_ENV_TIMEOUT "TPF_BOOT_TIMEOUT_MS"
+
+/* Who a rank is and where its group meets. */
+typedef struct {
+  int rank, nranks;
+  char addr[TPF_LAUNCH_ADDR_BYTES]; /* "@name" (abstract socket) or a socket path */
+  int listen_fd;                    /* rank 0 started by a launcher: the listening socket; or -1 */
+  void *shared;                     /* fork mode: the launch's shared memory, or NULL */
+  size_t shared_bytes;
+} tpf_launch_rank;
+
+/* What a forked rank runs; its return value is the process's exit status (0..255). */
+typedef int (*tpf_launch_fn)(const tpf_launch_rank *me, void *arg);
+
+typedef struct tpf_launch tpf_launch;
+
+/* Starts nranks (1..TPF_MAX_RANKS) forked processes, rank r running fn(me, arg) and exiting with
+ * its return value. shared_bytes > 0 maps that many zeroed bytes MAP_SHARED before the fork:
+ * the parent (tpf_launch_shared) and every rank (me->shared) see the same memory, which is how
+ * results come back. The parent must not have initialised CUDA (a forked child of such a process
+ * cannot use it); tpf_launch_in_child probes a device without touching CUDA here. TPF_EINVAL,
+ * TPF_ENOMEM, TPF_EBACKEND (socket, mmap or fork failed; ranks already started are killed). */
+tpf_status tpf_launch_fork(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
+                           tpf_launch **out);
+/* Starts nranks processes of the command argv (argv[0] a path, or a name looked up in PATH), each
+ * with TPF_LAUNCH_RANK, TPF_LAUNCH_NRANKS and TPF_LAUNCH_ADDR in its environment (rank 0 also
+ * TPF_LAUNCH_LISTEN_FD); the rank reads them with tpf_launch_rank_from_env. Statuses as above. */
+tpf_status tpf_launch_exec(int nranks, char *const argv[], tpf_launch **out);
+/* Waits for every rank, at most timeout_ms in all (0: no bound). When a rank ends abnormally (a
+ * signal, or an exit status other than 0 and 77) and grace_ms > 0, the others get grace_ms more,
+ * then are killed. Ranks still running at a bound are killed with SIGKILL and reaped. codes[r]
+ * (may be NULL) receives each rank's exit status, or 128 + signal. TPF_OK when every rank ended
+ * by itself (whatever its status), TPF_ETIMEOUT naming the ranks that had to be killed. */
+tpf_status tpf_launch_wait(tpf_launch *l, uint64_t timeout_ms, uint64_t grace_ms, int *codes);
+/* The launch's shared memory (NULL without), its process ids, and a signal to one rank. */
+void *tpf_launch_shared(const tpf_launch *l);
+pid_t tpf_launch_pid(const tpf_launch *l, int rank);
+int tpf_launch_kill(tpf_launch *l, int rank, int sig);
+/* The rendezvous name ("@tpflex-boot-..."), e.g. to check that nothing is left of it. */
+const char *tpf_launch_addr(const tpf_launch *l);
+/* Kills (SIGKILL) and reaps ranks still running, closes the socket, unmaps the shared memory. */
+void tpf_launch_free(tpf_launch *l);
+
+/* Runs fn(arg) in a forked child and returns its exit status (0..255; 128 + signal when it was
+ * killed; -1 when fork failed). For questions the parent must not ask itself, such as the CUDA
+ * device count before forking ranks that use CUDA. */
+int tpf_launch_in_child(int (*fn)(void *arg), void *arg);
+
+/* The device of a rank when device_count GPUs are visible: rank % device_count (0 without). */
+int tpf_launch_device(int rank, int device_count);
+
+/* Fills *me from the TPF_LAUNCH_* environment of an exec'd rank. TPF_EINVAL when it is absent or
+ * malformed. */
+tpf_status tpf_launch_rank_from_env(tpf_launch_rank *me);
+
+/* Joins the group as me->rank and fills *out for tpf_cuda_backend_create (tp_size, rank, device,
+ * allgather, barrier, ctx). Collective: returns once every rank has joined. timeout_ms bounds
+ * each bootstrap call (0: TPF_BOOT_TIMEOUT_MS, TPF_CUDA_BOOT_TIMEOUT_MS, else 120000). TPF_EINVAL,
+ * TPF_ENOMEM, TPF_ETIMEOUT (a rank never joined, or left), TPF_EMISMATCH (ranks disagree on the
+ * group size or two claim one rank), TPF_EBACKEND (socket errors, with errno's text). */
+tpf_status tpf_sockboot_create(const tpf_launch_rank *me, int device, uint64_t timeout_ms,
+                               tpf_bootstrap *out);
+/* Closes the connections and frees the context; NULL or an already freed bootstrap is a no-op. */
+void tpf_sockboot_free(tpf_bootstrap *b);
+/* Changes the bound of later bootstrap calls (ms, > 0). TPF_EINVAL otherwise. */
+tpf_status tpf_sockboot_set_timeout(tpf_bootstrap *b, uint64_t timeout_ms);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPF_LAUNCHER_H */
