@@ -7,9 +7,10 @@ tpf_status tpf__be_validate(const tpf_backend *be) {
   TPF_RETURN_IF(!be, TPF_EINVAL, "backend is NULL");
   TPF_RETURN_IF(!be->ops, TPF_EINVAL, "backend has no ops table");
   const tpf_backend_ops *o = be->ops;
-  TPF_RETURN_IF(o->abi_version != TPF_BACKEND_ABI_VERSION, TPF_EUNSUPPORTED,
-                "backend '%s' has ABI version %d, this core speaks %d", o->name ? o->name : "?",
-                o->abi_version, TPF_BACKEND_ABI_VERSION);
+  TPF_RETURN_IF(o->abi_version < TPF_BACKEND_ABI_MIN || o->abi_version > TPF_BACKEND_ABI_VERSION,
+                TPF_EUNSUPPORTED, "backend '%s' has ABI version %d, this core speaks %d..%d",
+                o->name ? o->name : "?", o->abi_version, TPF_BACKEND_ABI_MIN,
+                TPF_BACKEND_ABI_VERSION);
   TPF_RETURN_IF(!o->reg_create || !o->reg_destroy || !o->execute || !o->sync, TPF_EINVAL,
                 "backend '%s' lacks a required op (reg_create, reg_destroy, execute, sync)",
                 o->name ? o->name : "?");
@@ -47,4 +48,34 @@ tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a
 
 tpf_status tpf__be_sync(tpf_backend *be, void *stream) {
   return be->ops->sync(be, stream);
+}
+
+/* Fields added in ABI 2 exist only in tables of version 2 or later: an older table ends before
+ * them, so they are never read. */
+static bool v2(const tpf_backend *be) {
+  return be->ops->abi_version >= 2;
+}
+
+tpf_status (*tpf__be_reg_sync_op(const tpf_backend *be))(tpf_backend *, tpf_reg *) {
+  return v2(be) ? be->ops->reg_sync : NULL;
+}
+
+tpf_status (*tpf__be_reg_async_error_op(const tpf_backend *be))(tpf_backend *, tpf_reg *,
+                                                                tpf_status *) {
+  return v2(be) ? be->ops->reg_async_error : NULL;
+}
+
+tpf_status (*tpf__be_reg_abort_op(const tpf_backend *be))(tpf_backend *, tpf_reg *) {
+  return v2(be) ? be->ops->reg_abort : NULL;
+}
+
+tpf_status (*tpf__be_allgather_op(const tpf_backend *be))(tpf_backend *, const void *, void *,
+                                                          size_t) {
+  return v2(be) ? be->ops->allgather : NULL;
+}
+
+unsigned tpf__be_caps(const tpf_backend *be) {
+  unsigned caps = be->ops->caps;
+  if (!v2(be)) caps &= ~(unsigned)TPF_BE_CAP_OPTIONS; /* a 0.1 backend ignores step flags */
+  return caps;
 }

@@ -210,12 +210,13 @@ static tpf_status compare_fingerprints(const char *name, const fingerprint *all,
 /* Exchanges fingerprints over the backend (when it can) and compares them; every rank sees all
  * of them, so every rank fails with the same message. */
 static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg) {
-  if (be->tp_size < 2 || !be->ops->allgather) return TPF_OK;
+  tpf_status (*allgather)(tpf_backend *, const void *, void *, size_t) = tpf__be_allgather_op(be);
+  if (be->tp_size < 2 || !allgather) return TPF_OK;
   fingerprint mine;
   fingerprint_of(cfg, &mine);
   fingerprint *all = tpf__calloc((size_t)be->tp_size, sizeof *all);
   TPF_RETURN_IF(!all, TPF_ENOMEM, "'%s': cannot allocate %d fingerprints", cfg->name, be->tp_size);
-  tpf_status rc = be->ops->allgather(be, &mine, all, sizeof mine);
+  tpf_status rc = allgather(be, &mine, all, sizeof mine);
   if (rc != TPF_OK) {
     char detail[400];
     strncpy(detail, tpf_last_error(), sizeof detail - 1);
@@ -370,6 +371,14 @@ tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local) {
   return TPF_OK;
 }
 
+const char *tpf_comm_backend_name(const tpf_comm *c) {
+  return c && c->be->ops->name ? c->be->ops->name : NULL;
+}
+
+unsigned tpf_comm_backend_caps(const tpf_comm *c) {
+  return c ? tpf__be_caps(c->be) : 0u;
+}
+
 tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes) {
   TPF_RETURN_IF(!c || !base || !bytes, TPF_EINVAL, "tpf_comm_registration: NULL argument");
   *base = c->base;
@@ -464,6 +473,12 @@ static bool has_epilogue(const tpf_op_options *o) {
  * the active shape with the backend's alignment. */
 static tpf_status op_desc(const tpf_comm *c, const tpf_op_options *o, tpf_layout_desc *d) {
   *d = tpf__comm_desc(c, c->active);
+  TPF_RETURN_IF((o->trans_a || o->trans_w || has_epilogue(o)) &&
+                    !(tpf__be_caps(c->be) & TPF_BE_CAP_OPTIONS),
+                TPF_EUNSUPPORTED,
+                "'%s': backend '%s' (ABI %d) does not implement transposes or epilogues "
+                "(TPF_BE_CAP_OPTIONS); only num_splits may be set",
+                c->cfg.name, c->be->ops->name ? c->be->ops->name : "?", c->be->ops->abi_version);
   if (o->num_splits == 0) return TPF_OK;
   TPF_RETURN_IF(d->algo == TPF_ALGO_BULK, TPF_EUNSUPPORTED,
                 "'%s': a bulk operation has no splits (num_splits %d given; use 0)", c->cfg.name,
@@ -663,8 +678,10 @@ tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
 static tpf_status deferred(tpf_comm *c) {
   if (c->failed != TPF_OK) return c->failed;
   tpf_status st = TPF_OK;
-  if (c->be->ops->reg_async_error) {
-    tpf_status rc = c->be->ops->reg_async_error(c->be, c->reg, &st);
+  tpf_status (*async_error)(tpf_backend *, tpf_reg *, tpf_status *) =
+      tpf__be_reg_async_error_op(c->be);
+  if (async_error) {
+    tpf_status rc = async_error(c->be, c->reg, &st);
     if (rc != TPF_OK) return rc;
   }
   return st;
@@ -673,8 +690,8 @@ static tpf_status deferred(tpf_comm *c) {
 tpf_status tpf_comm_sync(tpf_comm *c) {
   TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_sync: communicator is NULL");
   TPF_RETURN_IF_ABORTED(c);
-  tpf_status rc =
-      c->be->ops->reg_sync ? c->be->ops->reg_sync(c->be, c->reg) : tpf__be_sync(c->be, NULL);
+  tpf_status rc = tpf__be_reg_sync_op(c->be) ? tpf__be_reg_sync_op(c->be)(c->be, c->reg)
+                                             : tpf__be_sync(c->be, NULL);
   if (rc != TPF_OK) {
     if (c->failed == TPF_OK && rc != TPF_EMISMATCH) c->failed = rc;
     return named(c, rc);
@@ -698,7 +715,8 @@ tpf_status tpf_comm_abort(tpf_comm *c) {
   /* Only an atomic store and the backend's thread-safe abort: callable from any thread while the
    * rank's own thread is blocked in an operation on c. */
   atomic_store(&full_of(c)->aborted, 1);
-  if (c->be->ops->reg_abort) return c->be->ops->reg_abort(c->be, c->reg);
+  tpf_status (*abort_op)(tpf_backend *, tpf_reg *) = tpf__be_reg_abort_op(c->be);
+  if (abort_op) return abort_op(c->be, c->reg);
   return TPF_OK;
 }
 

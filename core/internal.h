@@ -88,6 +88,15 @@ tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
 tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
 tpf_status tpf__be_sync(tpf_backend *be, void *stream);
+/* Optional ops, NULL when the table's version predates them. */
+tpf_status (*tpf__be_reg_sync_op(const tpf_backend *be))(tpf_backend *, tpf_reg *);
+tpf_status (*tpf__be_reg_async_error_op(const tpf_backend *be))(tpf_backend *, tpf_reg *,
+                                                                tpf_status *);
+tpf_status (*tpf__be_reg_abort_op(const tpf_backend *be))(tpf_backend *, tpf_reg *);
+tpf_status (*tpf__be_allgather_op(const tpf_backend *be))(tpf_backend *, const void *, void *,
+                                                          size_t);
+/* The capability bits the core honours for this backend (TPF_BE_CAP_OPTIONS only from ABI 2). */
+unsigned tpf__be_caps(const tpf_backend *be);
 
 /* ---- cost.c: time of one transfer, latency + bytes over bandwidth (microseconds) ---- */
 double tpf__cost_link_us(const tpf_cost_link *l, double bytes);

@@ -59,7 +59,7 @@ extern "C" {
   XX(EALIGN, 5, "chunk size or offset misses the backend's required alignment")                    \
   XX(EUNSUPPORTED, 6, "operation not supported for this communicator or backend")                  \
   XX(ESTATE, 7, "object is in the wrong state for this call (e.g. failed after a timeout)")        \
-  XX(EMISMATCH, 8, "ranks disagree on the configuration, active shape or operation")              \
+  XX(EMISMATCH, 8, "ranks disagree on the configuration, active shape or operation")               \
   XX(ETIMEOUT, 9, "a wait for a peer exceeded the configured timeout")                             \
   XX(ENOMEM, 10, "out of memory")                                                                  \
   XX(EOVERFLOW, 11, "a size or offset overflows 64 bits")                                          \
@@ -234,6 +234,10 @@ TPF_API tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
 TPF_API tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
 /* The whole registered data region (capacity bytes). */
 TPF_API tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
+/* The backend's name ("sim", "cuda") and capability bits (tpflex_backend.h, TPF_BE_CAP_*: e.g.
+ * whether the registration is host memory). NULL / 0 for NULL. */
+TPF_API const char *tpf_comm_backend_name(const tpf_comm *c);
+TPF_API unsigned tpf_comm_backend_caps(const tpf_comm *c);
 
 /* Completion and errors (NCCL's ncclCommGetAsyncError / ncclCommAbort model). Errors of enqueued
  * operations are deferred per communicator: a failure is reported only on the communicator whose

@@ -34,12 +34,19 @@
 extern "C" {
 #endif
 
-#define TPF_BACKEND_ABI_VERSION 2 /* 0.2: ready-word key, step flags, epilogue */
-#define TPF_MAX_RANKS 64          /* P limit of every backend */
-#define TPF_MAX_TAGS 128          /* flags per (sender, receiver) pair per registration */
-#define TPF_MAX_SPLITS 64         /* num_splits limit */
-#define TPF_STEP_MAX_DEPS 4       /* cross-stream dependencies per step */
-#define TPF_NUM_STREAMS 5         /* see tpf_stream_id */
+/* The ops table's version (SQLite's iVersion): a backend fills abi_version with the version it
+ * was written for, and the core accepts every version from TPF_BACKEND_ABI_MIN: it reads only
+ * the fields that version has, and treats the later ones as absent (NULL, no capability).
+ *   1 (0.1): up to `sync`.
+ *   2 (0.2): reg_sync, reg_async_error, reg_abort, allgather; step flags and the epilogue (only
+ *            with TPF_BE_CAP_OPTIONS); the ready word with the operation key. */
+#define TPF_BACKEND_ABI_VERSION 2
+#define TPF_BACKEND_ABI_MIN 1
+#define TPF_MAX_RANKS 64    /* P limit of every backend */
+#define TPF_MAX_TAGS 128    /* flags per (sender, receiver) pair per registration */
+#define TPF_MAX_SPLITS 64   /* num_splits limit */
+#define TPF_STEP_MAX_DEPS 4 /* cross-stream dependencies per step */
+#define TPF_NUM_STREAMS 5   /* see tpf_stream_id */
 #define TPF_MAX_COMPUTE_STREAMS 3
 
 /* The ready word (0.2): sequence number in the top 16 bits (mod 2^16), the operation key in the
@@ -175,10 +182,16 @@ TPF_API const char *tpf_stream_name(int stream);
 
 typedef struct tpf_reg tpf_reg; /* a backend's registration (opaque to the core) */
 
+/* Capabilities, read by the core. */
 enum {
-  TPF_BE_CAP_ASYNC = 1u << 0,       /* execute returns before completion (stream ordered) */
-  TPF_BE_CAP_HOST_MEMORY = 1u << 1, /* registrations are host memory the caller may touch */
-  TPF_BE_CAP_CANARY = 1u << 2       /* verifies bytes beyond the active layout after each op */
+  TPF_BE_CAP_ASYNC = 1u << 0,       /* execute returns before completion (stream ordered); without
+                                     * it the core needs no wait in tpf_comm_sync / destroy */
+  TPF_BE_CAP_HOST_MEMORY = 1u << 1, /* registrations are host memory the caller may touch
+                                     * (tpf_comm_backend_caps tells bindings) */
+  TPF_BE_CAP_CANARY = 1u << 2,      /* verifies bytes beyond the active layout after each op */
+  TPF_BE_CAP_OPTIONS = 1u << 3      /* honours step flags and tpf_exec_args.epi (ABI 2): without
+                                     * it the core refuses non-default tpf_op_options with
+                                     * TPF_EUNSUPPORTED before anything is enqueued */
 };
 
 /* The epilogue of the steps flagged TPF_STEP_EPILOGUE: they write

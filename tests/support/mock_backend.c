@@ -72,7 +72,7 @@ static tpf_status mock_sync(tpf_backend *be, void *stream) {
 const tpf_backend_ops tpf_mock_ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
     .name = "mock",
-    .caps = TPF_BE_CAP_HOST_MEMORY,
+    .caps = TPF_BE_CAP_HOST_MEMORY | TPF_BE_CAP_OPTIONS,
     .align_bytes = 16,
     .max_ranks = TPF_MAX_RANKS,
     .reg_create = mock_reg_create,

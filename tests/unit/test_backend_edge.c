@@ -66,6 +66,9 @@ static void test_backend__validate_refuses_malformed_tables(void **state) {
   /* ABI mismatch, with and without a backend name. */
   o.abi_version = TPF_BACKEND_ABI_VERSION + 1;
   expect_invalid(&be, TPF_EUNSUPPORTED, "'edge'");
+  o.abi_version = TPF_BACKEND_ABI_MIN - 1;
+  expect_invalid(&be, TPF_EUNSUPPORTED, "speaks 1..2");
+  o.abi_version = TPF_BACKEND_ABI_VERSION + 1;
   o.name = NULL;
   expect_invalid(&be, TPF_EUNSUPPORTED, "'?'");
 
@@ -107,6 +110,48 @@ static void test_backend__validate_refuses_malformed_tables(void **state) {
   be.rank = -1;
   o.name = NULL;
   expect_invalid(&be, TPF_EINVAL, "'?'");
+}
+
+/* An ABI 1 (0.1) table is accepted: the core reads none of the fields version 2 added (here they
+ * hold garbage that would crash if called), and refuses transposes and epilogues, which a 0.1
+ * backend would silently ignore. */
+static tpf_status crash_reg_sync(tpf_backend *be, tpf_reg *reg) {
+  (void)be;
+  (void)reg;
+  fail_msg("an ABI 1 table's reg_sync was called");
+  return TPF_EBACKEND;
+}
+
+static void test_backend__abi1_table(void **state) {
+  (void)state;
+  tpf_mock_backend m;
+  tpf_mock_init(&m, 1, 0);
+  tpf_backend_ops o = tpf_mock_ops;
+  o.abi_version = 1;
+  o.reg_sync = crash_reg_sync;
+  o.caps |= TPF_BE_CAP_OPTIONS; /* claimed, but ABI 1 cannot mean it */
+  m.hdr.ops = &o;
+  tpf_comm_config cfg = tpf_test_config("v1", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, 16, 32);
+  tpf_comm *c = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&m.hdr, &cfg, &c));
+  assert_int_equal(tpf_comm_backend_caps(c) & TPF_BE_CAP_OPTIONS, 0);
+  assert_string_equal(tpf_comm_backend_name(c), "mock");
+  static float wbuf[8 * 32], dbuf[16 * 8];
+  tpf_matrix w = {wbuf, 8, 32, 32, TPF_FP32}, d = {dbuf, 16, 8, 8, TPF_FP32};
+  TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL));
+  tpf_op_options opt = TPF_OP_OPTIONS_INIT;
+  opt.trans_w = true;
+  tpf_matrix wt = {wbuf, 32, 8, 8, TPF_FP32};
+  TPF_ASSERT_STATUS(tpf_ag_gemm_ex(c, &wt, &d, &opt, NULL), TPF_EUNSUPPORTED);
+  if (!strstr(tpf_last_error(), "ABI 1")) fail_msg("%s", tpf_last_error());
+  opt = (tpf_op_options)TPF_OP_OPTIONS_INIT;
+  opt.num_splits = 1; /* a split count needs no backend support */
+  TPF_ASSERT_OK(tpf_ag_gemm_ex(c, &w, &d, &opt, NULL));
+  TPF_ASSERT_OK(tpf_comm_sync(c)); /* falls back to sync(be, NULL), never reg_sync */
+  TPF_ASSERT_OK(tpf_comm_abort(c));
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+  assert_int_equal(tpf_comm_backend_caps(NULL), 0);
+  assert_null(tpf_comm_backend_name(NULL));
 }
 
 static void test_backend__wrappers_check_arguments(void **state) {
@@ -237,6 +282,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend__validate_refuses_malformed_tables),
       cmocka_unit_test(test_backend__wrappers_check_arguments),
+      cmocka_unit_test(test_backend__abi1_table),
       cmocka_unit_test(test_alloc__hooks_all_or_none),
       cmocka_unit_test(test_alloc__failures_are_not_counted),
   };
