@@ -7,7 +7,8 @@ import ctypes
 import ctypes.util
 import glob
 import os
-from ctypes import POINTER, c_bool, c_char_p, c_int, c_size_t, c_uint, c_uint64, c_void_p
+from ctypes import (POINTER, c_bool, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64,
+                    c_void_p)
 from typing import Optional
 
 from .errors import TpflexError, error_for
@@ -43,7 +44,28 @@ class SimStats(ctypes.Structure):
                                         "backend_calls", "signals")]
 
 
+class OpOptions(ctypes.Structure):
+    """tpf_op_options (0.2): start from op_options_default()."""
+    _fields_ = [("size", c_size_t), ("trans_a", c_bool), ("trans_w", c_bool), ("alpha", c_float),
+                ("beta", c_float), ("bias", c_void_p), ("gelu", c_bool), ("num_splits", c_int)]
+
+
+def op_options_default() -> OpOptions:
+    """TPF_OP_OPTIONS_INIT."""
+    return OpOptions(size=ctypes.sizeof(OpOptions), trans_a=False, trans_w=False, alpha=1.0,
+                     beta=0.0, bias=None, gelu=False, num_splits=0)
+
+
 SIM_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_void_p)
+
+# tpf_bootstrap (tpflex_cuda.h): allgather(ctx, send, recv, bytes_per_rank), barrier(ctx).
+BOOT_ALLGATHER_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_void_p, c_void_p, c_size_t)
+BOOT_BARRIER_FN = ctypes.CFUNCTYPE(c_int, c_void_p)
+
+
+class Bootstrap(ctypes.Structure):
+    _fields_ = [("tp_size", c_int), ("rank", c_int), ("device", c_int),
+                ("allgather", BOOT_ALLGATHER_FN), ("barrier", BOOT_BARRIER_FN), ("ctx", c_void_p)]
 
 
 def _find() -> str:
@@ -90,6 +112,15 @@ _decl("tpf_ag_gemm", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), c_void_p
 _decl("tpf_gemm_rs", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(Matrix), c_void_p)
 _decl("tpf_bulk_overlap", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(Matrix),
       c_void_p)
+_decl("tpf_ag_gemm_ex", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(OpOptions),
+      c_void_p)
+_decl("tpf_gemm_rs_ex", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(Matrix),
+      POINTER(OpOptions), c_void_p)
+_decl("tpf_bulk_overlap_ex", c_int, c_void_p, POINTER(Matrix), POINTER(Matrix), POINTER(Matrix),
+      POINTER(OpOptions), c_void_p)
+# Variadic (printf-style): no argtypes, callers pass ctypes values. Lets a Python callback that
+# C calls (the bootstrap) leave its detail in tpf_last_error().
+lib.tpf_set_error.restype = c_int
 _decl("tpf_manager_create", c_int, c_void_p, POINTER(c_void_p))
 _decl("tpf_manager_add", c_int, c_void_p, POINTER(CommConfig), POINTER(c_void_p))
 _decl("tpf_manager_get", c_int, c_void_p, c_char_p, POINTER(c_void_p))
@@ -100,6 +131,10 @@ _decl("tpf_manager_destroy", c_int, c_void_p)
 
 HAVE_SIM = hasattr(lib, "tpf_sim_world_create")
 HAVE_CUDA = hasattr(lib, "tpf_cuda_backend_create")
+if HAVE_CUDA:
+    _decl("tpf_cuda_backend_create", c_int, POINTER(Bootstrap), POINTER(c_void_p))
+    _decl("tpf_cuda_backend_destroy", c_int, c_void_p)
+    _decl("tpf_cuda_backend_set_timeout", c_int, c_void_p, c_uint)
 if HAVE_SIM:
     _decl("tpf_sim_world_create", c_int, POINTER(SimConfig), POINTER(c_void_p))
     _decl("tpf_sim_run", c_int, c_void_p, SIM_FN, c_void_p)
@@ -134,5 +169,12 @@ def status_name(status: int) -> str:
     return lib.tpf_status_name(status).decode()
 
 
-__all__ = ["lib", "check", "last_error", "status_name", "Shape", "Matrix", "CommConfig",
-           "SimConfig", "SimStats", "SIM_FN", "TpflexError", "LIBRARY_PATH"]
+def set_error(status: int, detail: str) -> int:
+    """Records `detail` as the calling thread's tpf_last_error() and returns `status`."""
+    lib.tpf_set_error(c_int(status), b"%s", detail.encode("utf-8", "replace"))
+    return status
+
+
+__all__ = ["lib", "check", "last_error", "status_name", "set_error", "Shape", "Matrix",
+           "CommConfig", "SimConfig", "SimStats", "OpOptions", "op_options_default", "Bootstrap",
+           "BOOT_ALLGATHER_FN", "BOOT_BARRIER_FN", "SIM_FN", "TpflexError", "LIBRARY_PATH"]

@@ -1,240 +1,88 @@
-"""tpflex Python package on the simulator: every operation against torch references over random
-T sequences (P in 1, 2, 4; fp32 and bf16), and every error path. unittest style (runs under
-`python3 -m unittest` and pytest)."""
+"""tpflex Python package on the simulator: every operation and every option against torch
+references over random T sequences (P in 1, 2, 4; fp32, bf16, fp16), and every error path
+(the cases shared with test_cuda.py live in cases.py), plus what only the simulator runner has.
+unittest style (runs under `python3 -m unittest` and pytest)."""
+import ctypes
 import os
-import random
+import re
 import sys
 import time
 import unittest
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch  # noqa: E402
 
 import tpflex  # noqa: E402
+import tpflex._lib as L  # noqa: E402
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as tt  # noqa: E402
 from tpflex import errors as E  # noqa: E402
 
-H = 32
-C = 64
-TOL = {torch.float32: (1e-5, 1e-5), torch.bfloat16: (0.02, 0.002)}
-RING_RS = {"ring_rs": {"method": "ring", "coll": "rs"}}
+import cases  # noqa: E402
+from cases import C, H, Env, Err, with_ub  # noqa: E402
 
 
-def _t_sequence(P, n, rng):
-    return [P * rng.randint(1, C // P) for _ in range(n)]
-
-
-def _close(got, ref, dtype):
-    rtol, atol = TOL[dtype]
-    return torch.allclose(got.float(), ref.float(), rtol=rtol, atol=atol * max(1.0, ref.abs().max().item()))
-
-
-class OperationsVsTorch(unittest.TestCase):
-    def _check_all(self, P, dtype, steps=4, max_delay_us=0):
-        rng = random.Random(1000 + P)
-        g = torch.Generator().manual_seed(P)
-        Ts = _t_sequence(P, steps, rng)
-        N, K, M = 24, 16, 8
-        data = []
-        for T in Ts:
-            d = {
-                "x": [torch.randn(T // P, H, generator=g).to(dtype) for _ in range(P)],
-                "w_ag": [torch.randn(N, H, generator=g).to(dtype) for _ in range(P)],
-                "x_rs": [torch.randn(T, K, generator=g).to(dtype) for _ in range(P)],
-                "w_rs": [torch.randn(H, K, generator=g).to(dtype) for _ in range(P)],
-                "a": [torch.randn(M, K, generator=g).to(dtype) for _ in range(P)],
-                "b": [torch.randn(N, K, generator=g).to(dtype) for _ in range(P)],
-                "part": [torch.randn(T, H, generator=g).to(dtype) for _ in range(P)],
-            }
-            data.append((T, d))
-
-        def body(r):
-            mgr = tt.initialize_ub([C, H], P, dtype=dtype, ub_cfgs=RING_RS)
-            fails = []
-            for T, d in data:
-                tt.set_ub_active_shape([T, H])
-                rows = slice(r * T // P, (r + 1) * T // P)
-                X = torch.cat(d["x"]).float()
-                # ag_gemm (RING AG)
-                ub = tt.get_ub("fc1_fprop")
-                assert ub.active_shape == (T, H) and ub.capacity_shape == (C, H)
-                ub.local_chunk().copy_(d["x"][r])
-                y = ub.ag_gemm(d["w_ag"][r])
-                if not _close(y, X @ d["w_ag"][r].float().T, dtype):
-                    fails.append(("ag_gemm", T))
-                if not torch.equal(ub.buffer().float(), X):
-                    fails.append(("ag_gemm buffer", T))
-                y32 = torch.empty(T, 24, dtype=torch.float32)
-                ub.local_chunk().copy_(d["x"][r])
-                ub.ag_gemm(d["w_ag"][r], out=y32)
-                if not _close(y32, X @ d["w_ag"][r].float().T, dtype):
-                    fails.append(("ag_gemm fp32 out", T))
-                # gemm_rs: PIPELINE (fc2_fprop) and RING (ring_rs)
-                S = sum(xr.float() @ wr.float().T for xr, wr in zip(d["x_rs"], d["w_rs"]))
-                for name in ("fc2_fprop", "ring_rs"):
-                    o = tt.get_ub(name).gemm_rs(d["x_rs"][r], d["w_rs"][r])
-                    if o.shape != (T // P, H) or not _close(o, S[rows], dtype):
-                        fails.append((name, T))
-                # bulk AG (fc1_dgrad): buffer gathers, GEMM beside it
-                ub = tt.get_ub("fc1_dgrad")
-                ub.local_chunk().copy_(d["x"][r])
-                o = ub.bulk_overlap(d["a"][r], d["b"][r])
-                if not _close(o, d["a"][r].float() @ d["b"][r].float().T, dtype):
-                    fails.append(("bulk ag gemm", T))
-                if not torch.equal(ub.buffer().float(), X):
-                    fails.append(("bulk ag buffer", T))
-                # bulk RS (fc1_wgrad): partials reduced into the local chunk
-                ub = tt.get_ub("fc1_wgrad")
-                ub.buffer().copy_(d["part"][r])
-                ub.bulk_overlap(d["a"][r], d["b"][r])
-                R = sum(p.float() for p in d["part"])[rows]
-                if not _close(ub.local_chunk(), R, dtype):
-                    fails.append(("bulk rs", T))
-            epochs = tt.get_ub("fc1_fprop").epoch
-            n = len(mgr)
-            tt.destroy_ub()
-            return fails, epochs, n
-
-        res = sim.run(P, body, timeout_ms=5000, max_delay_us=max_delay_us)
-        for r, (fails, epochs, n) in enumerate(res):
-            self.assertEqual(fails, [], f"P={P} {dtype} rank {r} T={Ts}")
-            self.assertEqual(epochs, len(Ts))
-            self.assertEqual(n, len(tt.DEFAULT_UB_CFGS) + 1)
-
-    def test_p1_fp32(self):
-        self._check_all(1, torch.float32)
-
-    def test_p2_fp32(self):
-        self._check_all(2, torch.float32)
-
-    def test_p4_fp32(self):
-        self._check_all(4, torch.float32)
-
-    def test_p2_bf16(self):
-        self._check_all(2, torch.bfloat16)
-
-    def test_p4_bf16(self):
-        self._check_all(4, torch.bfloat16)
-
-    def test_p4_fp32_random_step_delays(self):
-        self._check_all(4, torch.float32, steps=2, max_delay_us=50)
-
-    def test_fp16_p2(self):
-        TOL[torch.float16] = (0.01, 0.001)
-        self._check_all(2, torch.float16, steps=2)
-
-
-def _run_expect(P, body, *args, timeout_ms=3000):
-    """Runs body on every rank; returns per-rank exceptions (None when the rank succeeded)."""
-    def wrap(r):
-        tt.initialize_ub([C, H], P, dtype=torch.bfloat16)
+def sim_run_ranks(P, body, *args, timeout_ms=5000, max_delay_us=0):
+    def f(rank):
+        env = Env("sim", torch.device("cpu"), P)
         try:
-            body(r, *args)
-            return None
-        except tpflex.TpflexError as e:
-            return e
-        finally:
-            tt.destroy_ub()
-    return sim.run(P, wrap, timeout_ms=timeout_ms)
+            return body(rank, env, *args)
+        except Exception as e:  # reported per rank, like the CUDA runner
+            return Err(e)
+    return sim.run(P, f, timeout_ms=timeout_ms, max_delay_us=max_delay_us)
 
 
-class ErrorPaths(unittest.TestCase):
-    def _one(self, fn, exc, *words):
-        errs = _run_expect(2, fn)
-        for r, e in enumerate(errs):
-            self.assertIsInstance(e, exc, f"rank {r}: {e!r}")
-            for w in words:
-                self.assertIn(w, str(e), f"rank {r}")
-        return errs
+class Shared(cases.SharedCases, unittest.TestCase):
+    backend = "sim"
 
-    def test_wrong_dtype(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.float32))
-        self._one(f, E.TpflexInvalidError, "weight", "float32", "bfloat16", "fc1_fprop")
+    def run_ranks(self, P, body, *args, timeout_ms=5000):
+        return sim_run_ranks(P, body, *args, timeout_ms=timeout_ms)
 
-    def test_wrong_device(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16, device="meta"))
-        self._one(f, E.TpflexInvalidError, "weight", "meta", "cpu")
+    def p_values(self, wanted):
+        return list(wanted)
 
-    def test_wrong_shape_names_both(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            tt.get_ub("fc2_fprop").gemm_rs(torch.zeros(8, 16, dtype=torch.bfloat16),
-                                           torch.zeros(H, 12, dtype=torch.bfloat16))
-        self._one(f, E.TpflexShapeError, "weight", "[32, 12]", "[32, 16]")
 
-    def test_wrong_out_shape(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16),
-                                           out=torch.zeros(6, 4, dtype=torch.bfloat16))
-        self._one(f, E.TpflexShapeError, "out", "[6, 4]", "[8, 4]")
+class SimOnly(unittest.TestCase):
+    def test_random_step_delays(self):
+        res = sim_run_ranks(4, cases.ops_vs_torch, torch.float32, 2, 5, max_delay_us=50)
+        for r, x in enumerate(res):
+            self.assertNotIsInstance(x, Err, f"rank {r}: {x!r}")
+            self.assertEqual(x[0], [], f"rank {r}")
 
-    def test_wrong_stride(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            w = torch.zeros(H, 4, dtype=torch.bfloat16).t()  # [4, H], column-major
-            tt.get_ub("fc1_fprop").ag_gemm(w)
-        self._one(f, E.TpflexShapeError, "weight", "strides")
+    def test_options_with_step_delays(self):
+        res = sim_run_ranks(2, cases.options_vs_torch, torch.bfloat16, 9, timeout_ms=20000,
+                            max_delay_us=20)
+        for r, x in enumerate(res):
+            self.assertNotIsInstance(x, Err, f"rank {r}: {x!r}")
+            self.assertEqual(x[0], [], f"rank {r}")
 
-    def test_padded_ld_is_accepted(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            base = torch.ones(4, H + 8, dtype=torch.bfloat16)
-            tt.get_ub("fc1_fprop").local_chunk().fill_(1)
-            y = tt.get_ub("fc1_fprop").ag_gemm(base[:, :H])
-            assert torch.all(y == H), y
-        self.assertEqual(_run_expect(2, f), [None, None])
+    def test_num_splits_reaches_the_schedule(self):
+        """A per-operation split count changes the schedule (steps the simulator ran), not the
+        result: RING AG with P splits vs 1, PIPELINE RS with 8 blocks vs 1."""
+        P = 4
 
-    def test_capacity(self):
-        errs = self._one(lambda r: tt.set_ub_active_shape([C + 2, H]), E.TpflexCapacityError,
-                         str(C + 2), str(C))
-        self.assertEqual(errs[0].status_name, "TPF_ECAPACITY")
-        self.assertIn("exceed capacity", errs[0].detail)  # tpf_last_error() text
-        self.assertEqual(errs[0].status, 3)
+        def setup(r):
+            tt.initialize_ub([C, H], P, dtype=torch.float32)
+            tt.set_ub_active_shape([32, H])
 
-    def test_divisible(self):
-        self._one(lambda r: tt.set_ub_active_shape([7, H]), E.TpflexDivisibleError, "7")
+        def one(r, name, n):
+            if name == "fc1_fprop":
+                tt.get_ub(name).ag_gemm(torch.ones(4, H), num_splits=n)
+            else:
+                tt.get_ub(name).gemm_rs(torch.ones(32, 16), torch.ones(H, 16), num_splits=n)
 
-    def test_all_or_nothing(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            try:
-                tt.set_ub_active_shape([C + 2, H])
-            except E.TpflexCapacityError:
-                pass
-            assert tt.get_ub("fc1_fprop").active_shape == (8, H)
-            assert tt.get_ub("fc1_fprop").epoch == 1
-        self.assertEqual(_run_expect(2, f), [None, None])
-
-    def test_mismatch_every_rank(self):
-        def f(r):
-            tt.set_ub_active_shape([8 if r == 1 else 4, H])
-            ub = tt.get_ub("fc1_fprop")
-            ub.ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
-        errs = _run_expect(2, f)
-        for r, e in enumerate(errs):
-            self.assertIsInstance(e, E.TpflexMismatchError, f"rank {r}: {e!r}")
-            self.assertEqual(e.status_name, "TPF_EMISMATCH")
-            self.assertIn("[8, 32]", e.detail)
-            self.assertIn("[4, 32]", e.detail)
-
-    def test_timeout(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            if r == 0:
-                tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
-        t0 = time.monotonic()
-        errs = _run_expect(2, f, timeout_ms=300)
-        self.assertLess(time.monotonic() - t0, 10)
-        self.assertIsInstance(errs[0], E.TpflexTimeoutError, repr(errs[0]))
-        self.assertTrue(errs[0].detail, "timeout carries tpf_last_error() text")
-        self.assertIsNone(errs[1])
+        with sim.World(P, timeout_ms=5000) as w:
+            w.run(setup)
+            steps = {}
+            for name, ns in (("fc1_fprop", (P, 1)), ("fc2_fprop", (8, 1))):
+                for n in ns:
+                    s0 = w.stats().steps
+                    w.run(one, name, n)
+                    steps[(name, n)] = w.stats().steps - s0
+        self.assertGreater(steps[("fc1_fprop", P)], steps[("fc1_fprop", 1)], steps)
+        self.assertGreater(steps[("fc2_fprop", 8)], steps[("fc2_fprop", 1)], steps)
 
     def test_rank_exception_does_not_hang(self):
         def f(r):
@@ -248,30 +96,49 @@ class ErrorPaths(unittest.TestCase):
             sim.run(2, f, timeout_ms=300)
         self.assertLess(time.monotonic() - t0, 10)
 
-    def test_unsupported_options(self):
+    def test_config_count_mismatch(self):
+        """A rank with an extra communicator: the others fail at teardown, nobody hangs."""
         def f(r):
-            tt.set_ub_active_shape([8, H])
-            tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16), transb=True)
-        self._one(f, E.TpflexUnsupportedError, "transb")
+            cfgs = {"extra": {"method": "bulk", "coll": "ag"}} if r == 1 else None
+            tt.initialize_ub([C, H], 2, ub_cfgs=cfgs)
+            tt.destroy_ub()
+        t0 = time.monotonic()
+        with self.assertRaises(tpflex.TpflexError):
+            sim.run(2, f, timeout_ms=300)
+        self.assertLess(time.monotonic() - t0, 10)
 
-    def test_default_options_accepted(self):
-        def f(r):
-            tt.set_ub_active_shape([8, H])
-            tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16), alpha=1.0,
-                                           beta=0.0, bias=None, gelu=False, transa=False)
-        self.assertEqual(_run_expect(2, f), [None, None])
-
-    def test_cuda_backend_unsupported_here(self):
+    def test_cuda_backend_refused_here(self):
+        if L.HAVE_CUDA and torch.cuda.is_available():
+            self.skipTest("this machine has the CUDA backend and a GPU (test_cuda.py covers it)")
         with self.assertRaises(E.TpflexUnsupportedError):
             tt.initialize_ub([C, H], 1, backend="cuda")
+
+    def test_default_backend_outside_run_is_cuda(self):
+        if L.HAVE_CUDA and torch.cuda.is_available():
+            self.skipTest("a GPU is present")
+        with self.assertRaisesRegex(E.TpflexUnsupportedError, "CUDA"):
+            tt.initialize_ub([C, H], 1)
 
     def test_sim_backend_outside_run(self):
         with self.assertRaises(E.TpflexStateError):
             tt.initialize_ub([C, H], 1, backend="sim")
 
+    def test_sim_refuses_cuda_arguments(self):
+        res = sim_run_ranks(1, lambda r, env: tt.initialize_ub([C, H], 1, backend="sim",
+                                                               timeout_ms=5))
+        self.assertEqual(res[0].cls, "TpflexInvalidError", res)
+
+    def test_sim_refuses_a_stream(self):
+        def f(r, env):
+            tt.set_ub_active_shape([8, H])
+            tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16), stream=1)
+        res = sim_run_ranks(1, with_ub(f))
+        self.assertEqual(res[0].cls, "TpflexInvalidError", res)
+        self.assertIn("stream", res[0].text)
+
     @unittest.skipUnless(hasattr(tt.Communicator, "abort"), "libtpflex has no tpf_comm_abort")
     def test_sync_async_error_abort(self):
-        def f(r):
+        def f(r, env):
             tt.set_ub_active_shape([8, H])
             ub = tt.get_ub("fc1_fprop")
             ub.ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
@@ -279,20 +146,97 @@ class ErrorPaths(unittest.TestCase):
             assert ub.async_error() is None
             ub.abort()
             ub.ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
-        errs = _run_expect(2, f)
-        for r, e in enumerate(errs):
-            self.assertIsInstance(e, E.TpflexStateError, f"rank {r}: {e!r}")
+        for r, e in enumerate(sim_run_ranks(2, with_ub(f))):
+            self.assertIsInstance(e, Err, f"rank {r}: {e!r}")
+            self.assertEqual(e.cls, "TpflexStateError", f"rank {r}: {e!r}")
             self.assertIn("abort", e.detail)
 
-    def test_unknown_name(self):
-        self._one(lambda r: tt.get_ub("nope"), E.TpflexInvalidError, "nope")
+    def test_views_are_zero_copy_and_cached_per_epoch(self):
+        def f(r, env):
+            tt.set_ub_active_shape([8, H])
+            ub = tt.get_ub("fc1_fprop")
+            v1, v2 = ub.buffer(), ub.buffer()
+            assert v1 is v2, "same epoch: the same view"
+            ub.local_chunk().fill_(r + 1)
+            assert torch.all(ub.buffer()[r * 4:(r + 1) * 4] == r + 1)
+            base = ctypes.c_void_p()
+            nbytes = ctypes.c_uint64()
+            L.check(L.lib.tpf_comm_registration(ub._h, ctypes.byref(base), ctypes.byref(nbytes)))
+            assert v1.data_ptr() == base.value, (hex(v1.data_ptr()), hex(base.value))
+            tt.set_ub_active_shape([16, H])
+            v3 = ub.buffer()
+            assert v3 is not v1 and tuple(v3.shape) == (16, H), v3.shape
+            rs = tt.get_ub("ring_rs").buffer()  # RING RS: all 2P-1 slots
+            assert tuple(rs.shape) == ((2 * 2 - 1) * 16 // 2, H), rs.shape
+            return True
+        self.assertEqual(sim_run_ranks(2, with_ub(f, ub_cfgs=cases.RING_RS)), [True, True])
+
+    def test_dlpack_view_of_host_memory(self):
+        base = torch.arange(40, dtype=torch.float32)
+        v = tt.dlpack_view(base.data_ptr(), 4, 8, 10, torch.float32, torch.device("cpu"))
+        self.assertEqual(tuple(v.stride()), (10, 1))
+        self.assertTrue(torch.equal(v, base.view(4, 10)[:, :8]))
+        v[3, 7] = -1
+        self.assertEqual(base[37].item(), -1)
+        for dt in (torch.bfloat16, torch.float16):
+            b = torch.zeros(6, dtype=dt)
+            w = tt.dlpack_view(b.data_ptr(), 2, 3, 3, dt, torch.device("cpu"))
+            w.fill_(1.5)
+            self.assertEqual(w.dtype, dt)
+            self.assertEqual(b.float().sum().item(), 9.0)
+
+    def test_struct_sizes_match_the_library(self):
+        """ctypes mirrors of tpf_op_options, tpf_comm_config and tpf_sim_config have the C
+        sizes: the library refuses a size one word larger, naming the size it knows."""
+        def f(r, env):
+            tt.set_ub_active_shape([8, H])
+            ub = tt.get_ub("fc1_fprop")
+            w = torch.zeros(4, H, dtype=torch.bfloat16)
+            d = torch.empty(8, 4, dtype=torch.bfloat16)
+            mw = L.Matrix(w.data_ptr(), 4, H, H, 0)
+            md = L.Matrix(d.data_ptr(), 8, 4, 4, 0)
+            o = L.op_options_default()
+            L.check(L.lib.tpf_ag_gemm_ex(ub._h, ctypes.byref(mw), ctypes.byref(md),
+                                         ctypes.byref(o), None))
+            o.size += 8
+            rc = L.lib.tpf_ag_gemm_ex(ub._h, ctypes.byref(mw), ctypes.byref(md), ctypes.byref(o),
+                                      None)
+            opt_known = L.last_error()
+            cfg = L.CommConfig(size=ctypes.sizeof(L.CommConfig) + 8, name=b"x", capacity=L.Shape(C, H))
+            h = ctypes.c_void_p()
+            rc2 = L.lib.tpf_manager_add(tt._manager()._h, ctypes.byref(cfg), ctypes.byref(h))
+            return rc, opt_known, rc2, L.last_error()
+        rc, opt_known, rc2, cfg_known = sim_run_ranks(1, with_ub(f))[0]
+        self.assertEqual(rc, 1, opt_known)
+        self.assertIn(f"knows {ctypes.sizeof(L.OpOptions)} bytes", opt_known)
+        self.assertEqual(rc2, 1, cfg_known)
+        self.assertIn(f"knows {ctypes.sizeof(L.CommConfig)} bytes", cfg_known)
+        bad = L.SimConfig(size=ctypes.sizeof(L.SimConfig) + 8, tp_size=1)
+        h = ctypes.c_void_p()
+        self.assertEqual(L.lib.tpf_sim_world_create(ctypes.byref(bad), ctypes.byref(h)), 1)
+        self.assertIn(f"knows {ctypes.sizeof(L.SimConfig)} bytes", L.last_error())
+
+    def test_option_parsing(self):
+        p = tt._parse_options
+        self.assertTrue(p("t", {}).is_default)
+        self.assertEqual(p("t", {"accumulate": True}).beta, 1.0)
+        self.assertEqual(p("t", {"splits": 2}).num_splits, 2)
+        self.assertEqual(p("t", {"num_splits": None}).num_splits, 0)
+        for bad in ({"alpha": float("nan")}, {"beta": "x"}, {"trans_w": 2},
+                    {"num_splits": -1}, {"num_splits": 2, "splits": 4},
+                    {"accumulate": True, "beta": 0.0}, {"bias": [1.0]}, {"gelu": None}):
+            with self.assertRaises(E.TpflexInvalidError, msg=str(bad)):
+                p("t", bad)
+
+    def test_set_error_reaches_last_error(self):
+        self.assertEqual(L.set_error(9, "from python 100%"), 9)
+        self.assertEqual(L.last_error(), "from python 100%")
 
     def test_classes(self):
         self.assertEqual(len(E.STATUS_CLASSES), 12)
         for st, cls in E.STATUS_CLASSES.items():
             self.assertTrue(issubclass(cls, tpflex.TpflexError))
-            from tpflex._lib import status_name
-            self.assertEqual(cls.status_name, status_name(st))
+            self.assertEqual(cls.status_name, L.status_name(st))
 
     def test_results_in_rank_order_and_first_exception(self):
         self.assertEqual(sim.run(4, lambda r, k: r * k, 3), [0, 3, 6, 9])
