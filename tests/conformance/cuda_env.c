@@ -1,7 +1,8 @@
 /* The conformance environment of the CUDA backend, shared by conformance_cuda and `tpflex demo
  * --backend cuda`: P ranks as threads of this process on one GPU (device 0, or
  * TPF_CUDA_TEST_DEVICE), bootstrapped in-process; operands in device memory; one non-blocking
- * stream per rank.
+ * stream per rank. In process mode (conformance_cuda --procs) this process only holds the state
+ * and each rank's process sets up its own device and stream (tpf_cuda_conf_env_enter_rank).
  *
  * Operand memory uses the stream-ordered allocator (cudaMallocAsync/cudaFreeAsync): a plain
  * cudaFree may synchronise the whole device, and with several ranks on one GPU that would wait
@@ -22,6 +23,7 @@
 typedef struct {
   int device;
   int P;
+  bool touched; /* this process made CUDA calls for the environment */
   cudaStream_t streams[TPF_MAX_RANKS];
 } cuda_env_state;
 
@@ -181,6 +183,7 @@ tpf_status tpf_cuda_conf_env_init(tpf_conf_env *env) {
   cuda_env_state *st = calloc(1, sizeof *st);
   if (st == NULL) return tpf_set_error(TPF_ENOMEM, "cannot allocate the CUDA environment");
   st->device = device;
+  st->touched = true;
   cudaSetDevice(device);
   keep_pool_memory(device);
   *env = (tpf_conf_env){
@@ -201,12 +204,57 @@ tpf_status tpf_cuda_conf_env_init(tpf_conf_env *env) {
 void tpf_cuda_conf_env_free(tpf_conf_env *env) {
   cuda_env_state *st = env->ctx;
   if (st == NULL) return;
-  cudaSetDevice(st->device);
-  for (int r = 0; r < TPF_MAX_RANKS; r++)
-    if (st->streams[r] != NULL) {
-      cudaStreamSynchronize(st->streams[r]);
-      cudaStreamDestroy(st->streams[r]);
-    }
+  if (st->touched) {
+    cudaSetDevice(st->device);
+    for (int r = 0; r < TPF_MAX_RANKS; r++)
+      if (st->streams[r] != NULL) {
+        cudaStreamSynchronize(st->streams[r]);
+        cudaStreamDestroy(st->streams[r]);
+      }
+  }
   free(st);
   env->ctx = NULL;
+}
+
+tpf_status tpf_cuda_conf_env_init_lazy(tpf_conf_env *env) {
+  cuda_env_state *st = calloc(1, sizeof *st);
+  if (st == NULL) return tpf_set_error(TPF_ENOMEM, "cannot allocate the CUDA environment");
+  *env = (tpf_conf_env){
+      .name = "cuda",
+      .max_ranks = 8,
+      .run = NULL,
+      .mem_alloc = cuda_mem_alloc,
+      .mem_free = cuda_mem_free,
+      .upload = cuda_upload,
+      .download = cuda_download,
+      .stream = cuda_stream,
+      .sync = cuda_sync,
+      .ctx = st,
+  };
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_conf_env_enter_rank(tpf_conf_env *env, int rank, int device) {
+  cuda_env_state *st = env->ctx;
+  if (st == NULL || rank < 0 || rank >= TPF_MAX_RANKS || device < 0)
+    return tpf_set_error(TPF_EINVAL, "cuda env: rank %d, device %d", rank, device);
+  st->device = device;
+  st->touched = true;
+  cudaError_t e = cudaSetDevice(device);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+  keep_pool_memory(device);
+  if (st->streams[rank] == NULL) {
+    e = cudaStreamCreateWithFlags(&st->streams[rank], cudaStreamNonBlocking);
+    if (e != cudaSuccess) return cuda_fail(e, "cudaStreamCreateWithFlags");
+  }
+  return TPF_OK;
+}
+
+void tpf_cuda_conf_env_leave_rank(tpf_conf_env *env, int rank) {
+  cuda_env_state *st = env->ctx;
+  if (st == NULL || rank < 0 || rank >= TPF_MAX_RANKS || st->streams[rank] == NULL) return;
+  cudaSetDevice(st->device);
+  cudaStreamSynchronize(st->streams[rank]);
+  cudaStreamDestroy(st->streams[rank]);
+  st->streams[rank] = NULL;
 }

@@ -2,7 +2,8 @@
  * allgather and barrier results in rank order for P up to 8 and messages up to 200 KB, a peer
  * killed with SIGKILL (also rank 0, the hub), a peer that is alive but late, disagreeing calls, a
  * rank that never joins, ranks started by exec, the launcher's bound on stragglers, and nothing
- * left behind (the rendezvous socket is gone from /proc/net/unix). Each case runs its ranks as
+ * left behind (the rendezvous socket is gone from /proc/net/unix), and results written by forked
+ * ranks merged back into the caller's memory. Each case runs its ranks as
  * forked processes that record statuses, messages and times in the launch's shared memory; the
  * parent asserts. */
 #define _DEFAULT_SOURCE
@@ -365,6 +366,67 @@ static void test_launcher__wait_kills_stragglers(void **state) {
   assert_int_equal(kill(p1, 0), -1);
 }
 
+/* ---- results written by the ranks, merged back (fork mode for code written for threads) ---- */
+
+typedef struct {
+  int cases[MAXP];
+  char first[MAXP][32];
+  int same;     /* every rank writes the same value: no conflict */
+  int conflict; /* ranks write different values when asked to */
+  int ask_conflict;
+  int victim;
+} results;
+
+static int results_rank(const tpf_launch_rank *me, void *arg) {
+  results *res = arg;
+  res->cases[me->rank] = 10 * me->rank + 1;
+  snprintf(res->first[me->rank], sizeof res->first[me->rank], "rank %d was here", me->rank);
+  res->same = 5;
+  if (res->ask_conflict) res->conflict = me->rank + 1;
+  if (me->rank == res->victim) kill(getpid(), SIGKILL); /* dies before returning */
+  return 0;
+}
+
+static void test_launcher__results_merge_back(void **state) {
+  (void)state;
+  results *res = calloc(1, sizeof *res);
+  res->victim = 2;
+  tpf_launch *l = NULL;
+  TPF_ASSERT_OK(tpf_launch_fork_merging(4, 0, results_rank, res, res, 0, &l));
+  int codes[MAXP];
+  TPF_ASSERT_OK(tpf_launch_wait(l, 30000, 0, codes));
+  bool merged[MAXP];
+  TPF_ASSERT_OK(tpf_launch_merge(l, res, merged));
+  for (int r = 0; r < 4; r++) {
+    assert_int_equal(merged[r], r != 2);
+    assert_int_equal(res->cases[r], r == 2 ? 0 : 10 * r + 1);
+    if (r != 2) assert_non_null(strstr(res->first[r], "was here"));
+  }
+  assert_int_equal(res->same, 5);
+  assert_int_equal(codes[2], 128 + SIGKILL);
+  tpf_launch_free(l);
+  /* Different values in one byte: refused, nothing changes. */
+  memset(res, 0, sizeof *res);
+  res->ask_conflict = 1;
+  res->victim = -1;
+  TPF_ASSERT_OK(tpf_launch_fork_merging(3, 0, results_rank, res, res, sizeof *res, &l));
+  TPF_ASSERT_OK(tpf_launch_wait(l, 30000, 0, codes));
+  TPF_ASSERT_STATUS(tpf_launch_merge(l, res, NULL), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "different values"));
+  assert_int_equal(res->cases[1], 0);
+  tpf_launch_free(l);
+  free(res);
+  /* A stack address has no extent; a large (mmap'd) heap block has one. */
+  results local;
+  memset(&local, 0, sizeof local);
+  TPF_ASSERT_STATUS(tpf_launch_fork_merging(2, 0, results_rank, &local, &local, 0, &l), TPF_EINVAL);
+  size_t n = 0;
+  void *big = calloc(1, 4u << 20);
+  TPF_ASSERT_OK(tpf_launch_heap_extent(big, &n));
+  assert_true(n >= (4u << 20));
+  free(big);
+}
+
 static int seven(void *arg) {
   return *(int *)arg + 7;
 }
@@ -413,6 +475,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_launcher__rank_that_never_joins_fails_setup),
       cmocka_unit_test(test_launcher__exec_mode_ranks_rendezvous),
       cmocka_unit_test(test_launcher__wait_kills_stragglers),
+      cmocka_unit_test(test_launcher__results_merge_back),
       cmocka_unit_test(test_launcher__helpers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

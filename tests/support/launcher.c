@@ -20,6 +20,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -93,6 +94,10 @@ static int listen_at(const char *addr) {
 
 struct tpf_launch {
   int nranks;
+  void *merge_arg; /* tpf_launch_fork_merging: the caller's argument, and its extent */
+  size_t merge_bytes;
+  unsigned char *snaps; /* nranks copies of merge_bytes, then one "returned" byte per rank */
+  size_t snaps_bytes;
   pid_t pids[TPF_MAX_RANKS];
   bool reaped[TPF_MAX_RANKS];
   int codes[TPF_MAX_RANKS];
@@ -161,11 +166,26 @@ static void rank_of(const tpf_launch *l, int r, tpf_launch_rank *me) {
   me->shared_bytes = l->shared_bytes;
 }
 
-tpf_status tpf_launch_fork(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
-                           tpf_launch **out) {
+static tpf_status fork_common(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
+                              void *merge_arg, size_t merge_bytes, tpf_launch **out) {
   TPF_RETURN_IF(fn == NULL || out == NULL, TPF_EINVAL, "tpf_launch_fork: NULL argument");
   tpf_launch *l = NULL;
   TPF_CHECK(launch_new(nranks, shared_bytes, &l));
+  if (merge_arg != NULL && merge_bytes > 0) {
+    l->snaps_bytes = merge_bytes * (size_t)nranks + (size_t)nranks;
+    void *p = mmap(NULL, l->snaps_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) {
+      tpf_status st =
+          tpf_set_error(TPF_ENOMEM, "launcher: mmap of %zu bytes for results failed: %s",
+                        l->snaps_bytes, strerror(errno));
+      l->snaps_bytes = 0;
+      tpf_launch_free(l);
+      return st;
+    }
+    l->snaps = p;
+    l->merge_arg = merge_arg;
+    l->merge_bytes = merge_bytes;
+  }
   for (int r = 0; r < nranks; r++) {
     fflush(NULL); /* buffered output would be written by every child too */
     pid_t pid = fork();
@@ -188,13 +208,107 @@ tpf_status tpf_launch_fork(int nranks, size_t shared_bytes, tpf_launch_fn fn, vo
       setenv(TPF_LAUNCH_ENV_ADDR, l->addr, 1);
       unsetenv(TPF_LAUNCH_ENV_FD);
       int code = fn(&me, arg);
+      if (l->snaps != NULL) {
+        memcpy(l->snaps + (size_t)r * l->merge_bytes, l->merge_arg, l->merge_bytes);
+        atomic_thread_fence(memory_order_release);
+        l->snaps[l->merge_bytes * (size_t)nranks + (size_t)r] = 1;
+      }
+      /* exit, not _exit: atexit work of this process (gcov's counters, CUDA's teardown) runs. */
       fflush(NULL);
-      _exit(code & 255);
+      exit(code & 255);
     }
     l->pids[r] = pid;
   }
   launch_started(l);
   *out = l;
+  return TPF_OK;
+}
+
+tpf_status tpf_launch_fork(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
+                           tpf_launch **out) {
+  return fork_common(nranks, shared_bytes, fn, arg, NULL, 0, out);
+}
+
+tpf_status tpf_launch_fork_merging(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
+                                   void *results, size_t results_bytes, tpf_launch **out) {
+  TPF_RETURN_IF(results == NULL, TPF_EINVAL, "tpf_launch_fork_merging: results is NULL");
+  if (results_bytes == 0) TPF_CHECK(tpf_launch_heap_extent(results, &results_bytes));
+  return fork_common(nranks, shared_bytes, fn, arg, results, results_bytes, out);
+}
+
+tpf_status tpf_launch_merge(tpf_launch *l, void *results, bool *merged) {
+  TPF_RETURN_IF(l == NULL || results == NULL || results != l->merge_arg, TPF_EINVAL,
+                "tpf_launch_merge: not the results of a merging launch");
+  void *arg = results;
+  const size_t n = l->merge_bytes;
+  const int P = l->nranks;
+  const unsigned char *done = l->snaps + n * (size_t)P;
+  unsigned char *orig = arg;
+  unsigned char *out = malloc(n);
+  unsigned char *owner = calloc(n, 1);
+  if (out == NULL || owner == NULL) {
+    free(out);
+    free(owner);
+    return tpf_set_error(TPF_ENOMEM, "launcher: cannot merge %zu bytes of results", n);
+  }
+  memcpy(out, orig, n);
+  tpf_status rc = TPF_OK;
+  atomic_thread_fence(memory_order_acquire);
+  for (int r = 0; r < P && rc == TPF_OK; r++) {
+    if (!done[r]) continue;
+    const unsigned char *s = l->snaps + (size_t)r * n;
+    for (size_t i = 0; i < n; i++) {
+      if (s[i] == orig[i]) continue;
+      if (owner[i] && out[i] != s[i]) {
+        rc = tpf_set_error(TPF_EINVAL,
+                           "launcher: ranks %d and %d wrote different values into byte %zu of "
+                           "the %zu-byte argument; their results cannot be merged",
+                           owner[i] - 1, r, i, n);
+        break;
+      }
+      out[i] = s[i];
+      owner[i] = (unsigned char)(r + 1 > 255 ? 255 : r + 1);
+    }
+  }
+  if (rc == TPF_OK) {
+    memcpy(orig, out, n);
+    if (merged)
+      for (int r = 0; r < P; r++)
+        merged[r] = done[r] != 0;
+  }
+  free(out);
+  free(owner);
+  return rc;
+}
+
+tpf_status tpf_launch_heap_extent(void *p, size_t *bytes) {
+  TPF_RETURN_IF(p == NULL || bytes == NULL, TPF_EINVAL, "tpf_launch_heap_extent: NULL argument");
+  FILE *f = fopen("/proc/self/maps", "r");
+  TPF_RETURN_IF(f == NULL, TPF_EBACKEND, "launcher: cannot read /proc/self/maps");
+  const uintptr_t a = (uintptr_t)p;
+  char line[512];
+  bool ok = false;
+  uintptr_t hi = 0;
+  while (fgets(line, sizeof line, f)) {
+    unsigned long long lo_v = 0, hi_v = 0;
+    char perms[8] = "";
+    int path_at = 0;
+    if (sscanf(line, "%llx-%llx %7s %*s %*s %*s %n", &lo_v, &hi_v, perms, &path_at) < 3) continue;
+    if (a < (uintptr_t)lo_v || a >= (uintptr_t)hi_v) continue;
+    const char *path = line + path_at;
+    ok = perms[0] == 'r' && perms[1] == 'w' &&
+         (strncmp(path, "[heap]", 6) == 0 || path[0] == '\n' || path[0] == '\0');
+    hi = (uintptr_t)hi_v;
+    break;
+  }
+  fclose(f);
+  TPF_RETURN_IF(!ok, TPF_EINVAL,
+                "launcher: %p is not in the heap (a stack or static address?): the extent of what "
+                "the ranks write cannot be known",
+                p);
+  const size_t n = malloc_usable_size(p);
+  TPF_RETURN_IF(n == 0 || n > hi - a, TPF_EINVAL, "launcher: %p has no usable extent", p);
+  *bytes = n;
   return TPF_OK;
 }
 
@@ -362,6 +476,7 @@ void tpf_launch_free(tpf_launch *l) {
   kill_started(l, l->nranks);
   if (l->listen_fd >= 0) close(l->listen_fd);
   if (l->shared != NULL) munmap(l->shared, l->shared_bytes);
+  if (l->snaps != NULL) munmap(l->snaps, l->snaps_bytes);
   free(l);
 }
 
@@ -372,7 +487,7 @@ int tpf_launch_in_child(int (*fn)(void *arg), void *arg) {
   if (pid == 0) {
     int code = fn(arg);
     fflush(NULL);
-    _exit(code & 255);
+    exit(code & 255);
   }
   int ws = 0;
   while (waitpid(pid, &ws, 0) < 0)

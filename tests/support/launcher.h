@@ -65,6 +65,25 @@ typedef struct tpf_launch tpf_launch;
  * TPF_ENOMEM, TPF_EBACKEND (socket, mmap or fork failed; ranks already started are killed). */
 tpf_status tpf_launch_fork(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
                            tpf_launch **out);
+/* tpf_launch_fork for code written for ranks as threads, which leave their results in memory the
+ * caller reads afterwards: results points to results_bytes bytes (0: the extent of the heap
+ * block it starts, tpf_launch_heap_extent) that the ranks write into, each its own parts. A rank
+ * that returns from fn copies its final bytes of *results into shared memory; tpf_launch_merge
+ * then brings them into the caller's *results. */
+tpf_status tpf_launch_fork_merging(int nranks, size_t shared_bytes, tpf_launch_fn fn, void *arg,
+                                   void *results, size_t results_bytes, tpf_launch **out);
+/* After tpf_launch_wait: a three-way merge of every finished rank's copy of *results against the
+ * unchanged original (a byte takes the value a rank wrote; ranks that died before returning from
+ * fn contribute nothing, and *merged tells which did, when not NULL). Exact when ranks write
+ * disjoint bytes, as threads must to avoid a data race; two ranks writing different values into
+ * one byte fail with TPF_EINVAL naming both and the byte, leaving *results unchanged. */
+tpf_status tpf_launch_merge(tpf_launch *l, void *results, bool *merged);
+/* The extent of the heap block that starts at p: malloc's usable size, when p lies in the heap
+ * or in an anonymous writable mapping (malloc's large blocks). TPF_EINVAL otherwise (a stack or
+ * static address, where no extent can be known). p must be a block's start, as malloc returned
+ * it. */
+tpf_status tpf_launch_heap_extent(void *p, size_t *bytes);
+
 /* Starts nranks processes of the command argv (argv[0] a path, or a name looked up in PATH), each
  * with TPF_LAUNCH_RANK, TPF_LAUNCH_NRANKS and TPF_LAUNCH_ADDR in its environment (rank 0 also
  * TPF_LAUNCH_LISTEN_FD); the rank reads them with tpf_launch_rank_from_env. Statuses as above. */
