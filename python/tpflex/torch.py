@@ -301,6 +301,25 @@ class Communicator:
         self.rank = manager.rank
         self.device: torch.device = manager.device
         self._views: Dict[str, Tuple[int, torch.Tensor]] = {}
+        if _lib.HAVE_BACKEND_CAPS:
+            self.backend_caps: Optional[int] = int(lib.tpf_comm_backend_caps(handle))
+            self.backend_name: str = (lib.tpf_comm_backend_name(handle) or b"?").decode()
+        else:  # an older libtpflex: caps unknown
+            self.backend_caps, self.backend_name = None, manager.backend
+        if self.backend_caps is not None:
+            host = bool(self.backend_caps & _lib.CAP_HOST_MEMORY)
+            if host != (self.device.type == "cpu"):
+                raise TpflexInvalidError(
+                    f"'{name}': backend '{self.backend_name}' registrations are "
+                    f"{'host' if host else 'device'} memory but tensors are on {self.device}",
+                    "initialize_ub")
+
+    @property
+    def supports_options(self) -> Optional[bool]:
+        """Whether the backend honours transposes and epilogues (TPF_BE_CAP_OPTIONS); without
+        them the C library refuses those options with TpflexUnsupportedError. None when the
+        library cannot tell."""
+        return None if self.backend_caps is None else bool(self.backend_caps & _lib.CAP_OPTIONS)
 
     def _handle(self) -> int:
         if self._mgr._h is None:

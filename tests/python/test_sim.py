@@ -171,6 +171,13 @@ class SimOnly(unittest.TestCase):
             return True
         self.assertEqual(sim_run_ranks(2, with_ub(f, ub_cfgs=cases.RING_RS)), [True, True])
 
+    @unittest.skipUnless(L.HAVE_BACKEND_CAPS, "libtpflex has no tpf_comm_backend_caps")
+    def test_backend_caps(self):
+        def f(r, env):
+            ub = tt.get_ub("fc1_fprop")
+            return ub.backend_name, ub.supports_options, bool(ub.backend_caps & L.CAP_HOST_MEMORY)
+        self.assertEqual(sim_run_ranks(1, with_ub(f)), [("sim", True, True)])
+
     def test_dlpack_view_of_host_memory(self):
         base = torch.arange(40, dtype=torch.float32)
         v = tt.dlpack_view(base.data_ptr(), 4, 8, 10, torch.float32, torch.device("cpu"))

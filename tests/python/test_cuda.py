@@ -1,0 +1,144 @@
+"""tpflex.torch on the CUDA backend: the cases of cases.py (every operation and option against
+torch, every error path) with one process per rank, bootstrapped over gloo, all processes on
+one GPU by default. Run under torchrun (every process runs every test in the same order; the
+per-rank results are gathered, so every rank reaches the same verdict):
+
+    torchrun --standalone --nproc-per-node 2 tests/python/test_cuda.py [-v] [-k PATTERN]
+
+Rank 0 prints the unittest report; the other ranks write theirs to $TPFLEX_TEST_LOGDIR/rank<r>.log
+when set. TPFLEX_TEST_DEVICE_PER_RANK=1 puts rank r on GPU LOCAL_RANK instead of GPU 0."""
+import datetime
+import os
+import sys
+import threading
+import unittest
+import warnings
+
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+import tpflex._lib as L  # noqa: E402
+import tpflex.torch as tt  # noqa: E402
+
+import cases  # noqa: E402
+from cases import C, H, Env, Err, with_ub  # noqa: E402
+
+RANK = WORLD = 0
+DEVICE = torch.device("cpu")
+GATHER = None
+
+
+def cuda_run_ranks(P, body, *args, timeout_ms=5000):
+    if P != WORLD:
+        raise unittest.SkipTest(f"P={P} needs {P} processes; torchrun started {WORLD}")
+    env = Env("cuda", DEVICE, P, timeout_ms=max(timeout_ms, 1000))
+    try:
+        res = body(RANK, env, *args)
+    except Exception as e:
+        res = Err(e)
+    return GATHER.allgather_object(res)
+
+
+class Shared(cases.SharedCases, unittest.TestCase):
+    backend = "cuda"
+
+    def run_ranks(self, P, body, *args, timeout_ms=5000):
+        return cuda_run_ranks(P, body, *args, timeout_ms=timeout_ms)
+
+    def p_values(self, wanted):
+        return [WORLD]
+
+
+class CudaOnly(unittest.TestCase):
+    def test_backend_and_views(self):
+        def f(r, env):
+            tt.set_ub_active_shape([8 * env.tp_size, H])
+            ub = tt.get_ub("fc1_fprop")
+            v = ub.buffer()
+            assert v.device == env.device and v.is_cuda, v.device
+            assert ub.local_chunk().device == env.device
+            return ub.backend_name, ub.supports_options, tuple(v.shape)
+        res = cuda_run_ranks(WORLD, with_ub(f))
+        for r, x in enumerate(res):
+            self.assertNotIsInstance(x, Err, f"rank {r}: {x!r}")
+            name, opts, shape = x
+            self.assertEqual(name, "cuda")
+            self.assertEqual(shape, (8 * WORLD, H))
+            if not opts:
+                print(f"\nnote: the CUDA backend does not report TPF_BE_CAP_OPTIONS: transposes "
+                      f"and epilogues are refused (TpflexUnsupportedError)", file=sys.stderr)
+
+    def test_side_stream_and_explicit_stream(self):
+        """Operations follow torch.cuda.current_stream() (a side stream here) or stream=."""
+        def f(r, env):
+            P = env.tp_size
+            T = 8 * P
+            tt.set_ub_active_shape([T, H])
+            g = torch.Generator().manual_seed(5)
+            xs = [torch.randn(T // P, H, generator=g).to(torch.bfloat16) for _ in range(P)]
+            w = torch.randn(24, H, generator=g).to(torch.bfloat16)
+            ref = torch.cat(xs).float() @ w.float().T
+            ub = tt.get_ub("fc1_fprop")
+            s = torch.cuda.Stream(device=env.device)
+            s.wait_stream(torch.cuda.current_stream(env.device))
+            with torch.cuda.stream(s):
+                ub.local_chunk().copy_(env.put(xs[r]))
+                y1 = ub.ag_gemm(env.put(w))
+            s.synchronize()
+            ub.local_chunk().copy_(env.put(xs[r]))
+            torch.cuda.current_stream(env.device).synchronize()
+            y2 = torch.empty_like(y1)
+            ub.ag_gemm(env.put(w), out=y2, stream=s)
+            s.synchronize()
+            return cases.close(y1, ref, torch.bfloat16), cases.close(y2, ref, torch.bfloat16)
+        for r, x in enumerate(cuda_run_ranks(WORLD, with_ub(f))):
+            self.assertEqual(x, (True, True), f"rank {r}: {x!r}")
+
+    def test_get_ub_from_another_thread(self):
+        """Module state is the process's: autograd runs CUDA backward on a thread of its own."""
+        def f(r, env):
+            out = []
+            t = threading.Thread(target=lambda: out.append(tt.get_ub("fc2_dgrad").name))
+            t.start()
+            t.join()
+            return out
+        self.assertEqual(cuda_run_ranks(WORLD, with_ub(f)), [["fc2_dgrad"]] * WORLD)
+
+
+def main() -> int:
+    global RANK, WORLD, DEVICE, GATHER
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=300))
+    RANK, WORLD = dist.get_rank(), dist.get_world_size()
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    per_rank = os.environ.get("TPFLEX_TEST_DEVICE_PER_RANK") == "1"
+    if not torch.cuda.is_available():
+        print("test_cuda: torch.cuda.is_available() is False: nothing to test", file=sys.stderr)
+        return 1
+    if not L.HAVE_CUDA:
+        print(f"test_cuda: {L.LIBRARY_PATH} has no CUDA backend", file=sys.stderr)
+        return 1
+    DEVICE = torch.device("cuda", local if per_rank else 0)
+    torch.cuda.set_device(DEVICE)
+    GATHER = tt.GlooBootstrap(dist.group.WORLD, timeout_ms=300000)
+    argv = [sys.argv[0]] + sys.argv[1:]
+    stream = sys.stdout
+    if RANK != 0:
+        d = os.environ.get("TPFLEX_TEST_LOGDIR")
+        stream = open(os.path.join(d, f"rank{RANK}.log"), "w") if d else open(os.devnull, "w")
+    print(f"test_cuda: rank {RANK} of {WORLD} on {DEVICE} ({torch.cuda.get_device_name(DEVICE)}), "
+          f"library {L.LIBRARY_PATH}", file=stream, flush=True)
+    prog = unittest.main(module=sys.modules[__name__], argv=argv, exit=False,
+                         testRunner=unittest.TextTestRunner(stream=stream, verbosity=2))
+    ok = prog.result.wasSuccessful()
+    oks = GATHER.allgather_object(ok)
+    if RANK == 0:
+        print(f"test_cuda: P={WORLD}: " + ("every test OK" if all(oks) else
+                                           f"FAILED (ranks ok: {oks})"), flush=True)
+    dist.destroy_process_group()
+    return 0 if all(oks) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
