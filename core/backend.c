@@ -40,9 +40,9 @@ tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_b
   return be->ops->reg_activate(be, reg, active_bytes);
 }
 
-tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream) {
-  TPF_RETURN_IF(!a->sched || a->sched->nsteps < 1, TPF_EINVAL, "empty schedule for '%s'",
-                a->comm_name);
+tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, uint64_t reg_bytes,
+                           const tpf_exec_args *a, void *stream) {
+  TPF_CHECK(tpf__exec_check(a, reg_bytes));
   return be->ops->execute(be, reg, a, stream);
 }
 

@@ -558,7 +558,7 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   a.epi.beta = o->beta;
   a.epi.bias = o->bias;
   a.epi.gelu = o->gelu;
-  rc = tpf__be_execute(c->be, c->reg, &a, stream);
+  rc = tpf__be_execute(c->be, c->reg, c->reg_bytes, &a, stream);
   /* Refused before the handshake (e.g. a stream under CUDA-graph capture): nothing was enqueued
    * and no peer saw this sequence number, so the communicator stays as it was. */
   if (rc == TPF_EUNSUPPORTED) return rc;

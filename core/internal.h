@@ -86,7 +86,11 @@ tpf_status tpf__be_reg_create(tpf_backend *be, const char *name, uint64_t bytes,
                               void **local);
 tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
-tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
+/* Validates the operation (tpf__exec_check against the registration's reg_bytes), then runs it. */
+tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, uint64_t reg_bytes,
+                           const tpf_exec_args *a, void *stream);
+/* core/exec_check.c: the structural rules every schedule obeys before a backend sees it. */
+tpf_status tpf__exec_check(const tpf_exec_args *a, uint64_t reg_bytes);
 tpf_status tpf__be_sync(tpf_backend *be, void *stream);
 /* Optional ops, NULL when the table's version predates them. */
 tpf_status (*tpf__be_reg_sync_op(const tpf_backend *be))(tpf_backend *, tpf_reg *);

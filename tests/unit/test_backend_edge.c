@@ -171,14 +171,22 @@ static void test_backend__wrappers_check_arguments(void **state) {
   tpf_exec_args a;
   memset(&a, 0, sizeof a);
   a.comm_name = "site";
-  TPF_ASSERT_STATUS(tpf__be_execute(&be, reg, &a, NULL), TPF_EINVAL);
+  TPF_ASSERT_STATUS(tpf__be_execute(&be, reg, 64, &a, NULL), TPF_EINVAL);
   tpf_schedule s;
   memset(&s, 0, sizeof s);
+  s.tp_size = 2;
+  s.dtype = TPF_FP32;
   a.sched = &s;
-  TPF_ASSERT_STATUS(tpf__be_execute(&be, reg, &a, NULL), TPF_EINVAL);
+  TPF_ASSERT_STATUS(tpf__be_execute(&be, reg, 64, &a, NULL), TPF_EINVAL);
   assert_non_null(strstr(tpf_last_error(), "empty schedule for 'site'"));
+  tpf_step hs;
+  memset(&hs, 0, sizeof hs);
+  hs.kind = TPF_STEP_HANDSHAKE;
+  hs.stream = TPF_STREAM_SEND;
+  hs.peer = -1;
+  s.steps = &hs;
   s.nsteps = 1;
-  TPF_ASSERT_OK(tpf__be_execute(&be, reg, &a, NULL));
+  TPF_ASSERT_OK(tpf__be_execute(&be, reg, 64, &a, NULL));
   TPF_ASSERT_OK(tpf__be_sync(&be, NULL));
   TPF_ASSERT_OK(tpf__be_reg_destroy(&be, reg));
 }
