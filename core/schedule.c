@@ -65,14 +65,14 @@ static int add_step(builder *b, tpf_step_kind kind, tpf_stream_id stream, int32_
   s->stream = (uint8_t)stream;
   s->peer = -1;
   s->chunk = chunk;
-  if (i > 0 && stream != TPF_STREAM_SEND && b->last[stream] < 0) add_dep(b, i, 0);
+  if (i > 0 && stream != TPF_STREAM_COMM && b->last[stream] < 0) add_dep(b, i, 0);
   b->last[stream] = i;
   return i;
 }
 
 static int add_xfer(builder *b, tpf_step_kind kind, int peer, uint32_t tag, int32_t chunk,
                     uint64_t src, uint64_t dst, uint64_t bytes) {
-  int i = add_step(b, kind, kind == TPF_STEP_SEND ? TPF_STREAM_SEND : TPF_STREAM_RECV, chunk);
+  int i = add_step(b, kind, kind == TPF_STEP_SEND ? TPF_STREAM_COMM : TPF_STREAM_RECV, chunk);
   tpf_step *s = &b->steps[i];
   s->peer = peer;
   s->tag = tag;
@@ -195,10 +195,10 @@ static void build_pipeline_rs(builder *b, const ctx *c) {
     uint64_t off = c->ch[i].offset_bytes, col = (uint64_t)i * hs; /* col < H */
     int gi = add_gemm(b, i, ns, i, mref(TPF_MAT_X, 0, 0, 0, 0), mref(TPF_MAT_W, 0, 0, col, 0),
                       mref(TPF_MAT_BUF, off, hs, 0, 0), T, hs, K);
-    int bi = add_step(b, TPF_STEP_BARRIER, TPF_STREAM_SEND, i);
+    int bi = add_step(b, TPF_STEP_BARRIER, TPF_STREAM_COMM, i);
     b->steps[bi].tag = (uint32_t)i;
     add_dep(b, bi, gi);
-    int pi = add_step(b, TPF_STEP_PEER_REDUCE, TPF_STREAM_SEND, i);
+    int pi = add_step(b, TPF_STEP_PEER_REDUCE, TPF_STREAM_COMM, i);
     tpf_step *s = &b->steps[pi];
     s->a = mref(TPF_MAT_BUF, off, hs, my_row, 0);
     s->d = mref(TPF_MAT_D, 0, 0, 0, col);
@@ -206,7 +206,7 @@ static void build_pipeline_rs(builder *b, const ctx *c) {
     s->n = hs;
     s->count = (uint32_t)c->p;
   }
-  int bi = add_step(b, TPF_STEP_BARRIER, TPF_STREAM_SEND, -1);
+  int bi = add_step(b, TPF_STEP_BARRIER, TPF_STREAM_COMM, -1);
   b->steps[bi].tag = (uint32_t)splits;
 }
 
@@ -225,14 +225,14 @@ static void build_bulk(builder *b, const ctx *c) {
     return;
   }
   uint64_t row = (uint64_t)r * c->R;
-  int pi = add_step(b, TPF_STEP_PEER_REDUCE, TPF_STREAM_SEND, r);
+  int pi = add_step(b, TPF_STEP_PEER_REDUCE, TPF_STREAM_COMM, r);
   tpf_step *s = &b->steps[pi];
   s->a = mref(TPF_MAT_BUF, 0, c->H, row, 0);
   s->d = mref(TPF_MAT_BUF, 0, c->H, row, 0);
   s->m = c->R;
   s->n = c->H;
   s->count = (uint32_t)p;
-  add_step(b, TPF_STEP_BARRIER, TPF_STREAM_SEND, -1); /* tag 0 */
+  add_step(b, TPF_STEP_BARRIER, TPF_STREAM_COMM, -1); /* tag 0 */
 }
 
 static tpf_status check_dims(const tpf_layout_desc *d, const tpf_gemm_dims *g) {
@@ -352,7 +352,7 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
     TPF_RETURN_IF(!b.steps, TPF_ENOMEM, "schedule of %d steps: out of memory", b.cap);
   }
 
-  add_step(&b, TPF_STEP_HANDSHAKE, TPF_STREAM_SEND, -1);
+  add_step(&b, TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1);
   switch (d->algo) {
   case TPF_ALGO_RING:
     if (d->coll == TPF_COLL_AG)
@@ -388,7 +388,7 @@ const char *tpf_step_kind_name(int kind) {
 }
 
 const char *tpf_stream_name(int stream) {
-  static const char *const names[] = {"compute0", "compute1", "compute2", "send", "recv"};
+  static const char *const names[] = {"compute0", "compute1", "compute2", "comm", "recv"};
   if (stream < 0 || stream >= TPF_NUM_STREAMS) return "?";
   return names[stream];
 }

@@ -260,13 +260,13 @@ static tpf_status check_structure(chk *c, int r) {
     if (st->stream >= TPF_NUM_STREAMS) return BAD(r, i, kind, "bad stream %d", st->stream);
     if ((kind == TPF_STEP_HANDSHAKE) != (i == 0))
       return BAD(r, i, kind, "%s", "step 0, and only step 0, must be the HANDSHAKE");
-    bool compute = st->stream < TPF_STREAM_SEND;
+    bool compute = st->stream < TPF_STREAM_COMM;
     if ((kind == TPF_STEP_GEMM || kind == TPF_STEP_REDUCE) &&
         (!compute || st->stream >= s->num_compute_streams))
       return BAD(r, i, kind, "runs on stream %s, not one of the %d compute streams",
                  tpf_stream_name(st->stream), s->num_compute_streams);
     if ((kind == TPF_STEP_SEND || kind == TPF_STEP_BARRIER || kind == TPF_STEP_HANDSHAKE) &&
-        st->stream != TPF_STREAM_SEND)
+        st->stream != TPF_STREAM_COMM)
       return BAD(r, i, kind, "runs on stream %s, not send", tpf_stream_name(st->stream));
     if (kind == TPF_STEP_RECV && st->stream != TPF_STREAM_RECV)
       return BAD(r, i, kind, "runs on stream %s, not recv", tpf_stream_name(st->stream));

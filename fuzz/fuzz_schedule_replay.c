@@ -409,7 +409,7 @@ static void check_header(const tpf_layout_desc *d, const tpf_schedule *s) {
   for (int i = 0; i < s->nsteps; i++)
     FUZZ_ASSERT_MSG(
         s->steps[i].stream < TPF_NUM_STREAMS &&
-            (s->steps[i].stream >= TPF_STREAM_SEND || s->steps[i].stream < s->num_compute_streams),
+            (s->steps[i].stream >= TPF_STREAM_COMM || s->steps[i].stream < s->num_compute_streams),
         "step %d on stream %d", i, s->steps[i].stream);
 }
 

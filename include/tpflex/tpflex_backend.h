@@ -7,12 +7,13 @@
  * the steps listed in deps (which may be on other streams of the same rank). Cross-rank ordering
  * comes only from SEND/RECV/BARRIER/HANDSHAKE flags.
  *
- * Flags. Every registration carries, per peer, TPF_MAX_TAGS monotonic 64-bit flags and one ready
- * word. The k-th operation on a communicator has sequence number seq = k (1-based). A SEND with
- * tag t to peer q raises q's flag [me][t] to seq after its bytes have landed; the matching RECV on
- * q waits until flag [sender][t] >= seq. BARRIER with tag t raises flag [me][t] on every peer and
- * waits for every peer's flag [peer][t] >= seq. Monotonic values mean no counter is ever reset,
- * so an operation that is retried or skipped cannot leave a flag drifting (TE's adder bug).
+ * Flags. Every registration carries, per peer, TPF_MAX_TAGS monotonic 64-bit flags and two ready
+ * words (one per sequence parity, see Handshake). The k-th operation on a communicator has sequence
+ * number seq = k (1-based). A SEND with tag t to peer q raises q's flag [me][t] to seq after its
+ * bytes have landed; the matching RECV on q waits until flag [sender][t] >= seq. BARRIER with tag t
+ * raises flag [me][t] on every peer and waits for every peer's flag [peer][t] >= seq. Monotonic
+ * values mean no counter is ever reset, so an operation that is retried or skipped cannot leave a
+ * flag drifting (TE's adder bug).
  *
  * Handshake. Step 0 of every schedule is HANDSHAKE: the rank writes its ready word
  * TPF_READY_WORD(seq, op_key, active_rows) into every peer's registration and waits until every
@@ -91,8 +92,10 @@ typedef enum {
   TPF_STREAM_COMPUTE0 = 0, /* compute streams 0..2 (min(3, splits) are used) */
   TPF_STREAM_COMPUTE1 = 1,
   TPF_STREAM_COMPUTE2 = 2,
-  TPF_STREAM_SEND = 3, /* copy-engine sends, barriers and collective (pull) reductions */
-  TPF_STREAM_RECV = 4  /* receive waits */
+  TPF_STREAM_COMM = 3, /* communication: copy-engine sends, barriers, the handshake and the
+                        * collective (pull) reductions ("comm") */
+  TPF_STREAM_RECV = 4, /* receive waits */
+  TPF_STREAM_SEND = TPF_STREAM_COMM /* the 0.1 name, which undersold what the stream runs */
 } tpf_stream_id;
 
 typedef enum {

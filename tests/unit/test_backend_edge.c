@@ -182,7 +182,7 @@ static void test_backend__wrappers_check_arguments(void **state) {
   tpf_step hs;
   memset(&hs, 0, sizeof hs);
   hs.kind = TPF_STEP_HANDSHAKE;
-  hs.stream = TPF_STREAM_SEND;
+  hs.stream = TPF_STREAM_COMM;
   hs.peer = -1;
   s.steps = &hs;
   s.nsteps = 1;

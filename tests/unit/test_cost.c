@@ -98,11 +98,11 @@ static void test_replay_by_hand(void **state) {
     s[r].dtype = TPF_BF16;
     s[r].nsteps = 6;
     s[r].steps = st[r];
-    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_SEND, -1, 0);
+    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1, 0);
     st[r][1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);
     st[r][1].m = 1, st[r][1].n = 1, st[r][1].k = 50000;
     dep(&st[r][1], 0);
-    st[r][2] = step(TPF_STEP_SEND, TPF_STREAM_SEND, 1 - r, 0);
+    st[r][2] = step(TPF_STEP_SEND, TPF_STREAM_COMM, 1 - r, 0);
     st[r][2].bytes = 2000;
     if (r == 1) dep(&st[r][2], 1);
     st[r][3] = step(TPF_STEP_RECV, TPF_STREAM_RECV, 1 - r, 0);
@@ -110,7 +110,7 @@ static void test_replay_by_hand(void **state) {
     st[r][4] = st[r][1];
     st[r][4].ndeps = 0;
     dep(&st[r][4], 3);
-    st[r][5] = step(TPF_STEP_BARRIER, TPF_STREAM_SEND, -1, 9);
+    st[r][5] = step(TPF_STEP_BARRIER, TPF_STREAM_COMM, -1, 9);
     dep(&st[r][5], 4);
   }
   tpf_cost_span sp[2 * 8];
@@ -202,8 +202,8 @@ static void test_refusals(void **state) {
   for (int r = 0; r < 2; r++) {
     memset(&s[r], 0, sizeof s[r]);
     s[r].tp_size = 2, s[r].rank = r, s[r].dtype = TPF_BF16, s[r].nsteps = 2, s[r].steps = st[r];
-    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_SEND, -1, 0);
-    st[r][1] = step(TPF_STEP_SEND, TPF_STREAM_SEND, r, 0); /* to itself: the local link */
+    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1, 0);
+    st[r][1] = step(TPF_STEP_SEND, TPF_STREAM_COMM, r, 0); /* to itself: the local link */
     st[r][1].bytes = 4000;
   }
   TPF_ASSERT_OK(tpf_cost_predict(&table, s, 2, sp, 4, &total));
@@ -212,7 +212,7 @@ static void test_refusals(void **state) {
   TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 1, &total), TPF_EINVAL);
   st[1][1].stream = TPF_NUM_STREAMS;
   TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
-  st[1][1].stream = TPF_STREAM_SEND;
+  st[1][1].stream = TPF_STREAM_COMM;
   dep(&st[1][1], 1);
   TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
   st[1][1].ndeps = 0;
@@ -222,7 +222,7 @@ static void test_refusals(void **state) {
   st[1][1] = step(TPF_STEP_RECV, TPF_STREAM_RECV, 5, 0);
   TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
   assert_non_null(strstr(tpf_last_error(), "peer 5"));
-  st[1][1] = step(TPF_STEP_BARRIER, TPF_STREAM_SEND, -1, 3); /* rank 0 has no barrier 3 */
+  st[1][1] = step(TPF_STEP_BARRIER, TPF_STREAM_COMM, -1, 3); /* rank 0 has no barrier 3 */
   TPF_ASSERT_STATUS(tpf_cost_predict(&table, s, 2, sp, 4, &total), TPF_EINVAL);
   assert_non_null(strstr(tpf_last_error(), "no match on rank 0"));
   st[1][1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);

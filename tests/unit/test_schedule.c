@@ -76,12 +76,12 @@ static void build_all(const variant *v, int P, uint64_t T, uint64_t H, tpf_sched
 /* Literal structural rules of DESIGN.md that the checker does not insist on. */
 static void check_literal_rules(const tpf_schedule *s, const variant *v, int P) {
   assert_int_equal(s->steps[0].kind, TPF_STEP_HANDSHAKE);
-  assert_int_equal(s->steps[0].stream, TPF_STREAM_SEND);
+  assert_int_equal(s->steps[0].stream, TPF_STREAM_COMM);
   bool seen[TPF_NUM_STREAMS] = {false};
   int gemms = 0;
   for (int i = 1; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
-    if (st->stream != TPF_STREAM_SEND && !seen[st->stream]) {
+    if (st->stream != TPF_STREAM_COMM && !seen[st->stream]) {
       bool has0 = false;
       for (int j = 0; j < st->ndeps; j++)
         has0 = has0 || st->deps[j] == 0;
@@ -444,7 +444,8 @@ static void test_names(void **state) {
   assert_string_equal(tpf_step_kind_name(TPF_STEP_KIND_COUNT), "?");
   assert_string_equal(tpf_stream_name(TPF_STREAM_COMPUTE0), "compute0");
   assert_string_equal(tpf_stream_name(TPF_STREAM_COMPUTE2), "compute2");
-  assert_string_equal(tpf_stream_name(TPF_STREAM_SEND), "send");
+  assert_string_equal(tpf_stream_name(TPF_STREAM_COMM), "comm");
+  assert_int_equal(TPF_STREAM_SEND, TPF_STREAM_COMM); /* the 0.1 name still compiles */
   assert_string_equal(tpf_stream_name(TPF_STREAM_RECV), "recv");
   assert_string_equal(tpf_stream_name(5), "?");
 }

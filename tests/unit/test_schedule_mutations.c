@@ -187,7 +187,7 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
       bool legal = st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE ? compute
                    : st->kind == TPF_STEP_RECV        ? st->stream == TPF_STREAM_RECV
                    : st->kind == TPF_STEP_PEER_REDUCE ? true
-                                                      : st->stream == TPF_STREAM_SEND;
+                                                      : st->stream == TPF_STREAM_COMM;
       if (!legal || (st->kind == TPF_STEP_HANDSHAKE) != (i == 0))
         return order_fail(why, wn, "rank %d step %d: kind not allowed there", r, i);
       for (int j = 0; j < st->ndeps; j++) {
