@@ -9,15 +9,20 @@
  * stream back into the caller's stream. Nothing waits on the host: execute only enqueues.
  *
  * Step mapping:
- *   HANDSHAKE   1-thread kernel: ready word into every peer, wait for every peer's, compare rows.
- *   GEMM        cuBLASLt (cuda_gemm.c); PIPELINE and BULK leave comm_ctas SMs to the collective.
+ *   HANDSHAKE   1-thread kernel: ready word into every peer, wait for every peer's, compare the
+ *               body (operation key: kind and split count; active rows).
+ *   GEMM        cuBLASLt (cuda_gemm.c) with the step's transposes (TPF_STEP_TRANS_A/W: the
+ *               operand's stored block, used transposed) and, on steps flagged TPF_STEP_EPILOGUE,
+ *               the operation's epilogue (alpha, beta, bias from d.col, GELU); PIPELINE and BULK
+ *               leave comm_ctas SMs to the collective.
  *   SEND        RING: cudaMemcpyAsync into the peer's registration (copy engine, no SMs), BULK:
  *               a copy kernel of at most comm_ctas CTAs; then a 1-thread kernel that stores seq
  *               into the peer's flag [me][tag] (one store per message).
  *   RECV        1-thread kernel waiting until my flag [peer][tag] >= seq.
  *   BARRIER     1-thread kernel: store seq into every peer's flag [me][tag], wait for all.
  *   REDUCE /    vectorised fp32-accumulating kernel with at most comm_ctas CTAs; PEER_REDUCE
- *   PEER_REDUCE reads the peers' registrations through their mapped pointers.
+ *   PEER_REDUCE reads the peers' registrations through their mapped pointers. Flagged with the
+ *               epilogue (it writes D), the kernel applies it to the sum before rounding.
  *
  * Failures. Device-side waits are bounded (timeout_ns, %globaltimer). The first failing wait
  * writes a code into a host-mapped status area; every later kernel of the backend sees it and
@@ -26,7 +31,8 @@
  * code, so the cudaMemcpyAsync of a RING SEND still runs after a failed handshake, with this
  * rank's offsets and sizes (always inside the peer's registration, since both are bounded by the
  * capacity the core validated). A peer whose operation failed may therefore find its buffer
- * overwritten; the reliability work replaces this with a host-side agreement check.
+ * overwritten. Ranks in other processes therefore agree on the host first (cuda_hostsync.c), so
+ * the limitation remains only where that shared table could not be set up.
  *
  * Several ranks on one GPU. A spinning wait occupies the device until its peer's next operation
  * arrives, so a rank must not call a CUDA function that waits for the whole device (cudaFree,
@@ -44,8 +50,9 @@
  * thus on work that was already submitted when the wait was enqueued, so no hardware queue can
  * hold a wait in front of the work it waits for, however many streams share the queues, and
  * cudaFree or a device-wide synchronisation can never deadlock against a spinning peer. The
- * handshake compares the active rows on the host before anything is enqueued: a disagreement is
- * TPF_EMISMATCH on every rank at once, and no byte moves. Why events may be reused: a rank
+ * handshake compares the operation key (kind, split count) and the active rows on the host before
+ * anything is enqueued: a disagreement is TPF_EMISMATCH on every rank at once, naming both, and no
+ * byte moves. Why events may be reused: a rank
  * starts enqueuing operation n+1 only after every peer announced n+1, i.e. finished enqueuing
  * operation n, so a peer's wait on an event of operation n is enqueued before the event is
  * recorded again. The ready words alone are double-buffered by sequence parity, because a peer
@@ -254,15 +261,14 @@ static tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
   const char *kind = tpf_step_kind_name((int)st->kind);
   if (code == TPF_CUDA_DEV_MISMATCH) {
     char mine[40], theirs[40];
-    return tpf_set_error(TPF_EMISMATCH,
-                         "rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on "
-                         "rank %d (detected by the handshake before any byte moved on this rank)",
-                         b->base.rank, (unsigned long long)st->seq,
-                         (unsigned long long)TPF_READY_ROWS(st->mine),
-                         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->mine), mine, sizeof mine),
-                         (unsigned long long)TPF_READY_ROWS(st->theirs),
-                         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->theirs), theirs, sizeof theirs),
-                         (int)st->peer);
+    return tpf_set_error(
+        TPF_EMISMATCH,
+        "rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on "
+        "rank %d (detected by the handshake before any byte moved on this rank)",
+        b->base.rank, (unsigned long long)st->seq, (unsigned long long)TPF_READY_ROWS(st->mine),
+        tpf_op_key_name((uint8_t)TPF_READY_KEY(st->mine), mine, sizeof mine),
+        (unsigned long long)TPF_READY_ROWS(st->theirs),
+        tpf_op_key_name((uint8_t)TPF_READY_KEY(st->theirs), theirs, sizeof theirs), (int)st->peer);
   }
   return tpf_set_error(TPF_ETIMEOUT,
                        "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
@@ -297,7 +303,7 @@ static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
 static const tpf_backend_ops tpf_cuda__ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
     .name = "cuda",
-    .caps = TPF_BE_CAP_ASYNC,
+    .caps = TPF_BE_CAP_ASYNC | TPF_BE_CAP_OPTIONS, /* step flags and epilogue: cuda_gemm.c */
     .align_bytes = 16,
     .max_ranks = TPF_MAX_RANKS,
     .reg_create = tpf_cuda__reg_create,
@@ -509,9 +515,9 @@ static void tpf_cuda__publish(tpf_cuda_slot *slot, cudaEvent_t ev, uint64_t word
   atomic_store_explicit(&slot->word, word, memory_order_release);
 }
 
-/* HANDSHAKE: announce (seq, rows) with this operation's start event, compare every peer's rows
- * on the host, then order the stream after every peer's start (no peer's earlier operation may
- * still read or write what this one touches). */
+/* HANDSHAKE: announce (seq, op key, rows) with this operation's start event, compare every
+ * peer's key and rows on the host, then order the stream after every peer's start (no peer's
+ * earlier operation may still read or write what this one touches). */
 static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                             cudaStream_t s) {
   const int P = b->base.tp_size, me = b->base.rank;
@@ -537,7 +543,8 @@ static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r, con
   TPF_RETURN_IF(bad >= 0, TPF_EMISMATCH,
                 "'%s' rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on rank %d "
                 "(host handshake: nothing was enqueued, no byte moved)",
-                a->comm_name, me, (unsigned long long)a->seq, (unsigned long long)TPF_READY_ROWS(word),
+                a->comm_name, me, (unsigned long long)a->seq,
+                (unsigned long long)TPF_READY_ROWS(word),
                 tpf_op_key_name(a->sched->op_key, mine, sizeof mine),
                 (unsigned long long)TPF_READY_ROWS(bad_body),
                 tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
@@ -799,6 +806,20 @@ static tpf_status tpf_cuda__launch_flags_checked(const tpf_cuda_flag_args *f, cu
   return TPF_OK;
 }
 
+/* The epilogue of a step as the kernels take it: off unless the core flagged the step; the bias
+ * starts at the step's first column of D (d.col elements of D's dtype into the user's vector). */
+static void tpf_cuda__step_epi(const tpf_exec_args *a, const tpf_step *st, const tpf_cuda_view *vd,
+                               tpf_cuda_epi *e) {
+  memset(e, 0, sizeof(*e));
+  if ((st->flags & TPF_STEP_EPILOGUE) == 0) return;
+  e->on = 1;
+  e->alpha = a->epi.alpha;
+  e->beta = a->epi.beta;
+  e->gelu = a->epi.gelu ? 1 : 0;
+  if (a->epi.bias != NULL)
+    e->bias = (const char *)a->epi.bias + st->d.col * tpf_dtype_size(vd->dtype);
+}
+
 static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
                                  const tpf_step *st, cudaStream_t s) {
   const tpf_schedule *sc = a->sched;
@@ -828,8 +849,12 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     int sm_target = 0;
     if (collective_kernels && b->num_sms > b->comm_ctas) sm_target = b->num_sms - b->comm_ctas;
     const int ws = st->stream < TPF_MAX_COMPUTE_STREAMS ? (int)st->stream : 0;
-    return tpf_cuda__gemm_run(b->gemm, va.ptr, va.dtype, va.ld, vw.ptr, vw.dtype, vw.ld, vd.ptr,
-                              vd.dtype, vd.ld, st->m, st->n, st->k, sm_target, ws, s);
+    tpf_cuda_epi e;
+    tpf_cuda__step_epi(a, st, &vd, &e);
+    /* Transposed operands: resolve gave the stored block's first element and the stored ld. */
+    return tpf_cuda__gemm_run_ex(b->gemm, va.ptr, va.dtype, va.ld, vw.ptr, vw.dtype, vw.ld, vd.ptr,
+                                 vd.dtype, vd.ld, st->m, st->n, st->k, st->flags, &e, sm_target, ws,
+                                 s);
   }
   case TPF_STEP_SEND: {
     TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
@@ -902,6 +927,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     ra.rows = st->m;
     ra.cols = st->n;
     ra.count = (int32_t)st->count;
+    tpf_cuda__step_epi(a, st, &vd, &ra.epi);
     TPF_CUDA_TRY(tpf_cuda__launch_reduce(&ra, b->status_dev, b->comm_ctas, s),
                  "reduce kernel launch");
     return TPF_OK;
@@ -1076,8 +1102,9 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
                 a->comm_name);
   /* A failure of an earlier operation is reported here until a sync clears it. */
   TPF_CHECK(tpf_cuda__check_status(b));
-  /* Ranks in other processes: agree on the shape before anything is enqueued, so that a
-   * disagreement moves no byte (the device handshake still orders the buffers). */
+  /* Ranks in other processes: agree on the operation (key) and shape before anything is
+   * enqueued, so that a disagreement moves no byte (the device handshake still orders the
+   * buffers). */
   if (r->hostsync != NULL && be->tp_size > 1)
     TPF_CHECK(tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq,
                                        TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows)),

@@ -1,22 +1,38 @@
 /* cuBLASLt GEMMs of the CUDA backend, with the heuristic's choice cached per shape.
  *
- * Method: tpflex's GEMM is row-major d[m, n] = a[m, k] * w[n, k]^T. A row-major matrix with
- * leading dimension ld is the column-major transpose with the same ld, so the call computes, in
- * column-major terms, D^T[n, m] = W^T' * A^T with
- *   cuBLASLt A := w  (stored k x n, ld ldw, op T)  -> n x k
- *   cuBLASLt B := a  (stored k x m, ld lda, op N)  -> k x m
- *   cuBLASLt D := d  (stored n x m, ld ldd)
- * i.e. the "TN" GEMM with M = n, N = m, K = k. Accumulation and scaling are fp32
- * (CUBLAS_COMPUTE_32F, also for fp32 inputs: no TF32, so fp32 results match to 1e-5).
+ * Method: tpflex's GEMM is row-major d[m, n] = op(a) op(w) with op(a) = a [m, k] (TRANS_A: a
+ * stored [k, m], used transposed) and op(w) = w^T for w [n, k] (TRANS_W: w stored [k, n], used
+ * as is). A row-major matrix with leading dimension ld is the column-major transpose with the
+ * same ld, so the call computes, in column-major terms, D^T[n, m] = op(w)^T op(a)^T with
+ *   cuBLASLt A := w  stored k x n, op T  (TRANS_W: stored n x k, op N)  -> n x k
+ *   cuBLASLt B := a  stored k x m, op N  (TRANS_A: stored m x k, op T)  -> k x m
+ *   cuBLASLt C = D := d  (stored n x m, ld ldd)
+ * i.e. the "TN" GEMM with M = n, N = m, K = k ("NN", "TT", "NT" with the flags). Accumulation
+ * and scaling are fp32 (CUBLAS_COMPUTE_32F, also for fp32 inputs: no TF32, so fp32 results match
+ * to 1e-5).
+ *
+ * Epilogue (steps flagged TPF_STEP_EPILOGUE): alpha and beta are cuBLASLt's own (C = D, read
+ * only when beta != 0: in place, same layout); the bias is CUBLASLT_EPILOGUE_BIAS, whose vector
+ * follows the rows of the column-major D^T, i.e. our row-major columns n, and is broadcast along
+ * its columns (our rows): bias[j] is added to d[i, j], as tpflex wants. Its dtype is D's
+ * (cuBLASLt's default bias type is D's type for these kernels); its pointer is offset by the
+ * step's d.col by the caller. GELU is CUBLASLT_EPILOGUE_GELU / GELU_BIAS (the tanh form, applied
+ * after the bias): together D = act(alpha * product + beta * D + bias), rounded once.
  *
  * Cache: the matmul descriptor, the three layouts and the heuristic's first algorithm are kept
- * per key (dims, leading dimensions, dtypes, pointer alignments, SM target), so an operation with
- * a new T costs one heuristic query the first time and a table lookup after. The alignments are
- * part of the key because the heuristic must be told them (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*):
- * a chunk of D at row cs*R may be less aligned than D itself. Each compute stream has its own
- * workspace, since GEMMs on different compute streams run at the same time. When the heuristic
- * has no algorithm for a key (a row chunk of D aligned to 2 bytes, say), the key is cached as
- * "fallback" and a plain tiled kernel (cuda_kernels.cu) computes it.
+ * per key (dims, leading dimensions, dtypes, transposes, epilogue kind, pointer alignments, SM
+ * target), so an operation with a new T costs one heuristic query the first time and a table
+ * lookup after. The alignments are part of the key because the heuristic must be told them
+ * (CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_*; the bias pointer's alignment is read from the
+ * descriptor's CUBLASLT_MATMUL_DESC_BIAS_POINTER, so the descriptor is built with the first
+ * call's pointer and every call sets its own, of the same alignment): a chunk of D at row cs*R
+ * may be less aligned than D itself. alpha and beta are arguments of the call, not of the key.
+ * Each compute stream has its own workspace, since GEMMs on different compute streams run at the
+ * same time. When the heuristic has no algorithm for a key (a row chunk of D aligned to 2 bytes,
+ * say, or an epilogue the kernels lack), the key is cached as "fallback" and a plain tiled kernel
+ * (cuda_kernels.cu) computes it with the same flags and epilogue. TPF_CUDA_GEMM_FALLBACK=1 (read
+ * at creation) sends every GEMM there: a diagnostic that lets tests run the plain kernel on any
+ * shape. With no flags and no epilogue, descriptor, layouts and call are exactly 0.1's.
  */
 #include "cuda_internal.h"
 
@@ -24,6 +40,7 @@
 
 #include <cublasLt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define TPF_CUDA_GEMM_CACHE 256
@@ -33,6 +50,9 @@ typedef struct {
   int at, wt, dt;
   int align_a, align_w, align_d;
   int sm_target;
+  int trans_a, trans_w; /* TPF_STEP_TRANS_A / TRANS_W */
+  uint32_t epilogue;    /* cublasLtEpilogue_t; 0 (not a valid value) for "not set" */
+  int align_bias;       /* 0 without a bias */
 } tpf_cuda_gemm_key;
 
 typedef struct {
@@ -49,6 +69,7 @@ struct tpf_cuda_gemm {
   void *ws;          /* nworkspaces * ws_bytes of device memory */
   uint64_t ws_bytes; /* per workspace */
   int nworkspaces;
+  bool force_fallback; /* TPF_CUDA_GEMM_FALLBACK: every GEMM by the plain kernel */
   uint64_t lookups, hits, fallbacks;
   unsigned next_victim;
   tpf_cuda_gemm_entry cache[TPF_CUDA_GEMM_CACHE];
@@ -69,6 +90,8 @@ tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_ge
   }
   g->ws_bytes = ws_bytes;
   g->nworkspaces = nworkspaces;
+  const char *ff = getenv("TPF_CUDA_GEMM_FALLBACK");
+  g->force_fallback = ff != NULL && ff[0] != '\0' && strcmp(ff, "0") != 0;
   cudaError_t e = cudaMalloc(&g->ws, (size_t)ws_bytes * (size_t)nworkspaces);
   if (e != cudaSuccess) {
     cublasLtDestroy(g->handle);
@@ -136,6 +159,36 @@ static uint64_t tpf_cuda__key_hash(const tpf_cuda_gemm_key *k) {
   return h;
 }
 
+static bool tpf_cuda__epi_on(const tpf_cuda_epi *e) {
+  return e != NULL && e->on != 0;
+}
+
+void tpf_cuda__gemm_plan_of(uint64_t m, uint64_t n, uint64_t k, uint64_t lda, uint64_t ldw,
+                            uint64_t ldd, unsigned flags, const tpf_cuda_epi *e,
+                            tpf_cuda_gemm_plan *out) {
+  const bool ta = (flags & TPF_STEP_TRANS_A) != 0, tw = (flags & TPF_STEP_TRANS_W) != 0;
+  memset(out, 0, sizeof(*out));
+  /* A' := w: row-major [n, k] is column-major k x n (op T); stored [k, n] is n x k (op N). */
+  out->op_a = tw ? 0 : 1;
+  out->a_rows = tw ? n : k;
+  out->a_cols = tw ? k : n;
+  out->a_ld = ldw;
+  /* B' := a: row-major [m, k] is column-major k x m (op N); stored [k, m] is m x k (op T). */
+  out->op_b = ta ? 1 : 0;
+  out->b_rows = ta ? m : k;
+  out->b_cols = ta ? k : m;
+  out->b_ld = lda;
+  out->d_rows = n;
+  out->d_cols = m;
+  out->d_ld = ldd;
+  const bool bias = tpf_cuda__epi_on(e) && e->bias != NULL;
+  const bool gelu = tpf_cuda__epi_on(e) && e->gelu != 0;
+  out->epilogue = (uint32_t)(bias && gelu ? CUBLASLT_EPILOGUE_GELU_BIAS
+                             : bias       ? CUBLASLT_EPILOGUE_BIAS
+                             : gelu       ? CUBLASLT_EPILOGUE_GELU
+                                          : CUBLASLT_EPILOGUE_DEFAULT);
+}
+
 #define TPF_LT_TRY(call, what)                                                                     \
   do {                                                                                             \
     cublasStatus_t tpf_lt_st_ = (call);                                                            \
@@ -145,20 +198,24 @@ static uint64_t tpf_cuda__key_hash(const tpf_cuda_gemm_key *k) {
     }                                                                                              \
   } while (0)
 
+/* Builds the entry of `key`; bias is the first call's bias pointer (the heuristic reads its
+ * alignment from the descriptor), NULL without one. */
 static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key *key,
+                                       const tpf_cuda_gemm_plan *plan, const void *bias,
                                        tpf_cuda_gemm_entry *en) {
   tpf_status rc = TPF_OK;
   cublasLtMatmulPreference_t pref = NULL;
   memset(en, 0, sizeof(*en));
   en->key = *key;
-  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  const cublasOperation_t opa = plan->op_a ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t opb = plan->op_b ? CUBLAS_OP_T : CUBLAS_OP_N;
   TPF_LT_TRY(cublasLtMatmulDescCreate(&en->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
              "cublasLtMatmulDescCreate");
   TPF_LT_TRY(
-      cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)),
+      cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
       "set TRANSA");
   TPF_LT_TRY(
-      cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)),
+      cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)),
       "set TRANSB");
   if (key->sm_target > 0) {
     int32_t sms = key->sm_target;
@@ -166,15 +223,26 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
                                               sizeof(sms)),
                "set SM_COUNT_TARGET");
   }
-  /* w: k x n column-major (op T); a: k x m (op N); d: n x m. */
-  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->la, tpf_cuda__data_type(key->wt), key->k, key->n,
-                                        (int64_t)key->ldw),
+  /* Left unset without an epilogue, so that the 0.1 descriptor is unchanged. */
+  if (plan->epilogue != (uint32_t)CUBLASLT_EPILOGUE_DEFAULT) {
+    const uint32_t epi = plan->epilogue;
+    TPF_LT_TRY(
+        cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
+        "set EPILOGUE");
+  }
+  if (bias != NULL)
+    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)),
+               "set BIAS_POINTER");
+  /* Column-major layouts of the Method: A' := w, B' := a, D' := d. */
+  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->la, tpf_cuda__data_type(key->wt), plan->a_rows,
+                                        plan->a_cols, (int64_t)plan->a_ld),
              "layout(w)");
-  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->lb, tpf_cuda__data_type(key->at), key->k, key->m,
-                                        (int64_t)key->lda),
+  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->lb, tpf_cuda__data_type(key->at), plan->b_rows,
+                                        plan->b_cols, (int64_t)plan->b_ld),
              "layout(a)");
-  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->ld, tpf_cuda__data_type(key->dt), key->n, key->m,
-                                        (int64_t)key->ldd),
+  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->ld, tpf_cuda__data_type(key->dt), plan->d_rows,
+                                        plan->d_cols, (int64_t)plan->d_ld),
              "layout(d)");
   TPF_LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference create");
   uint64_t ws = g->ws_bytes;
@@ -223,6 +291,7 @@ fail:
 }
 
 static tpf_status tpf_cuda__gemm_lookup(tpf_cuda_gemm *g, const tpf_cuda_gemm_key *key,
+                                        const tpf_cuda_gemm_plan *plan, const void *bias,
                                         tpf_cuda_gemm_entry **out) {
   const unsigned start = (unsigned)(tpf_cuda__key_hash(key) % TPF_CUDA_GEMM_CACHE);
   /* Open addressing over a small window; when the window is full, evict round-robin in it. */
@@ -244,15 +313,26 @@ static tpf_status tpf_cuda__gemm_lookup(tpf_cuda_gemm *g, const tpf_cuda_gemm_ke
     slot = &g->cache[(start + (g->next_victim++ % WINDOW)) % TPF_CUDA_GEMM_CACHE];
     tpf_cuda__gemm_entry_free(slot);
   }
-  TPF_CHECK(tpf_cuda__gemm_build(g, key, slot));
+  TPF_CHECK(tpf_cuda__gemm_build(g, key, plan, bias, slot));
   *out = slot;
   return TPF_OK;
 }
 
-tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
-                              const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
-                              uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
-                              int ws, cudaStream_t s) {
+static tpf_status tpf_cuda__gemm_fallback(tpf_cuda_gemm *g, const void *a, tpf_dtype at,
+                                          uint64_t lda, const void *w, uint64_t ldw, void *d,
+                                          tpf_dtype dt, uint64_t ldd, uint64_t m, uint64_t n,
+                                          uint64_t k, unsigned flags, const tpf_cuda_epi *e,
+                                          cudaStream_t s) {
+  g->fallbacks++;
+  cudaError_t ce = tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n, k,
+                                                  flags, e, s);
+  return ce == cudaSuccess ? TPF_OK : tpf_cuda__err(ce, "fallback GEMM launch");
+}
+
+tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
+                                 const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
+                                 uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, unsigned flags,
+                                 const tpf_cuda_epi *e, int sm_target, int ws, cudaStream_t s) {
   if (m == 0 || n == 0) return TPF_OK;
   TPF_RETURN_IF(at != wt, TPF_EUNSUPPORTED, "GEMM operand dtypes differ: a %s, w %s",
                 tpf_dtype_name(at), tpf_dtype_name(wt));
@@ -261,6 +341,13 @@ tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uin
   TPF_RETURN_IF(dt != at && dt != TPF_FP32, TPF_EUNSUPPORTED,
                 "GEMM output dtype %s with input %s is not supported", tpf_dtype_name(dt),
                 tpf_dtype_name(at));
+  flags &= (unsigned)(TPF_STEP_TRANS_A | TPF_STEP_TRANS_W);
+  const bool epi = tpf_cuda__epi_on(e);
+  const void *bias = epi ? e->bias : NULL;
+  if (g->force_fallback)
+    return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
+  tpf_cuda_gemm_plan plan;
+  tpf_cuda__gemm_plan_of(m, n, k, lda, ldw, ldd, flags, e, &plan);
   tpf_cuda_gemm_key key;
   memset(&key, 0, sizeof(key)); /* padding too: the key is compared and hashed bytewise */
   key.m = m;
@@ -276,18 +363,40 @@ tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uin
   key.align_w = tpf_cuda__ptr_align(w);
   key.align_d = tpf_cuda__ptr_align(d);
   key.sm_target = sm_target;
+  /* Zero for 0.1 calls, so that their keys hash and compare as before. */
+  key.trans_a = (flags & TPF_STEP_TRANS_A) != 0;
+  key.trans_w = (flags & TPF_STEP_TRANS_W) != 0;
+  key.epilogue = plan.epilogue == (uint32_t)CUBLASLT_EPILOGUE_DEFAULT ? 0u : plan.epilogue;
+  key.align_bias = bias != NULL ? tpf_cuda__ptr_align(bias) : 0;
   tpf_cuda_gemm_entry *en = NULL;
-  TPF_CHECK(tpf_cuda__gemm_lookup(g, &key, &en));
-  if (en->fallback) {
-    g->fallbacks++;
-    cudaError_t e =
-        tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n, k, s);
-    return e == cudaSuccess ? TPF_OK : tpf_cuda__err(e, "fallback GEMM launch");
+  TPF_CHECK(tpf_cuda__gemm_lookup(g, &key, &plan, bias, &en));
+  if (en->fallback)
+    return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
+  if (bias != NULL) {
+    /* This call's bias (same alignment as the one the entry was built with: it is in the key).
+     * The descriptor is read when the call is enqueued, so changing it afterwards is safe. */
+    cublasStatus_t bst = cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &bias, sizeof(bias));
+    if (bst != CUBLAS_STATUS_SUCCESS) return tpf_cuda__lt_err(bst, "set BIAS_POINTER");
   }
-  const float alpha = 1.0f, beta = 0.0f;
+  const float alpha = epi ? e->alpha : 1.0f, beta = epi ? e->beta : 0.0f;
   void *wsp = (char *)g->ws + (size_t)g->ws_bytes * (size_t)(ws % g->nworkspaces);
   cublasStatus_t st = cublasLtMatmul(g->handle, en->desc, &alpha, w, en->la, a, en->lb, &beta, d,
                                      en->ld, d, en->ld, &en->algo, wsp, g->ws_bytes, s);
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && epi) {
+    /* The heuristic offered an algorithm the call then refuses (nothing was enqueued): serve
+     * this key by the plain kernel from now on. */
+    en->fallback = true;
+    return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
+  }
   if (st != CUBLAS_STATUS_SUCCESS) return tpf_cuda__lt_err(st, "cublasLtMatmul");
   return TPF_OK;
+}
+
+tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
+                              const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
+                              uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
+                              int ws, cudaStream_t s) {
+  return tpf_cuda__gemm_run_ex(g, a, at, lda, w, wt, ldw, d, dt, ldd, m, n, k, 0u, NULL, sm_target,
+                               ws, s);
 }

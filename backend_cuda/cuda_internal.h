@@ -1,5 +1,5 @@
-/* Private declarations of the CUDA backend: the backend and registration objects, the kernel
- * launchers (cuda_kernels.cu) and the cuBLASLt GEMM cache (cuda_gemm.c). Nothing here is public.
+/* Private declarations of the CUDA backend: the kernel launchers (cuda_kernels.cu), the host
+ * agreement (cuda_hostsync.c) and the cuBLASLt GEMM cache (cuda_gemm.c). Nothing here is public.
  *
  * Device-visible layout of one registration (one cudaMalloc, so one CUDA IPC handle):
  *   [0, data_bytes)                   data (the registered buffer the core lays out)
@@ -52,7 +52,7 @@ typedef struct {
   uint64_t *remote[TPF_CUDA_MAX_PEERS];      /* word to store into, per peer (NULL: none) */
   const uint64_t *local[TPF_CUDA_MAX_PEERS]; /* own word to wait on, per peer (NULL: none) */
   uint64_t store_value;                      /* value stored into every remote word */
-  uint64_t wait_value;                       /* HANDSHAKE: expected seq (24 bits); else >= */
+  uint64_t wait_value;                       /* HANDSHAKE: expected seq (16 bits); else >= */
   uint64_t rows;                             /* HANDSHAKE: TPF_READY_BODY of my word */
   uint64_t timeout_ns;                       /* bound of every wait */
   uint64_t seq;                              /* for the error record */
@@ -60,6 +60,18 @@ typedef struct {
   int32_t handshake;                         /* 1: compare ready words; 0: flag >= wait_value */
   uint32_t kind, tag;                        /* for the error record */
 } tpf_cuda_flag_args;
+
+/* The epilogue of one step flagged TPF_STEP_EPILOGUE, as the kernels and cuBLASLt take it: the
+ * step writes D[i, j] = act(alpha * v + beta * D_old[i, j] + bias[j]) in fp32 with one rounding
+ * (v: the product or the sum; act: tanh GELU when gelu). bias already points at the step's first
+ * column (tpf_exec_args.epi.bias + d.col elements) and has D's dtype. on == 0: a plain store of
+ * v, the 0.1 semantics (every other field is ignored). */
+typedef struct {
+  int32_t on;
+  int32_t gelu;
+  float alpha, beta;
+  const void *bias; /* device memory, NULL: none */
+} tpf_cuda_epi;
 
 /* A strided view for the reduction kernels: element (i, j) at base + (i * ld + j) * esize. */
 typedef struct {
@@ -69,6 +81,7 @@ typedef struct {
   uint64_t rows, cols;
   int32_t count;
   int32_t src_dtype, dst_dtype; /* tpf_dtype */
+  tpf_cuda_epi epi;             /* applied to every element written (bias in dst's dtype) */
 } tpf_cuda_reduce_args;
 
 /* ---- cuda_kernels.cu (launchers return the cudaError_t of the launch) ---- */
@@ -79,10 +92,13 @@ cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a, tpf_cuda_stat
 cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_t bytes,
                                   tpf_cuda_status *status, int ctas, cudaStream_t s);
 
-/* Plain tiled GEMM for calls cuBLASLt cannot serve: row-major d[m, n] = a[m, k] * w[n, k]^T. */
+/* Plain tiled GEMM for calls cuBLASLt cannot serve: row-major d[m, n] = op(a) * op(w) with the
+ * step's flags (TPF_STEP_TRANS_A: a stored [k, m]; TPF_STEP_TRANS_W: w stored [k, n]; else a
+ * [m, k] and w [n, k], d = a * w^T) and the epilogue e (NULL or e->on == 0: none). */
 cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, const void *w,
                                            uint64_t ldw, void *d, int dt, uint64_t ldd, uint64_t m,
-                                           uint64_t n, uint64_t k, cudaStream_t s);
+                                           uint64_t n, uint64_t k, unsigned flags,
+                                           const tpf_cuda_epi *e, cudaStream_t s);
 
 /* ---- cuda_hostsync.c: host agreement of ranks in different processes (no CUDA calls) ---- */
 #define TPF_CUDA_HOSTSYNC_NAME 48
@@ -104,12 +120,34 @@ typedef struct tpf_cuda_gemm tpf_cuda_gemm;
  * GEMMs on different streams may run at once) and the algorithm cache. */
 tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out);
 void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g);
-/* Row-major d[m, n] = a[m, k] * w[n, k]^T with fp32 accumulation. lda/ldw/ldd in elements.
- * sm_target 0: all SMs. ws: which workspace (the compute stream index). */
+/* Row-major d[m, n] = a[m, k] * w[n, k]^T with fp32 accumulation (the 0.1 GEMM: no flags, no
+ * epilogue). lda/ldw/ldd in elements. sm_target 0: all SMs. ws: which workspace (the compute
+ * stream index). */
 tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
                               const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
                               uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
                               int ws, cudaStream_t s);
+/* The same with a step's flags and epilogue: d = op(a) * op(w) as tpf_cuda__launch_gemm_fallback
+ * (lda/ldw of the stored matrices); e NULL or e->on == 0: no epilogue, exactly
+ * tpf_cuda__gemm_run. */
+tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
+                                 const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
+                                 uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, unsigned flags,
+                                 const tpf_cuda_epi *e, int sm_target, int ws, cudaStream_t s);
+/* How one step GEMM maps onto cuBLASLt's column-major D' = op(A') op(B') (the Method of
+ * cuda_gemm.c), as plain numbers so that CPU tests can check the mapping without a GPU. Layouts
+ * are column-major (rows, cols, ld); op_a / op_b are 1 for CUBLAS_OP_T. epilogue is the
+ * cublasLtEpilogue_t value; bias (when present) has d_rows elements, broadcast along d_cols. */
+typedef struct {
+  int op_a, op_b; /* cuBLASLt A' := w, B' := a */
+  uint64_t a_rows, a_cols, a_ld;
+  uint64_t b_rows, b_cols, b_ld;
+  uint64_t d_rows, d_cols, d_ld; /* C' = D' := d */
+  uint32_t epilogue;
+} tpf_cuda_gemm_plan;
+void tpf_cuda__gemm_plan_of(uint64_t m, uint64_t n, uint64_t k, uint64_t lda, uint64_t ldw,
+                            uint64_t ldd, unsigned flags, const tpf_cuda_epi *e,
+                            tpf_cuda_gemm_plan *out);
 /* Statistics for tests: heuristic queries made, cache hits, fallback GEMMs. */
 void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits,
                           uint64_t *fallbacks);

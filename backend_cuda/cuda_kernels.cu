@@ -14,13 +14,22 @@
  *
  * Reductions accumulate in fp32 and round once to the output dtype. They move 16-byte vectors
  * when every row start of every view is 16-byte aligned and a row is a whole number of vectors,
- * and fall back to scalar accesses otherwise.
+ * and fall back to scalar accesses otherwise. A reduction flagged with the epilogue (it writes
+ * the operation's output D) applies it to the fp32 sum before that one rounding:
+ * act(alpha * sum + beta * D_old + bias[j]), D_old read from the destination only when beta != 0,
+ * the bias (D's dtype) read with scalar loads since a column block's bias need not be 16-byte
+ * aligned. Without the flag the kernels store the sum exactly as in 0.1.
+ *
+ * The fallback GEMM (cuBLASLt has no algorithm for a call) does the same math as the cuBLASLt
+ * path: the step's transposes (tiles are loaded along the stored matrix's contiguous dimension
+ * either way) and the same epilogue.
  */
 #include "cuda_internal.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <stdint.h>
+#include <string.h>
 
 namespace {
 
@@ -128,6 +137,32 @@ template <> struct tpf_cuda__elem<__half> {
   }
 };
 
+/* The epilogue's activation, tpf_gelu's formula (core/dtype.c): tanh GELU, as cuBLASLt's. */
+__device__ __forceinline__ float tpf_cuda__gelu(float x) {
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+/* act(alpha * v + beta * old + bias) in the simulator's order (backend_sim/sim_math.c): the beta
+ * and bias terms are only added when present, so that e.g. -0.0 stays -0.0 without them. */
+__device__ __forceinline__ float tpf_cuda__epi_apply(const tpf_cuda_epi &e, float v, float old,
+                                                     float bias) {
+  float x = e.alpha * v;
+  if (e.beta != 0.0f) x += e.beta * old;
+  if (e.bias != nullptr) x += bias;
+  return e.gelu ? tpf_cuda__gelu(x) : x;
+}
+
+/* The epilogue of element (i, j) of a D of type Tout: old value read only when beta != 0. */
+template <typename Tout>
+__device__ __forceinline__ float tpf_cuda__epi_elem(const tpf_cuda_epi &e, float v, const Tout *dij,
+                                                    uint64_t j) {
+  const float old = e.beta != 0.0f ? tpf_cuda__elem<Tout>::load(*dij) : 0.0f;
+  const float bias =
+      e.bias != nullptr ? tpf_cuda__elem<Tout>::load(static_cast<const Tout *>(e.bias)[j]) : 0.0f;
+  return tpf_cuda__epi_apply(e, v, old, bias);
+}
+
 /* Vector path: VEC = 16 / sizeof(Tin) elements per unit; one 16-byte load per source and unit,
  * sizeof(Tout) * VEC bytes stored (16 or 32: whole uint4 stores). */
 template <typename Tin, typename Tout>
@@ -162,10 +197,21 @@ __global__ void tpf_cuda__reduce_vec_kernel(tpf_cuda_reduce_args a, const tpf_cu
       uint4 v[OUT_U4];
       Tout x[VEC];
     } out;
+    uint4 *d = reinterpret_cast<uint4 *>(static_cast<Tout *>(a.dst) + i * a.dst_ld + j);
+    if (a.epi.on) {
+      /* The old values of D (beta != 0) come in as whole vectors, like the store. */
+      if (a.epi.beta != 0.0f) {
+#pragma unroll
+        for (int e = 0; e < OUT_U4; e++)
+          out.v[e] = d[e];
+      }
+#pragma unroll
+      for (int e = 0; e < VEC; e++)
+        acc[e] = tpf_cuda__epi_elem<Tout>(a.epi, acc[e], &out.x[e], j + (uint64_t)e);
+    }
 #pragma unroll
     for (int e = 0; e < VEC; e++)
       out.x[e] = tpf_cuda__elem<Tout>::store(acc[e]);
-    uint4 *d = reinterpret_cast<uint4 *>(static_cast<Tout *>(a.dst) + i * a.dst_ld + j);
 #pragma unroll
     for (int e = 0; e < OUT_U4; e++)
       d[e] = out.v[e];
@@ -185,7 +231,9 @@ __global__ void tpf_cuda__reduce_scalar_kernel(tpf_cuda_reduce_args a, const tpf
     float acc = 0.0f;
     for (int t = 0; t < a.count; t++)
       acc += tpf_cuda__elem<Tin>::load(static_cast<const Tin *>(a.srcs[t])[i * a.src_ld + j]);
-    static_cast<Tout *>(a.dst)[i * a.dst_ld + j] = tpf_cuda__elem<Tout>::store(acc);
+    Tout *dij = static_cast<Tout *>(a.dst) + i * a.dst_ld + j;
+    if (a.epi.on) acc = tpf_cuda__epi_elem<Tout>(a.epi, acc, dij, j);
+    *dij = tpf_cuda__elem<Tout>::store(acc);
   }
 }
 
@@ -287,8 +335,11 @@ extern "C" cudaError_t tpf_cuda__launch_copy(void *dst, const void *src, uint64_
 
 /* ---- fallback GEMM ----
  * Used only when cuBLASLt has no algorithm for a call (for instance a chunk of D whose rows start
- * at an address aligned to less than the heuristic supports). One thread per output element,
- * operands staged through shared-memory tiles; fp32 accumulation in k order, one rounding. */
+ * at an address aligned to less than the heuristic supports), or for every GEMM under
+ * TPF_CUDA_GEMM_FALLBACK. One thread per output element, operands staged through shared-memory
+ * tiles; fp32 accumulation in k order, the epilogue, one rounding. A tile of a transposed operand
+ * is loaded with threadIdx.x along its stored rows, so loads stay coalesced either way; the
+ * tiles' contents, and so the arithmetic, do not depend on the flags. */
 namespace {
 
 constexpr int kTile = 16;
@@ -296,37 +347,55 @@ constexpr int kTile = 16;
 template <typename Tin, typename Tout>
 __global__ void tpf_cuda__gemm_fallback_kernel(const Tin *a, uint64_t lda, const Tin *w,
                                                uint64_t ldw, Tout *d, uint64_t ldd, uint64_t m,
-                                               uint64_t n, uint64_t k) {
-  __shared__ float as[kTile][kTile + 1];
-  __shared__ float ws[kTile][kTile + 1];
-  const uint64_t i = (uint64_t)blockIdx.y * kTile + threadIdx.y;
-  const uint64_t j = (uint64_t)blockIdx.x * kTile + threadIdx.x;
-  const uint64_t wrow = (uint64_t)blockIdx.x * kTile + threadIdx.y;
+                                               uint64_t n, uint64_t k, int ta, int tw,
+                                               tpf_cuda_epi e) {
+  __shared__ float as[kTile][kTile + 1]; /* as[r][c] = op(a)(i0 + r, k0 + c) */
+  __shared__ float ws[kTile][kTile + 1]; /* ws[r][c] = w(j0 + r, k0 + c), w [n, k] as used */
+  const uint64_t i0 = (uint64_t)blockIdx.y * kTile, j0 = (uint64_t)blockIdx.x * kTile;
+  const uint64_t i = i0 + threadIdx.y;
+  const uint64_t j = j0 + threadIdx.x;
   float acc = 0.0f;
   for (uint64_t k0 = 0; k0 < k; k0 += kTile) {
-    const uint64_t kk = k0 + threadIdx.x;
-    as[threadIdx.y][threadIdx.x] =
-        (i < m && kk < k) ? tpf_cuda__elem<Tin>::load(a[i * lda + kk]) : 0.0f;
-    ws[threadIdx.y][threadIdx.x] =
-        (wrow < n && kk < k) ? tpf_cuda__elem<Tin>::load(w[wrow * ldw + kk]) : 0.0f;
+    if (!ta) { /* a stored [m, k] */
+      const uint64_t r = i0 + threadIdx.y, c = k0 + threadIdx.x;
+      as[threadIdx.y][threadIdx.x] =
+          (r < m && c < k) ? tpf_cuda__elem<Tin>::load(a[r * lda + c]) : 0.0f;
+    } else { /* a stored [k, m] */
+      const uint64_t r = i0 + threadIdx.x, c = k0 + threadIdx.y;
+      as[threadIdx.x][threadIdx.y] =
+          (r < m && c < k) ? tpf_cuda__elem<Tin>::load(a[c * lda + r]) : 0.0f;
+    }
+    if (!tw) { /* w stored [n, k] */
+      const uint64_t r = j0 + threadIdx.y, c = k0 + threadIdx.x;
+      ws[threadIdx.y][threadIdx.x] =
+          (r < n && c < k) ? tpf_cuda__elem<Tin>::load(w[r * ldw + c]) : 0.0f;
+    } else { /* w stored [k, n] */
+      const uint64_t r = j0 + threadIdx.x, c = k0 + threadIdx.y;
+      ws[threadIdx.x][threadIdx.y] =
+          (r < n && c < k) ? tpf_cuda__elem<Tin>::load(w[c * ldw + r]) : 0.0f;
+    }
     __syncthreads();
 #pragma unroll
     for (int t = 0; t < kTile; t++)
       acc += as[threadIdx.y][t] * ws[threadIdx.x][t];
     __syncthreads();
   }
-  if (i < m && j < n) d[i * ldd + j] = tpf_cuda__elem<Tout>::store(acc);
+  if (i < m && j < n) {
+    Tout *dij = d + i * ldd + j;
+    if (e.on) acc = tpf_cuda__epi_elem<Tout>(e, acc, dij, j);
+    *dij = tpf_cuda__elem<Tout>::store(acc);
+  }
 }
 
 template <typename Tin, typename Tout>
 cudaError_t tpf_cuda__gemm_fallback_typed(const void *a, uint64_t lda, const void *w, uint64_t ldw,
                                           void *d, uint64_t ldd, uint64_t m, uint64_t n, uint64_t k,
-                                          cudaStream_t s) {
+                                          int ta, int tw, const tpf_cuda_epi &e, cudaStream_t s) {
   const dim3 block(kTile, kTile);
   const dim3 grid((unsigned)((n + kTile - 1) / kTile), (unsigned)((m + kTile - 1) / kTile));
   tpf_cuda__gemm_fallback_kernel<Tin, Tout>
       <<<grid, block, 0, s>>>(static_cast<const Tin *>(a), lda, static_cast<const Tin *>(w), ldw,
-                              static_cast<Tout *>(d), ldd, m, n, k);
+                              static_cast<Tout *>(d), ldd, m, n, k, ta, tw, e);
   return cudaGetLastError();
 }
 
@@ -335,20 +404,29 @@ cudaError_t tpf_cuda__gemm_fallback_typed(const void *a, uint64_t lda, const voi
 extern "C" cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda,
                                                       const void *w, uint64_t ldw, void *d, int dt,
                                                       uint64_t ldd, uint64_t m, uint64_t n,
-                                                      uint64_t k, cudaStream_t s) {
+                                                      uint64_t k, unsigned flags,
+                                                      const tpf_cuda_epi *e, cudaStream_t s) {
   if ((m + kTile - 1) / kTile > 65535u) return cudaErrorInvalidConfiguration;
+  const int ta = (flags & TPF_STEP_TRANS_A) != 0, tw = (flags & TPF_STEP_TRANS_W) != 0;
+  tpf_cuda_epi ep;
+  memset(&ep, 0, sizeof(ep));
+  if (e != nullptr && e->on) ep = *e;
   switch (at * 8 + dt) {
   case TPF_BF16 * 8 + TPF_BF16:
     return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, __nv_bfloat16>(a, lda, w, ldw, d, ldd, m, n,
-                                                                       k, s);
+                                                                       k, ta, tw, ep, s);
   case TPF_BF16 * 8 + TPF_FP32:
-    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, float>(a, lda, w, ldw, d, ldd, m, n, k, s);
+    return tpf_cuda__gemm_fallback_typed<__nv_bfloat16, float>(a, lda, w, ldw, d, ldd, m, n, k, ta,
+                                                               tw, ep, s);
   case TPF_FP16 * 8 + TPF_FP16:
-    return tpf_cuda__gemm_fallback_typed<__half, __half>(a, lda, w, ldw, d, ldd, m, n, k, s);
+    return tpf_cuda__gemm_fallback_typed<__half, __half>(a, lda, w, ldw, d, ldd, m, n, k, ta, tw,
+                                                         ep, s);
   case TPF_FP16 * 8 + TPF_FP32:
-    return tpf_cuda__gemm_fallback_typed<__half, float>(a, lda, w, ldw, d, ldd, m, n, k, s);
+    return tpf_cuda__gemm_fallback_typed<__half, float>(a, lda, w, ldw, d, ldd, m, n, k, ta, tw, ep,
+                                                        s);
   case TPF_FP32 * 8 + TPF_FP32:
-    return tpf_cuda__gemm_fallback_typed<float, float>(a, lda, w, ldw, d, ldd, m, n, k, s);
+    return tpf_cuda__gemm_fallback_typed<float, float>(a, lda, w, ldw, d, ldd, m, n, k, ta, tw, ep,
+                                                       s);
   default:
     return cudaErrorInvalidValue;
   }
