@@ -63,6 +63,11 @@
  * this process use the raw pointer (with peer access enabled when the devices differ); peers in
  * other processes open a CUDA IPC handle, through a process-wide reference-counted cache because
  * several ranks of one process may import the same allocation.
+ *
+ * Configuration exchange. tpf_comm_create compares the ranks' configuration fingerprints before
+ * reg_create through the allgather op, which runs over the bootstrap (sizes first, then bytes)
+ * and waits at most the backend's timeout when the bootstrap is tpflex's threads or NCCL one; a
+ * caller's bootstrap cannot be bounded (cuda_bootstrap.c).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_internal.h"
@@ -299,6 +304,7 @@ static tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
 static tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r);
 static tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out);
 static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
+static tpf_status tpf_cuda__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes);
 
 static const tpf_backend_ops tpf_cuda__ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
@@ -314,6 +320,7 @@ static const tpf_backend_ops tpf_cuda__ops = {
     .reg_sync = tpf_cuda__reg_sync,
     .reg_async_error = tpf_cuda__reg_async_error,
     .reg_abort = tpf_cuda__reg_abort,
+    .allgather = tpf_cuda__allgather,
 };
 
 static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
@@ -1235,4 +1242,18 @@ static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r) {
   TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_abort: NULL registration");
   atomic_store(&r->aborted, 1);
   return TPF_OK;
+}
+
+/* The configuration exchange of tpf_comm_create (tpf_backend_ops.allgather): over the bootstrap,
+ * bounded by this backend's timeout where the bootstrap allows it (tpflex's threads and NCCL
+ * bootstraps; a caller's own bootstrap waits as its allgather does: cuda_bootstrap.c). No device
+ * work is enqueued, so nothing of any registration is touched. */
+static tpf_status tpf_cuda__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  const uint64_t ms = b->timeout_ns / 1000000ull;
+  tpf_status rc = tpf_cuda__boot_allgather(&b->boot, mine, all, bytes, ms > 0 ? ms : 1);
+  if (rc == TPF_OK || rc == TPF_EMISMATCH) return rc; /* a mismatch already says what */
+  char detail[400];
+  snprintf(detail, sizeof detail, "%s", tpf_last_error());
+  return tpf_set_error(rc, "rank %d, configuration exchange at creation: %s", be->rank, detail);
 }

@@ -14,6 +14,11 @@
  * TPF_CUDA_BOOT_TIMEOUT_MS: a rank that never joins yields TPF_ETIMEOUT with a message instead
  * of a hang. The collective then stays pending on the caller's NCCL communicator, which tpflex
  * does not own: the message tells the caller to ncclCommAbort it.
+ *
+ * The backend's allgather op (tpf_cuda__boot_allgather, the configuration exchange of
+ * tpf_comm_create) runs over the same bootstrap, with the backend's timeout instead of the
+ * bootstrap's when the bootstrap is one of these two. A caller's own bootstrap has no way to be
+ * told a bound (tpf_bootstrap.allgather takes none): its allgather waits as long as it waits.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_internal.h"
@@ -88,8 +93,9 @@ tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g) {
   return TPF_OK;
 }
 
-/* Called with g->mu held. */
-static tpf_status tpf_cuda__threads_barrier_locked(tpf_cuda_threads *g, int rank) {
+/* Called with g->mu held; waits at most timeout_ms. */
+static tpf_status tpf_cuda__threads_barrier_locked(tpf_cuda_threads *g, int rank,
+                                                   uint64_t timeout_ms) {
   const uint64_t gen = g->generation;
   if (++g->arrived == g->tp_size) {
     g->arrived = 0;
@@ -99,8 +105,8 @@ static tpf_status tpf_cuda__threads_barrier_locked(tpf_cuda_threads *g, int rank
   }
   struct timespec dl;
   clock_gettime(CLOCK_MONOTONIC, &dl);
-  dl.tv_sec += (time_t)(g->timeout_ms / 1000u);
-  dl.tv_nsec += (long)(g->timeout_ms % 1000u) * 1000000L;
+  dl.tv_sec += (time_t)(timeout_ms / 1000u);
+  dl.tv_nsec += (long)(timeout_ms % 1000u) * 1000000L;
   if (dl.tv_nsec >= 1000000000L) {
     dl.tv_sec++;
     dl.tv_nsec -= 1000000000L;
@@ -112,7 +118,7 @@ static tpf_status tpf_cuda__threads_barrier_locked(tpf_cuda_threads *g, int rank
       return tpf_set_error(TPF_ETIMEOUT,
                            "threads bootstrap: rank %d waited %llu ms for the other ranks "
                            "(%d of %d arrived)",
-                           rank, (unsigned long long)g->timeout_ms, g->arrived + 1, g->tp_size);
+                           rank, (unsigned long long)timeout_ms, g->arrived + 1, g->tp_size);
     }
   }
   return TPF_OK;
@@ -122,13 +128,13 @@ static tpf_status tpf_cuda__threads_barrier(void *ctx) {
   tpf_cuda_thread_rank *tr = ctx;
   tpf_cuda_threads *g = tr->group;
   pthread_mutex_lock(&g->mu);
-  tpf_status rc = tpf_cuda__threads_barrier_locked(g, tr->rank);
+  tpf_status rc = tpf_cuda__threads_barrier_locked(g, tr->rank, g->timeout_ms);
   pthread_mutex_unlock(&g->mu);
   return rc;
 }
 
-static tpf_status tpf_cuda__threads_allgather(void *ctx, const void *send, void *recv,
-                                              size_t bytes) {
+static tpf_status tpf_cuda__threads_allgather_within(void *ctx, const void *send, void *recv,
+                                                     size_t bytes, uint64_t timeout_ms) {
   tpf_cuda_thread_rank *tr = ctx;
   tpf_cuda_threads *g = tr->group;
   tpf_status rc = TPF_OK;
@@ -149,15 +155,21 @@ static tpf_status tpf_cuda__threads_allgather(void *ctx, const void *send, void 
     g->buf_bytes_per_rank = bytes;
   }
   memcpy(g->buf + (size_t)tr->rank * g->buf_bytes_per_rank, send, bytes);
-  rc = tpf_cuda__threads_barrier_locked(g, tr->rank);
+  rc = tpf_cuda__threads_barrier_locked(g, tr->rank, timeout_ms);
   if (rc == TPF_OK) {
     for (int r = 0; r < g->tp_size; r++)
       memcpy((unsigned char *)recv + (size_t)r * bytes, g->buf + (size_t)r * g->buf_bytes_per_rank,
              bytes);
-    rc = tpf_cuda__threads_barrier_locked(g, tr->rank);
+    rc = tpf_cuda__threads_barrier_locked(g, tr->rank, timeout_ms);
   }
   pthread_mutex_unlock(&g->mu);
   return rc;
+}
+
+static tpf_status tpf_cuda__threads_allgather(void *ctx, const void *send, void *recv,
+                                              size_t bytes) {
+  tpf_cuda_thread_rank *tr = ctx;
+  return tpf_cuda__threads_allgather_within(ctx, send, recv, bytes, tr->group->timeout_ms);
 }
 
 tpf_status tpf_cuda_threads_bootstrap(tpf_cuda_threads *g, int rank, int device,
@@ -199,8 +211,8 @@ static uint64_t tpf_cuda__boot_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* Waits for the bootstrap stream, bounded by the timeout, watching the communicator's errors. */
-static tpf_status tpf_cuda__nccl_wait(tpf_cuda_nccl_ctx *c, const char *what) {
+/* Waits for the bootstrap stream, at most timeout_ms, watching the communicator's errors. */
+static tpf_status tpf_cuda__nccl_wait(tpf_cuda_nccl_ctx *c, const char *what, uint64_t timeout_ms) {
   const uint64_t start = tpf_cuda__boot_now_ms();
   for (;;) {
     cudaError_t e = cudaStreamQuery(c->stream);
@@ -210,19 +222,20 @@ static tpf_status tpf_cuda__nccl_wait(tpf_cuda_nccl_ctx *c, const char *what) {
     ncclResult_t nr = ncclCommGetAsyncError(c->comm, &ar);
     if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommGetAsyncError");
     if (ar != ncclSuccess && ar != ncclInProgress) return tpf_cuda__nccl_err(ar, what);
-    if (tpf_cuda__boot_now_ms() - start > c->timeout_ms)
+    if (tpf_cuda__boot_now_ms() - start > timeout_ms)
       return tpf_set_error(TPF_ETIMEOUT,
                            "NCCL bootstrap %s: not complete after %llu ms (a rank of the %d never "
                            "joined?); the collective is still pending on the caller's NCCL "
                            "communicator: ncclCommAbort it (TPF_CUDA_BOOT_TIMEOUT_MS sets the "
                            "bound)",
-                           what, (unsigned long long)c->timeout_ms, c->nranks);
+                           what, (unsigned long long)timeout_ms, c->nranks);
     struct timespec d = {0, 1000000L};
     nanosleep(&d, NULL);
   }
 }
 
-static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+static tpf_status tpf_cuda__nccl_allgather_within(void *ctx, const void *send, void *recv,
+                                                  size_t bytes, uint64_t timeout_ms) {
   tpf_cuda_nccl_ctx *c = ctx;
   cudaError_t e = cudaSetDevice(c->device);
   if (e != cudaSuccess) return tpf_cuda__err(e, "cudaSetDevice");
@@ -244,7 +257,12 @@ static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *re
   if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllGather");
   e = cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost, c->stream);
   if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
-  return tpf_cuda__nccl_wait(c, "allgather");
+  return tpf_cuda__nccl_wait(c, "allgather", timeout_ms);
+}
+
+static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
+  tpf_cuda_nccl_ctx *c = ctx;
+  return tpf_cuda__nccl_allgather_within(ctx, send, recv, bytes, c->timeout_ms);
 }
 
 static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
@@ -262,7 +280,7 @@ static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
   }
   ncclResult_t nr = ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream);
   if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllReduce");
-  return tpf_cuda__nccl_wait(c, "barrier");
+  return tpf_cuda__nccl_wait(c, "barrier", c->timeout_ms);
 }
 
 tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out) {
@@ -309,4 +327,38 @@ void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b) {
   if (c->stream != NULL) cudaStreamDestroy(c->stream);
   tpf__free(c);
   b->ctx = NULL;
+}
+
+/* ---- the backend's allgather op ---- */
+
+/* One allgather over boot, bounded by timeout_ms when the bootstrap is one of ours. */
+static tpf_status tpf_cuda__boot_allgather_once(const tpf_bootstrap *boot, const void *send,
+                                                void *recv, size_t bytes, uint64_t timeout_ms) {
+  if (boot->allgather == tpf_cuda__threads_allgather)
+    return tpf_cuda__threads_allgather_within(boot->ctx, send, recv, bytes, timeout_ms);
+  if (boot->allgather == tpf_cuda__nccl_allgather)
+    return tpf_cuda__nccl_allgather_within(boot->ctx, send, recv, bytes, timeout_ms);
+  /* A caller's bootstrap: no bound can be passed through tpf_bootstrap (see the file comment). */
+  return boot->allgather(boot->ctx, send, recv, bytes);
+}
+
+tpf_status tpf_cuda__boot_allgather(const tpf_bootstrap *boot, const void *send, void *recv,
+                                    size_t bytes, uint64_t timeout_ms) {
+  TPF_RETURN_IF(boot == NULL || boot->allgather == NULL || send == NULL || recv == NULL ||
+                    bytes == 0,
+                TPF_EINVAL, "cuda allgather: %s", bytes ? "NULL argument" : "zero bytes");
+  const int P = boot->tp_size;
+  TPF_RETURN_IF(P < 1 || P > TPF_MAX_RANKS, TPF_EINVAL, "cuda allgather: tp_size %d", P);
+  if (timeout_ms == 0) timeout_ms = 1;
+  /* Sizes first: ranks built from different tpflex versions may contribute different sizes, and
+   * an allgather of unequal sizes is undefined for NCCL and the threads buffer alike. The size
+   * words are equal-sized everywhere, so this exchange is always well-formed. */
+  uint64_t mine = (uint64_t)bytes, sizes[TPF_MAX_RANKS];
+  TPF_CHECK(tpf_cuda__boot_allgather_once(boot, &mine, sizes, sizeof mine, timeout_ms));
+  for (int q = 0; q < P; q++)
+    TPF_RETURN_IF(sizes[q] != mine, TPF_EMISMATCH,
+                  "configuration exchange: rank %d contributes %llu bytes, rank %d %llu "
+                  "(different tpflex versions?)",
+                  boot->rank, (unsigned long long)mine, q, (unsigned long long)sizes[q]);
+  return tpf_cuda__boot_allgather_once(boot, send, recv, bytes, timeout_ms);
 }

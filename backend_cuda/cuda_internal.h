@@ -1,5 +1,6 @@
 /* Private declarations of the CUDA backend: the kernel launchers (cuda_kernels.cu), the host
- * agreement (cuda_hostsync.c) and the cuBLASLt GEMM cache (cuda_gemm.c). Nothing here is public.
+ * agreement (cuda_hostsync.c), the cuBLASLt GEMM cache (cuda_gemm.c) and the bootstrap's bounded
+ * allgather (cuda_bootstrap.c). Nothing here is public.
  *
  * Device-visible layout of one registration (one cudaMalloc, so one CUDA IPC handle):
  *   [0, data_bytes)                   data (the registered buffer the core lays out)
@@ -151,6 +152,14 @@ void tpf_cuda__gemm_plan_of(uint64_t m, uint64_t n, uint64_t k, uint64_t lda, ui
 /* Statistics for tests: heuristic queries made, cache hits, fallback GEMMs. */
 void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits,
                           uint64_t *fallbacks);
+
+/* ---- cuda_bootstrap.c ---- */
+/* The backend's allgather op over its bootstrap: first the sizes (TPF_EMISMATCH on every rank
+ * when they differ), then the bytes. tpflex's own bootstraps (threads, NCCL) wait at most
+ * timeout_ms (TPF_ETIMEOUT); a caller's bootstrap cannot be bounded from here and waits as long
+ * as its allgather does. */
+tpf_status tpf_cuda__boot_allgather(const tpf_bootstrap *boot, const void *send, void *recv,
+                                    size_t bytes, uint64_t timeout_ms);
 
 /* ---- translation of foreign errors (cuda_backend.c) ---- */
 tpf_status tpf_cuda__err(cudaError_t e, const char *what);
