@@ -1,11 +1,12 @@
 /* Host-side agreement for ranks in different processes of one node (CUDA IPC).
  *
- * Method. Before a rank enqueues anything of an operation, it publishes TPF_READY_WORD(seq, rows)
- * in a small POSIX shared-memory table of the registration and waits, on the host and bounded by
- * the timeout, until every peer has published the same sequence number; then it compares the
- * rows. A disagreement is TPF_EMISMATCH on every rank before any device work is enqueued, so no
- * byte moves (the copy engine cannot be stopped once a transfer is enqueued). The peer only has
- * to reach the same operation on the host, not finish device work, so the wait is short. Words
+ * Method. Before a rank enqueues anything of an operation, it publishes TPF_READY_WORD(seq, op
+ * key, rows) in a small POSIX shared-memory table of the registration and waits, on the host and
+ * bounded by the timeout, until every peer has published the same sequence number; then it
+ * compares the bodies (operation kind and split count, active rows). A disagreement is
+ * TPF_EMISMATCH on every rank before any device work is enqueued, so no byte moves (the copy
+ * engine cannot be stopped once a transfer is enqueued). The peer only has to reach the same
+ * operation on the host, not finish device work, so the wait is short. Words
  * are kept per sequence parity: a peer may announce seq+1 before a slow rank has read seq, never
  * seq+2 (that needs the slow rank's announcement of seq+1).
  *

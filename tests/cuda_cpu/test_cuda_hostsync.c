@@ -1,6 +1,7 @@
 /* The host agreement of ranks in different processes (backend_cuda/cuda_hostsync.c), with P
  * forked processes and no GPU: agreement, a shape mismatch seen by every rank, a late rank, an
- * absent rank, and nothing left behind in /dev/shm. */
+ * operation-key mismatch (same rows, different split count or kind) naming both keys, an absent
+ * rank, and nothing left behind in /dev/shm. */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_internal.h"
@@ -13,13 +14,13 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { P = 3, SLOT = 512, STEPS = 8 };
+enum { P = 3, SLOT = 512, STEPS = 10 };
 
 typedef struct {
   pthread_barrier_t bar;
   unsigned char buf[P][SLOT];
   int status[P][STEPS]; /* tpf_status of each step, -1 = not run */
-  char msg[P][STEPS][160];
+  char msg[P][STEPS][256];
 } shared;
 
 typedef struct {
@@ -74,8 +75,20 @@ static void child(shared *sh, int rank) {
   }
   record(sh, rank, 5, tpf_cuda__hostsync_agree(h, "qkv_fprop", 5, 16, 2000 * ms));
   record(sh, rank, 6, tpf_cuda__hostsync_agree(h, "qkv_fprop", 6, 24, 2000 * ms));
-  /* 7: rank 2 never arrives. */
-  if (rank != 2) record(sh, rank, 7, tpf_cuda__hostsync_agree(h, "qkv_fprop", 7, 32, 200 * ms));
+  /* 7: same rows, but rank 0 runs ag_gemm with 4 splits and the others with 8 (what different
+   * per-operation num_splits give); 8: same rows and splits, rank 2 runs gemm_rs. */
+  const uint8_t k4 = TPF_OP_KEY(TPF_OP_AG_GEMM, 4), k8 = TPF_OP_KEY(TPF_OP_AG_GEMM, 8);
+  const uint8_t rs8 = TPF_OP_KEY(TPF_OP_GEMM_RS, 8);
+  record(sh, rank, 7,
+         tpf_cuda__hostsync_agree(h, "qkv_fprop", 7,
+                                  TPF_READY_BODY(TPF_READY_WORD(0, rank == 0 ? k4 : k8, 48)),
+                                  2000 * ms));
+  record(sh, rank, 8,
+         tpf_cuda__hostsync_agree(h, "qkv_fprop", 8,
+                                  TPF_READY_BODY(TPF_READY_WORD(0, rank == 2 ? rs8 : k8, 48)),
+                                  2000 * ms));
+  /* 9: rank 2 never arrives. */
+  if (rank != 2) record(sh, rank, 9, tpf_cuda__hostsync_agree(h, "qkv_fprop", 9, 32, 200 * ms));
   tpf_cuda__hostsync_destroy(h);
   _exit(0);
 }
@@ -125,12 +138,24 @@ static void test_cuda_hostsync__processes_agree_or_fail_together(void **state) {
     assert_non_null(strstr(sh->msg[r][4], "no byte moved"));
     for (int s = 5; s <= 6; s++)
       if (sh->status[r][s] != TPF_OK) fail_msg("rank %d step %d: %s", r, s, sh->msg[r][s]);
+    /* Key mismatches: every rank fails, naming both operations; the rows agree. */
+    if (sh->status[r][7] != TPF_EMISMATCH) fail_msg("rank %d key mismatch: %s", r, sh->msg[r][7]);
+    assert_non_null(strstr(sh->msg[r][7], "ag_gemm/4 splits"));
+    assert_non_null(strstr(sh->msg[r][7], "ag_gemm/8 splits"));
+    assert_non_null(strstr(sh->msg[r][7], "no byte moved"));
+    if (sh->status[r][8] != TPF_EMISMATCH) fail_msg("rank %d kind mismatch: %s", r, sh->msg[r][8]);
+    assert_non_null(strstr(sh->msg[r][8], "gemm_rs/8 splits"));
+    assert_non_null(strstr(sh->msg[r][8], "ag_gemm/8 splits"));
   }
+  /* Rank 0 compares with rank 1 first: 4 splits here, 8 on rank 1. */
+  assert_non_null(
+      strstr(sh->msg[0][7], "(ag_gemm/4 splits) here but 48 (ag_gemm/8 splits) on rank 1"));
   for (int r = 0; r < 2; r++) {
-    if (sh->status[r][7] != TPF_ETIMEOUT) fail_msg("rank %d absent peer: %s", r, sh->msg[r][7]);
-    assert_non_null(strstr(sh->msg[r][7], "rank 2"));
+    if (sh->status[r][9] != TPF_ETIMEOUT) fail_msg("rank %d absent peer: %s", r, sh->msg[r][9]);
+    assert_non_null(strstr(sh->msg[r][9], "rank 2"));
   }
-  print_message("rank 0, mismatch: %s\nrank 0, absent peer: %s\n", sh->msg[0][4], sh->msg[0][7]);
+  print_message("rank 0, mismatch: %s\nrank 0, key mismatch: %s\nrank 0, absent peer: %s\n",
+                sh->msg[0][4], sh->msg[0][7], sh->msg[0][9]);
   /* The forked rank 0 created the table under its own pid and unlinked it. */
   assert_int_equal(shm_entries(kids[0]), 0);
   pthread_barrier_destroy(&sh->bar);
