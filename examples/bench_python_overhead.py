@@ -1,14 +1,21 @@
 """Benchmark (not a test): the Python overhead of tpflex.torch per call, in µs, against the same
-C call made through ctypes with pre-built argument structs (the floor any binding pays), on the
-simulator with P = 1 (so no peer waits are timed). Small shapes so the C work itself is small.
+C call made through ctypes with pre-built argument structs (the floor any binding pays), with
+P = 1 (so no peer waits are timed). Small shapes so the C work itself is small.
 
-  TPFLEX_LIBRARY=build/libtpflex.so python3 examples/bench_python_overhead.py [--iters 2000]"""
+  TPFLEX_LIBRARY=build/libtpflex.so python3 examples/bench_python_overhead.py [--iters 2000]
+  TPFLEX_LIBRARY=build-cuda/libtpflex.so python3 examples/bench_python_overhead.py --backend cuda
+
+--backend sim: the simulator (the C call runs the operation before returning). --backend cuda:
+one process, a gloo group of one (no torchrun needed), operations enqueued on the current
+stream; both variants synchronise the device every --sync-every calls, so a queue that fills
+up slows both alike (the table's overhead column is the difference)."""
 from __future__ import annotations
 
 import argparse
 import ctypes
 import os
 import sys
+import tempfile
 import time
 import warnings
 
@@ -19,54 +26,107 @@ import torch  # noqa: E402
 
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as te  # noqa: E402
-from tpflex._lib import Matrix, Shape, lib  # noqa: E402
+from tpflex._lib import Matrix, Shape, lib, op_options_default  # noqa: E402
 
 
-def per_call_us(fn, iters: int) -> float:
-    for _ in range(min(100, iters)):
+CLOCK = [time.perf_counter]
+
+
+def per_call_us(fn, iters: int, sync=None, every: int = 0) -> float:
+    clock = CLOCK[0]
+    for i in range(min(100, iters)):
         fn()
-    t0 = time.perf_counter()
-    for _ in range(iters):
+    if sync:
+        sync()
+    t0 = clock()
+    for i in range(iters):
         fn()
-    return 1e6 * (time.perf_counter() - t0) / iters
+        if every and i % every == every - 1:
+            sync()
+    if sync:
+        sync()
+    return 1e6 * (clock() - t0) / iters
 
 
-def body(rank: int, iters: int):
+def paired(py, c, iters: int, sync=None, every: int = 0, blocks: int = 7):
+    """Both variants in alternating blocks; the fastest block of each (robust to a busy
+    machine: interference only ever adds time)."""
+    n = max(1, iters // blocks)
+    tp, tc = [], []
+    for _ in range(blocks):
+        tp.append(per_call_us(py, n, sync, every))
+        tc.append(per_call_us(c, n, sync, every))
+    return min(tp), min(tc)
+
+
+def body(rank: int, iters: int, device: torch.device, backend: str, every: int):
     torch.set_num_threads(1)
     H, T, N = 64, 16, 16
-    mgr = te.initialize_ub([256, H], 1, dtype=torch.float32)
+    mgr = te.initialize_ub([256, H], 1, dtype=torch.float32, backend=backend)
     te.set_ub_active_shape([T, H])
     ag, rs, bulk = te.get_ub("fc1_fprop"), te.get_ub("fc2_fprop"), te.get_ub("fc1_dgrad")
-    w = torch.randn(N, H)
-    d = torch.empty(T, N)
-    x = torch.randn(T, N)
-    w_rs = torch.randn(H, N)
-    o_rs = torch.empty(T, H)
-    a, b, o_b = torch.randn(8, 16), torch.randn(8, 16), torch.empty(8, 8)
+    dev = dict(device=device)
+    w, d = torch.randn(N, H, **dev), torch.empty(T, N, **dev)
+    wt = w.t().contiguous()                     # [H, N] for trans_w
+    bias = torch.randn(N, **dev)
+    x, w_rs, o_rs = torch.randn(T, N, **dev), torch.randn(H, N, **dev), torch.empty(T, H, **dev)
+    a, b, o_b = torch.randn(8, 16, **dev), torch.randn(8, 16, **dev), torch.empty(8, 8, **dev)
     mat = lambda t: Matrix(t.data_ptr(), t.shape[0], t.shape[1], t.stride(0), 2)  # noqa: E731
-    mw, md, mx, mwr, mor, ma, mb, mob = map(mat, (w, d, x, w_rs, o_rs, a, b, o_b))
+    mw, mwt, md, mx, mwr, mor, ma, mb, mob = map(mat, (w, wt, d, x, w_rs, o_rs, a, b, o_b))
+    opt = op_options_default()
+    opt.trans_w, opt.bias = True, bias.data_ptr()
     h = {k: v._h for k, v in (("ag", ag), ("rs", rs), ("bulk", bulk))}
+    s = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else None
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     r = ctypes.byref
-    rows = []
     sh = Shape(T, H)
-    rows.append(("set_ub_active_shape", per_call_us(lambda: te.set_ub_active_shape([T, H]), iters),
-                 per_call_us(lambda: lib.tpf_manager_set_active_shape(mgr._h, sh), iters)))
-    rows.append(("ag_gemm", per_call_us(lambda: ag.ag_gemm(w, out=d), iters),
-                 per_call_us(lambda: lib.tpf_ag_gemm(h["ag"], r(mw), r(md), None), iters)))
-    rows.append(("gemm_rs", per_call_us(lambda: rs.gemm_rs(x, w_rs, out=o_rs), iters),
-                 per_call_us(lambda: lib.tpf_gemm_rs(h["rs"], r(mx), r(mwr), r(mor), None), iters)))
-    rows.append(("bulk_overlap", per_call_us(lambda: bulk.bulk_overlap(a, b, out=o_b), iters),
-                 per_call_us(lambda: lib.tpf_bulk_overlap(h["bulk"], r(ma), r(mb), r(mob), None),
-                             iters)))
+    t = lambda py, c: paired(py, c, iters, sync, every)  # noqa: E731
+    rows = [
+        ("set_ub_active_shape", *t(lambda: te.set_ub_active_shape([T, H]),
+                                   lambda: lib.tpf_manager_set_active_shape(mgr._h, sh))),
+        ("local_chunk() view", *t(lambda: ag.local_chunk(), lambda: lib.tpf_comm_epoch(h["ag"]))),
+        ("ag_gemm", *t(lambda: ag.ag_gemm(w, out=d),
+                       lambda: lib.tpf_ag_gemm(h["ag"], r(mw), r(md), s))),
+        ("ag_gemm trans_w+bias", *t(lambda: ag.ag_gemm(wt, out=d, trans_w=True, bias=bias),
+                                    lambda: lib.tpf_ag_gemm_ex(h["ag"], r(mwt), r(md), r(opt), s))),
+        ("gemm_rs", *t(lambda: rs.gemm_rs(x, w_rs, out=o_rs),
+                       lambda: lib.tpf_gemm_rs(h["rs"], r(mx), r(mwr), r(mor), s))),
+        ("bulk_overlap", *t(lambda: bulk.bulk_overlap(a, b, out=o_b),
+                            lambda: lib.tpf_bulk_overlap(h["bulk"], r(ma), r(mb), r(mob), s))),
+    ]
+    if sync:
+        sync()
     te.destroy_ub()
     return rows
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--iters", type=int, default=2000)
+    ap.add_argument("--backend", default="sim", choices=["sim", "cuda"])
+    ap.add_argument("--sync-every", type=int, default=50, help="cuda: device sync period")
+    ap.add_argument("--clock", choices=["thread", "wall"], default=None,
+                    help="thread: CPU time of the calling thread (default for sim: insensitive to "
+                         "other processes; the simulator runs P=1 steps on that thread); wall: "
+                         "elapsed time (default for cuda, where a call may wait on the device)")
     a = ap.parse_args()
-    rows = sim.run(1, body, a.iters)[0]
+    a.clock = a.clock or ("thread" if a.backend == "sim" else "wall")
+    CLOCK[0] = time.thread_time if a.clock == "thread" else time.perf_counter
+    if a.backend == "sim":
+        rows = sim.run(1, body, a.iters, torch.device("cpu"), "sim", 0)[0]
+        where = "simulator, P=1"
+    else:
+        import torch.distributed as dist
+        store = os.path.join(tempfile.mkdtemp(prefix="tpflex-"), "store")
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+        device = torch.device("cuda", 0)
+        torch.cuda.set_device(device)
+        rows = body(0, a.iters, device, "cuda", a.sync_every)
+        dist.destroy_process_group()
+        where = f"CUDA {torch.cuda.get_device_name(device)}, P=1, sync every {a.sync_every}"
+    print(f"bench_python_overhead: {where}, {a.clock} clock, {a.iters} calls each in 7 "
+          f"alternating blocks, the fastest block (the 'local_chunk()' row's C column is tpf_comm_epoch, the cache check)")
     print(f"{'call':22s} {'tpflex.torch us':>16s} {'raw ctypes us':>14s} {'overhead us':>12s}")
     for name, py, c in rows:
         print(f"{name:22s} {py:16.2f} {c:14.2f} {py - c:12.2f}")

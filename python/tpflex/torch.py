@@ -378,22 +378,26 @@ class Communicator:
             raise TpflexInvalidError(f"{what} must be a torch.Tensor, got {type(t).__name__}", where)
         if t.device != self.device:
             raise TpflexInvalidError(f"{what} is on {t.device}, expected {self.device}", where)
-        if t.dtype not in dtypes:
+        dt = t.dtype
+        if dt not in dtypes:
             raise TpflexInvalidError(
-                f"{what} has dtype {t.dtype}, expected {' or '.join(str(d) for d in dtypes)}", where)
-        if t.dim() != 2 or any(s is not None and s != g for s, g in zip(shape, t.shape)):
+                f"{what} has dtype {dt}, expected {' or '.join(str(d) for d in dtypes)}", where)
+        ts = t.shape
+        want_r, want_c = shape
+        if len(ts) != 2 or (want_r is not None and ts[0] != want_r) or \
+                (want_c is not None and ts[1] != want_c):
             want = _shape_str([s if s is not None else "*" for s in shape])
-            raise TpflexShapeError(f"{what} has shape {_shape_str(t.shape)}, expected {want}", where)
-        rows, cols = int(t.shape[0]), int(t.shape[1])
+            raise TpflexShapeError(f"{what} has shape {_shape_str(ts)}, expected {want}", where)
+        rows, cols = ts
         s0, s1 = t.stride()
         if cols > 1 and s1 != 1 or rows > 1 and s0 < cols:
             hint = (" (a transposed view: pass the stored tensor and set trans_w/trans_a)"
                     if s0 == 1 and rows > 1 else "")
             raise TpflexShapeError(
-                f"{what} has strides {tuple(t.stride())} for shape {_shape_str(t.shape)}, expected "
+                f"{what} has strides {tuple(t.stride())} for shape {_shape_str(ts)}, expected "
                 f"contiguous rows (stride 1) and a leading dimension >= {cols}{hint}", where)
-        ld = s0 if rows > 1 else cols
-        return Matrix(t.data_ptr(), rows, cols, max(ld, cols), _TORCH_TO_TPF[t.dtype])
+        return Matrix(t.data_ptr(), rows, cols, s0 if rows > 1 and s0 > cols else cols,
+                      _TORCH_TO_TPF[dt])
 
     def _dims(self, where: str, what: str, t: Any) -> Tuple[int, int]:
         if not isinstance(t, torch.Tensor):
@@ -403,14 +407,14 @@ class Communicator:
         return int(t.shape[0]), int(t.shape[1])
 
     def _out(self, where: str, out: Optional[torch.Tensor], shape: Tuple[int, int],
-             dtype: torch.dtype, dtypes: Tuple[torch.dtype, ...], o: _Opts) -> torch.Tensor:
+             dtype: torch.dtype, dtypes: Tuple[torch.dtype, ...],
+             o: _Opts) -> Tuple[torch.Tensor, Matrix]:
         if out is None:
             if o.beta != 0.0:
                 raise TpflexInvalidError(f"beta={o.beta} reads D before writing it: pass out= "
                                          f"(a {_shape_str(shape)} tensor)", where)
-            return torch.empty(shape, dtype=dtype, device=self.device)
-        self._mat(where, "out", out, shape, dtypes)
-        return out
+            out = torch.empty(shape, dtype=dtype, device=self.device)
+        return out, self._mat(where, "out", out, shape, dtypes)
 
     def _bias(self, where: str, o: _Opts, n: int, out: torch.Tensor) -> Optional[int]:
         b = o.bias
@@ -476,8 +480,7 @@ class Communicator:
         w = self._mat(where, "weight (trans_w: [H, N])" if o.trans_w else "weight", weight,
                       (H, None) if o.trans_w else (None, H), (self.dtype,))
         outs = (self.dtype, torch.float32) if self.dtype != torch.float32 else (self.dtype,)
-        out = self._out(where, out, (T, N), self.dtype, outs, o)
-        d = self._mat(where, "out", out, (T, N), outs)
+        out, d = self._out(where, out, (T, N), self.dtype, outs, o)
         self._call(where, lib.tpf_ag_gemm, lib.tpf_ag_gemm_ex, (w, d), o,
                    self._bias(where, o, N, out))
         return out
@@ -500,8 +503,7 @@ class Communicator:
                       (K, H) if o.trans_w else (H, K), ins)
         rows = T // self.tp_size
         outs = (self.dtype, torch.float32) if self.dtype != torch.float32 else (self.dtype,)
-        out = self._out(where, out, (rows, H), self.dtype, outs, o)
-        d = self._mat(where, "out", out, (rows, H), outs)
+        out, d = self._out(where, out, (rows, H), self.dtype, outs, o)
         self._call(where, lib.tpf_gemm_rs, lib.tpf_gemm_rs_ex, (xm, w, d), o,
                    self._bias(where, o, H, out))
         return out
@@ -523,8 +525,7 @@ class Communicator:
         bm = self._mat(where, "b (trans_w: [K, N])" if o.trans_w else "b", b,
                        (K, None) if o.trans_w else (None, K), (a.dtype,))
         outs = (a.dtype, torch.float32) if a.dtype != torch.float32 else (a.dtype,)
-        out = self._out(where, out, (M, N), a.dtype, outs, o)
-        d = self._mat(where, "out", out, (M, N), outs)
+        out, d = self._out(where, out, (M, N), a.dtype, outs, o)
         self._call(where, lib.tpf_bulk_overlap, lib.tpf_bulk_overlap_ex, (am, bm, d), o,
                    self._bias(where, o, N, out))
         return out
