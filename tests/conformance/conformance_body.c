@@ -678,7 +678,20 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   TPF_CHECK_GOTO(tpf_ref_epilogue(prod, o->alpha, o->beta, o->beta != 0.0f ? &oldh : NULL,
                                   o->bias ? bias.host.ptr : NULL, o->gelu, &want),
                  rc, out);
-  check_close(v, "D = act(alpha op(a) op(w) + beta D + bias)", &d.host, &want, slack, dt);
+  if (o->gelu) {
+    /* cuBLASLt's GELU epilogue evaluates tanh with a fast approximation: fp32 results may differ
+     * from the reference's double-precision tanh by ~1e-4 relative, so a GELU case gets at least
+     * rtol 1e-3 / atol 1e-4 (bf16/fp16 tolerances are already looser). */
+    tpf_ref_tol tol = tpf_ref_tolerance_pair(dt, d.host.dtype);
+    if (tol.rtol < 1e-3) tol.rtol = 1e-3;
+    if (tol.atol < 1e-4) tol.atol = 1e-4;
+    char why[400];
+    if (!tpf_ref_check(&d.host, &want, slack, tol, "D = act(alpha op(a) op(w) + beta D + bias)",
+                       why, sizeof why))
+      verdict_fail(v, "%s", why);
+  } else {
+    check_close(v, "D = act(alpha op(a) op(w) + beta D + bias)", &d.host, &want, slack, dt);
+  }
   if (ag) {
     TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
     check_exact(v, "gathered buffer", &bufh, &x);
