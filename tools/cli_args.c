@@ -2,7 +2,14 @@
 #include "cli_args.h"
 
 #include <stdarg.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include "tpflex/tpflex_cost.h"
+
+#ifndef TPF_COST_DIRS
+#define TPF_COST_DIRS ""
+#endif
 
 bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out) {
   if (!text || !text[0]) return false;
@@ -154,5 +161,45 @@ int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **a
     vals[k].set = true;
     vals[k].s = v;
   }
+  return -1;
+}
+
+char *cli_read_text(const char *path, size_t max) {
+  FILE *f = fopen(path, "r");
+  if (!f) return NULL;
+  char *buf = malloc(max + 1);
+  size_t n = buf ? fread(buf, 1, max, f) : 0;
+  int more = buf ? fgetc(f) : EOF;
+  fclose(f);
+  if (!buf || more != EOF) {
+    free(buf);
+    return NULL;
+  }
+  buf[n] = '\0';
+  return buf;
+}
+
+int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const char *default_name,
+                  struct tpf_cost_table *out, char *used, size_t len) {
+  char *text = NULL;
+  if (path) {
+    text = cli_read_text(path, 1u << 20);
+    if (!text) return cli_error(ctx, "%s '%s' cannot be read (or is over 1 MiB)", opt, path);
+    snprintf(used, len, "%s", path);
+  } else {
+    const char *dirs = TPF_COST_DIRS; /* ':'-separated, compiled in: install dir, source dir */
+    while (*dirs && !text) {
+      size_t n = strcspn(dirs, ":");
+      snprintf(used, len, "%.*s/%s", (int)n, dirs, default_name);
+      text = cli_read_text(used, 1u << 20);
+      dirs += n + (dirs[n] == ':');
+    }
+    if (!text)
+      return cli_error(ctx, "no default cost table %s found (looked in '%s'); pass %s FILE",
+                       default_name, TPF_COST_DIRS, opt);
+  }
+  tpf_status rc = tpf_cost_table_parse(text, out);
+  free(text);
+  if (rc != TPF_OK) return cli_error(ctx, "%s '%s': %s", opt, used, tpf_last_error());
   return -1;
 }

@@ -71,4 +71,17 @@ void cli_usage(FILE *f, const cli_opt *opts, int n, const char *usage_intro, con
 /* True when argv[1..argc) contains exactly the word w (to decide --json before parsing). */
 bool cli_has_word(int argc, char **argv, const char *w);
 
+/* The whole file as a NUL-terminated string (malloc'ed; free it), or NULL when it cannot be read
+ * or is longer than max bytes. */
+char *cli_read_text(const char *path, size_t max);
+
+/* Loads a cost table (include/tpflex/tpflex_cost.h) into *out: from `path` when it is not NULL,
+ * else the shipped table `default_name` ("h200.txt", "sim.txt") from the directories compiled in
+ * (TPF_COST_DIRS: the install directory, then the source tree's data/cost). `used` (len bytes)
+ * receives the path read. Returns -1 on success, else 2 after reporting through cli_error (`opt`,
+ * e.g. "--cost", names the option in the message). */
+struct tpf_cost_table;
+int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const char *default_name,
+                  struct tpf_cost_table *out, char *used, size_t len);
+
 #endif /* TPF_CLI_ARGS_H */

@@ -6,6 +6,7 @@
  */
 #include "cmds.h"
 
+#include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -44,22 +45,25 @@ enum {
   O_JSON,
   O_PREDICT,
   O_COST,
+  O_PROJECT,
   O_NOPTS
 };
 #define PLAN_MAX_DIM (1ull << 40)
 static const cli_opt kPlanOpts[O_NOPTS] = {
-    [O_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P", "required: tensor-parallel ranks", 0,
-              false},
+    [O_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P",
+              "required (--project: optional, default 8): tensor-parallel ranks", 0, false},
     [O_CAP] = {"--capacity", CLI_U64, 1, PLAN_MAX_DIM, NULL, "C",
-               "required: registered rows (tokens) of the buffer", 0, false},
+               "required (--project: optional, default 32768): registered rows (tokens)", 0, false},
     [O_TOKENS] = {"--tokens", CLI_U64, 1, PLAN_MAX_DIM, NULL, "T",
                   "optional: active rows, <= C (default C)", 0, false},
     [O_HIDDEN] = {"--hidden", CLI_U64, 1, 1ull << 24, NULL, "H",
-                  "required: buffer columns (hidden size)", 0, false},
+                  "required (--project: optional, default 8192): buffer columns (hidden size)", 0,
+                  false},
     [O_ALGO] = {"--algo", CLI_CHOICE, 0, 0, "ring|pipeline|bulk", NULL,
-                "required: ring exchange, pipeline or bulk overlap", 0, false},
-    [O_COLL] = {"--coll", CLI_CHOICE, 0, 0, "ag|rs", NULL, "required: all-gather or reduce-scatter",
-                0, false},
+                "required (--project: optional): ring exchange, pipeline or bulk overlap", 0,
+                false},
+    [O_COLL] = {"--coll", CLI_CHOICE, 0, 0, "ag|rs", NULL,
+                "required (--project: optional): all-gather or reduce-scatter", 0, false},
     [O_SPLITS] = {"--splits", CLI_U64, 0, 1024, NULL, "S",
                   "optional, ring and pipeline: GEMM chunks (0 = default: ring P, pipeline 4)",
                   A_RING | A_PIPE, false},
@@ -82,9 +86,14 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
                    "time and timeline, the choice and why",
                    0, false},
     [O_COST] = {"--cost", CLI_STR, 0, 0, NULL, "FILE",
-                "optional, with --predict: cost table (default: the shipped H200 table, "
-                "data/cost/h200.txt)",
+                "optional, with --predict or --project: cost table (default: the shipped H200 "
+                "table, data/cost/h200.txt)",
                 0, false},
+    [O_PROJECT] = {"--project", CLI_FLAG, 0, 0, NULL, NULL,
+                   "optional: the multi-GPU PROJECTION: for every T = C/64 .. C (or --tokens), N = "
+                   "3584 and 1024 (or --n), RING AG, RING RS and PIPELINE RS (or --algo/--coll), "
+                   "the predicted overlap efficiency and speedup over no overlap on the cost table",
+                   0, false},
 };
 
 typedef struct {
@@ -94,6 +103,13 @@ typedef struct {
   bool json;
   bool predict;
   const char *cost; /* NULL: the default table */
+  /* --project: the grid */
+  bool project;
+  int nops;
+  tpf_algo palgo[3];
+  tpf_coll pcoll[3];
+  int nts, nns;
+  uint64_t ts[16], ns[2];
 } plan_args;
 
 /* a * b * c fits in 64 bits. */
@@ -104,12 +120,69 @@ static bool fits3(uint64_t a, uint64_t b, uint64_t c) {
   return !__builtin_mul_overflow(ab, c, &abc);
 }
 
+/* --project: the grid of the projection. -1 on success; else the exit status after reporting. */
+static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
+  static const int refused[] = {O_SPLITS, O_AGG, O_RANK, O_JSON, O_K};
+  static const char *const why[] = {"it prices every candidate", "it prices every candidate",
+                                    "it replays all ranks", "it prints text", "RS rows use K = N"};
+  for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
+    if (v[refused[i]].set)
+      return cli_error(ctx, "%s does not apply with --project (%s)", kPlanOpts[refused[i]].name,
+                       why[i]);
+  if (v[O_ALGO].set && v[O_ALGO].u == 2)
+    return cli_error(ctx, "--algo bulk has nothing to project (its GEMM is independent of the "
+                          "collective: no overlap schedule to choose)");
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  a->project = true;
+  a->predict = true;
+  a->cost = v[O_COST].set ? v[O_COST].s : NULL;
+  a->d.tp_size = v[O_TP].set ? (int)v[O_TP].u : 8;
+  a->d.capacity.rows = v[O_CAP].set ? v[O_CAP].u : 32768;
+  a->d.capacity.cols = v[O_HIDDEN].set ? v[O_HIDDEN].u : 8192;
+  a->d.active.cols = a->d.capacity.cols;
+  a->d.dtype = v[O_DTYPE].set ? dts[v[O_DTYPE].u] : TPF_BF16;
+  static const tpf_algo algos[3] = {TPF_ALGO_RING, TPF_ALGO_RING, TPF_ALGO_PIPELINE};
+  static const tpf_coll colls[3] = {TPF_COLL_AG, TPF_COLL_RS, TPF_COLL_RS};
+  for (int i = 0; i < 3; i++) {
+    if (v[O_ALGO].set && (v[O_ALGO].u == 0) != (algos[i] == TPF_ALGO_RING)) continue;
+    if (v[O_COLL].set && (v[O_COLL].u == 0) != (colls[i] == TPF_COLL_AG)) continue;
+    a->palgo[a->nops] = algos[i];
+    a->pcoll[a->nops++] = colls[i];
+  }
+  if (a->nops == 0)
+    return cli_error(ctx, "--algo %s --coll %s: pipeline has no all-gather to project", v[O_ALGO].s,
+                     v[O_COLL].s);
+  const uint64_t C = a->d.capacity.rows, H = a->d.capacity.cols;
+  if (v[O_TOKENS].set) {
+    if (v[O_TOKENS].u > C)
+      return cli_error(ctx, "--tokens '%s' is above the capacity %llu", v[O_TOKENS].s, (ull)C);
+    a->ts[a->nts++] = v[O_TOKENS].u;
+  } else {
+    for (uint64_t t = C / 64; t <= C && a->nts < 16; t *= 2)
+      if (t >= 1) a->ts[a->nts++] = t;
+    if (a->nts == 0 || a->ts[a->nts - 1] != C) a->ts[a->nts < 16 ? a->nts++ : 15] = C;
+  }
+  if (v[O_N].set) {
+    a->ns[a->nns++] = v[O_N].u;
+  } else {
+    a->ns[a->nns++] = 3584;
+    a->ns[a->nns++] = 1024;
+  }
+  for (int i = 0; i < a->nns; i++)
+    if (!fits3(C, a->ns[i], 4) || !fits3(C, H, 4) || !fits3(a->ns[i], H, 4) ||
+        !fits3(C, (uint64_t)a->d.tp_size * 2, H * 4))
+      return cli_error(ctx, "--capacity %llu, --hidden %llu, --n %llu: sizes overflow 64 bits",
+                       (ull)C, (ull)H, (ull)a->ns[i]);
+  return -1;
+}
+
 /* -1 on success; else the exit status after reporting. */
 static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   cli_val v[O_NOPTS];
   memset(a, 0, sizeof *a);
   int rc = cli_parse(ctx, kPlanOpts, O_NOPTS, argc, argv, v, plan_usage);
   if (rc >= 0) return rc;
+  if (v[O_PROJECT].set) return parse_project(ctx, v, a);
   static const char *const req[] = {"--tp", "--capacity", "--hidden", "--algo", "--coll"};
   static const int reqi[] = {O_TP, O_CAP, O_HIDDEN, O_ALGO, O_COLL};
   for (int i = 0; i < 5; i++)
@@ -135,7 +208,8 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   a->json = v[O_JSON].set;
   a->predict = v[O_PREDICT].set;
   a->cost = v[O_COST].set ? v[O_COST].s : NULL;
-  if (a->cost && !a->predict) return cli_error(ctx, "--cost applies with --predict only");
+  if (a->cost && !a->predict)
+    return cli_error(ctx, "--cost applies with --predict or --project only");
   if (a->predict && a->json) return cli_error(ctx, "--predict prints text; drop --json");
   a->d.tp_size = (int)v[O_TP].u;
   a->d.capacity.rows = v[O_CAP].u;
@@ -365,25 +439,6 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
 
 /* ---- --predict: the planner's candidates on a cost table ---- */
 
-#ifndef TPF_COST_DIRS
-#define TPF_COST_DIRS ""
-#endif
-
-static char *read_file(const char *path, size_t max) {
-  FILE *f = fopen(path, "r");
-  if (!f) return NULL;
-  char *buf = malloc(max + 1);
-  size_t n = buf ? fread(buf, 1, max, f) : 0;
-  int more = buf ? fgetc(f) : EOF;
-  fclose(f);
-  if (!buf || more != EOF) {
-    free(buf);
-    return NULL;
-  }
-  buf[n] = '\0';
-  return buf;
-}
-
 /* Rank r's steps of one candidate with their predicted spans. */
 static void print_timeline(const plan_args *a, const tpf_cost_table *t,
                            const tpf_plan_candidate *c) {
@@ -423,28 +478,10 @@ static void print_timeline(const plan_args *a, const tpf_cost_table *t,
 
 static int predict(const cli_ctx *ctx, const plan_args *a) {
   static tpf_cost_table t;
-  char *text = NULL;
-  const char *used = a->cost;
-  if (used) {
-    text = read_file(used, 1u << 20);
-    if (!text) return cli_error(ctx, "--cost '%s' cannot be read (or is over 1 MiB)", used);
-  } else {
-    static char path[1024];
-    const char *dirs = TPF_COST_DIRS; /* ':'-separated, compiled in: install dir, source dir */
-    while (*dirs && !text) {
-      size_t n = strcspn(dirs, ":");
-      snprintf(path, sizeof path, "%.*s/h200.txt", (int)n, dirs);
-      text = read_file(path, 1u << 20);
-      dirs += n + (dirs[n] == ':');
-    }
-    if (!text)
-      return cli_error(ctx, "no default cost table found (looked in '%s'); pass --cost FILE",
-                       TPF_COST_DIRS);
-    used = path;
-  }
-  tpf_status rc = tpf_cost_table_parse(text, &t);
-  free(text);
-  if (rc != TPF_OK) return cli_error(ctx, "--cost '%s': %s", used, tpf_last_error());
+  static char used[1024];
+  int lrc = cli_load_cost(ctx, "--cost", a->cost, "h200.txt", &t, used, sizeof used);
+  if (lrc >= 0) return lrc;
+  tpf_status rc;
   tpf_plan_result r;
   rc = tpf_plan_predict(&t, &a->d, &a->g, &r);
   if (rc != TPF_OK) return cli_error(ctx, "%s: %s", tpf_status_name(rc), tpf_last_error());
@@ -467,11 +504,109 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
   return 0;
 }
 
+/* ---- --project: predicted overlap efficiency and speedup over a grid ---- */
+
+/* The candidate a FIXED communicator with num_splits 0 runs (RING: P; PIPELINE: 4 when it is a
+ * candidate, else 1), or -1. */
+static int default_candidate(const tpf_plan_result *r, tpf_algo algo, int P) {
+  int want = algo == TPF_ALGO_RING ? P : 4;
+  for (int i = 0; i < r->ncand; i++)
+    if (!r->cand[i].baseline && !r->cand[i].aggregate && r->cand[i].num_splits == want) return i;
+  for (int i = 0; i < r->ncand; i++)
+    if (r->cand[i].runnable && r->cand[i].num_splits == 1) return i;
+  return -1;
+}
+
+static int project(const cli_ctx *ctx, const plan_args *a) {
+  static tpf_cost_table t;
+  static char used[1024];
+  int lrc = cli_load_cost(ctx, "--cost", a->cost, "h200.txt", &t, used, sizeof used);
+  if (lrc >= 0) return lrc;
+  const int P = a->d.tp_size;
+  const uint64_t C = a->d.capacity.rows, H = a->d.capacity.cols;
+  printf("PROJECTION (predicted by the cost model, not measured): P=%d ranks, each on its own GPU, "
+         "C=%llu, H=%llu, %s\n",
+         P, (ull)C, (ull)H, tpf_dtype_name(a->d.dtype));
+  printf("cost table: %s\n", used);
+  printf("links: peer %.2f us + bytes / %.1f GB/s (the table's 'copy peer': in the shipped H200 "
+         "table the documented NVLink4 parameter, 374 GB/s per direction), local %.2f us + %.1f "
+         "GB/s, reduce %.2f us + %.1f GB/s; launch %.2f us/step, handshake %.2f us\n",
+         t.peer.latency_us, t.peer.gbps, t.local.latency_us, t.local.gbps, t.reduce.latency_us,
+         t.reduce.gbps, t.launch_us, t.handshake_us);
+  printf(
+      "gemm = the no-overlap schedule's one GEMM of all T rows (AG [T,H]x[N,H]^T, RS "
+      "[T,N]x[H,N]^T: K = N); serial = the no-overlap schedule (RING AG: splits 1, the exchange, "
+      "then the GEMM; RING RS: the priced baseline, the GEMM, then a ring reduce-scatter; "
+      "PIPELINE RS: splits 1, the GEMM, then the pull reduce-scatter); comm = serial - gemm "
+      "(handshake, launches, copies, reduction);\n");
+  printf("planned = the planner's choice; fixed = the default split count (RING P, PIPELINE 4); "
+         "E = (gemm + comm - t) / min(gemm, comm) for t = planned (E) and fixed (E_fixed); "
+         "speedup = serial / planned; E > 1 where the chunked GEMMs are predicted faster than the "
+         "one GEMM, E < 0 where the schedule is predicted slower than no overlap\n");
+  printf("%-12s %6s %7s %10s %10s %10s %10s %10s  %-28s %7s %7s %8s\n", "op", "N", "T", "gemm(us)",
+         "comm(us)", "serial(us)", "fixed(us)", "planned(us)", "choice", "E", "E_fixed", "speedup");
+  int rows = 0, skipped = 0;
+  double emin = 1e300, emax = -1e300, smin = 1e300, smax = -1e300;
+  for (int oi = 0; oi < a->nops; oi++)
+    for (int ni = 0; ni < a->nns; ni++)
+      for (int ti = 0; ti < a->nts; ti++) {
+        tpf_layout_desc d = a->d;
+        d.algo = a->palgo[oi];
+        d.coll = a->pcoll[oi];
+        d.active.rows = a->ts[ti];
+        const uint64_t N = a->ns[ni], T = a->ts[ti];
+        tpf_gemm_dims g = {T, d.coll == TPF_COLL_AG ? N : H, d.coll == TPF_COLL_AG ? H : N};
+        char op[16];
+        snprintf(op, sizeof op, "%s %s", tpf_algo_name(d.algo), tpf_coll_name(d.coll));
+        tpf_plan_result r;
+        tpf_status rc = tpf_layout_check(&d);
+        if (rc == TPF_OK) rc = tpf_plan_predict(&t, &d, &g, &r);
+        if (rc == TPF_OK && r.baseline < 0) rc = TPF_EUNSUPPORTED;
+        double gemm = 0;
+        if (rc == TPF_OK) rc = tpf_cost_gemm_us(&t, d.dtype, g.m, g.n, g.k, &gemm);
+        if (rc != TPF_OK) {
+          printf("%-12s %6llu %7llu  not projected: %s: %s\n", op, (ull)N, (ull)T,
+                 tpf_status_name(rc), tpf_last_error());
+          skipped++;
+          continue;
+        }
+        const tpf_plan_candidate *ch = &r.cand[r.chosen];
+        const int fi = default_candidate(&r, d.algo, P);
+        /* PIPELINE with one block is its own no-overlap schedule (the GEMM, then the pull
+         * reduce-scatter), the one tpflex bench measures; the priced RS baseline models a ring
+         * exchange instead. */
+        int si = r.baseline;
+        for (int i = 0; d.algo == TPF_ALGO_PIPELINE && i < r.ncand; i++)
+          if (r.cand[i].runnable && !r.cand[i].baseline && r.cand[i].num_splits == 1) si = i;
+        double serial = r.cand[si].predicted_us, comm = serial - gemm;
+        double planned = ch->predicted_us, fixed = fi >= 0 ? r.cand[fi].predicted_us : NAN;
+        double lo = gemm < comm ? gemm : comm;
+        double e = lo > 0 ? (serial - planned) / lo : NAN;
+        double ef = lo > 0 ? (serial - fixed) / lo : NAN;
+        double sp = serial / planned;
+        printf("%-12s %6llu %7llu %10.1f %10.1f %10.1f %10.1f %10.1f  %-28s %7.3f %7.3f %8.3f\n",
+               op, (ull)N, (ull)T, gemm, comm, serial, fixed, planned, ch->label, e, ef, sp);
+        rows++;
+        if (e < emin) emin = e;
+        if (e > emax) emax = e;
+        if (sp < smin) smin = sp;
+        if (sp > smax) smax = sp;
+      }
+  if (rows > 0)
+    printf("summary: %d rows%s; planned E %.3f .. %.3f, speedup over no overlap %.3f .. %.3f "
+           "(PROJECTION: predicted, not measured)\n",
+           rows, skipped ? " (some not projected, see above)" : "", emin, emax, smin, smax);
+  else
+    printf("summary: nothing could be projected\n");
+  return rows > 0 ? 0 : 1;
+}
+
 int tpf_cmd_plan(int argc, char **argv) {
   const cli_ctx ctx = {"tpflex plan", cli_has_word(argc, argv, "--json"), NULL};
   plan_args a;
   int prc = parse_args(&ctx, argc, argv, &a);
   if (prc >= 0) return prc;
+  if (a.project) return project(&ctx, &a);
   if (a.predict) return predict(&ctx, &a);
   int P = a.d.tp_size;
   tpf_schedule *s = calloc((size_t)P, sizeof *s);
