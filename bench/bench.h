@@ -9,6 +9,7 @@
 
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h" /* tpf_set_error */
+#include "tpflex/tpflex_cost.h"    /* the planner section */
 
 #include <pthread.h>
 #include <stdbool.h>
@@ -20,7 +21,8 @@ enum {
   BENCH_SEC_DYNAMIC = 1u << 1,
   BENCH_SEC_CHUNKING = 1u << 2,
   BENCH_SEC_TP = 1u << 3, /* one-GPU TP emulation and the serial baseline */
-  BENCH_SEC_ALL = 0xFu
+  BENCH_SEC_ALL = 0xFu,   /* sections 1-5; the planner section runs only when named */
+  BENCH_SEC_PLANNER = 1u << 4
 };
 
 #define BENCH_MAX_ITERS 1000
@@ -41,6 +43,13 @@ typedef struct {
   int device;        /* CUDA device */
   int ntps;          /* T sweep of the tp section */
   uint64_t tps[BENCH_MAX_TS];
+  /* the planner section */
+  const tpf_cost_table *cost; /* the table of the adaptive communicators and the predictions */
+  const char *cost_used;      /* the file it came from */
+  bool dedicated;             /* --model dedicated: the table as is (one device per rank) */
+  int planner_iters, planner_warmup;
+  int pnns; /* N values */
+  uint64_t pns[2];
 } bench_opts;
 
 /* ---- report (bench_main.c) ----------------------------------------------------------------- */
@@ -159,9 +168,36 @@ int bench_cuda_setshape_alternatives(const bench_opts *o, bench_group *g);
 /* The hidden helper process of the IPC alternative (`tpflex bench --ipc-peer`). */
 int bench_cuda_ipc_peer(void);
 
-/* ---- sections (bench_ops.c) ---------------------------------------------------------------- */
+/* ---- several schedules of one operation side by side (bench_ops.c; the planner section) ---- */
+
+#define BENCH_MAX_VARIANTS 6
+/* One communicator (ADAPTIVE when cost is set) over a T sweep; every repetition runs each
+ * variant once, in order, each timed on its own (so drift spreads over all of them), with the
+ * operation's num_splits set per variant (tpf_op_options; 0 = the planner's choice). */
+typedef struct {
+  tpf_algo algo;    /* TPF_ALGO_RING: RING AG; TPF_ALGO_PIPELINE: PIPELINE RS */
+  uint64_t C, H, N; /* as bench_job: AG buffer [C, H], w [N, H]; RS x [C, N], w [H, N] */
+  int nts;
+  uint64_t ts[BENCH_MAX_TS];
+  int iters, warmup;
+  const tpf_cost_table *cost; /* NULL: a FIXED communicator */
+  int nvar;
+  int splits[BENCH_MAX_VARIANTS];
+  bool legal[BENCH_MAX_VARIANTS][BENCH_MAX_TS]; /* false: that variant is skipped at that T */
+  /* results (NaN where not run or failed) */
+  double us[BENCH_MAX_VARIANTS][BENCH_MAX_TS];
+  long long wrong[BENCH_MAX_TS];
+  tpf_plan_result plan[BENCH_MAX_TS]; /* rank 0's adaptive decision per T (ncand 0: none) */
+  char err[300];
+} bench_variants;
+/* The group's timing storage must hold iters * nvar repetitions (create it with o->iters at
+ * least that). */
+tpf_status bench_run_variants(bench_group *g, bench_variants *v);
+
+/* ---- sections (bench_ops.c, bench_planner.c) ---------------------------------------------- */
 int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o);
+int bench_section_planner(const bench_opts *o);
 
 #endif /* TPF_BENCH_H */

@@ -340,6 +340,8 @@ enum {
   B_QUICK,
   B_SECTION,
   B_IPC_PEER,
+  B_COST,
+  B_MODEL,
   B_NOPTS
 };
 static const cli_opt kBenchOpts[B_NOPTS] = {
@@ -368,17 +370,31 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                 false},
     [B_QUICK] = {"--quick", CLI_FLAG, 0, 0, NULL, NULL,
                  "fewer sizes and repetitions (a smoke test)", 0, false},
-    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0, "setshape|dynamic|chunking|tp|serial|all", NULL,
-                   "sections to run (repeatable; default all; serial = tp)", 0, true},
+    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0, "setshape|dynamic|chunking|tp|serial|all|planner",
+                   NULL,
+                   "sections to run (repeatable; default all = 1-5; serial = tp; planner = 6, "
+                   "only when named)",
+                   0, true},
     [B_IPC_PEER] = {"--ipc-peer", CLI_FLAG, 0, 0, NULL, NULL,
                     "internal: the peer process of the CUDA IPC check", 0, false},
+    [B_COST] = {"--cost", CLI_STR, 0, 0, NULL, "FILE",
+                "planner: cost table of the adaptive communicators and the predictions (default "
+                "the shipped table: cuda data/cost/h200.txt, sim sim.txt)",
+                0, false},
+    [B_MODEL] = {"--model", CLI_CHOICE, 0, 0, "shared|dedicated", NULL,
+                 "planner: shared (default: the table as P ranks sharing one device see it) or "
+                 "dedicated (the table as is)",
+                 0, false},
 };
 static const char bench_intro[] = "usage: tpflex bench [options]   (every option is optional)";
 static const char bench_outro[] =
     "Sections, numbered as the tables print them: 1 setshape  set_active_shape cost vs\n"
     "re-registration; 2 dynamic  active T vs padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs\n"
     "vs one GEMM (GPU only); 4/5 tp (or serial)  P ranks as threads on one device, overlapped (4)\n"
-    "vs the serial baseline (5), with one whole-layer GEMM.\n"
+    "vs the serial baseline (5), with one whole-layer GEMM; 6 planner (only with --section\n"
+    "planner)  P = 2,4,8 and T = C/64 .. C: fixed split, no overlap and the T-adaptive planner\n"
+    "side by side, adaptive / min(fixed, no overlap), and the cost model's prediction and error\n"
+    "(N = 3584 and 1024 on cuda, 256 and 64 on sim, or --n; --iters default cuda 15, sim 3).\n"
     "On the simulator every registration lives in one shared arena of 1 GiB (tpf_sim_config\n"
     "arena_bytes; not an option here): about P x C x H x 2 bytes per communicator must fit, so\n"
     "large --capacity x --hidden fail with a message naming the simulator arena; use tpflex demo\n"
@@ -413,9 +429,20 @@ int tpf_cmd_bench(int argc, char **argv) {
   o.json = v[B_JSON].set ? v[B_JSON].s : NULL;
   unsigned sections = 0;
   static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
-                                      BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL};
-  for (unsigned b = 0; b < 6; b++)
+                                      BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL,
+                                      BENCH_SEC_PLANNER};
+  for (unsigned b = 0; b < 7; b++)
     if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
+  const bool planner = (sections & BENCH_SEC_PLANNER) != 0;
+  if (!planner)
+    for (int k = B_COST; k <= B_MODEL; k++)
+      if (v[k].set)
+        return cli_error(&ctx, "%s applies to --section planner only", kBenchOpts[k].name);
+  if (planner && iters > BENCH_MAX_ITERS / BENCH_MAX_VARIANTS)
+    return cli_error(&ctx,
+                     "--iters '%s': the planner section times up to %d schedules per repetition, "
+                     "so at most %d repetitions",
+                     v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
   if (o.csv && (prc = bench_check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;
   if (o.json && (prc = bench_check_writable(&ctx, "--json", o.json)) >= 0) return prc;
 #ifndef TPF_HAVE_CUDA
@@ -450,6 +477,24 @@ int tpf_cmd_bench(int argc, char **argv) {
   o.setshape_calls = calls ? (long)calls : (o.quick ? 10000 : 100000);
   o.realloc_iters = o.cuda ? (o.quick ? 20 : 100) : (o.quick ? 20 : 200);
   o.sections = sections ? sections : BENCH_SEC_ALL;
+  static tpf_cost_table cost;
+  static char cost_used[1024];
+  if (planner) {
+    int lrc = cli_load_cost(&ctx, "--cost", v[B_COST].set ? v[B_COST].s : NULL,
+                            o.cuda ? "h200.txt" : "sim.txt", &cost, cost_used, sizeof cost_used);
+    if (lrc >= 0) return lrc;
+    o.cost = &cost;
+    o.cost_used = cost_used;
+    o.dedicated = v[B_MODEL].set && v[B_MODEL].u == 1;
+    o.planner_iters = iters ? (int)iters : (o.cuda ? (o.quick ? 5 : 15) : (o.quick ? 2 : 3));
+    o.planner_warmup = have_warm ? (int)warm : (o.cuda ? (o.quick ? 1 : 3) : 1);
+    if (n) {
+      o.pns[o.pnns++] = n;
+    } else {
+      o.pns[o.pnns++] = o.cuda ? 3584 : 256;
+      o.pns[o.pnns++] = o.cuda ? 1024 : 64;
+    }
+  }
   o.device = 0;
   /* The tp section's T sweep: GPU {1k, 2k, ..., C} (at most 32k steps of 2); simulator C/8..C. */
   if (o.cuda) {
@@ -509,6 +554,7 @@ int tpf_cmd_bench(int argc, char **argv) {
     }
   }
   if (o.sections & BENCH_SEC_TP) rc |= bench_section_tp(&o);
+  if (o.sections & BENCH_SEC_PLANNER) rc |= bench_section_planner(&o);
   bench_progress_done();
   if (o.csv) rc |= bench_write_csv(o.csv);
   if (o.json) rc |= bench_write_json(o.json);

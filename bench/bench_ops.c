@@ -10,6 +10,9 @@
  * end); the figure reported is the median. After the timed repetitions the output is poisoned
  * (0xFF, a bf16 NaN), the operation runs once more and the check counts #wrong. Every rank runs
  * the same sequence of barriers whatever fails, so a failure ends the job instead of hanging it.
+ * With variants (bench_run_variants, the planner section) each repetition runs every variant in
+ * turn on the same communicator with its own per-operation split count, each timed on its own,
+ * and the check runs for every variant.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
@@ -262,7 +265,8 @@ typedef struct {
   int nts;
   uint64_t ts[BENCH_MAX_TS];
   int iters, warmup;
-  uint64_t margin; /* rotation span of operand offsets, elements */
+  uint64_t margin;     /* rotation span of operand offsets, elements */
+  bench_variants *var; /* NULL: one schedule, the communicator's (no options) */
   /* results */
   double us[BENCH_MAX_TS];
   atomic_llong wrong[BENCH_MAX_TS];
@@ -473,6 +477,12 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
                          .capacity = {j->C, j->H},
                          .num_splits = bench_ops[j->op].splits,
                          .aggregate = bench_ops[j->op].aggregate};
+  bench_variants *var = j->var;
+  if (var && var->cost) {
+    cfg.plan = TPF_PLAN_ADAPTIVE;
+    cfg.cost = var->cost;
+  }
+  const int nv = var ? var->nvar : 1;
   st = tpf_comm_create(rk->be, &cfg, &c);
   if (st != TPF_OK) bench_job_fail(j, st, "tpf_comm_create");
   /* Output: AG d [C, N]; RS out [C/P, H]. */
@@ -481,7 +491,8 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
     dmem = bench_mem_alloc(g, drows * dcols * 2);
     if (!dmem) bench_job_fail(j, TPF_ENOMEM, "output allocation");
   }
-  double *us = calloc((size_t)j->iters, sizeof(double));
+  double *us = calloc((size_t)j->iters * (size_t)nv, sizeof(double));
+  double *one = calloc((size_t)j->iters, sizeof(double));
   for (int ti = 0; ti < j->nts; ti++) {
     const uint64_t T = j->ts[ti], R = T / (uint64_t)P;
     bench_barrier(rk);
@@ -501,70 +512,94 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
     }
     tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
     const int total = j->warmup + j->iters + 1;
-    for (int it = 0; it < total; it++) {
-      const bool timed = it >= j->warmup && it < j->warmup + j->iters;
-      const bool check = it == total - 1;
-      if (check) { /* everything before is done everywhere; poison what the op must write */
-        if (!skip) bench_sync(rk);
-        bench_barrier(rk);
-        skip = skip || atomic_load(&j->failed);
-        if (!skip) {
-          bench_mem_poison(rk, d.ptr, d.rows * d.ld * 2);
-          if (ag) bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
-          bench_sync(rk);
+    for (int it = 0; it < total; it++)
+      for (int v = 0; v < nv; v++) {
+        const bool timed = it >= j->warmup && it < j->warmup + j->iters;
+        const bool check = it == total - 1;
+        const int slot = (it - j->warmup) * nv + v;
+        const bool run = !var || var->legal[v][ti]; /* the same on every rank */
+        if (check) { /* everything before is done everywhere; poison what the op must write */
+          if (!skip) bench_sync(rk);
+          bench_barrier(rk);
+          skip = skip || atomic_load(&j->failed);
+          if (!skip && run) {
+            bench_mem_poison(rk, d.ptr, d.rows * d.ld * 2);
+            if (ag) bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
+            bench_sync(rk);
+          }
+          bench_barrier(rk);
         }
-        bench_barrier(rk);
-      }
-      /* Operands at this repetition's offsets. */
-      const uint16_t *src = g->src;
-      tpf_matrix x = {0}, w = {0};
-      if (!skip) {
-        if (ag) {
-          w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
-          st = bench_mem_copy(rk, local.ptr, src + bench_off(j, r, it, 0), R * j->H * 2);
-        } else {
-          x = (tpf_matrix){(void *)(src + bench_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
-          w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
-          st = TPF_OK;
+        /* Operands at this repetition's offsets. */
+        const uint16_t *src = g->src;
+        tpf_matrix x = {0}, w = {0};
+        if (!skip && run) {
+          if (ag) {
+            w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
+            st = bench_mem_copy(rk, local.ptr, src + bench_off(j, r, it, 0), R * j->H * 2);
+          } else {
+            x = (tpf_matrix){(void *)(src + bench_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
+            w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
+            st = TPF_OK;
+          }
+          if (st != TPF_OK) {
+            bench_job_fail(j, st, "input copy");
+            skip = true;
+          }
         }
-        if (st != TPF_OK) {
-          bench_job_fail(j, st, "input copy");
-          skip = true;
+        if (timed) bench_time_begin(rk, slot);
+        if (!skip && run) {
+          if (var) {
+            tpf_op_options opt = TPF_OP_OPTIONS_INIT;
+            opt.num_splits = var->splits[v];
+            st = ag ? tpf_ag_gemm_ex(c, &w, &d, &opt, rk->stream)
+                    : tpf_gemm_rs_ex(c, &x, &w, &d, &opt, rk->stream);
+          } else {
+            st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
+          }
+          if (st != TPF_OK) {
+            bench_job_fail(j, st, bench_ops[j->op].name);
+            skip = true;
+          } else if (var && var->cost && var->splits[v] == 0 && check && r == 0 &&
+                     tpf_comm_plan_info(c, &var->plan[ti]) != TPF_OK) {
+            var->plan[ti].ncand = 0; /* the decision just made: read before any other op */
+          }
         }
-      }
-      if (timed) bench_time_begin(rk, it - j->warmup);
-      if (!skip) {
-        st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
-        if (st != TPF_OK) {
-          bench_job_fail(j, st, bench_ops[j->op].name);
-          skip = true;
-        }
-      }
-      if (timed)
-        bench_time_end(rk, it - j->warmup);
-      else
-        bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
-      if (check && !skip) {
-        st = bench_sync(rk);
-        if (st != TPF_OK) {
-          bench_job_fail(j, st, "synchronize");
-          skip = true;
-        } else {
-          long long checked = 0;
-          long long wr = bench_check(rk, j, T, it, &d, ag ? &buf : NULL, &checked);
-          if (wr < 0)
-            bench_job_fail(j, TPF_ENOMEM, "check");
-          else {
-            atomic_fetch_add(&j->wrong[ti], wr);
-            atomic_fetch_add(&j->checked[ti], checked);
+        if (timed)
+          bench_time_end(rk, slot);
+        else
+          bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
+        if (check && !skip && run) {
+          st = bench_sync(rk);
+          if (st != TPF_OK) {
+            bench_job_fail(j, st, "synchronize");
+            skip = true;
+          } else {
+            long long checked = 0;
+            long long wr = bench_check(rk, j, T, it, &d, ag ? &buf : NULL, &checked);
+            if (wr < 0)
+              bench_job_fail(j, TPF_ENOMEM, "check");
+            else {
+              atomic_fetch_add(&j->wrong[ti], wr);
+              atomic_fetch_add(&j->checked[ti], checked);
+            }
           }
         }
       }
-    }
-    bench_time_collect(rk, j->iters, us);
-    if (r == 0) j->us[ti] = atomic_load(&j->failed) ? NAN : bench_median(us, j->iters);
+    bench_time_collect(rk, j->iters * nv, us);
+    if (r == 0)
+      for (int v = 0; v < nv; v++) {
+        for (int i = 0; i < j->iters; i++)
+          one[i] = us[i * nv + v];
+        const bool run = !var || var->legal[v][ti];
+        double med = atomic_load(&j->failed) || !run || !one ? NAN : bench_median(one, j->iters);
+        if (var)
+          var->us[v][ti] = med;
+        else
+          j->us[ti] = med;
+      }
   }
   free(us);
+  free(one);
   bench_barrier(rk);
   if (c) tpf_comm_destroy(c);
   if (dmem) bench_mem_free(g, dmem);
@@ -601,6 +636,32 @@ static void bench_job_init(bench_job *j, const bench_opts *o, bench_op op, int P
   j->margin = o->cuda ? (8ull << 20) : (64ull << 10);
   for (int i = 0; i < nts; i++)
     if (ts[i] % (uint64_t)P == 0 && ts[i] <= o->capacity) j->ts[j->nts++] = ts[i];
+}
+
+tpf_status bench_run_variants(bench_group *g, bench_variants *v) {
+  bench_job *j = calloc(1, sizeof(*j));
+  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  j->op = v->algo == TPF_ALGO_RING ? BOP_RING_AG : BOP_PIPE_RS;
+  j->C = v->C;
+  j->H = v->H;
+  j->N = v->N;
+  j->iters = v->iters;
+  j->warmup = v->warmup;
+  j->margin = g->cuda ? (8ull << 20) : (64ull << 10);
+  j->nts = v->nts;
+  memcpy(j->ts, v->ts, sizeof j->ts);
+  j->var = v;
+  for (int i = 0; i < v->nts; i++) {
+    for (int k = 0; k < v->nvar; k++)
+      v->us[k][i] = NAN;
+    memset(&v->plan[i], 0, sizeof v->plan[i]);
+  }
+  tpf_status st = bench_run_job(g, j);
+  for (int i = 0; i < v->nts; i++)
+    v->wrong[i] = atomic_load(&j->wrong[i]);
+  snprintf(v->err, sizeof v->err, "%s", j->err);
+  free(j);
+  return st;
 }
 
 /* Time of one GEMM d[T, n] = x[T, k] * w[n, k]^T: cuBLASLt on CUDA; on the simulator, its own
