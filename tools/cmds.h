@@ -10,6 +10,8 @@ int tpf_cmd_plan(int argc, char **argv);
 int tpf_cmd_demo(int argc, char **argv);
 /* tpflex bench: nccl-tests style timing tables. */
 int tpf_cmd_bench(int argc, char **argv);
+/* tpflex calibrate: measures this machine's cost table for the planner. */
+int tpf_cmd_calibrate(int argc, char **argv);
 
 #ifdef TPF_HAVE_CUDA
 /* The demo's CUDA environment (written with the CUDA backend, e.g. in backend_cuda/ or tools/):

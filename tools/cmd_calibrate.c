@@ -1,0 +1,930 @@
+/* tpflex calibrate: measures the cost table of this machine (include/tpflex/tpflex_cost.h) and
+ * writes it in the text format tpf_cost_table_parse reads.
+ *
+ * Method (CUDA; every figure a median of --iters repetitions timed with CUDA events):
+ *   gemm     cuBLASLt called as the CUDA backend calls it (backend_cuda/cuda_gemm.c: the TN
+ *            mapping, fp32 compute, the heuristic's first algorithm for the backend's workspace
+ *            size, TPF_CUDA_WORKSPACE_BYTES or 32 MiB), row-major [m, k] x [n, k]^T in
+ *            --dtype, for m = 64 .. 32768 and the shapes the bench runs: AG [m, N, H] and RS
+ *            [m, H, N] for N in {3584, 1024} (or --n), H = --hidden. A repetition is B = min(4,
+ *            32768 / m) GEMMs back to back on different row blocks of A (as a split operation's
+ *            chunks run), after a 256 MiB memset that evicts the L2; its time / B is one sample.
+ *   copy     local: cudaMemcpyAsync device to device; peer: cudaMemcpyPeerAsync from --device to
+ *            --peer-device (by default the same device: the ranks of `tpflex bench` share one
+ *            GPU, so their "peer" copies are device-local). Sizes 64 KiB .. 256 MiB, then
+ *            latency + bytes / bandwidth fitted by least squares of the relative error.
+ *   reduce   the backend's reduction kernel (tpf_cuda__launch_reduce, TPF_CUDA_COMM_CTAS CTAs as
+ *            the backend launches it) summing 2, 4 and 8 views of [rows, H]; fitted like a copy
+ *            over the bytes read (count * rows * H * e, what the cost model charges).
+ *   launch   host time of enqueueing one step, median of 200 calls each: (GEMM enqueue + copy
+ *            enqueue) / 2 + one cudaEventRecord + cudaStreamWaitEvent (the in-process backend
+ *            orders every cross-stream step through an event).
+ *   handshake, barrier: the in-process ranks' host rendezvous (record an event, publish it, wait
+ *            until the peer has published, make the stream wait on the peer's event) between two
+ *            rank threads, per round; the backend's handshake and barrier are that mechanism.
+ * The table is re-parsed before it is written. --backend sim writes the simulator's synthetic
+ * table (data/cost/sim.txt), which is not a measurement.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "cmds.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tpflex/tpflex.h"
+#include "tpflex/tpflex_cost.h"
+
+#include "cli_args.h"
+
+typedef unsigned long long ull;
+
+enum { C_BACKEND, C_OUT, C_DTYPE, C_QUICK, C_DEVICE, C_PEER, C_HIDDEN, C_N, C_ITERS, C_NOPTS };
+static const cli_opt kCalOpts[C_NOPTS] = {
+    [C_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "cuda|sim", NULL,
+                   "optional: cuda (default) measures this GPU; sim writes the simulator's "
+                   "synthetic table (not a measurement)",
+                   0, false},
+    [C_OUT] = {"--out", CLI_STR, 0, 0, NULL, "FILE",
+               "optional: write the table there (default: stdout; the summary then goes to stderr)",
+               0, false},
+    [C_DTYPE] = {"--dtype", CLI_CHOICE, 0, 0, "bf16|fp16|fp32", NULL,
+                 "optional: GEMM and reduction element type (default bf16)", 0, false},
+    [C_QUICK] = {"--quick", CLI_FLAG, 0, 0, NULL, NULL,
+                 "optional: fewer shapes, sizes and repetitions (a smoke test, ~10 s)", 0, false},
+    [C_DEVICE] = {"--device", CLI_U64, 0, 63, NULL, "D", "optional: CUDA device (default 0)", 0,
+                  false},
+    [C_PEER] = {"--peer-device", CLI_U64, 0, 63, NULL, "D",
+                "optional: destination of the peer copies (default: --device, as when the ranks "
+                "share one GPU; another device measures its link, e.g. NVLink)",
+                0, false},
+    [C_HIDDEN] = {"--hidden", CLI_U64, 64, 1u << 16, NULL, "H",
+                  "optional: hidden size H of the GEMM shapes (default 8192)", 0, false},
+    [C_N] = {"--n", CLI_U64, 64, 1u << 16, NULL, "N",
+             "optional: per-rank GEMM width N (default: both 3584 and 1024)", 0, false},
+    [C_ITERS] = {"--iters", CLI_U64, 3, 1000, NULL, "I",
+                 "optional: timed repetitions per point, medians reported (default 25, quick 7)", 0,
+                 false},
+};
+static const char kCalIntro[] =
+    "usage: tpflex calibrate [--backend cuda|sim] [--out FILE] [--dtype bf16|fp16|fp32] [--quick] "
+    "[options]\n"
+    "Measures this machine's cost table (GEMM times, copy and reduction links, launch and\n"
+    "handshake costs) for the planner (TPF_PLAN_ADAPTIVE, tpflex plan --predict --cost FILE,\n"
+    "tpflex bench --section planner --cost FILE). Exit 0 OK, 1 a failed measurement, 2 bad input.";
+
+typedef struct {
+  bool cuda;
+  const char *out;
+  tpf_dtype dtype;
+  bool quick;
+  int device, peer;
+  uint64_t hidden;
+  int nns;
+  uint64_t ns[2];
+  int iters;
+  char cmdline[512];
+} cal_opts;
+
+/* ---- the text writer ---------------------------------------------------------------------- */
+
+/* Writes the table, after `comments` (lines already starting with '#'). */
+static void cal_write(FILE *f, const char *comments, const tpf_cost_table *t) {
+  fputs(comments, f);
+  fprintf(f, "launch_us %.2f\nhandshake_us %.2f\nbarrier_us %.2f\n", t->launch_us, t->handshake_us,
+          t->barrier_us);
+  fprintf(f, "copy peer %.2f %.1f\ncopy local %.2f %.1f\nreduce %.2f %.1f\n", t->peer.latency_us,
+          t->peer.gbps, t->local.latency_us, t->local.gbps, t->reduce.latency_us, t->reduce.gbps);
+  for (int i = 0; i < t->ngemm; i++) {
+    const tpf_cost_gemm_point *g = &t->gemm[i];
+    fprintf(f, "gemm %s %llu %llu %llu %.2f\n", tpf_dtype_name(g->dtype), (ull)g->m, (ull)g->n,
+            (ull)g->k, g->us);
+  }
+}
+
+/* Writes the table to o->out (or stdout) after checking that it parses back. */
+static int cal_emit(const cli_ctx *ctx, const cal_opts *o, const char *comments,
+                    const tpf_cost_table *t) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *mem = open_memstream(&buf, &len);
+  if (!mem) return cli_error(ctx, "out of memory");
+  cal_write(mem, comments, t);
+  fclose(mem);
+  static tpf_cost_table back;
+  tpf_status rc = tpf_cost_table_parse(buf, &back);
+  if (rc != TPF_OK) {
+    fprintf(stderr, "tpflex calibrate: the table does not parse back: %s\n", tpf_last_error());
+    free(buf);
+    return 1;
+  }
+  FILE *f = o->out ? fopen(o->out, "w") : stdout;
+  if (!f) {
+    free(buf);
+    return cli_error(ctx, "--out '%s' cannot be written", o->out);
+  }
+  fputs(buf, f);
+  free(buf);
+  if (o->out && fclose(f) != 0) return cli_error(ctx, "--out '%s': write failed", o->out);
+  if (!o->out) fflush(stdout);
+  return -1;
+}
+
+static void cal_cmdline(cal_opts *o, int argc, char **argv) {
+  snprintf(o->cmdline, sizeof o->cmdline, "tpflex");
+  for (int i = 0; i < argc; i++) {
+    size_t l = strlen(o->cmdline);
+    snprintf(o->cmdline + l, sizeof o->cmdline - l, " %s", argv[i]);
+  }
+}
+
+static void cal_date(char *buf, size_t len) {
+  time_t now = time(NULL);
+  struct tm tmv;
+  gmtime_r(&now, &tmv);
+  strftime(buf, len, "%Y-%m-%d %H:%M:%S UTC", &tmv);
+}
+
+/* ---- --backend sim: the simulator's synthetic table --------------------------------------- */
+
+static int cal_sim(const cli_ctx *ctx, const cal_opts *o) {
+  static tpf_cost_table t;
+  char used[1024];
+  int rc = cli_load_cost(ctx, "--backend sim", NULL, "sim.txt", &t, used, sizeof used);
+  if (rc >= 0) return rc;
+  char date[64], comments[2048];
+  cal_date(date, sizeof date);
+  snprintf(comments, sizeof comments,
+           "# tpflex cost table written by `%s`, %s.\n"
+           "# SYNTHETIC, not a measurement: the simulator's table (%s), round numbers chosen so\n"
+           "# that every planner candidate can win somewhere in a T sweep. Format:\n"
+           "# include/tpflex/tpflex_cost.h.\n",
+           o->cmdline, date, used);
+  rc = cal_emit(ctx, o, comments, &t);
+  if (rc >= 0) return rc;
+  FILE *s = o->out ? stdout : stderr;
+  fprintf(s, "calibrate: backend sim: wrote the synthetic table of %s (%d gemm points) to %s\n",
+          used, t.ngemm, o->out ? o->out : "stdout");
+  return 0;
+}
+
+/* ---- --backend cuda ------------------------------------------------------------------------ */
+
+#ifdef TPF_HAVE_CUDA
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "../backend_cuda/cuda_internal.h" /* the backend's reduction and flag kernels */
+#include "internal.h"                      /* TPF_CHECK, TPF_RETURN_IF */
+#include "reference.h"                     /* tpf_ref_store: random operands of any dtype */
+
+#define CAL_FLUSH_BYTES (256ull << 20)
+#define CAL_MAX_M 32768ull
+#define CAL_MAX_ITERS 1000
+
+typedef struct {
+  const cal_opts *o;
+  cudaStream_t s;
+  cudaEvent_t e0[CAL_MAX_ITERS], e1[CAL_MAX_ITERS];
+  void *flush;
+  void *a, *w, *d;           /* operands: A [32768, kmax], W [nmax, kmax], D [32768, nmax] */
+  uint64_t kmax, nmax;       /* elements */
+  uint64_t a_bytes, d_bytes; /* >= 256 MiB each: also the sources and targets of the copies */
+  cublasLtHandle_t lt;
+  void *ws; /* cuBLASLt workspace, the backend's size */
+  uint64_t ws_bytes;
+  tpf_cuda_status *status_host, *status_dev;
+  int points, done; /* progress */
+  double t0_ns;
+} cal_cu;
+
+static double cal_now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
+}
+
+static int cal_cmp(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+static double cal_median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cal_cmp);
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static tpf_status cal_cu_err(cudaError_t e, const char *what) {
+  return tpf_set_error(TPF_EBACKEND, "%s: %s (%s)", what, cudaGetErrorName(e),
+                       cudaGetErrorString(e));
+}
+#define CAL_CU(call, what)                                                                         \
+  do {                                                                                             \
+    cudaError_t cal_e_ = (call);                                                                   \
+    if (cal_e_ != cudaSuccess) return cal_cu_err(cal_e_, what);                                    \
+  } while (0)
+
+static uint64_t cal_env_u64(const char *name, uint64_t dflt) {
+  const char *v = getenv(name);
+  if (!v || !*v) return dflt;
+  char *end = NULL;
+  unsigned long long x = strtoull(v, &end, 10);
+  return (end && *end == '\0') ? (uint64_t)x : dflt;
+}
+
+static void cal_progress(cal_cu *c, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static void cal_progress(cal_cu *c, const char *fmt, ...) {
+  char buf[256];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  c->done++;
+  fprintf(stderr, "[calibrate %3d/%d %5.1f s] %s\n", c->done, c->points,
+          (cal_now_ns() - c->t0_ns) * 1e-9, buf);
+  fflush(stderr);
+}
+
+/* Random values in [-1, 1) of the dtype: one upload of 4 Mi elements, then doubling copies. */
+static tpf_status cal_fill(void *dev, uint64_t elems, tpf_dtype dt) {
+  const uint64_t unit = 1ull << 22, e = tpf_dtype_size(dt);
+  uint64_t n = elems < unit ? elems : unit;
+  void *host = malloc(n * e);
+  if (!host) return tpf_set_error(TPF_ENOMEM, "calibrate: no host memory for the inputs");
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i < n; i++)
+    tpf_ref_store(dt, host, i, tpf_ref_rand_uniform(&s, -1.0f, 1.0f));
+  cudaError_t err = cudaMemcpy(dev, host, n * e, cudaMemcpyHostToDevice);
+  free(host);
+  if (err != cudaSuccess) return cal_cu_err(err, "cudaMemcpy(inputs)");
+  for (uint64_t cur = n; cur < elems;) {
+    uint64_t k = elems - cur < cur ? elems - cur : cur;
+    CAL_CU(cudaMemcpy((char *)dev + cur * e, dev, k * e, cudaMemcpyDeviceToDevice),
+           "cudaMemcpy(tile)");
+    cur += k;
+  }
+  return TPF_OK;
+}
+
+/* Median over o->iters repetitions of what `rep` enqueues, in microseconds, each repetition
+ * after an L2 flush and bracketed by events; `per` divides each sample (back-to-back batches).
+ * warm untimed repetitions first. */
+typedef tpf_status (*cal_rep_fn)(cal_cu *c, int rep, void *arg);
+static tpf_status cal_time(cal_cu *c, cal_rep_fn rep, void *arg, int per, double *us) {
+  const int n = c->o->iters, warm = 2;
+  for (int i = 0; i < warm; i++)
+    TPF_CHECK(rep(c, -1 - i, arg));
+  for (int i = 0; i < n; i++) {
+    CAL_CU(cudaMemsetAsync(c->flush, i & 0xFF, CAL_FLUSH_BYTES, c->s), "cudaMemsetAsync(flush)");
+    CAL_CU(cudaEventRecord(c->e0[i], c->s), "cudaEventRecord");
+    TPF_CHECK(rep(c, i, arg));
+    CAL_CU(cudaEventRecord(c->e1[i], c->s), "cudaEventRecord");
+  }
+  CAL_CU(cudaStreamSynchronize(c->s), "cudaStreamSynchronize");
+  TPF_RETURN_IF(c->status_host->code != 0, TPF_EBACKEND,
+                "calibrate: a backend kernel reported device error code %u",
+                (unsigned)c->status_host->code);
+  double v[CAL_MAX_ITERS];
+  for (int i = 0; i < n; i++) {
+    float ms = 0;
+    CAL_CU(cudaEventElapsedTime(&ms, c->e0[i], c->e1[i]), "cudaEventElapsedTime");
+    v[i] = (double)ms * 1e3 / per;
+  }
+  *us = cal_median(v, n);
+  return TPF_OK;
+}
+
+/* ---- gemm: row-major d[m, n] = a[m, k] w[n, k]^T as the backend maps it onto cuBLASLt
+ * (cuda_gemm.c): column-major D'[n, m] = op_T(w as k x n) * (a as k x m), fp32 compute and
+ * scale, the heuristic's first algorithm for the backend's workspace size. ---- */
+
+typedef struct {
+  uint64_t m, n, k;
+  int batch;
+  cublasLtMatmulDesc_t desc;
+  cublasLtMatrixLayout_t lw, la, ld;
+  cublasLtMatmulAlgo_t algo;
+} cal_gemm_arg;
+
+static tpf_status cal_lt_err(cublasStatus_t st, const char *what) {
+  return tpf_set_error(TPF_EBACKEND, "cuBLASLt %s failed: %s (%d)", what,
+                       cublasLtGetStatusString(st), (int)st);
+}
+#define CAL_LT(call, what)                                                                         \
+  do {                                                                                             \
+    cublasStatus_t cal_s_ = (call);                                                                \
+    if (cal_s_ != CUBLAS_STATUS_SUCCESS) return cal_lt_err(cal_s_, what);                          \
+  } while (0)
+
+static void cal_gemm_free(cal_gemm_arg *g) {
+  if (g->lw) cublasLtMatrixLayoutDestroy(g->lw);
+  if (g->la) cublasLtMatrixLayoutDestroy(g->la);
+  if (g->ld) cublasLtMatrixLayoutDestroy(g->ld);
+  if (g->desc) cublasLtMatmulDescDestroy(g->desc);
+  g->lw = g->la = g->ld = NULL;
+  g->desc = NULL;
+}
+
+static tpf_status cal_gemm_plan(cal_cu *c, cal_gemm_arg *g) {
+  const tpf_dtype dt = c->o->dtype;
+  const cudaDataType_t ty = dt == TPF_BF16 ? CUDA_R_16BF : dt == TPF_FP16 ? CUDA_R_16F : CUDA_R_32F;
+  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
+  CAL_LT(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
+  CAL_LT(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT),
+         "set TRANSA");
+  CAL_LT(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN),
+         "set TRANSB");
+  CAL_LT(cublasLtMatrixLayoutCreate(&g->lw, ty, g->k, g->n, (int64_t)g->k), "layout(w)");
+  CAL_LT(cublasLtMatrixLayoutCreate(&g->la, ty, g->k, g->m, (int64_t)g->k), "layout(a)");
+  CAL_LT(cublasLtMatrixLayoutCreate(&g->ld, ty, g->n, g->m, (int64_t)g->n), "layout(d)");
+  cublasLtMatmulPreference_t pref = NULL;
+  CAL_LT(cublasLtMatmulPreferenceCreate(&pref), "preference create");
+  uint64_t ws = c->ws_bytes;
+  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
+      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  cublasLtMatmulHeuristicResult_t res;
+  memset(&res, 0, sizeof res);
+  int found = 0;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulAlgoGetHeuristic(c->lt, g->desc, g->lw, g->la, g->ld, g->ld, pref, 1, &res,
+                                        &found);
+  cublasLtMatmulPreferenceDestroy(pref);
+  CAL_LT(st, "heuristic");
+  TPF_RETURN_IF(found < 1, TPF_EBACKEND,
+                "cuBLASLt has no algorithm for %s [%llu,%llu]x[%llu,%llu]^T", tpf_dtype_name(dt),
+                (ull)g->m, (ull)g->k, (ull)g->n, (ull)g->k);
+  g->algo = res.algo;
+  return TPF_OK;
+}
+
+/* One GEMM of g on the row block `block` of A. */
+static tpf_status cal_gemm_one(cal_cu *c, const cal_gemm_arg *g, int block) {
+  const uint64_t e = tpf_dtype_size(c->o->dtype);
+  const char *a = (const char *)c->a + (uint64_t)block * g->m * g->k * e;
+  const float one = 1.0f, zero = 0.0f;
+  CAL_LT(cublasLtMatmul(c->lt, g->desc, &one, c->w, g->lw, a, g->la, &zero, c->d, g->ld, c->d,
+                        g->ld, &g->algo, c->ws, c->ws_bytes, c->s),
+         "cublasLtMatmul");
+  return TPF_OK;
+}
+
+static tpf_status cal_gemm_rep(cal_cu *c, int rep, void *p) {
+  (void)rep;
+  const cal_gemm_arg *g = p;
+  for (int b = 0; b < g->batch; b++)
+    TPF_CHECK(cal_gemm_one(c, g, b));
+  return TPF_OK;
+}
+
+/* ---- copies and reductions ---- */
+
+typedef struct {
+  void *dst;
+  int dst_dev;
+  const void *src;
+  int src_dev;
+  uint64_t bytes;
+  bool peer; /* cudaMemcpyPeerAsync, else cudaMemcpyAsync */
+} cal_copy_arg;
+
+static tpf_status cal_copy_rep(cal_cu *c, int rep, void *p) {
+  (void)rep;
+  const cal_copy_arg *a = p;
+  if (a->peer)
+    CAL_CU(cudaMemcpyPeerAsync(a->dst, a->dst_dev, a->src, a->src_dev, a->bytes, c->s),
+           "cudaMemcpyPeerAsync");
+  else
+    CAL_CU(cudaMemcpyAsync(a->dst, a->src, a->bytes, cudaMemcpyDeviceToDevice, c->s),
+           "cudaMemcpyAsync");
+  return TPF_OK;
+}
+
+typedef struct {
+  tpf_cuda_reduce_args ra;
+  int ctas;
+} cal_reduce_arg;
+
+static tpf_status cal_reduce_rep(cal_cu *c, int rep, void *p) {
+  (void)rep;
+  cal_reduce_arg *a = p;
+  CAL_CU(tpf_cuda__launch_reduce(&a->ra, c->status_dev, a->ctas, c->s), "reduce kernel launch");
+  return TPF_OK;
+}
+
+/* us = lat + bytes / (gbps * 1e3), least squares of the relative error; *worst gets the largest
+ * relative residual. */
+static void cal_fit(const double *bytes, const double *us, int n, tpf_cost_link *out,
+                    double *worst) {
+  double sw = 0, sx = 0, sy = 0, sxx = 0, sxy = 0;
+  for (int i = 0; i < n; i++) {
+    double w = 1.0 / (us[i] * us[i]);
+    sw += w;
+    sx += w * bytes[i];
+    sy += w * us[i];
+    sxx += w * bytes[i] * bytes[i];
+    sxy += w * bytes[i] * us[i];
+  }
+  double det = sw * sxx - sx * sx, a = 0, b = 0;
+  if (det > 0) {
+    a = (sxx * sy - sx * sxy) / det;
+    b = (sw * sxy - sx * sy) / det;
+  }
+  if (a < 0 || b <= 0) { /* no latency: the slope through the origin */
+    a = 0;
+    b = sxy / sxx;
+  }
+  if (b <= 0) b = 1e-9;
+  out->latency_us = a;
+  out->gbps = 1.0 / (b * 1e3);
+  if (out->gbps < 0.1) out->gbps = 0.1; /* printed with one decimal: never "0.0" */
+  *worst = 0;
+  for (int i = 0; i < n; i++) {
+    double r = fabs(a + b * bytes[i] - us[i]) / us[i];
+    if (r > *worst) *worst = r;
+  }
+}
+
+/* ---- host costs ---- */
+
+/* Median host time (us) of `what` over 200 calls, synchronising every 50 so no queue fills. */
+typedef enum { H_GEMM, H_COPY, H_EVENT, H_KERNEL } cal_host_kind;
+static tpf_status cal_host_us(cal_cu *c, cal_host_kind what, cudaStream_t other, cudaEvent_t ev,
+                              const cal_gemm_arg *small, double *us) {
+  enum { N = 200 };
+  double v[N];
+  for (int i = -20; i < N; i++) {
+    if (i >= 0 && i % 50 == 0) CAL_CU(cudaStreamSynchronize(c->s), "cudaStreamSynchronize");
+    double t0 = cal_now_ns();
+    switch (what) {
+    case H_GEMM:
+      TPF_CHECK(cal_gemm_one(c, small, 0));
+      break;
+    case H_COPY:
+      CAL_CU(cudaMemcpyAsync(c->d, c->a, 65536, cudaMemcpyDeviceToDevice, c->s), "cudaMemcpyAsync");
+      break;
+    case H_EVENT:
+      CAL_CU(cudaEventRecord(ev, c->s), "cudaEventRecord");
+      CAL_CU(cudaStreamWaitEvent(other, ev, 0), "cudaStreamWaitEvent");
+      break;
+    case H_KERNEL: {
+      tpf_cuda_flag_args f;
+      memset(&f, 0, sizeof f);
+      f.status = c->status_dev; /* no peers: the backend's 1-thread kernel, doing nothing */
+      f.timeout_ns = 1000000000ull;
+      CAL_CU(tpf_cuda__launch_flags(&f, c->s), "flag kernel launch");
+      break;
+    }
+    }
+    if (i >= 0) v[i] = (cal_now_ns() - t0) * 1e-3;
+  }
+  CAL_CU(cudaStreamSynchronize(c->s), "cudaStreamSynchronize");
+  CAL_CU(cudaStreamSynchronize(other), "cudaStreamSynchronize");
+  qsort(v, N, sizeof *v, cal_cmp);
+  *us = 0.5 * (v[N / 2 - 1] + v[N / 2]);
+  return TPF_OK;
+}
+
+/* Two rank threads doing the in-process handshake: record, publish, wait for the peer, wait on
+ * its event. */
+typedef struct {
+  int device, rounds;
+  _Atomic uint64_t word[2];
+  cudaEvent_t ev[2][2];
+  cudaStream_t s[2];
+  pthread_barrier_t bar;
+  double us;
+  tpf_status rc[2];
+} cal_hs;
+typedef struct {
+  cal_hs *h;
+  int me;
+} cal_hs_arg;
+
+static void *cal_hs_thread(void *p) {
+  cal_hs_arg *a = p;
+  cal_hs *h = a->h;
+  const int me = a->me, peer = 1 - me;
+  tpf_status rc = TPF_OK;
+  if (cudaSetDevice(h->device) != cudaSuccess) rc = TPF_EBACKEND;
+  pthread_barrier_wait(&h->bar);
+  double t0 = cal_now_ns();
+  for (int i = 1; rc == TPF_OK && i <= h->rounds; i++) {
+    cudaEvent_t ev = h->ev[me][i & 1];
+    if (cudaEventRecord(ev, h->s[me]) != cudaSuccess) rc = TPF_EBACKEND;
+    atomic_store_explicit(&h->word[me], (uint64_t)i, memory_order_release);
+    double w0 = cal_now_ns();
+    while (atomic_load_explicit(&h->word[peer], memory_order_acquire) < (uint64_t)i)
+      if (cal_now_ns() - w0 > 1e10) { /* 10 s: the peer died */
+        rc = TPF_ETIMEOUT;
+        break;
+      }
+    if (rc == TPF_OK && cudaStreamWaitEvent(h->s[me], h->ev[peer][i & 1], 0) != cudaSuccess)
+      rc = TPF_EBACKEND;
+  }
+  double t1 = cal_now_ns();
+  if (rc != TPF_OK) atomic_store(&h->word[me], UINT64_MAX); /* release the peer */
+  if (me == 0) h->us = (t1 - t0) * 1e-3 / h->rounds;
+  h->rc[me] = rc;
+  return NULL;
+}
+
+static tpf_status cal_handshake(int device, double *us) {
+  static cal_hs h;
+  memset(&h, 0, sizeof h);
+  h.device = device;
+  h.rounds = 2000;
+  for (int r = 0; r < 2; r++) {
+    CAL_CU(cudaStreamCreateWithFlags(&h.s[r], cudaStreamNonBlocking), "cudaStreamCreate");
+    for (int k = 0; k < 2; k++)
+      CAL_CU(cudaEventCreateWithFlags(&h.ev[r][k], cudaEventDisableTiming), "cudaEventCreate");
+  }
+  pthread_barrier_init(&h.bar, NULL, 2);
+  pthread_t th[2];
+  cal_hs_arg args[2] = {{&h, 0}, {&h, 1}};
+  for (int r = 0; r < 2; r++)
+    pthread_create(&th[r], NULL, cal_hs_thread, &args[r]);
+  for (int r = 0; r < 2; r++)
+    pthread_join(th[r], NULL);
+  pthread_barrier_destroy(&h.bar);
+  for (int r = 0; r < 2; r++) {
+    cudaStreamSynchronize(h.s[r]);
+    cudaStreamDestroy(h.s[r]);
+    for (int k = 0; k < 2; k++)
+      cudaEventDestroy(h.ev[r][k]);
+  }
+  TPF_RETURN_IF(h.rc[0] != TPF_OK || h.rc[1] != TPF_OK, TPF_EBACKEND,
+                "calibrate: the handshake threads failed (%s, %s)", tpf_status_name(h.rc[0]),
+                tpf_status_name(h.rc[1]));
+  *us = h.us;
+  return TPF_OK;
+}
+
+/* ---- the whole measurement ---- */
+
+typedef struct {
+  char gpu[400];
+  double gemm_tf_lo, gemm_tf_hi;
+  double peer_res, local_res, reduce_res;
+  double h_gemm, h_copy, h_event, h_kernel;
+  int ctas;
+  bool peer_other;
+  double seconds;
+} cal_report;
+
+static void cal_free(cal_cu *c) {
+  for (int i = 0; i < CAL_MAX_ITERS; i++) {
+    if (c->e0[i]) cudaEventDestroy(c->e0[i]);
+    if (c->e1[i]) cudaEventDestroy(c->e1[i]);
+  }
+  if (c->lt) cublasLtDestroy(c->lt);
+  if (c->ws) cudaFree(c->ws);
+  if (c->s) cudaStreamDestroy(c->s);
+  if (c->flush) cudaFree(c->flush);
+  if (c->a) cudaFree(c->a);
+  if (c->w) cudaFree(c->w);
+  if (c->d) cudaFree(c->d);
+  if (c->status_host) cudaFreeHost(c->status_host);
+}
+
+static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
+  const cal_opts *o = c->o;
+  const tpf_dtype dt = o->dtype;
+  const uint64_t e = tpf_dtype_size(dt), H = o->hidden;
+  CAL_CU(cudaSetDevice(o->device), "cudaSetDevice");
+  struct cudaDeviceProp prop;
+  CAL_CU(cudaGetDeviceProperties(&prop, o->device), "cudaGetDeviceProperties");
+  int rt = 0, drv = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  snprintf(rep->gpu, sizeof rep->gpu,
+           "%s (%d SMs, compute capability %d.%d), CUDA runtime %d, driver %d, cuBLASLt %zu",
+           prop.name, prop.multiProcessorCount, prop.major, prop.minor, rt, drv,
+           cublasLtGetVersion());
+  c->nmax = H;
+  c->kmax = H;
+  for (int i = 0; i < o->nns; i++) {
+    if (o->ns[i] > c->nmax) c->nmax = o->ns[i];
+    if (o->ns[i] > c->kmax) c->kmax = o->ns[i];
+  }
+  CAL_CU(cudaStreamCreateWithFlags(&c->s, cudaStreamNonBlocking), "cudaStreamCreate");
+  for (int i = 0; i < o->iters; i++) {
+    CAL_CU(cudaEventCreate(&c->e0[i]), "cudaEventCreate");
+    CAL_CU(cudaEventCreate(&c->e1[i]), "cudaEventCreate");
+  }
+  CAL_CU(cudaMalloc(&c->flush, CAL_FLUSH_BYTES), "cudaMalloc(flush)");
+  const uint64_t min_bytes = 256ull << 20;
+  c->a_bytes = CAL_MAX_M * c->kmax * e > min_bytes ? CAL_MAX_M * c->kmax * e : min_bytes;
+  c->d_bytes = CAL_MAX_M * c->nmax * e > min_bytes ? CAL_MAX_M * c->nmax * e : min_bytes;
+  CAL_CU(cudaMalloc(&c->a, c->a_bytes), "cudaMalloc(A)");
+  CAL_CU(cudaMalloc(&c->w, c->nmax * c->kmax * e), "cudaMalloc(W)");
+  CAL_CU(cudaMalloc(&c->d, c->d_bytes), "cudaMalloc(D)");
+  TPF_CHECK(cal_fill(c->a, c->a_bytes / e, dt));
+  TPF_CHECK(cal_fill(c->w, c->nmax * c->kmax, dt));
+  CAL_CU(cudaMemset(c->d, 0, c->d_bytes), "cudaMemset(D)");
+  void *hs = NULL;
+  CAL_CU(cudaHostAlloc(&hs, sizeof(tpf_cuda_status), cudaHostAllocMapped), "cudaHostAlloc");
+  c->status_host = hs;
+  memset(hs, 0, sizeof(tpf_cuda_status));
+  void *ds = NULL;
+  CAL_CU(cudaHostGetDevicePointer(&ds, hs, 0), "cudaHostGetDevicePointer");
+  c->status_dev = ds;
+  c->ws_bytes = cal_env_u64("TPF_CUDA_WORKSPACE_BYTES", 32ull << 20); /* the backend's */
+  CAL_CU(cudaMalloc(&c->ws, c->ws_bytes), "cudaMalloc(workspace)");
+  CAL_LT(cublasLtCreate(&c->lt), "cublasLtCreate");
+
+  /* The plan: GEMM shapes, copy sizes, reductions. */
+  static const uint64_t ms_full[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
+  static const uint64_t ms_quick[] = {64, 256, 1024, 4096, 16384, 32768};
+  const uint64_t *ms = o->quick ? ms_quick : ms_full;
+  const int nm = o->quick ? 6 : 10;
+  static const uint64_t sz_full[] = {64ull << 10, 256ull << 10, 1ull << 20,  4ull << 20,
+                                     16ull << 20, 64ull << 20,  256ull << 20};
+  static const uint64_t sz_quick[] = {256ull << 10, 4ull << 20, 64ull << 20};
+  const uint64_t *sz = o->quick ? sz_quick : sz_full;
+  const int nsz = o->quick ? 3 : 7;
+  static const int cnt_full[] = {2, 4, 8}, cnt_quick[] = {4};
+  const int *cnt = o->quick ? cnt_quick : cnt_full;
+  const int ncnt = o->quick ? 1 : 3;
+  static const uint64_t rows_red[] = {16, 64, 256, 1024, 4096};
+  const int nrows = o->quick ? 3 : 5;
+  c->points = 2 * o->nns * nm + 2 * nsz + ncnt * nrows + 5;
+  c->t0_ns = cal_now_ns();
+  fprintf(stderr, "calibrate: %s; %s GEMMs, %d repetitions per point\n", rep->gpu,
+          tpf_dtype_name(dt), o->iters);
+
+  /* GEMMs: AG [m, N, H] then RS [m, H, N] for each N. */
+  rep->gemm_tf_lo = 1e300;
+  rep->gemm_tf_hi = 0;
+  for (int ni = 0; ni < o->nns; ni++)
+    for (int shape = 0; shape < 2; shape++)
+      for (int mi = 0; mi < nm; mi++) {
+        cal_gemm_arg g;
+        memset(&g, 0, sizeof g);
+        g.m = ms[mi];
+        g.n = shape == 0 ? o->ns[ni] : H;
+        g.k = shape == 0 ? H : o->ns[ni];
+        uint64_t b = CAL_MAX_M / g.m;
+        g.batch = (int)(b > 4 ? 4 : b < 1 ? 1 : b);
+        double us = 0;
+        tpf_status gst = cal_gemm_plan(c, &g);
+        if (gst == TPF_OK) gst = cal_time(c, cal_gemm_rep, &g, g.batch, &us);
+        cal_gemm_free(&g);
+        TPF_CHECK(gst);
+        TPF_RETURN_IF(t->ngemm >= TPF_COST_MAX_GEMM_POINTS, TPF_EINVAL,
+                      "calibrate: more than %d gemm points", TPF_COST_MAX_GEMM_POINTS);
+        t->gemm[t->ngemm++] = (tpf_cost_gemm_point){dt, g.m, g.n, g.k, us};
+        double tf = 2.0 * (double)g.m * (double)g.n * (double)g.k / (us * 1e-6) / 1e12;
+        if (tf < rep->gemm_tf_lo) rep->gemm_tf_lo = tf;
+        if (tf > rep->gemm_tf_hi) rep->gemm_tf_hi = tf;
+        cal_progress(c, "gemm %s %s m=%llu n=%llu k=%llu: %.2f us (%.1f TFLOP/s, %d back to back)",
+                     tpf_dtype_name(dt), shape == 0 ? "AG" : "RS", (ull)g.m, (ull)g.n, (ull)g.k, us,
+                     tf, g.batch);
+      }
+
+  /* Copies: local, then peer. */
+  void *peer_dst = NULL;
+  rep->peer_other = o->peer != o->device;
+  if (rep->peer_other) {
+    int can = 0;
+    CAL_CU(cudaDeviceCanAccessPeer(&can, o->device, o->peer), "cudaDeviceCanAccessPeer");
+    TPF_RETURN_IF(!can, TPF_EUNSUPPORTED,
+                  "calibrate: device %d cannot access device %d as a peer (no P2P between them)",
+                  o->device, o->peer);
+    cudaError_t pe = cudaDeviceEnablePeerAccess(o->peer, 0);
+    if (pe == cudaErrorPeerAccessAlreadyEnabled)
+      (void)cudaGetLastError();
+    else if (pe != cudaSuccess)
+      return cal_cu_err(pe, "cudaDeviceEnablePeerAccess");
+    CAL_CU(cudaSetDevice(o->peer), "cudaSetDevice(peer)");
+    cudaError_t ae = cudaMalloc(&peer_dst, 256ull << 20);
+    CAL_CU(cudaSetDevice(o->device), "cudaSetDevice");
+    if (ae != cudaSuccess) return cal_cu_err(ae, "cudaMalloc(peer)");
+  }
+  double xs[16], ys[16];
+  for (int kind = 0; kind < 2; kind++) { /* 0 local, 1 peer */
+    for (int i = 0; i < nsz; i++) {
+      cal_copy_arg a = {kind == 1 && peer_dst ? peer_dst : c->d,
+                        kind == 1 ? o->peer : o->device,
+                        c->a,
+                        o->device,
+                        sz[i],
+                        kind == 1};
+      tpf_status st = cal_time(c, cal_copy_rep, &a, 1, &ys[i]);
+      if (st != TPF_OK) {
+        if (peer_dst) cudaFree(peer_dst);
+        return st;
+      }
+      xs[i] = (double)sz[i];
+      cal_progress(c, "copy %s %llu KiB: %.2f us (%.1f GB/s)", kind ? "peer" : "local",
+                   (ull)(sz[i] >> 10), ys[i], xs[i] / (ys[i] * 1e3));
+    }
+    cal_fit(xs, ys, nsz, kind ? &t->peer : &t->local, kind ? &rep->peer_res : &rep->local_res);
+  }
+  if (peer_dst) cudaFree(peer_dst);
+
+  /* Reductions: count views of [rows, H] from A into D. */
+  rep->ctas = (int)cal_env_u64("TPF_CUDA_COMM_CTAS", 16);
+  if (rep->ctas < 1) rep->ctas = 1;
+  if (rep->ctas > 1024) rep->ctas = 1024;
+  int nr = 0;
+  for (int ci = 0; ci < ncnt; ci++)
+    for (int ri = 0; ri < nrows; ri++) {
+      cal_reduce_arg a;
+      memset(&a, 0, sizeof a);
+      const uint64_t rows = rows_red[o->quick ? ri + 1 : ri];
+      for (int q = 0; q < cnt[ci]; q++)
+        a.ra.srcs[q] = (const char *)c->a + (uint64_t)q * rows * H * e;
+      a.ra.dst = c->d;
+      a.ra.src_ld = a.ra.dst_ld = H;
+      a.ra.rows = rows;
+      a.ra.cols = H;
+      a.ra.count = cnt[ci];
+      a.ra.src_dtype = a.ra.dst_dtype = (int32_t)dt;
+      a.ctas = rep->ctas;
+      TPF_CHECK(cal_time(c, cal_reduce_rep, &a, 1, &ys[nr]));
+      xs[nr] = (double)cnt[ci] * (double)rows * (double)H * (double)e;
+      cal_progress(c, "reduce %d x [%llu, %llu]: %.2f us (%.1f GB/s read)", cnt[ci], (ull)rows,
+                   (ull)H, ys[nr], xs[nr] / (ys[nr] * 1e3));
+      nr++;
+    }
+  cal_fit(xs, ys, nr, &t->reduce, &rep->reduce_res);
+
+  /* Host costs. */
+  cudaStream_t other = NULL;
+  cudaEvent_t ev = NULL;
+  CAL_CU(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
+  CAL_CU(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming), "cudaEventCreate");
+  cal_gemm_arg small;
+  memset(&small, 0, sizeof small);
+  small.m = 64;
+  small.n = c->nmax < 1024 ? c->nmax : 1024;
+  small.k = H;
+  small.batch = 1;
+  tpf_status st = cal_gemm_plan(c, &small);
+  if (st == TPF_OK) st = cal_host_us(c, H_GEMM, other, ev, &small, &rep->h_gemm);
+  if (st == TPF_OK) cal_progress(c, "host: cublasLtMatmul enqueue %.2f us", rep->h_gemm);
+  cal_gemm_free(&small);
+  if (st == TPF_OK) st = cal_host_us(c, H_COPY, other, ev, NULL, &rep->h_copy);
+  if (st == TPF_OK) cal_progress(c, "host: cudaMemcpyAsync enqueue %.2f us", rep->h_copy);
+  if (st == TPF_OK) st = cal_host_us(c, H_EVENT, other, ev, NULL, &rep->h_event);
+  if (st == TPF_OK)
+    cal_progress(c, "host: cudaEventRecord + cudaStreamWaitEvent %.2f us", rep->h_event);
+  if (st == TPF_OK) st = cal_host_us(c, H_KERNEL, other, ev, NULL, &rep->h_kernel);
+  if (st == TPF_OK) cal_progress(c, "host: empty kernel launch %.2f us", rep->h_kernel);
+  cudaEventDestroy(ev);
+  cudaStreamDestroy(other);
+  TPF_CHECK(st);
+  t->launch_us = 0.5 * (rep->h_gemm + rep->h_copy) + rep->h_event;
+  double hs_us = 0;
+  TPF_CHECK(cal_handshake(o->device, &hs_us));
+  cal_progress(c, "host: in-process handshake round of 2 ranks %.2f us", hs_us);
+  t->handshake_us = hs_us;
+  t->barrier_us = hs_us;
+  rep->seconds = (cal_now_ns() - c->t0_ns) * 1e-9;
+  return TPF_OK;
+}
+
+static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
+  int count = 0;
+  cudaError_t ce = cudaGetDeviceCount(&count);
+  if (ce != cudaSuccess || count == 0) {
+    fprintf(stderr, "tpflex calibrate: no CUDA device usable: %s\n",
+            ce != cudaSuccess ? cudaGetErrorString(ce) : "cudaGetDeviceCount found 0 devices");
+    return 1;
+  }
+  if (o->device >= count)
+    return cli_error(ctx, "--device %d: this machine has %d CUDA device%s", o->device, count,
+                     count == 1 ? "" : "s");
+  if (o->peer >= count)
+    return cli_error(ctx, "--peer-device %d: this machine has %d CUDA device%s", o->peer, count,
+                     count == 1 ? "" : "s");
+  static tpf_cost_table t;
+  memset(&t, 0, sizeof t);
+  static cal_cu c;
+  memset(&c, 0, sizeof c);
+  c.o = o;
+  cal_report rep;
+  memset(&rep, 0, sizeof rep);
+  tpf_status st = cal_measure(&c, &t, &rep);
+  cal_free(&c);
+  if (st != TPF_OK) {
+    fprintf(stderr, "tpflex calibrate: FAILED: %s: %s\n", tpf_status_name(st), tpf_last_error());
+    return 1;
+  }
+  char date[64], comments[4096];
+  cal_date(date, sizeof date);
+  snprintf(
+      comments, sizeof comments,
+      "# tpflex cost table MEASURED by `%s`, %s.\n"
+      "# Machine: %s.\n"
+      "# Format: include/tpflex/tpflex_cost.h. Method (tools/cmd_calibrate.c): medians of %d "
+      "repetitions timed\n"
+      "# with CUDA events, each after a 256 MiB memset that evicts the L2.\n"
+      "# gemm: cuBLASLt as the CUDA backend calls it, %s [m,k]x[n,k]^T; AG shapes [m, N, H] then "
+      "RS shapes [m, H, N];\n"
+      "#   one sample = min(4, 32768/m) GEMMs back to back / their count. The cost model "
+      "interpolates by flops\n"
+      "#   alone over every point of a dtype (equal flops: the first line listed wins).\n"
+      "# copy local: cudaMemcpyAsync device to device on device %d (fit: worst residual %.1f %%).\n"
+      "# copy peer: cudaMemcpyPeerAsync device %d -> device %d%s (fit: worst residual %.1f %%).\n"
+      "# reduce: the backend's reduction kernel, %d CTAs, over bytes read (fit: worst residual "
+      "%.1f %%).\n"
+      "# launch_us: host time per step = (GEMM enqueue %.2f + cudaMemcpyAsync enqueue %.2f) / 2 "
+      "+ event record\n"
+      "#   and stream wait %.2f us (empty kernel launch: %.2f us, not used).\n"
+      "# handshake_us, barrier_us: host rendezvous of 2 in-process rank threads (event record, "
+      "publish, wait\n"
+      "#   for the peer, stream wait), per round.\n",
+      o->cmdline, date, rep.gpu, o->iters, tpf_dtype_name(o->dtype), o->device, 100 * rep.local_res,
+      o->device, o->peer,
+      rep.peer_other ? "" : " (the same device: ranks sharing one GPU copy through its HBM)",
+      100 * rep.peer_res, rep.ctas, 100 * rep.reduce_res, rep.h_gemm, rep.h_copy, rep.h_event,
+      rep.h_kernel);
+  int rc = cal_emit(ctx, o, comments, &t);
+  if (rc >= 0) return rc;
+  FILE *s = o->out ? stdout : stderr;
+  fprintf(s, "calibrate summary (%s, %.1f s):\n", rep.gpu, rep.seconds);
+  fprintf(s, "  gemm       %d points, %s, %.1f .. %.1f TFLOP/s\n", t.ngemm,
+          tpf_dtype_name(o->dtype), rep.gemm_tf_lo, rep.gemm_tf_hi);
+  fprintf(s, "  copy local %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%)\n",
+          t.local.latency_us, t.local.gbps, 100 * rep.local_res);
+  fprintf(
+      s,
+      "  copy peer  %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%), device %d -> %d%s\n",
+      t.peer.latency_us, t.peer.gbps, 100 * rep.peer_res, o->device, o->peer,
+      rep.peer_other ? "" : " (same device)");
+  fprintf(s,
+          "  reduce     %.2f us + bytes read / %.1f GB/s (worst fit residual %.1f %%), %d CTAs\n",
+          t.reduce.latency_us, t.reduce.gbps, 100 * rep.reduce_res, rep.ctas);
+  fprintf(s, "  launch_us  %.2f (GEMM %.2f, copy %.2f, event pair %.2f; empty kernel %.2f)\n",
+          t.launch_us, rep.h_gemm, rep.h_copy, rep.h_event, rep.h_kernel);
+  fprintf(s, "  handshake_us %.2f, barrier_us %.2f\n", t.handshake_us, t.barrier_us);
+  fprintf(s, "  table written to %s\n", o->out ? o->out : "stdout");
+  return 0;
+}
+
+#else /* !TPF_HAVE_CUDA */
+
+static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
+  (void)ctx;
+  (void)o;
+  fprintf(stderr,
+          "tpflex calibrate: --backend cuda: this build has no CUDA backend (configure with "
+          "-DTPF_WITH_CUDA=ON on a machine with the CUDA toolkit); --backend sim writes the "
+          "simulator's synthetic table\n");
+  return 2;
+}
+
+#endif /* TPF_HAVE_CUDA */
+
+int tpf_cmd_calibrate(int argc, char **argv) {
+  static const cli_ctx ctx = {"tpflex calibrate", false, NULL};
+  cli_val v[C_NOPTS];
+  int prc = cli_parse(&ctx, kCalOpts, C_NOPTS, argc, argv, v, kCalIntro);
+  if (prc >= 0) return prc;
+  cal_opts o;
+  memset(&o, 0, sizeof o);
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  o.cuda = !v[C_BACKEND].set || v[C_BACKEND].u == 0;
+  o.out = v[C_OUT].set ? v[C_OUT].s : NULL;
+  o.dtype = v[C_DTYPE].set ? dts[v[C_DTYPE].u] : TPF_BF16;
+  o.quick = v[C_QUICK].set;
+  o.device = v[C_DEVICE].set ? (int)v[C_DEVICE].u : 0;
+  o.peer = v[C_PEER].set ? (int)v[C_PEER].u : o.device;
+  o.hidden = v[C_HIDDEN].set ? v[C_HIDDEN].u : 8192;
+  if (v[C_N].set) {
+    o.ns[o.nns++] = v[C_N].u;
+  } else {
+    o.ns[o.nns++] = 3584;
+    o.ns[o.nns++] = 1024;
+  }
+  o.iters = v[C_ITERS].set ? (int)v[C_ITERS].u : (o.quick ? 7 : 25);
+  cal_cmdline(&o, argc, argv);
+  if (!o.cuda) {
+    static const int cuda_only[] = {C_DTYPE, C_DEVICE, C_PEER, C_HIDDEN, C_N, C_ITERS, C_QUICK};
+    for (size_t i = 0; i < sizeof cuda_only / sizeof *cuda_only; i++)
+      if (v[cuda_only[i]].set)
+        return cli_error(&ctx, "%s applies to --backend cuda only (sim writes a fixed table)",
+                         kCalOpts[cuda_only[i]].name);
+  }
+  if (o.out) { /* fail before measuring, not after; leave no empty file behind */
+    const bool existed = access(o.out, F_OK) == 0;
+    FILE *f = fopen(o.out, "a");
+    if (!f) return cli_error(&ctx, "--out '%s' cannot be written", o.out);
+    fclose(f);
+    if (!existed) remove(o.out);
+  }
+  return o.cuda ? cal_cuda(&ctx, &o) : cal_sim(&ctx, &o);
+}
