@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Table-driven test of every option of every tpflex command (plan, demo, bench).
+"""Table-driven test of every option of every tpflex command (plan, demo, bench, calibrate).
 
 For each numeric option: invalid values (negative, '+3', '010', '0x10', 2^32+1, 2^64, '', 'abc',
 '1e3', min-1, max+1) must exit 2 with a message that names the option and echoes the text typed;
@@ -24,7 +24,9 @@ BASE = {
     "demo": {"--tp": "2", "--capacity": "32", "--hidden": "16", "--microbatches": "1"},
     "bench": {"--tp": "2", "--capacity": "64", "--hidden": "16", "--n": "16", "--iters": "1",
               "--warmup": "0", "--calls": "100", "--section": "setshape", "--quick": None},
+    "calibrate": {"--backend": "sim"},
 }
+HAVE_CUDA = os.environ.get("TPF_CLI_HAVE_CUDA", "OFF").upper() in ("1", "ON", "TRUE", "YES")
 # Numeric options: (command, option, min, max), as the commands' option tables give them.
 NUMS = [
     ("plan", "--tp", 1, 64), ("plan", "--capacity", 1, 2**40), ("plan", "--tokens", 1, 2**40),
@@ -38,6 +40,9 @@ NUMS = [
     ("bench", "--tp", 1, 64), ("bench", "--capacity", 1, 2**20), ("bench", "--hidden", 1, 2**16),
     ("bench", "--n", 1, 2**16), ("bench", "--iters", 1, 1000), ("bench", "--warmup", 0, 1000),
     ("bench", "--calls", 100, 1000000000),
+    ("calibrate", "--device", 0, 63), ("calibrate", "--peer-device", 0, 63),
+    ("calibrate", "--hidden", 64, 2**16), ("calibrate", "--n", 64, 2**16),
+    ("calibrate", "--iters", 3, 1000),
 ]
 # Choice options: (command, option, valid words).
 CHOICES = [
@@ -45,11 +50,13 @@ CHOICES = [
     ("plan", "--dtype", ["bf16", "fp16", "fp32"]),
     ("demo", "--backend", ["sim"]), ("demo", "--dtype", ["bf16", "fp16", "fp32"]),
     ("bench", "--backend", ["sim"]),
-    ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all"]),
+    ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all", "planner"]),
+    ("bench", "--model", ["shared", "dedicated"]),
+    ("calibrate", "--backend", ["cuda", "sim"]), ("calibrate", "--dtype", ["bf16", "fp16", "fp32"]),
 ]
-FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("demo", "--no-check"),
-         ("bench", "--quick")]
-FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json")]
+FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
+         ("bench", "--quick"), ("calibrate", "--quick")]
+FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
 
 
 def argv(cmd, over=None, drop=(), extra=()):
@@ -182,7 +189,8 @@ case("plan --json valid", argv(P, extra=["--json"]), 0, out='"check":"OK"')
 rc, so, _ = run([TPF, "plan", "--help"])
 count += 1
 for opt in ["--tp", "--capacity", "--tokens", "--hidden", "--algo", "--coll", "--splits",
-            "--aggregate", "--dtype", "--n", "--k", "--rank", "--json", "--predict", "--cost"]:
+            "--aggregate", "--dtype", "--n", "--k", "--rank", "--json", "--predict", "--cost",
+            "--project"]:
     line = next((l for l in so.splitlines() if l.strip().startswith(opt + " ") or
                  l.strip() == opt or l.strip().startswith(opt + "  ")), "")
     if "required" not in line and "optional" not in line:
@@ -200,7 +208,7 @@ case("plan --predict --cost file", argv(P, extra=["--predict", "--cost", os.path
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "cost", "sim.txt")]), 0,
     out="<- chosen")
 case("plan --cost without --predict", argv(P, extra=["--cost", "/tmp/x"]), 2,
-     err="--cost applies with --predict only")
+     err="--cost applies with --predict or --project only")
 case("plan --predict --cost missing", argv(P, extra=["--predict", "--cost", "/nonexistent/t"]), 2,
      err="--cost '/nonexistent/t' cannot be read")
 with open("/tmp/tpflex_cli_bad_cost.txt", "w") as f:
@@ -209,6 +217,55 @@ case("plan --predict --cost bad table", argv(P, extra=["--predict", "--cost",
      "/tmp/tpflex_cli_bad_cost.txt"]), 2, err="line 2: unknown key")
 case("plan --predict=x", argv(P, extra=["--predict=x"]), 2, err="--predict")
 case("plan --cost empty", argv(P, extra=["--predict", "--cost", ""]), 2, err="--cost")
+
+# --project: the multi-GPU projection (no required options; the grid has defaults)
+SIM_COST = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "cost",
+                        "sim.txt")
+case("plan --project default", [TPF, "plan", "--project"], 0,
+     out=["PROJECTION", "ring ag", "ring rs", "pipeline rs", "3584", "1024", "32768", "summary:",
+          "E_fixed", "speedup"])
+case("plan --predict --project", [TPF, "plan", "--predict", "--project", "--coll", "ag"], 0,
+     out=["PROJECTION", "ring ag"])
+case("plan --project one row", [TPF, "plan", "--project", "--tp", "4", "--tokens", "4096", "--n",
+                                "1024", "--algo", "ring", "--coll", "ag"], 0,
+     out="summary: 1 rows")
+case("plan --project --cost", [TPF, "plan", "--project", "--cost", SIM_COST, "--capacity", "1024",
+                               "--hidden", "256", "--n", "256"], 0, out=["sim.txt", "summary:"])
+case("plan --project --algo bulk", [TPF, "plan", "--project", "--algo", "bulk"], 2,
+     err="--algo bulk has nothing to project")
+case("plan --project pipeline ag", [TPF, "plan", "--project", "--algo", "pipeline", "--coll", "ag"],
+     2, err="pipeline has no all-gather")
+for opt, val in [("--splits", "2"), ("--rank", "0"), ("--k", "64")]:
+    case("plan --project %s" % opt, [TPF, "plan", "--project", opt, val], 2,
+         err="%s does not apply with --project" % opt)
+case("plan --project --aggregate", [TPF, "plan", "--project", "--aggregate"], 2,
+     err="--aggregate does not apply with --project")
+case("plan --project --json", [TPF, "plan", "--project", "--json"], 2,
+     out=['"status":"error"', "--json does not apply with --project"])
+case("plan --project --tokens > C", [TPF, "plan", "--project", "--tokens", "65536"], 2,
+     err="--tokens '65536' is above the capacity 32768")
+
+# ---- calibrate: the sim table, the CUDA error without CUDA, cuda-only options ----
+CAL = "calibrate"
+case("calibrate sim to stdout", [TPF, CAL, "--backend", "sim"], 0,
+     out=["SYNTHETIC", "launch_us", "copy peer", "gemm bf16"], err="wrote the synthetic table")
+CAL_OUT = "/tmp/tpflex_cli_calibrated.txt"
+case("calibrate sim --out", [TPF, CAL, "--backend", "sim", "--out", CAL_OUT], 0,
+     out="to " + CAL_OUT)
+case("calibrate table feeds plan --predict", argv(P, extra=["--predict", "--cost", CAL_OUT]), 0,
+     out=["<- chosen", CAL_OUT])
+case("calibrate --backend=sim", [TPF, CAL, "--backend=sim", "--out=" + CAL_OUT], 0)
+for opt, val in [("--dtype", "fp16"), ("--device", "0"), ("--peer-device", "0"),
+                 ("--hidden", "1024"), ("--n", "1024"), ("--iters", "3")]:
+    case("calibrate sim %s" % opt, [TPF, CAL, "--backend", "sim", opt, val], 2,
+         err="%s applies to --backend cuda only" % opt)
+case("calibrate sim --quick", [TPF, CAL, "--backend", "sim", "--quick"], 2,
+     err="--quick applies to --backend cuda only")
+if not HAVE_CUDA:
+    case("calibrate cuda without CUDA", [TPF, CAL, "--backend", "cuda"], 2,
+         err=["this build has no CUDA backend", "-DTPF_WITH_CUDA=ON"])
+    case("calibrate default backend is cuda", [TPF, CAL, "--quick"], 2,
+         err="this build has no CUDA backend")
 
 # ---- demo: per-value messages, boundaries, wording ----
 D = "demo"
@@ -245,7 +302,26 @@ for over in [{"--iters": "1"}, {"--warmup": "0"}, {"--calls": "100"}, {"--tp": "
     case("bench valid %s" % over, argv(B, over), 0, out="bench finished: all checks passed")
 case("bench --section repeated", argv(B, extra=["--section", "chunking"]), 0,
      out=["Section 1", "Section 3"])
-case("bench help numbering", [TPF, "bench", "--help"], 0, out=["1 setshape", "4/5 tp"])
+case("bench help numbering", [TPF, "bench", "--help"], 0,
+     out=["1 setshape", "4/5 tp", "6 planner"])
+# the planner section (sim, tiny): fixed, no overlap and adaptive side by side, with predictions
+PL = [TPF, "bench", "--backend", "sim", "--section", "planner", "--tp", "4", "--capacity", "256",
+      "--hidden", "64", "--n", "32", "--iters", "1", "--warmup", "0", "--quick"]
+case("bench planner sim", PL, 0,
+     out=["Section 6:", "adapt/min", "pred(us)", "Section 6b", "pred/meas", "adaptive (",
+          "bench finished: all checks passed"])
+case("bench planner --cost --model dedicated", PL + ["--cost", CAL_OUT, "--model", "dedicated"], 0,
+     out=["model: dedicated", CAL_OUT])
+case("bench planner --cost missing", PL + ["--cost", "/nonexistent/c.txt"], 2,
+     err="--cost '/nonexistent/c.txt' cannot be read")
+case("bench --cost without planner", argv(B, extra=["--cost", CAL_OUT]), 2,
+     err="--cost applies to --section planner only")
+case("bench --model without planner", argv(B, extra=["--model", "shared"]), 2,
+     err="--model applies to --section planner only")
+case("bench planner --iters too many", [TPF, "bench", "--section", "planner", "--iters", "167"], 2,
+     err="--iters '167'")
+case("bench planner + setshape", argv(B, extra=["--section", "planner"]) , 0,
+     out=["Section 1", "Section 6:"])
 
 print("%d cases, %d failed" % (count, len(failures)))
 for f in failures:
