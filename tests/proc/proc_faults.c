@@ -454,7 +454,7 @@ static int check_killed(const proc_case *cs, const proc_kit *k, const tpf_launch
       expect(&v, sh, r, 4, TPF_ETIMEOUT, rank_name(cs->victim), NULL);
     expect_fast(&v, sh, r, 4, bound, "the operation without the dead rank");
     expect(&v, sh, r, 5, TPF_ESTATE, NULL, NULL);
-    expect_fast(&v, sh, r, 5, 100.0, "the operation after the failure");
+    expect_fast(&v, sh, r, 5, 500.0, "the operation after the failure");
   }
   expect_destroys(&v, sh, cs->P, cs->victim, bound);
   expect_no_rank_failures(&v, sh, cs->P);

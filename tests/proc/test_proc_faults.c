@@ -188,7 +188,7 @@ int main(int argc, char **argv) {
   const proc_kit kit = {
       .name = "host backend, CPU",
       .moves_data = false,
-      .timeout_ms = 1000,
+      .timeout_ms = 2000,
       .rank_begin = kit_rank_begin,
       .rank_end = kit_rank_end,
       .backend_create = host_backend_create,
