@@ -9,9 +9,10 @@
 # CMakeCache.txt; the targets this script runs are built either way, incrementally; SKIP_BUILD=1
 # skips that). No network needed: CMocka from the system or from .deps/root, as gpu_run.sh.
 # Bounded: the steps share BUDGET seconds (default 285, so the whole run stays under 5 minutes
-# after the build); each step gets at most its own cap and what is left; a step cut short is
-# reported as a timeout. Knobs: BUDGET, FULL=1 (also the full-capacity sweep at P = 2 and 4 when
-# time is left), SKIP_SANITIZER=1.
+# after the build); each step gets at most its own cap and what is left after the time kept for
+# the later groups (faults, sanitizers); a step cut short is reported as a timeout (rc 137).
+# Knobs: BUDGET, FULL=1 (also the full-capacity sweep at P = 2 and 4 when time is left),
+# SKIP_SANITIZER=1, SKIP_BUILD=1.
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-proc-logs}
@@ -63,10 +64,11 @@ fails=0
 skips=0
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 ls -1 /dev/shm >"$OUT/shm_before.txt" 2>/dev/null
-# step NAME CAP CMD...: runs under min(CAP, budget left), tees into $OUT/NAME.log, notes the result.
+# step NAME CAP RESERVE CMD...: runs under min(CAP, budget left - RESERVE) seconds (RESERVE keeps
+# time for the later groups of steps), tees into $OUT/NAME.log, notes the result.
 step() {
-  local name=$1 cap=$2; shift 2
-  local t=$(left)
+  local name=$1 cap=$2 reserve=$3; shift 3
+  local t=$(( $(left) - reserve ))
   [ "$t" -gt "$cap" ] && t=$cap
   if [ "$t" -lt 5 ]; then
     note "$(printf '%-24s not run: budget spent' "$name")"
@@ -90,23 +92,27 @@ NOOPT=""
 
 # 1. The conformance with every rank its own process: every algorithm/collective and dtype, every
 #    T of the capacity (--quick: 4 per capacity), shape histories vs fresh communicators, options.
-step conf_procs_p2 60 "$CONF" --procs --quick --tp 2
-step conf_procs_p3 60 "$CONF" --procs --quick --tp 3
-step conf_procs_p4 60 "$CONF" --procs --quick --tp 4
-step conf_procs_p8 75 "$CONF" --procs --quick --tp 8
+#    Time kept back: about 60 s for the fault cases and 90 s for the sanitizers.
+SAN_RESERVE=90
+[ "${SKIP_SANITIZER:-0}" = 1 ] && SAN_RESERVE=0
+step conf_procs_p2 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 2
+step conf_procs_p3 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 3
+step conf_procs_p4 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 4
+# P = 8: the options sweep ran at P = 2, 3, 4; here every variant, T and history.
+step conf_procs_p8 70 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 8 $NOOPT
 
 # 2. Faults in process mode, one case per run (a case that needs a backend fix exits 77 and says
 #    which; that is SKIPPED, not passed).
 for c in $("$FAULTS" list); do
-  step "fault_$c" 40 "$FAULTS" "$c"
+  step "fault_$c" 30 "$SAN_RESERVE" "$FAULTS" "$c"
 done
 
 # 3. compute-sanitizer on P = 4 processes, a small case each (one variant, no histories).
 if [ "${SKIP_SANITIZER:-0}" != 1 ] && command -v compute-sanitizer >/dev/null; then
   export TPF_CUDA_TIMEOUT_MS=300000
-  step memcheck_p4 60 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
+  step memcheck_p4 45 45 compute-sanitizer --tool memcheck --target-processes all --error-exitcode 9 \
     "$CONF" --procs --quick --tp 4 --kind ring-rs --no-history $NOOPT
-  step racecheck_p4 60 compute-sanitizer --tool racecheck --target-processes all --error-exitcode 9 \
+  step racecheck_p4 45 0 compute-sanitizer --tool racecheck --target-processes all --error-exitcode 9 \
     "$CONF" --procs --quick --tp 4 --kind bulk-rs --no-history $NOOPT
   unset TPF_CUDA_TIMEOUT_MS
 else
@@ -115,8 +121,8 @@ fi
 
 # 4. With time left (FULL=1): the full capacity (16P, every T) at P = 2 and 4.
 if [ "${FULL:-0}" = 1 ]; then
-  step conf_procs_full_p2 90 "$CONF" --procs --tp 2
-  step conf_procs_full_p4 90 "$CONF" --procs --tp 4
+  step conf_procs_full_p2 90 0 "$CONF" --procs --tp 2
+  step conf_procs_full_p4 90 0 "$CONF" --procs --tp 4
 fi
 
 # Nothing of tpflex may be left in /dev/shm by any step (host agreement tables are tpflex-*).
