@@ -12,6 +12,7 @@
 #include "tpf_test.h"
 
 #include <signal.h>
+#include <sys/mman.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -427,6 +428,55 @@ static void test_launcher__results_merge_back(void **state) {
   free(big);
 }
 
+/* A launcher that dies takes its ranks with it. */
+static int sleeper_rank(const tpf_launch_rank *me, void *arg) {
+  (void)me;
+  (void)arg;
+  struct timespec t = {30, 0};
+  nanosleep(&t, NULL);
+  return 0;
+}
+
+static int doomed_launcher(void *arg) {
+  pid_t *pids = arg;
+  tpf_launch *l = NULL;
+  if (tpf_launch_fork(2, 0, sleeper_rank, NULL, &l) != TPF_OK) return 1;
+  pids[0] = tpf_launch_pid(l, 0);
+  pids[1] = tpf_launch_pid(l, 1);
+  kill(getpid(), SIGKILL);
+  return 0;
+}
+
+/* Gone, or a zombie waiting for whoever adopted it. */
+static bool process_gone(pid_t pid) {
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return true;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *close_paren = strrchr(buf, ')');
+  return close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+}
+
+static void test_launcher__ranks_die_with_their_launcher(void **state) {
+  (void)state;
+  pid_t *pids = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(pids != MAP_FAILED);
+  pids[0] = pids[1] = 0;
+  assert_int_equal(tpf_launch_in_child(doomed_launcher, pids), 128 + SIGKILL);
+  assert_true(pids[0] > 0 && pids[1] > 0);
+  const double t0 = now_ms();
+  while ((!process_gone(pids[0]) || !process_gone(pids[1])) && now_ms() - t0 < 5000.0) {
+    struct timespec t = {0, 10 * 1000 * 1000};
+    nanosleep(&t, NULL);
+  }
+  assert_true(process_gone(pids[0]));
+  assert_true(process_gone(pids[1]));
+  munmap(pids, 4096);
+}
+
 static int seven(void *arg) {
   return *(int *)arg + 7;
 }
@@ -476,6 +526,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test(test_launcher__exec_mode_ranks_rendezvous),
       cmocka_unit_test(test_launcher__wait_kills_stragglers),
       cmocka_unit_test(test_launcher__results_merge_back),
+      cmocka_unit_test(test_launcher__ranks_die_with_their_launcher),
       cmocka_unit_test(test_launcher__helpers),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

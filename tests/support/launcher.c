@@ -29,6 +29,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -156,6 +157,14 @@ static void kill_started(tpf_launch *l, int n) {
     }
 }
 
+/* In a rank, first: a rank dies with its launcher (SIGKILL when the parent goes, e.g. killed by
+ * a harness's timeout), so no rank outlives it holding a GPU or waiting for peers. Kept across
+ * exec. A parent already gone before the prctl is seen by getppid. */
+static void orphan_guard(pid_t parent) {
+  prctl(PR_SET_PDEATHSIG, SIGKILL);
+  if (getppid() != parent) _exit(127);
+}
+
 static void rank_of(const tpf_launch *l, int r, tpf_launch_rank *me) {
   memset(me, 0, sizeof *me);
   me->rank = r;
@@ -186,6 +195,7 @@ static tpf_status fork_common(int nranks, size_t shared_bytes, tpf_launch_fn fn,
     l->merge_arg = merge_arg;
     l->merge_bytes = merge_bytes;
   }
+  const pid_t parent = getpid();
   for (int r = 0; r < nranks; r++) {
     fflush(NULL); /* buffered output would be written by every child too */
     pid_t pid = fork();
@@ -197,6 +207,7 @@ static tpf_status fork_common(int nranks, size_t shared_bytes, tpf_launch_fn fn,
       return st;
     }
     if (pid == 0) {
+      orphan_guard(parent);
       tpf_launch_rank me;
       rank_of(l, r, &me);
       if (r != 0) close(l->listen_fd);
@@ -358,6 +369,7 @@ tpf_status tpf_launch_exec(int nranks, char *const argv[], tpf_launch **out) {
   snprintf(vars[1], sizeof vars[1], "%s=%d", TPF_LAUNCH_ENV_NRANKS, nranks);
   snprintf(vars[2], sizeof vars[2], "%s=%s", TPF_LAUNCH_ENV_ADDR, l->addr);
   snprintf(vars[3], sizeof vars[3], "%s=%d", TPF_LAUNCH_ENV_FD, l->listen_fd);
+  const pid_t parent = getpid();
   for (int r = 0; r < nranks; r++) {
     snprintf(vars[0], sizeof vars[0], "%s=%d", TPF_LAUNCH_ENV_RANK, r);
     envp[k + 3] = r == 0 ? vars[3] : NULL;
@@ -373,6 +385,7 @@ tpf_status tpf_launch_exec(int nranks, char *const argv[], tpf_launch **out) {
       return st;
     }
     if (pid == 0) {
+      orphan_guard(parent);
       /* Rank 0 keeps the listening socket across exec; the others lose it (close-on-exec). */
       if (r == 0) fcntl(l->listen_fd, F_SETFD, 0);
       execve(exe, argv, envp);

@@ -58,7 +58,9 @@ typedef int (*tpf_launch_fn)(const tpf_launch_rank *me, void *arg);
 typedef struct tpf_launch tpf_launch;
 
 /* Starts nranks (1..TPF_MAX_RANKS) forked processes, rank r running fn(me, arg) and exiting with
- * its return value. shared_bytes > 0 maps that many zeroed bytes MAP_SHARED before the fork:
+ * its return value. A rank dies (SIGKILL) when the process that launched it dies (strictly, the
+ * launching thread: Linux's PR_SET_PDEATHSIG), so a launcher killed by a harness leaves no ranks
+ * behind. shared_bytes > 0 maps that many zeroed bytes MAP_SHARED before the fork:
  * the parent (tpf_launch_shared) and every rank (me->shared) see the same memory, which is how
  * results come back. The parent must not have initialised CUDA (a forked child of such a process
  * cannot use it); tpf_launch_in_child probes a device without touching CUDA here. TPF_EINVAL,
