@@ -472,10 +472,11 @@ def init_distributed(a) -> Tuple[int, int, torch.device]:
     else:
         init, rank, world = "env://", int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     local = int(os.environ.get("LOCAL_RANK", "0"))
-    share = a.share_gpu or torch.cuda.device_count() < world
+    share = a.share_gpu or world == 1 or torch.cuda.device_count() < world
     device = torch.device("cuda", 0 if share else local)
     torch.cuda.set_device(device)
-    # Sharing one GPU: NCCL refuses several ranks on one device, so gloo carries everything.
+    # Sharing one GPU: NCCL refuses several ranks on one device, so gloo carries everything
+    # (also for one process: nothing to reduce, and no NCCL socket bootstrap).
     backend = "gloo" if share else "cpu:gloo,cuda:nccl"
     dist.init_process_group(backend, init_method=init, rank=rank, world_size=world,
                             timeout=datetime.timedelta(seconds=300))
@@ -494,6 +495,7 @@ def run_cuda(a, dtype) -> int:
         print(f"thd_training_step: --tp {a.tp} ignored: the process group has {P} ranks")
     mgr = te.initialize_ub([C, H], P, dtype=dtype, backend="cuda")
     ncomm = len(mgr)
+    regs0 = {n: te.get_ub(n).registration() for n in mgr.names}
     boot = te.GlooBootstrap(te._gloo_group(None), timeout_ms=300000)
     cc = TorchCollectives()
     try:
@@ -547,12 +549,16 @@ def run_cuda(a, dtype) -> int:
                      "db2": parts[0]["g"]["db2"]}
             sgd(full, grads, a.lr)
         epochs = te.get_ub("fc1_fprop").epoch - eps0
-        ok_epochs = epochs == a.steps * a.micro
-        all_ok &= ok_epochs and len(mgr) == ncomm
+        # The CUDA backend has no registration counter: every communicator must still hold the
+        # very registration (address and size) it was created with.
+        moved = boot.allgather_object(sum(te.get_ub(n).registration() != r
+                                          for n, r in regs0.items()) + abs(len(mgr) - ncomm))
+        all_ok &= epochs == a.steps * a.micro and not any(moved)
         if rank == 0:
-            print(f"registrations: {ncomm} at setup (one per communicator), 0 during training "
-                  f"(capacity fixed, no re-registration API is called); shape epochs {epochs} over "
-                  f"{a.steps} steps x {a.micro} microbatches")
+            print(f"registrations: {ncomm} at setup (one per communicator), "
+                  f"{sum(moved)} changed during training (every communicator kept its "
+                  f"registration's address and size); shape epochs {epochs} over {a.steps} steps "
+                  f"x {a.micro} microbatches")
             print("thd_training_step: every check OK" if all_ok else
                   "thd_training_step: CHECK FAILED")
         return 0 if all_ok else 1

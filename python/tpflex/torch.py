@@ -346,6 +346,13 @@ class Communicator:
         check(lib.tpf_comm_legal_rows(self._handle(), rows, ctypes.byref(out)), self.name)
         return int(out.value)
 
+    def registration(self) -> Tuple[int, int]:
+        """(address, bytes) of the whole registration: fixed from creation to destroy."""
+        base, n = ctypes.c_void_p(), ctypes.c_uint64()
+        check(lib.tpf_comm_registration(self._handle(), ctypes.byref(base), ctypes.byref(n)),
+              f"{self.name}.registration")
+        return int(base.value or 0), int(n.value)
+
     def set_active_shape(self, shape: Sequence[int]) -> None:
         check(lib.tpf_comm_set_active_shape(self._handle(), _as_shape(shape, "shape")), self.name)
 

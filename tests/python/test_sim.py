@@ -159,11 +159,10 @@ class SimOnly(unittest.TestCase):
             assert v1 is v2, "same epoch: the same view"
             ub.local_chunk().fill_(r + 1)
             assert torch.all(ub.buffer()[r * 4:(r + 1) * 4] == r + 1)
-            base = ctypes.c_void_p()
-            nbytes = ctypes.c_uint64()
-            L.check(L.lib.tpf_comm_registration(ub._h, ctypes.byref(base), ctypes.byref(nbytes)))
-            assert v1.data_ptr() == base.value, (hex(v1.data_ptr()), hex(base.value))
+            base, nbytes = ub.registration()
+            assert v1.data_ptr() == base and nbytes >= C * H * 2, (hex(v1.data_ptr()), base, nbytes)
             tt.set_ub_active_shape([16, H])
+            assert ub.registration() == (base, nbytes), "a shape change keeps the registration"
             v3 = ub.buffer()
             assert v3 is not v1 and tuple(v3.shape) == (16, H), v3.shape
             rs = tt.get_ub("ring_rs").buffer()  # RING RS: all 2P-1 slots
