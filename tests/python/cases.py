@@ -127,17 +127,30 @@ def epilogue(acc: torch.Tensor, alpha: float, beta: float, d0: Optional[torch.Te
     return Fn.gelu(y, approximate="tanh") if gelu else y
 
 
+def teardown(env: "Env", failed: bool) -> None:
+    """env.sync() and destroy_ub(); after a failure, a teardown error must not hide the failure
+    that caused it (it is chained instead)."""
+    try:
+        env.sync()
+        tt.destroy_ub()
+    except Exception:
+        if not failed:
+            raise
+
+
 def with_ub(body: Callable[..., Any], dtype: torch.dtype = torch.bfloat16,
             ub_cfgs: Optional[Dict[str, Dict[str, Any]]] = None,
             shape: Sequence[int] = (C, H)) -> Callable[..., Any]:
     """body wrapped in initialize_ub/destroy_ub on every rank."""
     def wrapped(rank: int, env: Env, *args: Any) -> Any:
         env.init(shape, dtype, ub_cfgs)
+        failed = True
         try:
-            return body(rank, env, *args)
+            res = body(rank, env, *args)
+            failed = False
+            return res
         finally:
-            env.sync()
-            tt.destroy_ub()
+            teardown(env, failed)
     wrapped.__name__ = getattr(body, "__name__", "body")
     return wrapped
 
@@ -151,6 +164,7 @@ def ops_vs_torch(rank: int, env: Env, dtype: torch.dtype, steps: int, seed: int)
     g = torch.Generator().manual_seed(seed)
     mgr = env.init((C, H), dtype, RING_RS)
     fails: List[Any] = []
+    failed = True
     try:
         for _ in range(steps):
             T = P * rng.randint(1, C // P)
@@ -200,10 +214,11 @@ def ops_vs_torch(rank: int, env: Env, dtype: torch.dtype, steps: int, seed: int)
             if not close_rs(ub.local_chunk(), R[rows], slack[rows], dtype):
                 fails.append(("bulk rs", T))
         env.sync()
-        return [fails, tt.get_ub("fc1_fprop").epoch, len(mgr)]
+        res = [fails, tt.get_ub("fc1_fprop").epoch, len(mgr)]
+        failed = False
+        return res
     finally:
-        env.sync()
-        tt.destroy_ub()
+        teardown(env, failed)
 
 
 def _legal_ag_splits(P: int) -> List[int]:
@@ -223,6 +238,7 @@ def options_vs_torch(rank: int, env: Env, dtype: torch.dtype, seed: int) -> List
     rnd = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
     env.init((C, H), dtype, RING_RS)
     fails: List[Any] = []
+    failed = True
     cases = 0
     out_dtypes = [dtype] if dtype == torch.float32 else [dtype, torch.float32]
 
@@ -340,10 +356,11 @@ def options_vs_torch(rank: int, env: Env, dtype: torch.dtype, seed: int) -> List
             if not close(acc, ref, dtype):
                 fails.append(("wgrad accumulation", i, T))
         env.sync()
-        return [fails, cases]
+        res = [fails, cases]
+        failed = False
+        return res
     finally:
-        env.sync()
-        tt.destroy_ub()
+        teardown(env, failed)
 
 
 # ---- error paths: a body per path, run on every rank inside with_ub --------------------------
