@@ -33,6 +33,7 @@ export CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0}   # every rank on GPU 0
 export PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONWARNINGS=ignore OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export TPF_CUDA_BOOT_TIMEOUT_MS=${TPF_CUDA_BOOT_TIMEOUT_MS:-60000}
+export GLOO_SOCKET_IFNAME=${GLOO_SOCKET_IFNAME:-lo}      # one host, no network: loopback
 
 LIB=$BUILD/libtpflex.so
 if [ ! -f "$LIB" ]; then
