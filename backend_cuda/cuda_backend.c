@@ -70,6 +70,7 @@
  * caller's bootstrap cannot be bounded (cuda_bootstrap.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cuda_error.h"
 #include "cuda_internal.h"
 
 #include "internal.h"
@@ -159,17 +160,6 @@ typedef struct {
   tpf_cuda_gemm *gemm;
   tpf_cuda_peer_info peers[TPF_MAX_RANKS];
 } tpf_cuda_backend;
-
-tpf_status tpf_cuda__err(cudaError_t e, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "CUDA %s failed: %s (%s)", what, cudaGetErrorString(e),
-                       cudaGetErrorName(e));
-}
-
-#define TPF_CUDA_TRY(call, what)                                                                   \
-  do {                                                                                             \
-    cudaError_t tpf_cuda_e_ = (call);                                                              \
-    if (tpf_cuda_e_ != cudaSuccess) return tpf_cuda__err(tpf_cuda_e_, what);                       \
-  } while (0)
 
 static tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
   return (tpf_cuda_backend *)be;

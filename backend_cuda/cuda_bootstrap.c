@@ -21,6 +21,7 @@
  * told a bound (tpf_bootstrap.allgather takes none): its allgather waits as long as it waits.
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cuda_error.h"
 #include "cuda_internal.h"
 
 #include "internal.h"
@@ -200,11 +201,6 @@ typedef struct {
   uint64_t timeout_ms; /* bound on every bootstrap collective */
 } tpf_cuda_nccl_ctx;
 
-static tpf_status tpf_cuda__nccl_err(ncclResult_t r, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "NCCL %s failed: %s (%d)", what, ncclGetErrorString(r),
-                       (int)r);
-}
-
 static uint64_t tpf_cuda__boot_now_ms(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -219,8 +215,7 @@ static tpf_status tpf_cuda__nccl_wait(tpf_cuda_nccl_ctx *c, const char *what, ui
     if (e == cudaSuccess) return TPF_OK;
     if (e != cudaErrorNotReady) return tpf_cuda__err(e, "cudaStreamQuery(bootstrap)");
     ncclResult_t ar = ncclSuccess;
-    ncclResult_t nr = ncclCommGetAsyncError(c->comm, &ar);
-    if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommGetAsyncError");
+    TPF_NCCL_TRY(ncclCommGetAsyncError(c->comm, &ar), "ncclCommGetAsyncError");
     if (ar != ncclSuccess && ar != ncclInProgress) return tpf_cuda__nccl_err(ar, what);
     if (tpf_cuda__boot_now_ms() - start > timeout_ms)
       return tpf_set_error(TPF_ETIMEOUT,
@@ -237,26 +232,23 @@ static tpf_status tpf_cuda__nccl_wait(tpf_cuda_nccl_ctx *c, const char *what, ui
 static tpf_status tpf_cuda__nccl_allgather_within(void *ctx, const void *send, void *recv,
                                                   size_t bytes, uint64_t timeout_ms) {
   tpf_cuda_nccl_ctx *c = ctx;
-  cudaError_t e = cudaSetDevice(c->device);
-  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaSetDevice");
+  TPF_CUDA_TRY(cudaSetDevice(c->device), "cudaSetDevice");
   if (c->dbuf_per_rank < bytes) {
     if (c->dbuf != NULL) cudaFree(c->dbuf);
     c->dbuf = NULL;
     c->dbuf_per_rank = 0;
-    e = cudaMalloc(&c->dbuf, bytes * (size_t)c->nranks);
-    if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMalloc(bootstrap staging)");
+    TPF_CUDA_TRY(cudaMalloc(&c->dbuf, bytes * (size_t)c->nranks), "cudaMalloc(bootstrap staging)");
     c->dbuf_per_rank = bytes;
   }
   int me = 0;
-  ncclResult_t nr = ncclCommUserRank(c->comm, &me);
-  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
+  TPF_NCCL_TRY(ncclCommUserRank(c->comm, &me), "ncclCommUserRank");
   unsigned char *slot = (unsigned char *)c->dbuf + (size_t)me * bytes;
-  e = cudaMemcpyAsync(slot, send, bytes, cudaMemcpyHostToDevice, c->stream);
-  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
-  nr = ncclAllGather(slot, c->dbuf, bytes, ncclUint8, c->comm, c->stream);
-  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllGather");
-  e = cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost, c->stream);
-  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaMemcpyAsync(bootstrap)");
+  TPF_CUDA_TRY(cudaMemcpyAsync(slot, send, bytes, cudaMemcpyHostToDevice, c->stream),
+               "cudaMemcpyAsync(bootstrap)");
+  TPF_NCCL_TRY(ncclAllGather(slot, c->dbuf, bytes, ncclUint8, c->comm, c->stream), "ncclAllGather");
+  TPF_CUDA_TRY(
+      cudaMemcpyAsync(recv, c->dbuf, bytes * (size_t)c->nranks, cudaMemcpyDeviceToHost, c->stream),
+      "cudaMemcpyAsync(bootstrap)");
   return tpf_cuda__nccl_wait(c, "allgather", timeout_ms);
 }
 
@@ -267,8 +259,7 @@ static tpf_status tpf_cuda__nccl_allgather(void *ctx, const void *send, void *re
 
 static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
   tpf_cuda_nccl_ctx *c = ctx;
-  cudaError_t e = cudaSetDevice(c->device);
-  if (e != cudaSuccess) return tpf_cuda__err(e, "cudaSetDevice");
+  TPF_CUDA_TRY(cudaSetDevice(c->device), "cudaSetDevice");
   if (c->dbuf_per_rank < sizeof(int)) {
     /* Reuse the allgather path's staging; an int per rank is enough. */
     int dummy = 0;
@@ -278,8 +269,8 @@ static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
     tpf__free(all);
     return rc;
   }
-  ncclResult_t nr = ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream);
-  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclAllReduce");
+  TPF_NCCL_TRY(ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream),
+               "ncclAllReduce");
   return tpf_cuda__nccl_wait(c, "barrier", c->timeout_ms);
 }
 
@@ -288,10 +279,8 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
                 "tpf_cuda_nccl_bootstrap: NULL argument");
   ncclComm_t comm = (ncclComm_t)nccl_comm;
   int n = 0, me = 0;
-  ncclResult_t nr = ncclCommCount(comm, &n);
-  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommCount");
-  nr = ncclCommUserRank(comm, &me);
-  if (nr != ncclSuccess) return tpf_cuda__nccl_err(nr, "ncclCommUserRank");
+  TPF_NCCL_TRY(ncclCommCount(comm, &n), "ncclCommCount");
+  TPF_NCCL_TRY(ncclCommUserRank(comm, &me), "ncclCommUserRank");
   TPF_RETURN_IF(n < 1 || n > TPF_MAX_RANKS, TPF_EINVAL, "NCCL communicator has %d ranks (1..%d)", n,
                 TPF_MAX_RANKS);
   tpf_cuda_nccl_ctx *c = tpf__calloc(1, sizeof(*c));

@@ -34,6 +34,7 @@
  * at creation) sends every GEMM there: a diagnostic that lets tests run the plain kernel on any
  * shape. With no flags and no epilogue, descriptor, layouts and call are exactly 0.1's.
  */
+#include "cuda_error.h"
 #include "cuda_internal.h"
 
 #include "internal.h"
@@ -74,11 +75,6 @@ struct tpf_cuda_gemm {
   unsigned next_victim;
   tpf_cuda_gemm_entry cache[TPF_CUDA_GEMM_CACHE];
 };
-
-static tpf_status tpf_cuda__lt_err(cublasStatus_t st, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "cuBLASLt %s failed: %s (%d)", what,
-                       cublasLtGetStatusString(st), (int)st);
-}
 
 tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out) {
   tpf_cuda_gemm *g = tpf__calloc(1, sizeof(*g));
@@ -189,15 +185,6 @@ void tpf_cuda__gemm_plan_of(uint64_t m, uint64_t n, uint64_t k, uint64_t lda, ui
                                           : CUBLASLT_EPILOGUE_DEFAULT);
 }
 
-#define TPF_LT_TRY(call, what)                                                                     \
-  do {                                                                                             \
-    cublasStatus_t tpf_lt_st_ = (call);                                                            \
-    if (tpf_lt_st_ != CUBLAS_STATUS_SUCCESS) {                                                     \
-      rc = tpf_cuda__lt_err(tpf_lt_st_, what);                                                     \
-      goto fail;                                                                                   \
-    }                                                                                              \
-  } while (0)
-
 /* Builds the entry of `key`; bias is the first call's bias pointer (the heuristic reads its
  * alignment from the descriptor), NULL without one. */
 static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key *key,
@@ -209,60 +196,60 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
   en->key = *key;
   const cublasOperation_t opa = plan->op_a ? CUBLAS_OP_T : CUBLAS_OP_N;
   const cublasOperation_t opb = plan->op_b ? CUBLAS_OP_T : CUBLAS_OP_N;
-  TPF_LT_TRY(cublasLtMatmulDescCreate(&en->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
-             "cublasLtMatmulDescCreate");
-  TPF_LT_TRY(
+  TPF_LT_TRY_GOTO(cublasLtMatmulDescCreate(&en->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F),
+                  "cublasLtMatmulDescCreate", rc, fail);
+  TPF_LT_TRY_GOTO(
       cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opa, sizeof(opa)),
-      "set TRANSA");
-  TPF_LT_TRY(
+      "set TRANSA", rc, fail);
+  TPF_LT_TRY_GOTO(
       cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opb, sizeof(opb)),
-      "set TRANSB");
+      "set TRANSB", rc, fail);
   if (key->sm_target > 0) {
     int32_t sms = key->sm_target;
-    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET, &sms,
-                                              sizeof(sms)),
-               "set SM_COUNT_TARGET");
+    TPF_LT_TRY_GOTO(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_SM_COUNT_TARGET,
+                                                   &sms, sizeof(sms)),
+                    "set SM_COUNT_TARGET", rc, fail);
   }
   /* Left unset without an epilogue, so that the 0.1 descriptor is unchanged. */
   if (plan->epilogue != (uint32_t)CUBLASLT_EPILOGUE_DEFAULT) {
     const uint32_t epi = plan->epilogue;
-    TPF_LT_TRY(
+    TPF_LT_TRY_GOTO(
         cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)),
-        "set EPILOGUE");
+        "set EPILOGUE", rc, fail);
   }
   if (bias != NULL)
-    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
-                                              sizeof(bias)),
-               "set BIAS_POINTER");
+    TPF_LT_TRY_GOTO(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                   &bias, sizeof(bias)),
+                    "set BIAS_POINTER", rc, fail);
   /* Column-major layouts of the Method: A' := w, B' := a, D' := d. */
-  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->la, tpf_cuda__data_type(key->wt), plan->a_rows,
-                                        plan->a_cols, (int64_t)plan->a_ld),
-             "layout(w)");
-  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->lb, tpf_cuda__data_type(key->at), plan->b_rows,
-                                        plan->b_cols, (int64_t)plan->b_ld),
-             "layout(a)");
-  TPF_LT_TRY(cublasLtMatrixLayoutCreate(&en->ld, tpf_cuda__data_type(key->dt), plan->d_rows,
-                                        plan->d_cols, (int64_t)plan->d_ld),
-             "layout(d)");
-  TPF_LT_TRY(cublasLtMatmulPreferenceCreate(&pref), "preference create");
+  TPF_LT_TRY_GOTO(cublasLtMatrixLayoutCreate(&en->la, tpf_cuda__data_type(key->wt), plan->a_rows,
+                                             plan->a_cols, (int64_t)plan->a_ld),
+                  "layout(w)", rc, fail);
+  TPF_LT_TRY_GOTO(cublasLtMatrixLayoutCreate(&en->lb, tpf_cuda__data_type(key->at), plan->b_rows,
+                                             plan->b_cols, (int64_t)plan->b_ld),
+                  "layout(a)", rc, fail);
+  TPF_LT_TRY_GOTO(cublasLtMatrixLayoutCreate(&en->ld, tpf_cuda__data_type(key->dt), plan->d_rows,
+                                             plan->d_cols, (int64_t)plan->d_ld),
+                  "layout(d)", rc, fail);
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceCreate(&pref), "preference create", rc, fail);
   uint64_t ws = g->ws_bytes;
-  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                                                  &ws, sizeof(ws)),
-             "set MAX_WORKSPACE_BYTES");
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
+                      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof(ws)),
+                  "set MAX_WORKSPACE_BYTES", rc, fail);
   uint32_t al_w = (uint32_t)key->align_w, al_a = (uint32_t)key->align_a,
            al_d = (uint32_t)key->align_d;
-  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES,
-                                                  &al_w, sizeof(al_w)),
-             "set MIN_ALIGNMENT_A");
-  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
-                                                  &al_a, sizeof(al_a)),
-             "set MIN_ALIGNMENT_B");
-  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES,
-                                                  &al_d, sizeof(al_d)),
-             "set MIN_ALIGNMENT_C");
-  TPF_LT_TRY(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
-                                                  &al_d, sizeof(al_d)),
-             "set MIN_ALIGNMENT_D");
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
+                      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, &al_w, sizeof(al_w)),
+                  "set MIN_ALIGNMENT_A", rc, fail);
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
+                      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, &al_a, sizeof(al_a)),
+                  "set MIN_ALIGNMENT_B", rc, fail);
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
+                      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, &al_d, sizeof(al_d)),
+                  "set MIN_ALIGNMENT_C", rc, fail);
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
+                      pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)),
+                  "set MIN_ALIGNMENT_D", rc, fail);
   cublasLtMatmulHeuristicResult_t res;
   memset(&res, 0, sizeof(res));
   int found = 0;
@@ -272,7 +259,7 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
   if (hst == CUBLAS_STATUS_NOT_SUPPORTED)
     found = 0;
   else if (hst != CUBLAS_STATUS_SUCCESS)
-    TPF_LT_TRY(hst, "cublasLtMatmulAlgoGetHeuristic");
+    TPF_LT_TRY_GOTO(hst, "cublasLtMatmulAlgoGetHeuristic", rc, fail);
   if (found < 1)
     en->fallback = true; /* e.g. a 2-byte aligned chunk: the plain kernel computes it */
   else
@@ -324,9 +311,10 @@ static tpf_status tpf_cuda__gemm_fallback(tpf_cuda_gemm *g, const void *a, tpf_d
                                           uint64_t k, unsigned flags, const tpf_cuda_epi *e,
                                           cudaStream_t s) {
   g->fallbacks++;
-  cudaError_t ce = tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n, k,
-                                                  flags, e, s);
-  return ce == cudaSuccess ? TPF_OK : tpf_cuda__err(ce, "fallback GEMM launch");
+  TPF_CUDA_TRY(tpf_cuda__launch_gemm_fallback(a, (int)at, lda, w, ldw, d, (int)dt, ldd, m, n, k,
+                                              flags, e, s),
+               "fallback GEMM launch");
+  return TPF_OK;
 }
 
 tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
@@ -375,9 +363,9 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
   if (bias != NULL) {
     /* This call's bias (same alignment as the one the entry was built with: it is in the key).
      * The descriptor is read when the call is enqueued, so changing it afterwards is safe. */
-    cublasStatus_t bst = cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
-                                                        &bias, sizeof(bias));
-    if (bst != CUBLAS_STATUS_SUCCESS) return tpf_cuda__lt_err(bst, "set BIAS_POINTER");
+    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias,
+                                              sizeof(bias)),
+               "set BIAS_POINTER");
   }
   const float alpha = epi ? e->alpha : 1.0f, beta = epi ? e->beta : 0.0f;
   void *wsp = (char *)g->ws + (size_t)g->ws_bytes * (size_t)(ws % g->nworkspaces);

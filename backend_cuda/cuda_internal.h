@@ -161,9 +161,6 @@ void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *h
 tpf_status tpf_cuda__boot_allgather(const tpf_bootstrap *boot, const void *send, void *recv,
                                     size_t bytes, uint64_t timeout_ms);
 
-/* ---- translation of foreign errors (cuda_backend.c) ---- */
-tpf_status tpf_cuda__err(cudaError_t e, const char *what);
-
 #ifdef __cplusplus
 }
 #endif
