@@ -10,15 +10,15 @@
 #                                                                              (make test-cuda)
 # BUILD is a CUDA build directory (cmake -DTPF_WITH_CUDA=ON); when it has no libtpflex.so the
 # library alone is configured and built there (CMocka from .deps/root like gpu_run.sh).
-# Knobs: STEP_TIMEOUT (s per step, default 150), BUDGET (s; steps that would start later are
-# skipped, default 270), BENCH_T (default 1024,4096,16384), PYTHON (default python3).
+# Knobs: STEP_TIMEOUT (s per step, default 100), BUDGET (s; steps that would start later are
+# skipped, default 240), BENCH_T (default 1024,4096,16384), PYTHON (default python3).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-logs/python}
 BUILD=${BUILD:-/tmp/tpf-build-cuda}
 MODE=${1:-all}
-STEP_TIMEOUT=${STEP_TIMEOUT:-150}
-BUDGET=${BUDGET:-270}
+STEP_TIMEOUT=${STEP_TIMEOUT:-100}
+BUDGET=${BUDGET:-240}
 BENCH_T=${BENCH_T:-1024,4096,16384}
 PY=${PYTHON:-python3}
 mkdir -p "$OUT"
@@ -93,12 +93,12 @@ for P in 2 4; do
     --backend cuda --steps 4
 done
 if [ "$MODE" != tests ]; then
-  step sim_tests_cuda_build "$PY" "$ROOT/tests/python/run_tests.py" test_sim.py
   step bench_step_p1 "$PY" "$ROOT/examples/thd_training_step.py" --backend cuda --bench "$BENCH_T"
   step bench_step_p2 "${TR[@]}" --nproc-per-node 2 "$ROOT/examples/thd_training_step.py" \
     --backend cuda --bench "$BENCH_T"
   step overhead_cuda "$PY" "$ROOT/examples/bench_python_overhead.py" --backend cuda --iters 2000
   step overhead_sim "$PY" "$ROOT/examples/bench_python_overhead.py" --backend sim --iters 2000
+  step sim_tests_cuda_build "$PY" "$ROOT/tests/python/run_tests.py" test_sim.py
   # The figures in one file.
   {
     for f in bench_step_p1 bench_step_p2; do
