@@ -87,7 +87,7 @@ bool tpf__dtype_quantized(tpf_dtype t) {
 int tpf__layout_splits(const tpf_layout_desc *d) {
   switch (d->algo) {
   case TPF_ALGO_RING:
-    if (d->coll == TPF_COLL_RS) return d->tp_size;
+    if (d->coll == TPF_COLL_RS) return d->num_splits == 1 ? 1 : d->tp_size; /* 1: no overlap */
     if (d->num_splits != 0) return d->num_splits;
     return d->aggregate ? d->tp_size / 2 : d->tp_size;
   case TPF_ALGO_PIPELINE:
@@ -135,8 +135,8 @@ static tpf_status check_shape(const char *what, tpf_shape s) {
 static tpf_status check_splits(const tpf_layout_desc *d) {
   int p = d->tp_size, s = d->num_splits;
   if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS) {
-    TPF_RETURN_IF(s != 0 && s != p, TPF_EDIVISIBLE,
-                  "ring rs needs num_splits == tp_size %d (or 0), not %d", p, s);
+    TPF_RETURN_IF(s != 0 && s != p && s != 1, TPF_EDIVISIBLE,
+                  "ring rs needs num_splits tp_size %d, 1 (no overlap) (or 0), not %d", p, s);
   } else if (d->algo == TPF_ALGO_RING) {
     if (d->aggregate)
       TPF_RETURN_IF(s != 0 && s != p / 2, TPF_EDIVISIBLE,

@@ -62,20 +62,6 @@ static tpf_status predict_schedule(const tpf_cost_table *t, const tpf_layout_des
   return tpf_cost_predict(t, w->s, w->p, w->sp, w->max_steps, us);
 }
 
-/* One GEMM of all T rows, then P-1 peer copies of S_T and a reduction of P partials. */
-static tpf_status rs_baseline(const tpf_cost_table *t, const tpf_layout_desc *d,
-                              const tpf_gemm_dims *g, double *us) {
-  double e = (double)tpf_dtype_size(d->dtype), rows = (double)d->active.rows;
-  double p = (double)d->tp_size, h = (double)d->capacity.cols, gemm = 0;
-  TPF_CHECK(tpf_cost_gemm_us(t, d->dtype, d->active.rows, d->capacity.cols, g->k, &gemm));
-  double chunk = rows / p * h * e;
-  double c = t->launch_us + t->handshake_us + t->launch_us + gemm;
-  c += (p - 1) * (t->launch_us + tpf__cost_link_us(&t->peer, chunk));
-  c += t->launch_us + tpf__cost_link_us(&t->reduce, p * chunk);
-  *us = c;
-  return TPF_OK;
-}
-
 static void add(tpf_plan_result *r, tpf_algo algo, int splits, bool aggregate, bool baseline,
                 bool runnable, double us, const char *label) {
   tpf_plan_candidate *c = &r->cand[r->ncand++];
@@ -113,6 +99,11 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
     TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
     snprintf(label, sizeof label, "ring rs splits %d", p);
     add(&r, d->algo, p, false, false, true, us, label);
+    if (p > 1) { /* the no-overlap ring: every partial in one GEMM, then the exchange */
+      TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
+      r.baseline = r.ncand;
+      add(&r, d->algo, 1, false, true, true, us, "baseline: one gemm, then rs");
+    }
   } else if (d->algo == TPF_ALGO_PIPELINE) {
     static const int S[] = {8, 4, 2, 1}; /* most split first: later = simpler */
     for (size_t i = 0; i < sizeof S / sizeof *S; i++) {
@@ -120,18 +111,15 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       ds.num_splits = S[i];
       if (tpf_layout_check(&ds) != TPF_OK) continue; /* H % S or alignment: not a candidate */
       TPF_CHECK(predict_schedule(t, d, g, S[i], false, w, &us));
-      snprintf(label, sizeof label, "pipeline rs splits %d", S[i]);
-      add(&r, d->algo, S[i], false, false, true, us, label);
+      snprintf(label, sizeof label,
+               S[i] == 1 ? "baseline: pipeline splits 1" : "pipeline rs splits %d", S[i]);
+      if (S[i] == 1) r.baseline = r.ncand; /* one block: the GEMM, then the pull RS */
+      add(&r, d->algo, S[i], false, S[i] == 1, true, us, label);
     }
   } else {
     TPF_CHECK(predict_schedule(t, d, g, d->num_splits, false, w, &us));
     snprintf(label, sizeof label, "bulk %s", tpf_coll_name(d->coll));
     add(&r, d->algo, 0, false, false, true, us, label);
-  }
-  if (d->coll == TPF_COLL_RS && d->algo != TPF_ALGO_BULK) {
-    TPF_CHECK(rs_baseline(t, d, g, &us));
-    r.baseline = r.ncand;
-    add(&r, d->algo, 1, false, true, false, us, "baseline: one gemm, then rs");
   }
   /* The fastest runnable wins; of those within 0.5 % of it, the last listed (the simplest). */
   double fastest = -1;

@@ -158,7 +158,47 @@ static void build_ring_ag(builder *b, const ctx *c) {
   }
 }
 
+/* RING RS without overlap (num_splits 1, the planner's baseline): every partial first, then the
+ * exchange. Slot i holds chunk (r + i + 1) % P as in the ring, so the partials of chunks r+1..P-1
+ * (slots 0..P-r-2) and of chunks 0..r (slots P-r-1..P-1) are two contiguous row ranges of X and
+ * of the buffer: at most two GEMM steps, whose sum is the one GEMM of all T rows. Then the same
+ * sends, receives and reduction as the ring, all after the GEMMs. */
+static void build_ring_rs_serial(builder *b, const ctx *c) {
+  int p = c->p, r = c->r;
+  uint64_t H = c->H, R = c->R, S = c->S, K = c->h->gemm_k;
+  int g_hi = -1, g_lo = -1;
+  if (r + 1 < p) /* chunks r+1 .. p-1 into slots 0 .. p-r-2 */
+    g_hi = add_gemm(b, 0, 1, r + 1, mref(TPF_MAT_X, 0, 0, (uint64_t)(r + 1) * R, 0),
+                    mref(TPF_MAT_W, 0, 0, 0, 0), mref(TPF_MAT_BUF, c->ch[0].offset_bytes, H, 0, 0),
+                    (uint64_t)(p - r - 1) * R, H, K);
+  /* chunks 0 .. r into slots p-r-1 .. p-1 */
+  g_lo = add_gemm(b, 0, 1, 0, mref(TPF_MAT_X, 0, 0, 0, 0), mref(TPF_MAT_W, 0, 0, 0, 0),
+                  mref(TPF_MAT_BUF, c->ch[p - r - 1].offset_bytes, H, 0, 0), (uint64_t)(r + 1) * R,
+                  H, K);
+  int last_recv = -1;
+  for (int i = 1; i < p; i++) {
+    uint64_t src = c->ch[i - 1].offset_bytes, dst = c->ch[i - 1 + p].offset_bytes;
+    int si = add_xfer(b, TPF_STEP_SEND, mod(r + i, p), (uint32_t)i, i - 1, src, dst, S);
+    add_dep(b, si, g_lo);
+    add_dep(b, si, g_hi);
+    last_recv = add_xfer(b, TPF_STEP_RECV, mod(r - i, p), (uint32_t)i, i - 1 + p, src, dst, S);
+  }
+  int ri = add_step(b, TPF_STEP_REDUCE, TPF_STREAM_COMPUTE0, p - 1);
+  tpf_step *s = &b->steps[ri];
+  s->a = mref(TPF_MAT_BUF, c->ch[p - 1].offset_bytes, H, 0, 0);
+  s->d = mref(TPF_MAT_D, 0, 0, 0, 0);
+  s->m = R;
+  s->n = H;
+  s->stride_bytes = S;
+  s->count = (uint32_t)p;
+  add_dep(b, ri, last_recv);
+}
+
 static void build_ring_rs(builder *b, const ctx *c) {
+  if (c->h->num_splits == 1 && c->p > 1) {
+    build_ring_rs_serial(b, c);
+    return;
+  }
   int p = c->p, r = c->r, ns = c->h->num_compute_streams;
   uint64_t H = c->H, R = c->R, S = c->S, K = c->h->gemm_k;
   int prev_gemm = -1, last_recv = -1;

@@ -715,25 +715,40 @@ static tpf_status check_gemms(chk *c, int r) {
                    "rs GEMM must read X rows inside [0, %llu) and write the buffer "
                    "(a %d row %llu, d %d)",
                    (ull)c->T, st->a.id, (ull)st->a.row, st->d.id);
-      prod p;
-      ivec tmp = {NULL, 0, 0};
-      tpf_status rc = view_bytes(c, r, i, kind, &st->d, st->d.off_bytes, st->m, st->n, &tmp);
-      if (rc == TPF_OK) {
-        p.origin = r;
-        p.off = st->d.off_bytes;
-        p.ld = st->d.ld;
-        p.row0 = st->d.row;
-        p.col0 = st->d.col;
-        p.m = st->m;
-        p.n = st->n;
-        p.xrow0 = st->a.row;
-        p.wrow0 = st->w.row;
-        p.lo = tmp.v[0].lo;
-        p.hi = tmp.v[tmp.n - 1].hi;
-        rc = add_prod(k, &p);
+      /* A GEMM over several chunks of full-width rows (RING RS without overlap) holds one
+       * partial per R-row band: record each band as its own contiguous view, as a per-chunk
+       * GEMM would have, so transfers and reductions are matched band by band. */
+      uint64_t band = st->m, bands = 1;
+      if (s->algo == TPF_ALGO_RING && st->d.ld == st->n && st->d.col == 0 && c->R > 0 &&
+          st->m > c->R && st->m % c->R == 0) {
+        band = c->R;
+        bands = st->m / c->R;
       }
-      tpf__free(tmp.v);
-      TPF_CHECK(rc);
+      for (uint64_t b = 0; b < bands; b++) {
+        prod p;
+        ivec tmp = {NULL, 0, 0};
+        uint64_t off = st->d.off_bytes + (st->d.row + b * band) * st->d.ld * c->e; /* in view */
+        tpf_mref dv = st->d;
+        dv.off_bytes = off;
+        dv.row = 0;
+        tpf_status rc = view_bytes(c, r, i, kind, &dv, off, band, st->n, &tmp);
+        if (rc == TPF_OK) {
+          p.origin = r;
+          p.off = bands > 1 ? off : st->d.off_bytes;
+          p.ld = st->d.ld;
+          p.row0 = bands > 1 ? 0 : st->d.row;
+          p.col0 = st->d.col;
+          p.m = band;
+          p.n = st->n;
+          p.xrow0 = st->a.row + b * band;
+          p.wrow0 = st->w.row;
+          p.lo = tmp.v[0].lo;
+          p.hi = tmp.v[tmp.n - 1].hi;
+          rc = add_prod(k, &p);
+        }
+        tpf__free(tmp.v);
+        TPF_CHECK(rc);
+      }
     }
   }
   return TPF_OK;

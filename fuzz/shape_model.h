@@ -102,7 +102,7 @@ static inline tpf_status model_check(const tpf_layout_desc *d, uint64_t align) {
   if (d->capacity.rows % up != 0 || d->active.rows % up != 0) return TPF_EDIVISIBLE;
   int s = d->num_splits;
   if (model_ring_rs(d)) {
-    if (s != 0 && s != p) return TPF_EDIVISIBLE;
+    if (s != 0 && s != p && s != 1) return TPF_EDIVISIBLE; /* 1: no overlap (0.2) */
   } else if (d->algo == TPF_ALGO_RING) {
     if (d->aggregate ? (s != 0 && s != p / 2) : (s != 0 && s != p && s != 1)) return TPF_EDIVISIBLE;
   } else if (d->algo == TPF_ALGO_PIPELINE) {

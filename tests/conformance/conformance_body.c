@@ -725,7 +725,8 @@ static int split_candidates(const conf_kind *k, int P, int *out) {
     if (P > 2) out[n++] = P - 1; /* never legal for P > 2: must be refused */
   } else if (k->algo == TPF_ALGO_RING) {
     out[n++] = P;
-    if (P > 1) out[n++] = 1; /* ring RS runs P chunks only: refused */
+    if (P > 1) out[n++] = 1; /* no overlap: all partials, then the exchange */
+    if (P > 2) out[n++] = 2; /* never legal: refused */
   } else if (k->algo == TPF_ALGO_PIPELINE) {
     static const int s[] = {1, 2, 3, 4, 8, 16};
     for (size_t i = 0; i < sizeof s / sizeof s[0]; i++)

@@ -24,6 +24,7 @@ static const variant variants[] = {
     {"pipeline rs S=8", TPF_ALGO_PIPELINE, TPF_COLL_RS, 8, false},
     {"bulk ag", TPF_ALGO_BULK, TPF_COLL_AG, 0, false},
     {"bulk rs", TPF_ALGO_BULK, TPF_COLL_RS, 0, false},
+    {"ring rs serial", TPF_ALGO_RING, TPF_COLL_RS, 1, false}, /* no overlap (0.2) */
 };
 
 static tpf_layout_desc make_desc(const variant *v, int P, int r, uint64_t T, uint64_t H) {
@@ -97,6 +98,9 @@ static void check_literal_rules(const tpf_schedule *s, const variant *v, int P) 
     if (st->kind != TPF_STEP_SEND && st->kind != TPF_STEP_RECV) assert_int_equal(st->peer, -1);
   }
   int want_gemms = v->algo == TPF_ALGO_BULK ? 1 : s->num_splits;
+  /* RING RS without overlap: all T rows, as two row ranges unless the rotation starts at 0. */
+  if (v->algo == TPF_ALGO_RING && v->coll == TPF_COLL_RS && s->num_splits == 1 && P > 1)
+    want_gemms = s->rank == P - 1 ? 1 : 2;
   assert_int_equal(gemms, want_gemms);
   int ns = s->num_splits < 3 ? s->num_splits : 3;
   assert_int_equal(s->num_compute_streams, v->algo == TPF_ALGO_BULK ? 1 : ns);
