@@ -72,9 +72,21 @@ class Env:
             torch.cuda.synchronize(self.device)
 
 
-def close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype) -> bool:
-    """TE's tolerances (atol scaled by the reference's largest magnitude)."""
+def _tol(dtype: torch.dtype, floor: Optional[Any]) -> Any:
     rtol, atol = TOL[dtype]
+    return (max(rtol, floor[0]), max(atol, floor[1])) if floor else (rtol, atol)
+
+
+def gelu_floor(env: "Env", gelu: bool) -> Optional[Any]:
+    """cuBLASLt's GELU epilogue uses a fast tanh: the C conformance suite allows it rtol 1e-3,
+    atol 1e-4 at least; the simulator's GELU is exact and keeps the dtype's tolerance."""
+    return (1e-3, 1e-4) if gelu and env.backend == "cuda" else None
+
+
+def close(got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtype,
+          floor: Optional[Any] = None) -> bool:
+    """TE's tolerances (atol scaled by the reference's largest magnitude)."""
+    rtol, atol = _tol(dtype, floor)
     g, r = got.detach().float().cpu(), ref.detach().float().cpu()
     scale = max(1.0, r.abs().max().item()) if r.numel() else 1.0
     return g.shape == r.shape and torch.allclose(g, r, rtol=rtol, atol=atol * scale)
@@ -103,9 +115,9 @@ def rs_reference(partials: Sequence[torch.Tensor], dtype: torch.dtype) -> Any:
 
 
 def close_rs(got: torch.Tensor, ref: torch.Tensor, slack: torch.Tensor, dtype: torch.dtype,
-             out_dtype: Optional[torch.dtype] = None) -> bool:
+             out_dtype: Optional[torch.dtype] = None, floor: Optional[Any] = None) -> bool:
     """close() per element, or within the partials' slack plus one ulp of the result."""
-    rtol, atol = TOL[dtype]
+    rtol, atol = _tol(dtype, floor)
     g, r = got.detach().float().cpu(), ref.detach().float().cpu()
     if g.shape != r.shape:
         return False
@@ -271,7 +283,7 @@ def options_vs_torch(rank: int, env: Env, dtype: torch.dtype, seed: int) -> List
             X = torch.cat(xs).float()
             ref = epilogue(X @ w.float().T, alpha, beta, d0, bvec, gelu)
             cases += 1
-            if not close(out, ref, dtype):
+            if not close(out, ref, dtype, gelu_floor(env, gelu)):
                 fails.append(("ag_gemm", T, kw.keys(), trans_w, alpha, beta, bias, gelu, od, ns))
             if not torch.equal(ub.buffer().float().cpu(), X):
                 fails.append(("ag_gemm buffer", T, trans_w, ns))
@@ -301,7 +313,8 @@ def options_vs_torch(rank: int, env: Env, dtype: torch.dtype, seed: int) -> List
                                         dtype)
                 ref = epilogue(S[rows], alpha, beta, d0, bvec, gelu)
                 cases += 1
-                if not close_rs(out, ref, abs(alpha) * slack[rows], dtype):
+                if not close_rs(out, ref, abs(alpha) * slack[rows], dtype,
+                                floor=gelu_floor(env, gelu)):
                     fails.append((name, T, trans_a, trans_w, alpha, beta, bias, gelu, od, ns))
         # bulk_overlap on BULK AG (fc1_dgrad) and BULK RS (fc1_wgrad): the collective on the
         # buffer is unaffected by the GEMM's options.
@@ -334,7 +347,7 @@ def options_vs_torch(rank: int, env: Env, dtype: torch.dtype, seed: int) -> List
                 ub.bulk_overlap(env.put(a_st), env.put(b_st), out=out, **kw)
                 ref = epilogue(a.float() @ b.float().T, alpha, beta, d0, bvec, gelu)
                 cases += 1
-                if not close(out, ref, dtype):
+                if not close(out, ref, dtype, gelu_floor(env, gelu)):
                     fails.append((name, T, trans_a, trans_w, alpha, beta, bias, gelu, od))
                 ok_buf = (torch.equal(got_buf().float().cpu(), want_buf) if name == "fc1_dgrad"
                           else close_rs(got_buf(), want_buf, slack[rows], dtype))
