@@ -158,6 +158,21 @@ static void build_ring_ag(builder *b, const ctx *c) {
   }
 }
 
+/* The end of every RING RS: this rank's chunk is the sum of slot P-1 (its own partial) and the
+ * P-1 received slots after it, into D; after `dep` (the last GEMM) and the last receive. */
+static void add_ring_rs_reduce(builder *b, const ctx *c, int dep, int last_recv) {
+  int ri = add_step(b, TPF_STEP_REDUCE, TPF_STREAM_COMPUTE0, c->p - 1);
+  tpf_step *s = &b->steps[ri];
+  s->a = mref(TPF_MAT_BUF, c->ch[c->p - 1].offset_bytes, c->H, 0, 0);
+  s->d = mref(TPF_MAT_D, 0, 0, 0, 0);
+  s->m = c->R;
+  s->n = c->H;
+  s->stride_bytes = c->S;
+  s->count = (uint32_t)c->p;
+  add_dep(b, ri, dep);
+  add_dep(b, ri, last_recv);
+}
+
 /* RING RS without overlap (num_splits 1, the planner's baseline): every partial first, then the
  * exchange. Slot i holds chunk (r + i + 1) % P as in the ring, so the partials of chunks r+1..P-1
  * (slots 0..P-r-2) and of chunks 0..r (slots P-r-1..P-1) are two contiguous row ranges of X and
@@ -183,15 +198,7 @@ static void build_ring_rs_serial(builder *b, const ctx *c) {
     add_dep(b, si, g_hi);
     last_recv = add_xfer(b, TPF_STEP_RECV, mod(r - i, p), (uint32_t)i, i - 1 + p, src, dst, S);
   }
-  int ri = add_step(b, TPF_STEP_REDUCE, TPF_STREAM_COMPUTE0, p - 1);
-  tpf_step *s = &b->steps[ri];
-  s->a = mref(TPF_MAT_BUF, c->ch[p - 1].offset_bytes, H, 0, 0);
-  s->d = mref(TPF_MAT_D, 0, 0, 0, 0);
-  s->m = R;
-  s->n = H;
-  s->stride_bytes = S;
-  s->count = (uint32_t)p;
-  add_dep(b, ri, last_recv);
+  add_ring_rs_reduce(b, c, -1, last_recv);
 }
 
 static void build_ring_rs(builder *b, const ctx *c) {
@@ -215,16 +222,7 @@ static void build_ring_rs(builder *b, const ctx *c) {
     }
     prev_gemm = gi;
   }
-  int ri = add_step(b, TPF_STEP_REDUCE, TPF_STREAM_COMPUTE0, p - 1);
-  tpf_step *s = &b->steps[ri];
-  s->a = mref(TPF_MAT_BUF, c->ch[p - 1].offset_bytes, H, 0, 0);
-  s->d = mref(TPF_MAT_D, 0, 0, 0, 0);
-  s->m = R;
-  s->n = H;
-  s->stride_bytes = S;
-  s->count = (uint32_t)p;
-  add_dep(b, ri, prev_gemm);
-  add_dep(b, ri, last_recv);
+  add_ring_rs_reduce(b, c, prev_gemm, last_recv);
 }
 
 static void build_pipeline_rs(builder *b, const ctx *c) {
