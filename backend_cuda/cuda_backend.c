@@ -72,6 +72,8 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_error.h"
 #include "cuda_internal.h"
+#include "cuda_log.h"
+#include "cuda_param.h"
 
 #include "internal.h"
 
@@ -84,9 +86,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define TPF_CUDA_DEFAULT_TIMEOUT_MS 30000u
-#define TPF_CUDA_DEFAULT_COMM_CTAS 16
-#define TPF_CUDA_WORKSPACE_BYTES (32ull << 20)
 /* Flags live in 4 KiB-aligned blocks of their own, 4 KiB away from any data byte of this or a
  * neighbouring allocation (cudaMalloc packs small allocations next to each other), and every
  * sender's ready word has a 1 KiB slot of its own, like its row of flags: no transfer or kernel
@@ -163,14 +162,6 @@ typedef struct {
 
 static tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
   return (tpf_cuda_backend *)be;
-}
-
-static uint64_t tpf_cuda__env_u64(const char *name, uint64_t dflt) {
-  const char *v = getenv(name);
-  if (v == NULL || *v == '\0') return dflt;
-  char *end = NULL;
-  unsigned long long x = strtoull(v, &end, 10);
-  return (end != NULL && *end == '\0') ? (uint64_t)x : dflt;
 }
 
 /* Host name hash and pid: equal exactly for ranks of one process (fork gives a new pid). */
@@ -358,8 +349,8 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   int sharing = 0;
   for (int q = 0; q < boot->tp_size; q++)
     sharing += b->peers[q].proc_token == me.proc_token && b->peers[q].device == boot->device;
-  if (getenv("TPF_CUDA_COMPUTE_STREAMS") == NULL && sharing > 1) {
-    const int conns = (int)tpf_cuda__env_u64("CUDA_DEVICE_MAX_CONNECTIONS", 8);
+  if (!tpf_cuda__param_is_set(TPF_CUDA_PARAM_COMPUTE_STREAMS) && sharing > 1) {
+    const int conns = (int)tpf_cuda__param_u64(TPF_CUDA_PARAM_MAX_CONNECTIONS);
     int per_rank = conns / sharing - 3; /* send, recv and the caller's stream */
     b->compute_streams = per_rank < 1                    ? 1
                          : per_rank > b->compute_streams ? b->compute_streams
@@ -397,9 +388,8 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   TPF_CUDA_TRY(cudaMemsetAsync(claim, 0, sizeof(unsigned int), b->streams[TPF_STREAM_SEND]),
                "cudaMemsetAsync");
   TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[TPF_STREAM_SEND]), "cudaStreamSynchronize");
-  TPF_CHECK(tpf_cuda__gemm_create(
-      TPF_MAX_COMPUTE_STREAMS,
-      tpf_cuda__env_u64("TPF_CUDA_WORKSPACE_BYTES", TPF_CUDA_WORKSPACE_BYTES), &b->gemm));
+  TPF_CHECK(tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
+                                  tpf_cuda__param_u64(TPF_CUDA_PARAM_WORKSPACE_BYTES), &b->gemm));
   return boot->barrier(boot->ctx);
 }
 
@@ -412,6 +402,7 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   TPF_RETURN_IF(boot->allgather == NULL || boot->barrier == NULL, TPF_EINVAL,
                 "bootstrap lacks allgather or barrier");
   TPF_RETURN_IF(boot->device < 0, TPF_EINVAL, "device %d is negative", boot->device);
+  tpf_cuda__param_load(boot->rank); /* the environment, once per process */
   tpf_cuda_backend *b = tpf__calloc(1, sizeof(*b));
   TPF_RETURN_IF(b == NULL, TPF_ENOMEM, "cannot allocate the CUDA backend");
   b->base.ops = &tpf_cuda__ops;
@@ -419,14 +410,10 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   b->base.rank = boot->rank;
   b->boot = *boot;
   b->device = boot->device;
-  b->timeout_ns =
-      tpf_cuda__env_u64("TPF_CUDA_TIMEOUT_MS", TPF_CUDA_DEFAULT_TIMEOUT_MS) * 1000000ull;
-  uint64_t ctas = tpf_cuda__env_u64("TPF_CUDA_COMM_CTAS", TPF_CUDA_DEFAULT_COMM_CTAS);
-  b->comm_ctas = (int)(ctas < 1 ? 1 : ctas > 1024 ? 1024 : ctas);
-  uint64_t ncs = tpf_cuda__env_u64("TPF_CUDA_COMPUTE_STREAMS", TPF_MAX_COMPUTE_STREAMS);
-  b->compute_streams = (int)(ncs < 1                         ? 1
-                             : ncs > TPF_MAX_COMPUTE_STREAMS ? TPF_MAX_COMPUTE_STREAMS
-                                                             : ncs);
+  b->timeout_ns = tpf_cuda__param_u64(TPF_CUDA_PARAM_TIMEOUT_MS) * 1000000ull;
+  /* Clamped by the registry: 1..1024 CTAs, 1..TPF_MAX_COMPUTE_STREAMS streams. */
+  b->comm_ctas = (int)tpf_cuda__param_u64(TPF_CUDA_PARAM_COMM_CTAS);
+  b->compute_streams = (int)tpf_cuda__param_u64(TPF_CUDA_PARAM_COMPUTE_STREAMS);
   tpf_status rc = tpf_cuda__backend_init(b);
   if (rc != TPF_OK) {
     tpf_cuda__backend_free(b);
@@ -674,7 +661,7 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   }
   /* TPF_CUDA_DEVICE_FLAGS forces the device flag kernels on in-process ranks too: a diagnostic
    * only, since spinning waits of ranks sharing one GPU can stall (docs/GPU_RUNS.md). */
-  if (!remote && P > 1 && me == 0 && getenv("TPF_CUDA_DEVICE_FLAGS") == NULL) {
+  if (!remote && P > 1 && me == 0 && !tpf_cuda__param_on(TPF_CUDA_PARAM_DEVICE_FLAGS)) {
     r->sync = tpf_cuda__sync_new(P);
     if (r->sync == NULL) {
       rc = tpf_set_error(TPF_ENOMEM, "cannot allocate the host sync table of '%s'", r->name);
@@ -688,15 +675,18 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
   /* Ranks in other processes agree on the host before anything is enqueued (cuda_hostsync.c). */
   if (remote) TPF_CHECK_GOTO(tpf_cuda__hostsync_create(&b->boot, r->name, &r->hostsync), rc, fail);
   TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
-  if (getenv("TPF_CUDA_DEBUG") != NULL) {
-    fprintf(stderr,
-            "tpf cuda: rank %d registered '%s' %llu bytes at %p (flags +%llu, ready +%llu);"
-            " peers:",
-            me, r->name, (unsigned long long)bytes, (void *)r->base,
-            (unsigned long long)r->flags_off, (unsigned long long)r->ready_off);
-    for (int q = 0; q < P; q++)
-      fprintf(stderr, " %p%s", (void *)r->peer_base[q], r->peer_ipc[q] ? "(ipc)" : "");
-    fprintf(stderr, "\n");
+  if (tpf_cuda__log_enabled(TPF_CUDA_LOG_INFO, TPF_CUDA_LOG_REG)) {
+    char peers[TPF_MAX_RANKS * 28];
+    size_t used = 0;
+    peers[0] = '\0';
+    for (int q = 0; q < P && used < sizeof peers; q++) {
+      const int n = snprintf(peers + used, sizeof peers - used, " %p%s", (void *)r->peer_base[q],
+                             r->peer_ipc[q] ? "(ipc)" : "");
+      used += n > 0 ? (size_t)n : 0;
+    }
+    TPF_CUDA_INFO(REG, me, "registered '%s' %llu bytes at %p (flags +%llu, ready +%llu); peers:%s",
+                  r->name, (unsigned long long)bytes, (void *)r->base,
+                  (unsigned long long)r->flags_off, (unsigned long long)r->ready_off, peers);
   }
   tpf__free(infos);
   *reg = r;

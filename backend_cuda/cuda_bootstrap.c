@@ -23,6 +23,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_error.h"
 #include "cuda_internal.h"
+#include "cuda_param.h"
 
 #include "internal.h"
 
@@ -74,9 +75,7 @@ tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out) {
     tpf__free(g);
     return tpf_set_error(TPF_EBACKEND, "pthread_cond_init failed: %s", strerror(e));
   }
-  const char *t = getenv("TPF_CUDA_BOOT_TIMEOUT_MS");
-  g->timeout_ms = (t != NULL && *t) ? strtoull(t, NULL, 10) : 120000u;
-  if (g->timeout_ms == 0) g->timeout_ms = 120000u;
+  g->timeout_ms = tpf_cuda__param_u64(TPF_CUDA_PARAM_BOOT_TIMEOUT_MS); /* >= 1 */
   for (int r = 0; r < tp_size; r++) {
     g->ranks[r].group = g;
     g->ranks[r].rank = r;
@@ -288,9 +287,8 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
   c->comm = comm;
   c->device = device;
   c->nranks = n;
-  const char *t = getenv("TPF_CUDA_BOOT_TIMEOUT_MS");
-  c->timeout_ms = (t != NULL && *t) ? strtoull(t, NULL, 10) : 120000u;
-  if (c->timeout_ms == 0) c->timeout_ms = 120000u;
+  tpf_cuda__param_load(me);
+  c->timeout_ms = tpf_cuda__param_u64(TPF_CUDA_PARAM_BOOT_TIMEOUT_MS); /* >= 1 */
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {

@@ -36,6 +36,7 @@
  */
 #include "cuda_error.h"
 #include "cuda_internal.h"
+#include "cuda_param.h"
 
 #include "internal.h"
 
@@ -86,8 +87,7 @@ tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_ge
   }
   g->ws_bytes = ws_bytes;
   g->nworkspaces = nworkspaces;
-  const char *ff = getenv("TPF_CUDA_GEMM_FALLBACK");
-  g->force_fallback = ff != NULL && ff[0] != '\0' && strcmp(ff, "0") != 0;
+  g->force_fallback = tpf_cuda__param_on(TPF_CUDA_PARAM_GEMM_FALLBACK);
   cudaError_t e = cudaMalloc(&g->ws, (size_t)ws_bytes * (size_t)nworkspaces);
   if (e != cudaSuccess) {
     cublasLtDestroy(g->handle);

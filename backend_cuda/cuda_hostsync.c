@@ -18,6 +18,8 @@
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_internal.h"
+#include "cuda_log.h"
+#include "cuda_param.h"
 
 #include "internal.h"
 
@@ -57,6 +59,7 @@ static tpf_status map_table(int fd, size_t bytes, _Atomic uint64_t **out) {
 tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
                                      tpf_cuda_hostsync **out) {
   static _Atomic unsigned counter;
+  tpf_cuda__param_load(boot->rank); /* the log's settings */
   const int P = boot->tp_size;
   char names[TPF_MAX_RANKS][TPF_CUDA_HOSTSYNC_NAME];
   char mine[TPF_CUDA_HOSTSYNC_NAME];
@@ -110,9 +113,8 @@ tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
     if (!oks[q]) {
       /* Without the table the device handshake still detects a disagreement; only the
        * guarantee that no byte moves is lost. Every rank falls back alike. */
-      if (getenv("TPF_CUDA_DEBUG") != NULL)
-        fprintf(stderr, "tpf cuda: rank %d: no host agreement for '%s' (rank %d failed%s%s)\n",
-                boot->rank, tag, q, rc != TPF_OK ? ": " : "", rc != TPF_OK ? tpf_last_error() : "");
+      TPF_CUDA_INFO(REG, boot->rank, "no host agreement for '%s' (rank %d failed%s%s)", tag, q,
+                    rc != TPF_OK ? ": " : "", rc != TPF_OK ? tpf_last_error() : "");
       tpf_cuda__hostsync_destroy(h);
       *out = NULL;
       return TPF_OK;

@@ -6,6 +6,7 @@
  * before the data exchange. */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_internal.h"
+#include "cuda_param.h"
 #include "tpf_test.h"
 
 #include <pthread.h>
@@ -96,6 +97,7 @@ static void threads_jobs(tpf_cuda_threads *g, int P, rank_job *jobs, uint64_t ms
 static void test_cuda_boot_allgather__threads_gather_in_rank_order(void **state) {
   (void)state;
   unsetenv("TPF_CUDA_BOOT_TIMEOUT_MS");
+  tpf_cuda__param_reload(-1); /* the registry reads the environment once */
   enum { P = 3 };
   tpf_cuda_threads *g = NULL;
   TPF_ASSERT_OK(tpf_cuda_threads_create(P, &g));
@@ -119,6 +121,7 @@ static void test_cuda_boot_allgather__threads_gather_in_rank_order(void **state)
 static void test_cuda_boot_allgather__absent_rank_times_out_at_the_backend_bound(void **state) {
   (void)state;
   unsetenv("TPF_CUDA_BOOT_TIMEOUT_MS"); /* the bootstrap's own bound: 120 s */
+  tpf_cuda__param_reload(-1);
   enum { P = 2 };
   tpf_cuda_threads *g = NULL;
   TPF_ASSERT_OK(tpf_cuda_threads_create(P, &g));
