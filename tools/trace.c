@@ -118,9 +118,11 @@ static void put_json_string(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* The host track follows the stream tracks, which carry the core's stream names
+ * (tpf_stream_name: "compute0" .. "compute2", "comm", "recv"; "?" outside them). */
+_Static_assert(TPF_TRACE_HOST_TID == TPF_NUM_STREAMS, "the host track follows the streams");
 static const char *track_name(int tid) {
-  static const char *names[] = {"compute0", "compute1", "compute2", "send", "recv", "host"};
-  return tid >= 0 && tid <= TPF_TRACE_HOST_TID ? names[tid] : "?";
+  return tid == TPF_TRACE_HOST_TID ? "host" : tpf_stream_name(tid);
 }
 
 tpf_status tpf_trace_write(tpf_trace *t, const char *path, int tp_size) {
