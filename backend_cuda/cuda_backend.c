@@ -24,16 +24,6 @@
  *   PEER_REDUCE reads the peers' registrations through their mapped pointers. Flagged with the
  *               epilogue (it writes D), the kernel applies it to the sum before rounding.
  *
- * Failures. Device-side waits are bounded (timeout_ns, %globaltimer). The first failing wait
- * writes a code into a host-mapped status area; every later kernel of the backend sees it and
- * returns without touching memory, and the host reports it (TPF_EMISMATCH or TPF_ETIMEOUT) at the
- * next execute or sync; sync clears it. Known limitation: copy-engine transfers cannot observe the
- * code, so the cudaMemcpyAsync of a RING SEND still runs after a failed handshake, with this
- * rank's offsets and sizes (always inside the peer's registration, since both are bounded by the
- * capacity the core validated). A peer whose operation failed may therefore find its buffer
- * overwritten. Ranks in other processes therefore agree on the host first (cuda_hostsync.c), so
- * the limitation remains only where that shared table could not be set up.
- *
  * Several ranks on one GPU. A spinning wait occupies the device until its peer's next operation
  * arrives, so a rank must not call a CUDA function that waits for the whole device (cudaFree,
  * cudaFreeHost, cudaDeviceSynchronize, sometimes cudaMalloc) while a peer may be waiting for it:
@@ -70,6 +60,7 @@
  * caller's bootstrap cannot be bounded (cuda_bootstrap.c).
  */
 #define _POSIX_C_SOURCE 200809L
+#include "cuda_backend.h"
 #include "cuda_error.h"
 #include "cuda_internal.h"
 #include "cuda_log.h"
@@ -85,84 +76,6 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-/* Flags live in 4 KiB-aligned blocks of their own, 4 KiB away from any data byte of this or a
- * neighbouring allocation (cudaMalloc packs small allocations next to each other), and every
- * sender's ready word has a 1 KiB slot of its own, like its row of flags: no transfer or kernel
- * that writes data ever shares a cache line or DMA block with a flag. */
-#define TPF_CUDA_GUARD_BYTES 4096ull
-#define TPF_CUDA_READY_STRIDE 1024ull
-
-typedef struct {
-  uint64_t proc_token; /* identifies the process (host and pid) */
-  int32_t device;      /* CUDA ordinal in that process */
-  int32_t rank;
-} tpf_cuda_peer_info;
-
-/* One published event: the sequence number (or ready word) it was recorded for, and the event. */
-typedef struct {
-  _Atomic uint64_t word; /* sequence number (SEND, BARRIER) or TPF_READY_WORD (HANDSHAKE) */
-  cudaEvent_t ev;        /* recorded before word was stored (release) */
-} tpf_cuda_slot;
-
-/* The host table of an in-process group (see Method). */
-typedef struct {
-  int nranks;
-  tpf_cuda_slot *ready;   /* [rank][2]: by sequence parity */
-  tpf_cuda_slot *sent;    /* [sender][receiver][tag] */
-  tpf_cuda_slot *barrier; /* [rank][tag] */
-} tpf_cuda_sync;
-
-typedef struct {
-  uint64_t base;        /* the owner's device pointer (valid in the owner's process) */
-  uint64_t alloc_bytes; /* whole allocation */
-  uint64_t data_bytes;  /* registered data bytes */
-  cudaIpcMemHandle_t handle;
-  int32_t has_handle;
-  int32_t rank;
-  uint64_t sync; /* rank 0's tpf_cuda_sync * when the whole group is in this process */
-} tpf_cuda_reg_info;
-
-struct tpf_reg {
-  char name[64];
-  uint64_t data_bytes, alloc_bytes, flags_off, ready_off;
-  char *base;                     /* my allocation */
-  char *peer_base[TPF_MAX_RANKS]; /* each rank's allocation, mapped in my context */
-  bool peer_ipc[TPF_MAX_RANKS];   /* imported through CUDA IPC (closed at destroy) */
-  tpf_cuda_sync *sync;            /* in-process group: host-ordered events; else NULL */
-  tpf_cuda_hostsync *hostsync;    /* processes of one node: host agreement; else NULL */
-  bool sync_owner;                /* this rank allocated sync (rank 0) */
-  cudaEvent_t ready_ev[2];        /* this rank's operation-start events, by parity */
-  atomic_int aborted;             /* tpf_comm_abort: host waits on this registration give up */
-  tpf_status deferred;            /* first device-side failure attributed to it (rank thread) */
-};
-
-typedef struct {
-  tpf_backend base;
-  tpf_bootstrap boot;
-  int device;
-  int num_sms;
-  int comm_ctas;
-  int compute_streams; /* distinct compute streams (TPF_CUDA_COMPUTE_STREAMS may lower it) */
-  uint64_t timeout_ns;
-  cudaStream_t streams[TPF_NUM_STREAMS];
-  cudaEvent_t fork_ev;
-  cudaEvent_t join_ev[TPF_NUM_STREAMS];
-  cudaEvent_t *step_ev; /* pool, one per step of the longest schedule so far */
-  int nstep_ev;
-  uint8_t *need_ev;    /* scratch: step needs an event */
-  uint8_t *step_state; /* scratch of the in-process enqueuer, one per step */
-  int nneed_ev;
-  tpf_cuda_status *status_host; /* mapped pinned memory */
-  tpf_cuda_status *status_dev;  /* its device pointer */
-  unsigned int *claim_dev;      /* device word guarding the status area */
-  tpf_cuda_gemm *gemm;
-  tpf_cuda_peer_info peers[TPF_MAX_RANKS];
-} tpf_cuda_backend;
-
-static tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
-  return (tpf_cuda_backend *)be;
-}
 
 /* Host name hash and pid: equal exactly for ranks of one process (fork gives a new pid). */
 static uint64_t tpf_cuda__proc_token(void) {
@@ -236,44 +149,6 @@ static void tpf_cuda__ipc_close(void *ptr) {
   pthread_mutex_unlock(&tpf_cuda__ipc_mu);
 }
 
-/* ---- status area ---- */
-
-/* Reads the device-side status; on a failure fills the detail and returns its status. Does not
- * clear it. */
-static tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
-  const uint32_t code = b->status_host->code;
-  if (code == TPF_CUDA_DEV_OK) return TPF_OK;
-  const tpf_cuda_status *st = b->status_host;
-  const char *kind = tpf_step_kind_name((int)st->kind);
-  if (code == TPF_CUDA_DEV_MISMATCH) {
-    char mine[40], theirs[40];
-    return tpf_set_error(
-        TPF_EMISMATCH,
-        "rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on "
-        "rank %d (detected by the handshake before any byte moved on this rank)",
-        b->base.rank, (unsigned long long)st->seq, (unsigned long long)TPF_READY_ROWS(st->mine),
-        tpf_op_key_name((uint8_t)TPF_READY_KEY(st->mine), mine, sizeof mine),
-        (unsigned long long)TPF_READY_ROWS(st->theirs),
-        tpf_op_key_name((uint8_t)TPF_READY_KEY(st->theirs), theirs, sizeof theirs), (int)st->peer);
-  }
-  return tpf_set_error(TPF_ETIMEOUT,
-                       "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
-                       "(wanted %llu, saw %llu at %p)",
-                       b->base.rank, (unsigned long long)st->seq, kind ? kind : "?", (int)st->peer,
-                       (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
-                       (unsigned long long)st->mine, (unsigned long long)st->theirs,
-                       (void *)(uintptr_t)st->addr);
-}
-
-/* Clears the status after everything that could write it has finished. */
-static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b) {
-  cudaStream_t s = b->streams[TPF_STREAM_SEND];
-  TPF_CUDA_TRY(cudaMemsetAsync(b->claim_dev, 0, sizeof(unsigned int), s), "cudaMemsetAsync");
-  TPF_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  b->status_host->code = TPF_CUDA_DEV_OK;
-  return TPF_OK;
-}
-
 /* ---- backend lifetime ---- */
 
 static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t bytes,
@@ -281,10 +156,6 @@ static tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64
 static tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *reg);
 static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a,
                                     void *stream);
-static tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
-static tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r);
-static tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out);
-static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
 static tpf_status tpf_cuda__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes);
 
 static const tpf_backend_ops tpf_cuda__ops = {
@@ -320,8 +191,7 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
   }
   if (b->fork_ev != NULL) cudaEventDestroy(b->fork_ev);
   tpf_cuda__gemm_destroy(b->gemm);
-  if (b->claim_dev != NULL) cudaFree(b->claim_dev);
-  if (b->status_host != NULL) cudaFreeHost(b->status_host);
+  tpf_cuda__status_free(b);
   tpf__free(b);
 }
 
@@ -374,20 +244,7 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   for (int i = 0; i < TPF_NUM_STREAMS; i++)
     TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->join_ev[i], cudaEventDisableTiming),
                  "cudaEventCreate");
-  void *host = NULL;
-  TPF_CUDA_TRY(cudaHostAlloc(&host, sizeof(tpf_cuda_status), cudaHostAllocMapped),
-               "cudaHostAlloc(status)");
-  b->status_host = host;
-  memset(host, 0, sizeof(tpf_cuda_status));
-  void *dev = NULL;
-  TPF_CUDA_TRY(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
-  b->status_dev = dev;
-  void *claim = NULL;
-  TPF_CUDA_TRY(cudaMalloc(&claim, sizeof(unsigned int)), "cudaMalloc(claim)");
-  b->claim_dev = claim;
-  TPF_CUDA_TRY(cudaMemsetAsync(claim, 0, sizeof(unsigned int), b->streams[TPF_STREAM_SEND]),
-               "cudaMemsetAsync");
-  TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[TPF_STREAM_SEND]), "cudaStreamSynchronize");
+  TPF_CHECK(tpf_cuda__status_init(b));
   TPF_CHECK(tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
                                   tpf_cuda__param_u64(TPF_CUDA_PARAM_WORKSPACE_BYTES), &b->gemm));
   return boot->barrier(boot->ctx);
@@ -1143,25 +1000,6 @@ static tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_
   return TPF_OK;
 }
 
-static tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {
-  tpf_cuda_backend *b = tpf_cuda__of(be);
-  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
-  if (stream != NULL) {
-    TPF_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
-  } else {
-    /* Only this backend's streams: other ranks may share the device, and a device-wide
-     * synchronisation would wait for their spinning waits, which may wait for this thread. */
-    for (int k = 0; k < TPF_NUM_STREAMS; k++)
-      TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[k]), "cudaStreamSynchronize");
-  }
-  tpf_status rc = tpf_cuda__check_status(b);
-  if (rc != TPF_OK) {
-    const tpf_status rc2 = tpf_cuda__clear_status(b);
-    return rc2 != TPF_OK ? rc2 : rc;
-  }
-  return TPF_OK;
-}
-
 tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
   TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
                 "tpf_cuda_backend_stats: not a CUDA backend, or out is NULL");
@@ -1169,58 +1007,6 @@ tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
   tpf_cuda__gemm_stats(tpf_cuda__of(be)->gemm, &s.gemm_heuristic_queries, &s.gemm_cache_hits,
                        &s.gemm_fallbacks);
   *out = s;
-  return TPF_OK;
-}
-
-/* ---- per-registration completion and errors (issue 11 item 2) ----
- * The device status area is the backend's, shared by its registrations; a failure is attributed
- * to a registration by the address of the word the failing wait watched (the flags and ready
- * words live in the waiting rank's own allocation). A failure of another registration is left
- * in place for that registration's sync. Known limitation: execute still checks the shared area
- * before enqueuing, so it refuses to start while another registration's failure is pending. */
-static bool tpf_cuda__status_is_mine(const tpf_cuda_backend *b, const tpf_reg *r) {
-  const uint64_t addr = b->status_host->addr;
-  const uint64_t lo = (uint64_t)(uintptr_t)r->base;
-  return addr >= lo && addr < lo + r->alloc_bytes;
-}
-
-static tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out) {
-  tpf_cuda_backend *b = tpf_cuda__of(be);
-  TPF_RETURN_IF(r == NULL || out == NULL, TPF_EINVAL, "cuda reg_async_error: NULL argument");
-  tpf_status st = r->deferred;
-  /* A host-mapped read: never waits for the device. */
-  if (st == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK && tpf_cuda__status_is_mine(b, r))
-    st = tpf_cuda__check_status(b);
-  *out = st;
-  return TPF_OK;
-}
-
-static tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
-  tpf_cuda_backend *b = tpf_cuda__of(be);
-  TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_sync: NULL registration");
-  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
-  /* The registration's operations run on the backend's streams. */
-  for (int k = 0; k < TPF_NUM_STREAMS; k++)
-    TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[k]), "cudaStreamSynchronize");
-  if (r->deferred == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK &&
-      tpf_cuda__status_is_mine(b, r)) {
-    r->deferred = tpf_cuda__check_status(b);
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", tpf_last_error());
-    TPF_CHECK(tpf_cuda__clear_status(b));
-    return tpf_set_error(r->deferred, "'%s': %s", r->name, msg);
-  }
-  TPF_RETURN_IF(r->deferred != TPF_OK, r->deferred, "'%s': an operation failed earlier (%s)",
-                r->name, tpf_status_name(r->deferred));
-  return TPF_OK;
-}
-
-/* Thread-safe: one atomic store. The in-process host waits (handshake, event tables) poll it.
- * Device-side waits of the multi-process path end at their own timeout. */
-static tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r) {
-  (void)be;
-  TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_abort: NULL registration");
-  atomic_store(&r->aborted, 1);
   return TPF_OK;
 }
 

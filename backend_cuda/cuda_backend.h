@@ -1,0 +1,107 @@
+/* The CUDA backend's shared state: what its rooms (cuda_backend.c lists them and who calls whom)
+ * know of one another. The backend object and the registration are plain structs here, so that
+ * each room reads the fields it needs; the functions below are the only calls between rooms.
+ * C only (C11 atomics): the device code (cuda_kernels.cu) sees cuda_internal.h, not this. */
+#ifndef TPF_CUDA_BACKEND_H
+#define TPF_CUDA_BACKEND_H
+
+#include "cuda_internal.h"
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+/* Flags live in 4 KiB-aligned blocks of their own, 4 KiB away from any data byte of this or a
+ * neighbouring allocation (cudaMalloc packs small allocations next to each other), and every
+ * sender's ready word has a 1 KiB slot of its own, like its row of flags: no transfer or kernel
+ * that writes data ever shares a cache line or DMA block with a flag. */
+#define TPF_CUDA_GUARD_BYTES 4096ull
+#define TPF_CUDA_READY_STRIDE 1024ull
+
+typedef struct {
+  uint64_t proc_token; /* identifies the process (host and pid) */
+  int32_t device;      /* CUDA ordinal in that process */
+  int32_t rank;
+} tpf_cuda_peer_info;
+
+/* One published event: the sequence number (or ready word) it was recorded for, and the event. */
+typedef struct {
+  _Atomic uint64_t word; /* sequence number (SEND, BARRIER) or TPF_READY_WORD (HANDSHAKE) */
+  cudaEvent_t ev;        /* recorded before word was stored (release) */
+} tpf_cuda_slot;
+
+/* The host table of an in-process group (see Method). */
+typedef struct {
+  int nranks;
+  tpf_cuda_slot *ready;   /* [rank][2]: by sequence parity */
+  tpf_cuda_slot *sent;    /* [sender][receiver][tag] */
+  tpf_cuda_slot *barrier; /* [rank][tag] */
+} tpf_cuda_sync;
+
+typedef struct {
+  uint64_t base;        /* the owner's device pointer (valid in the owner's process) */
+  uint64_t alloc_bytes; /* whole allocation */
+  uint64_t data_bytes;  /* registered data bytes */
+  cudaIpcMemHandle_t handle;
+  int32_t has_handle;
+  int32_t rank;
+  uint64_t sync; /* rank 0's tpf_cuda_sync * when the whole group is in this process */
+} tpf_cuda_reg_info;
+
+struct tpf_reg {
+  char name[64];
+  uint64_t data_bytes, alloc_bytes, flags_off, ready_off;
+  char *base;                     /* my allocation */
+  char *peer_base[TPF_MAX_RANKS]; /* each rank's allocation, mapped in my context */
+  bool peer_ipc[TPF_MAX_RANKS];   /* imported through CUDA IPC (closed at destroy) */
+  tpf_cuda_sync *sync;            /* in-process group: host-ordered events; else NULL */
+  tpf_cuda_hostsync *hostsync;    /* processes of one node: host agreement; else NULL */
+  bool sync_owner;                /* this rank allocated sync (rank 0) */
+  cudaEvent_t ready_ev[2];        /* this rank's operation-start events, by parity */
+  atomic_int aborted;             /* tpf_comm_abort: host waits on this registration give up */
+  tpf_status deferred;            /* first device-side failure attributed to it (rank thread) */
+};
+
+typedef struct {
+  tpf_backend base;
+  tpf_bootstrap boot;
+  int device;
+  int num_sms;
+  int comm_ctas;
+  int compute_streams; /* distinct compute streams (TPF_CUDA_COMPUTE_STREAMS may lower it) */
+  uint64_t timeout_ns;
+  cudaStream_t streams[TPF_NUM_STREAMS];
+  cudaEvent_t fork_ev;
+  cudaEvent_t join_ev[TPF_NUM_STREAMS];
+  cudaEvent_t *step_ev; /* pool, one per step of the longest schedule so far */
+  int nstep_ev;
+  uint8_t *need_ev;    /* scratch: step needs an event */
+  uint8_t *step_state; /* scratch of the in-process enqueuer, one per step */
+  int nneed_ev;
+  tpf_cuda_status *status_host; /* mapped pinned memory */
+  tpf_cuda_status *status_dev;  /* its device pointer */
+  unsigned int *claim_dev;      /* device word guarding the status area */
+  tpf_cuda_gemm *gemm;
+  tpf_cuda_peer_info peers[TPF_MAX_RANKS];
+} tpf_cuda_backend;
+
+static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
+  return (tpf_cuda_backend *)be;
+}
+
+/* ---- cuda_status.c: the device status area, deferred errors, sync, abort ---- */
+/* Allocates the status area (mapped pinned memory) and its claim word; freed by status_free
+ * (which accepts a partly initialised backend). */
+tpf_status tpf_cuda__status_init(tpf_cuda_backend *b);
+void tpf_cuda__status_free(tpf_cuda_backend *b);
+/* Reads the device-side status; on a failure fills the detail and returns its status. Does not
+ * clear it. */
+tpf_status tpf_cuda__check_status(tpf_cuda_backend *b);
+/* The ops table's sync, reg_sync, reg_async_error and reg_abort. */
+tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
+tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r);
+tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out);
+tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
+
+#endif /* TPF_CUDA_BACKEND_H */
