@@ -22,9 +22,10 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cmds.h"
 
-#include "../tests/conformance/conformance.h"
 #include "cli_args.h"
+#include "rank_env.h"
 #include "reference.h"
+#include "staging.h"
 #include "trace.h"
 #include "tpflex/tpflex_backend.h"
 #ifdef TPF_HAVE_SIM
@@ -301,11 +302,7 @@ static tpf_matrix rows_view(const tpf_matrix *m, uint64_t r0, uint64_t n) {
 /* ---- one operation ---- */
 
 static tpf_status get_buffer(demo_site_mem *sm, tpf_comm *c, tpf_matrix *host) {
-  tpf_matrix full;
-  TPF_CHECK(tpf_comm_buffer(c, &full));
-  *host = host_matrix(full.rows, full.cols, full.dtype);
-  if (!host->ptr) return tpf_set_error(TPF_ENOMEM, "demo: buffer copy");
-  return tpf_conf_get_buffer(sm->d->env, sm->rank, c, host->ptr, &full);
+  return tpf_stage_get_buffer(sm->d->env, sm->rank, c, host);
 }
 
 /* Runs site s at T on this rank; API failures are returned, wrong results recorded in r. */
@@ -334,7 +331,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
   if (s->op == OP_AG_GEMM) {
     xg = host_matrix(T, H, dt);
     tpf_ref_fill(&xg, seed_of(d, mbi, si, ROLE_X, 0), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(tpf_conf_put_local(sm->d->env, sm->rank, c, &xg), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_put_local(sm->d->env, sm->rank, c, &xg), rc, out);
     wd = view(&sm->w.dev, g.n, H);
     od = view(&sm->o.dev, T, g.n);
   } else if (s->op == OP_GEMM_RS) {
@@ -356,7 +353,7 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
     if (s->coll == TPF_COLL_AG) {
       xg = host_matrix(T, H, dt);
       tpf_ref_fill(&xg, seed_of(d, mbi, si, ROLE_X, 0), -1.0f, 1.0f);
-      TPF_CHECK_GOTO(tpf_conf_put_local(sm->d->env, sm->rank, c, &xg), rc, out);
+      TPF_CHECK_GOTO(tpf_stage_put_local(sm->d->env, sm->rank, c, &xg), rc, out);
     } else {
       /* The dgrad partial [T, H] this rank's GEMM left in the buffer. */
       tpf_matrix full;

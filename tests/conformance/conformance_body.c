@@ -6,8 +6,9 @@
  * (bf16, fp16, fp32) times every T that is a multiple of P up to the capacity C. Each rank
  * generates every rank's inputs from seeds that depend only on (P, variant, dtype, T, role,
  * owner), so it can compute its own expected result with the independent host reference
- * (tests/support/reference.c) without talking to the others; nothing here is backend specific:
- * operand memory goes through env->mem_alloc/upload/download and streams through env->stream.
+ * (harness/reference.c) without talking to the others; nothing here is backend specific:
+ * operand memory goes through the environment (harness/staging.h over env->mem_alloc, upload,
+ * download) and streams through env->stream.
  *
  * Checked per case: the GEMM output against the reference with SPEC §7's rule (tolerance of the
  * buffer dtype, the coarser of the two), gathered buffers byte for byte (a transfer must not
@@ -108,58 +109,22 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A matrix in backend memory with its host mirror (same ld). */
-typedef struct {
-  tpf_matrix dev, host;
-  size_t bytes;
-} conf_mat;
-
-static tpf_status mat_new(conf_ctx *cx, conf_mat *m, uint64_t rows, uint64_t cols, uint64_t ld,
+/* Operands in backend memory with their host mirrors (harness/staging.h), for this rank. */
+static tpf_status mat_new(conf_ctx *cx, tpf_stage_mat *m, uint64_t rows, uint64_t cols, uint64_t ld,
                           tpf_dtype dt) {
-  memset(m, 0, sizeof *m);
-  m->bytes = (size_t)(rows * ld * tpf_dtype_size(dt));
-  void *h = calloc(1, m->bytes ? m->bytes : 1);
-  void *d = cx->run->env->mem_alloc(cx->run->env, cx->rank, m->bytes ? m->bytes : 1);
-  if (!h || !d) {
-    free(h);
-    if (d) cx->run->env->mem_free(cx->run->env, cx->rank, d);
-    return tpf_set_error(TPF_ENOMEM, "conformance: operand of %zu bytes", m->bytes);
-  }
-  tpf_matrix t = {NULL, rows, cols, ld, dt};
-  m->host = t;
-  m->host.ptr = h;
-  m->dev = t;
-  m->dev.ptr = d;
-  return TPF_OK;
+  return tpf_stage_new(cx->run->env, cx->rank, m, rows, cols, ld, dt);
 }
 
-static void mat_free(conf_ctx *cx, conf_mat *m) {
-  if (m->dev.ptr) cx->run->env->mem_free(cx->run->env, cx->rank, m->dev.ptr);
-  free(m->host.ptr);
-  memset(m, 0, sizeof *m);
+static void mat_free(conf_ctx *cx, tpf_stage_mat *m) {
+  tpf_stage_free(cx->run->env, cx->rank, m);
 }
 
-static tpf_status mat_upload(conf_ctx *cx, conf_mat *m) {
-  return cx->run->env->upload(cx->run->env, cx->rank, m->dev.ptr, m->host.ptr, m->bytes);
+static tpf_status mat_upload(conf_ctx *cx, tpf_stage_mat *m) {
+  return tpf_stage_upload(cx->run->env, cx->rank, m, m->host.rows);
 }
 
-static tpf_status mat_download(conf_ctx *cx, conf_mat *m) {
-  return cx->run->env->download(cx->run->env, cx->rank, m->host.ptr, m->dev.ptr, m->bytes);
-}
-
-/* A host-only matrix. */
-static tpf_status host_new(tpf_matrix *m, uint64_t rows, uint64_t cols, tpf_dtype dt) {
-  tpf_matrix t = {calloc(1, (size_t)(rows * cols * tpf_dtype_size(dt)) + 1), rows, cols, cols, dt};
-  *m = t;
-  return t.ptr ? TPF_OK : tpf_set_error(TPF_ENOMEM, "conformance: host matrix");
-}
-
-/* Rows [r0, r0 + n) of m as a view. */
-static tpf_matrix rows_of(const tpf_matrix *m, uint64_t r0, uint64_t n) {
-  tpf_matrix v = *m;
-  v.ptr = (unsigned char *)m->ptr + r0 * m->ld * tpf_dtype_size(m->dtype);
-  v.rows = n;
-  return v;
+static tpf_status mat_download(conf_ctx *cx, tpf_stage_mat *m) {
+  return tpf_stage_download(cx->run->env, cx->rank, m, m->host.rows);
 }
 
 /* A signature of a case's results, for history-versus-fresh comparisons. */
@@ -231,10 +196,7 @@ enum { ROLE_X = 1, ROLE_W, ROLE_A, ROLE_B, ROLE_PART };
 /* ---- the cases ---- */
 
 static tpf_status get_buffer(conf_ctx *cx, tpf_comm *c, tpf_matrix *host) {
-  tpf_matrix full;
-  TPF_CHECK(tpf_comm_buffer(c, &full));
-  TPF_CHECK(host_new(host, full.rows, full.cols, full.dtype));
-  return tpf_conf_get_buffer(cx->run->env, cx->rank, c, host->ptr, &full);
+  return tpf_stage_get_buffer(cx->run->env, cx->rank, c, host);
 }
 
 static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uint64_t T,
@@ -242,24 +204,24 @@ static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   conf_run *run = cx->run;
   const uint64_t H = run->H, N = run->N;
   tpf_matrix x = {0}, dref = {0}, bufh = {0};
-  conf_mat w, d;
+  tpf_stage_mat w, d;
   memset(&w, 0, sizeof w);
   memset(&d, 0, sizeof d);
   tpf_status rc;
-  TPF_CHECK_GOTO(host_new(&x, T, H, dt), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, H, dt), rc, out);
   tpf_ref_fill(&x, seed_of(cx, kind, dt, T, ROLE_X, 0), -1.0f, 1.0f);
   TPF_CHECK_GOTO(mat_new(cx, &w, N, H, pad_ld(H, T, run->P), dt), rc, out);
   tpf_ref_fill(&w.host, seed_of(cx, kind, dt, T, ROLE_W, cx->rank), -1.0f, 1.0f);
   TPF_CHECK_GOTO(mat_upload(cx, &w), rc, out);
   tpf_dtype od = out_dtype(dt, T, run->P);
   TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, run->P), od), rc, out);
-  TPF_CHECK_GOTO(tpf_conf_put_local(cx->run->env, cx->rank, c, &x), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_put_local(cx->run->env, cx->rank, c, &x), rc, out);
 
   TPF_CHECK_GOTO(tpf_ag_gemm(c, &w.dev, &d.dev, cx->stream), rc, out);
   TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
 
   TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
-  TPF_CHECK_GOTO(host_new(&dref, T, N, od), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&dref, T, N, od), rc, out);
   TPF_CHECK_GOTO(tpf_ref_gemm(&x, &w.host, &dref), rc, out);
   check_close(v, "D = AG(X) W^T", &d.host, &dref, NULL, dt);
   TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
@@ -282,31 +244,26 @@ static tpf_status expected_rs(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, 
   conf_run *run = cx->run;
   const uint64_t H = run->H, K = run->K, R = T / (uint64_t)run->P;
   tpf_matrix xq = {0}, wq = {0};
-  float *part = malloc((size_t)(R * H) * sizeof(float));
   float *acc = calloc((size_t)(R * H), sizeof(float));
   tpf_status rc = TPF_OK;
-  if (!part || !acc) {
+  if (!acc) {
     rc = tpf_set_error(TPF_ENOMEM, "conformance: RS reference");
     goto out;
   }
-  TPF_CHECK_GOTO(host_new(&xq, T, K, dt), rc, out);
-  TPF_CHECK_GOTO(host_new(&wq, H, K, dt), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&xq, T, K, dt), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&wq, H, K, dt), rc, out);
   for (int q = 0; q < run->P; q++) {
     tpf_ref_fill(&xq, seed_of(cx, kind, dt, T, ROLE_X, q), -1.0f, 1.0f);
     tpf_ref_fill(&wq, seed_of(cx, kind, dt, T, ROLE_W, q), -1.0f, 1.0f);
-    tpf_matrix mine = rows_of(&xq, (uint64_t)cx->rank * R, R);
-    TPF_CHECK_GOTO(tpf_ref_gemm_f32(&mine, &wq, part), rc, out);
-    /* The partial lives in the buffer dtype before it is summed (SPEC §2: slots of the buffer). */
-    for (uint64_t i = 0; i < R * H; i++) {
-      acc[i] += tpf_ref_round(dt, part[i]);
-      slack[i] += (float)tpf_ref_ulp(dt, part[i]);
+    tpf_matrix mine = tpf_stage_rows(&xq, (uint64_t)cx->rank * R, R);
+    rc = tpf_ref_rs_add_partial(&mine, &wq, dt, acc, slack);
+    if (rc != TPF_OK) {
+      rc = tpf_set_error(rc, "conformance: RS reference partial of rank %d", q);
+      goto out;
     }
   }
-  for (uint64_t i = 0; i < R; i++)
-    for (uint64_t j = 0; j < H; j++)
-      tpf_ref_set(out, i, j, acc[i * H + j]);
+  tpf_ref_set_f32(out, acc);
 out:
-  free(part);
   free(acc);
   free(xq.ptr);
   free(wq.ptr);
@@ -317,7 +274,7 @@ static tpf_status case_rs(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
                           conf_verdict *v, conf_sig *sig) {
   conf_run *run = cx->run;
   const uint64_t H = run->H, K = run->K, R = T / (uint64_t)run->P;
-  conf_mat x, w, o;
+  tpf_stage_mat x, w, o;
   memset(&x, 0, sizeof x);
   memset(&w, 0, sizeof w);
   memset(&o, 0, sizeof o);
@@ -337,7 +294,7 @@ static tpf_status case_rs(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
   TPF_CHECK_GOTO(mat_download(cx, &o), rc, out);
 
-  TPF_CHECK_GOTO(host_new(&oref, R, H, od), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&oref, R, H, od), rc, out);
   slack = calloc((size_t)(R * H), sizeof *slack);
   if (!slack) {
     rc = tpf_set_error(TPF_ENOMEM, "conformance: RS slack");
@@ -361,7 +318,7 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   const uint64_t H = run->H, K = run->K, N = run->N, R = T / (uint64_t)run->P;
   const int P = run->P;
   tpf_matrix x = {0}, dref = {0}, bufh = {0}, want = {0}, part = {0};
-  conf_mat a, b, d;
+  tpf_stage_mat a, b, d;
   memset(&a, 0, sizeof a);
   memset(&b, 0, sizeof b);
   memset(&d, 0, sizeof d);
@@ -377,25 +334,21 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, P), od), rc, out);
 
   if (!rs) {
-    TPF_CHECK_GOTO(host_new(&x, T, H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, H, dt), rc, out);
     tpf_ref_fill(&x, seed_of(cx, kind, dt, T, ROLE_X, 0), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(tpf_conf_put_local(cx->run->env, cx->rank, c, &x), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_put_local(cx->run->env, cx->rank, c, &x), rc, out);
   } else {
     /* Every rank's [T, H] partial fills its whole active buffer. */
-    tpf_matrix full;
-    TPF_CHECK_GOTO(tpf_comm_buffer(c, &full), rc, out);
-    TPF_CHECK_GOTO(host_new(&part, T, H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&part, T, H, dt), rc, out);
     tpf_ref_fill(&part, seed_of(cx, kind, dt, T, ROLE_PART, cx->rank), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(run->env->upload(run->env, cx->rank, full.ptr, part.ptr,
-                                    (size_t)(T * H * tpf_dtype_size(dt))),
-                   rc, out);
+    TPF_CHECK_GOTO(tpf_stage_put_buffer(run->env, cx->rank, c, &part), rc, out);
   }
 
   TPF_CHECK_GOTO(tpf_bulk_overlap(c, &a.dev, &b.dev, &d.dev, cx->stream), rc, out);
   TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
 
   TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
-  TPF_CHECK_GOTO(host_new(&dref, T, N, od), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&dref, T, N, od), rc, out);
   TPF_CHECK_GOTO(tpf_ref_gemm(&a.host, &b.host, &dref), rc, out);
   check_close(v, "independent D = A B^T", &d.host, &dref, NULL, dt);
   sig_add(sig, &d.host);
@@ -406,7 +359,7 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     sig_add(sig, &bufh);
   } else {
     /* Chunk r = sum over ranks of rows [r*R, (r+1)*R) of their partials, in the buffer dtype. */
-    TPF_CHECK_GOTO(host_new(&want, R, H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&want, R, H, dt), rc, out);
     float *acc = calloc((size_t)(R * H), sizeof(float));
     if (!acc) {
       rc = tpf_set_error(TPF_ENOMEM, "conformance: bulk RS reference");
@@ -414,15 +367,11 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     }
     for (int q = 0; q < P; q++) {
       tpf_ref_fill(&part, seed_of(cx, kind, dt, T, ROLE_PART, q), -1.0f, 1.0f);
-      for (uint64_t i = 0; i < R; i++)
-        for (uint64_t j = 0; j < H; j++)
-          acc[i * H + j] += tpf_ref_get(&part, (uint64_t)cx->rank * R + i, j);
+      tpf_ref_add_rows(&part, (uint64_t)cx->rank * R, R, acc);
     }
-    for (uint64_t i = 0; i < R; i++)
-      for (uint64_t j = 0; j < H; j++)
-        tpf_ref_set(&want, i, j, acc[i * H + j]);
+    tpf_ref_set_f32(&want, acc);
     free(acc);
-    tpf_matrix mine = rows_of(&bufh, (uint64_t)cx->rank * R, R);
+    tpf_matrix mine = tpf_stage_rows(&bufh, (uint64_t)cx->rank * R, R);
     check_close(v, "bulk reduce-scattered chunk", &mine, &want, NULL, dt);
     sig_add(sig, &mine);
   }
@@ -521,11 +470,12 @@ static const conf_opt kOpts[] = {
 /* A [rows, cols] matrix stored as given or transposed ([cols, rows]) in backend memory, filled
  * from `seed`; logical gets the [rows, cols] host copy the reference multiplies. */
 static tpf_status opt_operand(conf_ctx *cx, bool trans, uint64_t rows, uint64_t cols, tpf_dtype dt,
-                              uint64_t seed, uint64_t pad, conf_mat *stored, tpf_matrix *logical) {
+                              uint64_t seed, uint64_t pad, tpf_stage_mat *stored,
+                              tpf_matrix *logical) {
   const uint64_t sr = trans ? cols : rows, sc = trans ? rows : cols;
   TPF_CHECK(mat_new(cx, stored, sr, sc, sc + pad, dt));
   tpf_ref_fill(&stored->host, seed, -1.0f, 1.0f);
-  TPF_CHECK(host_new(logical, rows, cols, dt));
+  TPF_CHECK(tpf_stage_host_new(logical, rows, cols, dt));
   if (trans) {
     TPF_CHECK(tpf_ref_transpose(&stored->host, logical));
   } else {
@@ -539,7 +489,7 @@ static tpf_status opt_operand(conf_ctx *cx, bool trans, uint64_t rows, uint64_t 
 /* The logical [n, k] form of a weight whose op(w) = w^T (stored [n, k]) or w (stored [k, n]):
  * what tpf_ref_gemm_f32 multiplies as x * w^T. */
 static tpf_status opt_weight(conf_ctx *cx, bool trans, uint64_t n, uint64_t k, tpf_dtype dt,
-                             uint64_t seed, conf_mat *stored, tpf_matrix *nk) {
+                             uint64_t seed, tpf_stage_mat *stored, tpf_matrix *nk) {
   /* trans_w: stored [k, n], and the [n, k] form is its transpose. */
   return opt_operand(cx, trans, n, k, dt, seed, 0, stored, nk);
 }
@@ -561,7 +511,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   const uint64_t seed_base =
       mix(seed_of(cx, kind, dt, T, 77, 0), (uint64_t)(o - kOpts) * 131u + (uint64_t)splits);
   tpf_matrix x = {0}, al = {0}, wl = {0}, want = {0}, oldh = {0}, bufh = {0}, biash = {0};
-  conf_mat a, w, d, bias;
+  tpf_stage_mat a, w, d, bias;
   memset(&a, 0, sizeof a);
   memset(&w, 0, sizeof w);
   memset(&d, 0, sizeof d);
@@ -571,9 +521,9 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   const tpf_dtype od = out_dtype(dt, T, P);
 
   if (ag) {
-    TPF_CHECK_GOTO(host_new(&x, T, run->H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, dt), rc, out);
     tpf_ref_fill(&x, mix(seed_base, 1), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(tpf_conf_put_local(run->env, cx->rank, c, &x), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_put_local(run->env, cx->rank, c, &x), rc, out);
   } else {
     TPF_CHECK_GOTO(opt_operand(cx, trans_a, M, Kd, dt, mix(seed_base, 2 + (uint64_t)cx->rank),
                                pad_ld(trans_a ? M : Kd, T, P), &a, &al),
@@ -586,7 +536,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   if (o->beta != 0.0f) { /* D holds what the operation accumulates into */
     tpf_ref_fill(&d.host, mix(seed_base, 200 + (uint64_t)cx->rank), -1.0f, 1.0f);
     TPF_CHECK_GOTO(mat_upload(cx, &d), rc, out);
-    TPF_CHECK_GOTO(host_new(&oldh, Mo, Nd, od), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&oldh, Mo, Nd, od), rc, out);
     for (uint64_t i = 0; i < Mo; i++)
       for (uint64_t j = 0; j < Nd; j++)
         tpf_ref_set(&oldh, i, j, tpf_ref_get(&d.host, i, j));
@@ -597,9 +547,9 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     TPF_CHECK_GOTO(mat_upload(cx, &bias), rc, out);
   }
   if (bulk && k->coll == TPF_COLL_AG) {
-    TPF_CHECK_GOTO(host_new(&x, T, run->H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, dt), rc, out);
     tpf_ref_fill(&x, mix(seed_base, 1), -1.0f, 1.0f);
-    TPF_CHECK_GOTO(tpf_conf_put_local(run->env, cx->rank, c, &x), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_put_local(run->env, cx->rank, c, &x), rc, out);
   }
 
   tpf_op_options opt = TPF_OP_OPTIONS_INIT;
@@ -649,7 +599,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
       goto out;
     }
     for (int q = 0; q < P; q++) {
-      conf_mat aq, wq;
+      tpf_stage_mat aq, wq;
       tpf_matrix alq = {0}, wlq = {0};
       memset(&aq, 0, sizeof aq);
       memset(&wq, 0, sizeof wq);
@@ -659,7 +609,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
       if (rc == TPF_OK)
         rc = opt_weight(cx, o->trans_w, Nd, Kd, dt, mix(seed_base, 100 + (uint64_t)q), &wq, &wlq);
       if (rc == TPF_OK) {
-        tpf_matrix mine = rows_of(&alq, (uint64_t)cx->rank * R, R);
+        tpf_matrix mine = tpf_stage_rows(&alq, (uint64_t)cx->rank * R, R);
         rc = tpf_ref_gemm_f32(&mine, &wlq, prod);
       }
       for (uint64_t i = 0; rc == TPF_OK && i < Mo * Nd; i++) {
@@ -674,7 +624,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     }
     memcpy(prod, acc, (size_t)(Mo * Nd) * sizeof(float));
   }
-  TPF_CHECK_GOTO(host_new(&want, Mo, Nd, od), rc, out);
+  TPF_CHECK_GOTO(tpf_stage_host_new(&want, Mo, Nd, od), rc, out);
   TPF_CHECK_GOTO(tpf_ref_epilogue(prod, o->alpha, o->beta, o->beta != 0.0f ? &oldh : NULL,
                                   o->bias ? bias.host.ptr : NULL, o->gelu, &want),
                  rc, out);

@@ -1,5 +1,5 @@
-/* The conformance sweep on the CUDA backend (environment in cuda_env.c). Exit status 77 (CTest
- * SKIP_RETURN_CODE) with "skipped: no GPU" when no CUDA device is usable.
+/* The conformance sweep on the CUDA backend (environment in harness/cuda_env.c). Exit status 77
+ * (CTest SKIP_RETURN_CODE) with "skipped: no GPU" when no CUDA device is usable.
  *
  *   conformance_cuda [body options]           ranks as threads of this process on one GPU
  *   conformance_cuda --procs [body options]   each rank in its own process (CUDA IPC), as training
@@ -23,6 +23,7 @@
  */
 #define _DEFAULT_SOURCE
 #define _POSIX_C_SOURCE 200809L
+#include "conformance.h"
 #include "cuda_env.h"
 #include "internal.h" /* TPF_CHECK */
 #include "launcher.h"

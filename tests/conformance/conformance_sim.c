@@ -1,12 +1,12 @@
-/* The conformance sweep on the simulator backend: fills a tpf_conf_env with host memory and one
- * simulator world per run, then hands over to the shared body (conformance_body.c).
+/* The conformance sweep on the simulator backend: fills a tpf_conf_env with host memory
+ * (tpf_conf_host_env) and one simulator world per run, then hands over to the shared body
+ * (conformance_body.c).
  *
  * Options of its own, removed before the body sees argv: --delay-us N (random delay before each
  * step, default 20: interleavings differ from run to run), --sim-seed N (seed of those delays,
  * default: from the clock, printed), --timeout-ms N (bound of every wait, default 20000). */
 #define _POSIX_C_SOURCE 200809L
 #include "conformance.h"
-#include "internal.h" /* tpf__be_sync */
 #include "tpflex/tpflex_sim.h"
 
 #include <stdio.h>
@@ -40,33 +40,6 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
   return st2;
 }
 
-static void *sim_alloc(tpf_conf_env *env, int rank, size_t bytes) {
-  (void)env;
-  (void)rank;
-  return malloc(bytes);
-}
-static void sim_free(tpf_conf_env *env, int rank, void *p) {
-  (void)env;
-  (void)rank;
-  free(p);
-}
-static tpf_status sim_copy(tpf_conf_env *env, int rank, void *dst, const void *src, size_t n) {
-  (void)env;
-  (void)rank;
-  memcpy(dst, src, n);
-  return TPF_OK;
-}
-static void *sim_stream(tpf_conf_env *env, int rank) {
-  (void)env;
-  (void)rank;
-  return NULL;
-}
-static tpf_status sim_sync(tpf_conf_env *env, int rank, tpf_backend *be) {
-  (void)env;
-  (void)rank;
-  return tpf__be_sync(be, NULL); /* the core's (internal) path into the backend */
-}
-
 int main(int argc, char **argv) {
   sim_env_ctx ctx = {20, 20000, (uint64_t)time(NULL), 0};
   char **rest = calloc((size_t)argc + 1, sizeof *rest);
@@ -85,18 +58,12 @@ int main(int argc, char **argv) {
   }
   printf("simulator: delays 0..%u us before each step, delay seed %llu, timeout %u ms\n",
          ctx.delay_us, (unsigned long long)ctx.seed, ctx.timeout_ms);
-  tpf_conf_env env = {
-      .name = "sim",
-      .max_ranks = 8,
-      .run = sim_run,
-      .mem_alloc = sim_alloc,
-      .mem_free = sim_free,
-      .upload = sim_copy,
-      .download = sim_copy,
-      .stream = sim_stream,
-      .sync = sim_sync,
-      .ctx = &ctx,
-  };
+  tpf_conf_env env;
+  tpf_conf_host_env(&env); /* operands in host memory, where the simulator computes */
+  env.name = "sim";
+  env.max_ranks = 8;
+  env.run = sim_run;
+  env.ctx = &ctx;
   int rc = tpf_conformance_main(&env, nrest, rest);
   free(rest);
   return rc;

@@ -1,4 +1,5 @@
-/* The independent host reference: conversions, GEMM, SPEC §7 comparison, seeded fill.
+/* The independent host reference: conversions, GEMM, reduce-scatter sums, SPEC §7 comparison,
+ * seeded fill.
  *
  * Method: conversions are bit manipulations written from the IEEE formats (bf16 is the top half
  * of an fp32; fp16 has 5 exponent bits, bias 15) with round-to-nearest-even; fp16 subnormals are
@@ -192,6 +193,33 @@ tpf_status tpf_ref_gemm(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d)
 tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out) {
   if (!out) return TPF_EINVAL;
   return ref_gemm_impl(x, w, NULL, out);
+}
+
+tpf_status tpf_ref_rs_add_partial(const tpf_matrix *x_rows, const tpf_matrix *w, tpf_dtype buf,
+                                  float *acc, float *slack) {
+  if (!x_rows || !w || !acc || !slack) return TPF_EINVAL;
+  const uint64_t n = x_rows->rows * w->rows;
+  float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
+  if (!p) return TPF_ENOMEM;
+  tpf_status st = tpf_ref_gemm_f32(x_rows, w, p);
+  for (uint64_t i = 0; st == TPF_OK && i < n; i++) {
+    acc[i] += tpf_ref_round(buf, p[i]);
+    slack[i] += (float)tpf_ref_ulp(buf, p[i]);
+  }
+  free(p);
+  return st;
+}
+
+void tpf_ref_add_rows(const tpf_matrix *part, uint64_t r0, uint64_t rows, float *acc) {
+  for (uint64_t i = 0; i < rows; i++)
+    for (uint64_t j = 0; j < part->cols; j++)
+      acc[i * part->cols + j] += tpf_ref_get(part, r0 + i, j);
+}
+
+void tpf_ref_set_f32(tpf_matrix *out, const float *v) {
+  for (uint64_t i = 0; i < out->rows; i++)
+    for (uint64_t j = 0; j < out->cols; j++)
+      tpf_ref_set(out, i, j, v[i * out->cols + j]);
 }
 
 tpf_status tpf_ref_transpose(const tpf_matrix *src, tpf_matrix *dst) {

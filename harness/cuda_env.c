@@ -1,5 +1,5 @@
-/* The conformance environment of the CUDA backend, shared by conformance_cuda and `tpflex demo
- * --backend cuda`: P ranks as threads of this process on one GPU (device 0, or
+/* The rank environment of the CUDA backend (rank_env.h), shared by conformance_cuda and `tpflex
+ * demo --backend cuda`: P ranks as threads of this process on one GPU (device 0, or
  * TPF_CUDA_TEST_DEVICE), bootstrapped in-process; operands in device memory; one non-blocking
  * stream per rank. In process mode (conformance_cuda --procs) this process only holds the state
  * and each rank's process sets up its own device and stream (tpf_cuda_conf_env_enter_rank).

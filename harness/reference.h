@@ -4,8 +4,8 @@
  * library: its own bf16/fp16 conversions (round-to-nearest-even), its own GEMM (fp32 accumulation
  * in k order, rounded once to the output dtype) and the TE-style comparison of SPEC §7 (the
  * max-abs-diff element decides). The library's tpf_elem_to_float/tpf_float_to_elem are
- * deliberately not used, so a bug in them cannot cancel out. Compiled into the test support
- * library and into the tpflex CLI (the demo verifies with it).
+ * deliberately not used, so a bug in them cannot cancel out. Part of the harness library
+ * (harness/, tpf_harness), which the tests and the tpflex CLI (demo, bench, calibrate) link.
  */
 #ifndef TPF_REFERENCE_H
 #define TPF_REFERENCE_H
@@ -63,6 +63,22 @@ float tpf_ref_gelu(float x);
  * be NULL. out and old may be the same matrix. */
 tpf_status tpf_ref_epilogue(const float *v, float alpha, float beta, const tpf_matrix *old,
                             const void *bias, bool gelu, tpf_matrix *out);
+
+/* ---- reduce-scatter references ---- */
+/* Adds one rank's partial of GEMM+RS to the expected rows of the calling rank's chunk:
+ * acc[i * n + j] += p(i, j) rounded to the buffer dtype buf (a partial lives in the buffer's slots
+ * before it is summed, SPEC §2) and slack[i * n + j] += one ulp of p(i, j) (tpf_ref_ulp; for
+ * tpf_ref_compare_slack), where p = x_rows * w^T in fp32 (tpf_ref_gemm_f32): x_rows [R, k] are the
+ * chunk's rows of that rank's x, w [n, k] that rank's weight. TPF_EINVAL as tpf_ref_gemm_f32,
+ * TPF_ENOMEM. */
+tpf_status tpf_ref_rs_add_partial(const tpf_matrix *x_rows, const tpf_matrix *w, tpf_dtype buf,
+                                  float *acc, float *slack);
+/* Adds rows [r0, r0 + rows) of part to acc[rows * part->cols] (row-major, ld part->cols), in fp32
+ * and without rounding: one rank's contribution to a bulk reduce-scatter chunk, whose partials
+ * are already stored in the buffer dtype. */
+void tpf_ref_add_rows(const tpf_matrix *part, uint64_t r0, uint64_t rows, float *acc);
+/* out(i, j) = v[i * out->cols + j], rounded once to out's dtype. */
+void tpf_ref_set_f32(tpf_matrix *out, const float *v);
 
 /* ---- SPEC §7 comparison ---- */
 typedef struct {

@@ -1,9 +1,10 @@
-/* The CUDA conformance environment (cuda_env.c): P ranks as threads on one GPU, or (process mode,
- * conformance_cuda --procs) the per-rank half of it inside each rank's own process. */
+/* The CUDA rank environment (cuda_env.c; rank_env.h): P ranks as threads on one GPU, or (process
+ * mode, conformance_cuda --procs) the per-rank half of it inside each rank's own process. Part of
+ * the harness library, compiled only with the CUDA backend. */
 #ifndef TPF_CUDA_ENV_H
 #define TPF_CUDA_ENV_H
 
-#include "conformance.h"
+#include "rank_env.h"
 
 /* Fills env for ranks as threads on GPU TPF_CUDA_TEST_DEVICE (default 0). TPF_EUNSUPPORTED when
  * no GPU is usable, TPF_ENOMEM. Free with tpf_cuda_conf_env_free. */
