@@ -90,6 +90,16 @@ static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
   return (tpf_cuda_backend *)be;
 }
 
+/* ---- cuda_reg.c: registrations and peer mapping ---- */
+/* The ops table's reg_create and reg_destroy (collective over the bootstrap). */
+tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                                void **local);
+tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *reg);
+
+/* ---- cuda_exec.c: step mapping and the enqueuers ---- */
+/* The ops table's execute. */
+tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
+
 /* ---- cuda_status.c: the device status area, deferred errors, sync, abort ---- */
 /* Allocates the status area (mapped pinned memory) and its claim word; freed by status_free
  * (which accepts a partly initialised backend). */
