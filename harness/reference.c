@@ -136,6 +136,11 @@ uint64_t tpf_ref_rand_u64(uint64_t *state) {
   return z ^ (z >> 31);
 }
 
+uint64_t tpf_ref_mix(uint64_t h, uint64_t v) {
+  uint64_t s = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
+  return tpf_ref_rand_u64(&s);
+}
+
 float tpf_ref_rand_uniform(uint64_t *state, float lo, float hi) {
   /* 24 random bits: every value is an exact fp32 in [0, 1). */
   float u = (float)(tpf_ref_rand_u64(state) >> 40) * (1.0f / 16777216.0f);

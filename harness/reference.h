@@ -38,6 +38,9 @@ void tpf_ref_set(tpf_matrix *m, uint64_t i, uint64_t j, float v);
 
 /* splitmix64: a tiny seeded generator, the same on every platform. */
 uint64_t tpf_ref_rand_u64(uint64_t *state);
+/* A seed derived from h and v (a hash combine, then splitmix64): chains of it name one input of
+ * a sweep, so every rank can regenerate every other rank's operands. */
+uint64_t tpf_ref_mix(uint64_t h, uint64_t v);
 /* Uniform in [lo, hi). */
 float tpf_ref_rand_uniform(uint64_t *state, float lo, float hi);
 /* Fills m (rows x cols, respecting ld) with uniform values in [lo, hi) rounded to m's dtype, from

@@ -86,21 +86,16 @@ typedef struct {
 
 /* ---- small helpers ---- */
 
-static uint64_t mix(uint64_t h, uint64_t v) {
-  uint64_t s = h ^ (v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2));
-  return tpf_ref_rand_u64(&s);
-}
-
 /* The seed of one input: the same on every rank and in every history. */
 static uint64_t seed_of(const conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, int role,
                         int owner) {
   uint64_t h = cx->run->seed;
-  h = mix(h, (uint64_t)cx->run->P);
-  h = mix(h, (uint64_t)kind);
-  h = mix(h, (uint64_t)dt);
-  h = mix(h, T);
-  h = mix(h, (uint64_t)role);
-  return mix(h, (uint64_t)owner);
+  h = tpf_ref_mix(h, (uint64_t)cx->run->P);
+  h = tpf_ref_mix(h, (uint64_t)kind);
+  h = tpf_ref_mix(h, (uint64_t)dt);
+  h = tpf_ref_mix(h, T);
+  h = tpf_ref_mix(h, (uint64_t)role);
+  return tpf_ref_mix(h, (uint64_t)owner);
 }
 
 static double now_s(void) {
@@ -509,7 +504,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   const uint64_t M = T, Kd = ag ? run->H : run->K, Nd = (ag || bulk) ? run->N : run->H;
   const uint64_t Mo = (!ag && !bulk) ? R : T;
   const uint64_t seed_base =
-      mix(seed_of(cx, kind, dt, T, 77, 0), (uint64_t)(o - kOpts) * 131u + (uint64_t)splits);
+      tpf_ref_mix(seed_of(cx, kind, dt, T, 77, 0), (uint64_t)(o - kOpts) * 131u + (uint64_t)splits);
   tpf_matrix x = {0}, al = {0}, wl = {0}, want = {0}, oldh = {0}, bufh = {0}, biash = {0};
   tpf_stage_mat a, w, d, bias;
   memset(&a, 0, sizeof a);
@@ -522,19 +517,20 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
 
   if (ag) {
     TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, dt), rc, out);
-    tpf_ref_fill(&x, mix(seed_base, 1), -1.0f, 1.0f);
+    tpf_ref_fill(&x, tpf_ref_mix(seed_base, 1), -1.0f, 1.0f);
     TPF_CHECK_GOTO(tpf_stage_put_local(run->env, cx->rank, c, &x), rc, out);
   } else {
-    TPF_CHECK_GOTO(opt_operand(cx, trans_a, M, Kd, dt, mix(seed_base, 2 + (uint64_t)cx->rank),
+    TPF_CHECK_GOTO(opt_operand(cx, trans_a, M, Kd, dt,
+                               tpf_ref_mix(seed_base, 2 + (uint64_t)cx->rank),
                                pad_ld(trans_a ? M : Kd, T, P), &a, &al),
                    rc, out);
   }
-  TPF_CHECK_GOTO(
-      opt_weight(cx, o->trans_w, Nd, Kd, dt, mix(seed_base, 100 + (uint64_t)cx->rank), &w, &wl), rc,
-      out);
+  TPF_CHECK_GOTO(opt_weight(cx, o->trans_w, Nd, Kd, dt,
+                            tpf_ref_mix(seed_base, 100 + (uint64_t)cx->rank), &w, &wl),
+                 rc, out);
   TPF_CHECK_GOTO(mat_new(cx, &d, Mo, Nd, pad_ld(Nd, T, P), od), rc, out);
   if (o->beta != 0.0f) { /* D holds what the operation accumulates into */
-    tpf_ref_fill(&d.host, mix(seed_base, 200 + (uint64_t)cx->rank), -1.0f, 1.0f);
+    tpf_ref_fill(&d.host, tpf_ref_mix(seed_base, 200 + (uint64_t)cx->rank), -1.0f, 1.0f);
     TPF_CHECK_GOTO(mat_upload(cx, &d), rc, out);
     TPF_CHECK_GOTO(tpf_stage_host_new(&oldh, Mo, Nd, od), rc, out);
     for (uint64_t i = 0; i < Mo; i++)
@@ -543,12 +539,12 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   }
   if (o->bias) {
     TPF_CHECK_GOTO(mat_new(cx, &bias, 1, Nd, Nd, od), rc, out);
-    tpf_ref_fill(&bias.host, mix(seed_base, 300), -1.0f, 1.0f); /* the same on every rank */
+    tpf_ref_fill(&bias.host, tpf_ref_mix(seed_base, 300), -1.0f, 1.0f); /* the same on every rank */
     TPF_CHECK_GOTO(mat_upload(cx, &bias), rc, out);
   }
   if (bulk && k->coll == TPF_COLL_AG) {
     TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, dt), rc, out);
-    tpf_ref_fill(&x, mix(seed_base, 1), -1.0f, 1.0f);
+    tpf_ref_fill(&x, tpf_ref_mix(seed_base, 1), -1.0f, 1.0f);
     TPF_CHECK_GOTO(tpf_stage_put_local(run->env, cx->rank, c, &x), rc, out);
   }
 
@@ -604,10 +600,11 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
       memset(&aq, 0, sizeof aq);
       memset(&wq, 0, sizeof wq);
       /* Rank q's operands, regenerated from its seeds (host only: the uploads are unused). */
-      rc = opt_operand(cx, trans_a, M, Kd, dt, mix(seed_base, 2 + (uint64_t)q),
+      rc = opt_operand(cx, trans_a, M, Kd, dt, tpf_ref_mix(seed_base, 2 + (uint64_t)q),
                        pad_ld(trans_a ? M : Kd, T, P), &aq, &alq);
       if (rc == TPF_OK)
-        rc = opt_weight(cx, o->trans_w, Nd, Kd, dt, mix(seed_base, 100 + (uint64_t)q), &wq, &wlq);
+        rc = opt_weight(cx, o->trans_w, Nd, Kd, dt, tpf_ref_mix(seed_base, 100 + (uint64_t)q), &wq,
+                        &wlq);
       if (rc == TPF_OK) {
         tpf_matrix mine = tpf_stage_rows(&alq, (uint64_t)cx->rank * R, R);
         rc = tpf_ref_gemm_f32(&mine, &wlq, prod);
