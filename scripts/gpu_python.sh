@@ -56,7 +56,8 @@ if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1
   note "SKIP: $PY has no torch with CUDA and a visible GPU (env.txt); nothing run"
   exit 77
 fi
-if ! nm -D "$LIB" 2>/dev/null | grep -q ' T tpf_cuda_backend_create'; then
+# (grep -c, not -q: under pipefail, grep -q closing the pipe early fails nm with SIGPIPE)
+if [ "$(nm -D "$LIB" 2>/dev/null | grep -c ' T tpf_cuda_backend_create')" = 0 ]; then
   note "FAILED: $LIB has no CUDA backend (configure with -DTPF_WITH_CUDA=ON)"
   exit 1
 fi
