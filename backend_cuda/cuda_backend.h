@@ -1,7 +1,8 @@
 /* The CUDA backend's shared state: what its rooms (cuda_backend.c lists them and who calls whom)
  * know of one another. The backend object and the registration are plain structs here, so that
  * each room reads the fields it needs; the functions below are the only calls between rooms.
- * C only (C11 atomics): the device code (cuda_kernels.cu) sees cuda_internal.h, not this. */
+ * C only (C11 atomics): the device code (cuda_kernels.cu) sees cuda_internal.h, not this. Files
+ * that include it define _POSIX_C_SOURCE 200809L first (clock_gettime). */
 #ifndef TPF_CUDA_BACKEND_H
 #define TPF_CUDA_BACKEND_H
 
@@ -31,7 +32,7 @@ typedef struct {
   cudaEvent_t ev;        /* recorded before word was stored (release) */
 } tpf_cuda_slot;
 
-/* The host table of an in-process group (see Method). */
+/* The host table of an in-process group (cuda_transport_events.c). */
 typedef struct {
   int nranks;
   tpf_cuda_slot *ready;   /* [rank][2]: by sequence parity */
@@ -49,18 +50,26 @@ typedef struct {
   uint64_t sync; /* rank 0's tpf_cuda_sync * when the whole group is in this process */
 } tpf_cuda_reg_info;
 
+typedef struct tpf_cuda_transport tpf_cuda_transport;
+
 struct tpf_reg {
   char name[64];
   uint64_t data_bytes, alloc_bytes, flags_off, ready_off;
   char *base;                     /* my allocation */
   char *peer_base[TPF_MAX_RANKS]; /* each rank's allocation, mapped in my context */
   bool peer_ipc[TPF_MAX_RANKS];   /* imported through CUDA IPC (closed at destroy) */
-  tpf_cuda_sync *sync;            /* in-process group: host-ordered events; else NULL */
-  tpf_cuda_hostsync *hostsync;    /* processes of one node: host agreement; else NULL */
-  bool sync_owner;                /* this rank allocated sync (rank 0) */
-  cudaEvent_t ready_ev[2];        /* this rank's operation-start events, by parity */
-  atomic_int aborted;             /* tpf_comm_abort: host waits on this registration give up */
-  tpf_status deferred;            /* first device-side failure attributed to it (rank thread) */
+  bool remote;                    /* some rank of the group lives in another process */
+  /* The transport to each peer (NULL for this rank), and the one the group's collective steps
+   * (HANDSHAKE, BARRIER) use: every peer's today (tpf_cuda__transport_select). NULL when P = 1. */
+  const tpf_cuda_transport *peer_tp[TPF_MAX_RANKS];
+  const tpf_cuda_transport *tp;
+  /* Transport state. */
+  tpf_cuda_sync *sync;         /* events: the group's host table (rank 0's); else NULL */
+  bool sync_owner;             /* events: this rank allocated sync (rank 0) */
+  tpf_cuda_hostsync *hostsync; /* flags, ranks in other processes: host agreement; else NULL */
+  cudaEvent_t ready_ev[2];     /* this rank's operation-start events, by parity */
+  atomic_int aborted;          /* tpf_comm_abort: host waits on this registration give up */
+  tpf_status deferred;         /* first device-side failure attributed to it (rank thread) */
 };
 
 typedef struct {
@@ -89,6 +98,72 @@ typedef struct {
 static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
   return (tpf_cuda_backend *)be;
 }
+
+static inline uint64_t tpf_cuda__now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* ---- transports (cuda_transport*.c): what orders a rank's steps after its peers' ----
+ * NCCL style, a registration holds a table of transports, one per peer. The bytes themselves
+ * always move through the peers' mapped registrations (cuda_reg.c): RING SENDs on the copy
+ * engine, BULK SENDs and PEER_REDUCE in kernels. A transport carries the signals around them:
+ * the HANDSHAKE's ready words, the flag a SEND raises for its RECV, the BARRIER's arrivals, and
+ * any host-side agreement before an operation is enqueued. Every op gets the backend, the
+ * registration, the operation and, for steps, the step, its index (its pooled event
+ * b->step_ev[idx]) and the stream it runs on. NULL ops do nothing. */
+struct tpf_cuda_transport {
+  const char *name;
+  /* Waits are resolved on the host (an event is waited on only once its peer recorded it):
+   * execute then uses the polling enqueuer, which asks recv_ready and barrier_missing before it
+   * enqueues a RECV or BARRIER, instead of the schedule-order one. */
+  bool host_ordered;
+  /* Registration, collective: setup before the bootstrap exchange of the registration records
+   * (fill in what the peers need into *mine), connect after it (infos: every rank's record),
+   * free at destruction or failure (also after a failed setup or connect). */
+  tpf_status (*setup)(tpf_cuda_backend *b, tpf_reg *r, tpf_cuda_reg_info *mine);
+  tpf_status (*connect)(tpf_cuda_backend *b, tpf_reg *r, const tpf_cuda_reg_info *infos);
+  void (*free)(tpf_cuda_backend *b, tpf_reg *r);
+  /* Before anything of operation a is enqueued: agree with the peers on the host (TPF_EMISMATCH
+   * on every rank, no byte moved). */
+  tpf_status (*agree)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a);
+  /* HANDSHAKE with every peer. */
+  tpf_status (*handshake)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, cudaStream_t s);
+  /* After a SEND's bytes are enqueued on s: tell st->peer that they will have landed. */
+  tpf_status (*send)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
+                     const tpf_step *st, cudaStream_t s);
+  /* Host-ordered: whether the RECV st may be enqueued now. NULL: always. */
+  bool (*recv_ready)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, const tpf_step *st);
+  /* Orders s after the SEND that st receives. */
+  tpf_status (*recv)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
+                     const tpf_step *st, cudaStream_t s);
+  /* Host-ordered BARRIER: announce this rank's arrival (once), then the first peer that has not
+   * arrived yet, -1 when all have. NULL: no separate arrival. */
+  tpf_status (*barrier_arrive)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
+                               const tpf_step *st, cudaStream_t s);
+  int (*barrier_missing)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                         const tpf_step *st);
+  /* BARRIER: orders s after every peer's arrival (flags: arrives and waits in one kernel). */
+  tpf_status (*barrier)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
+                        const tpf_step *st, cudaStream_t s);
+};
+
+/* The transport kinds. NCCL's slot is empty: peers whose devices cannot map each other's memory
+ * (no P2P access, other nodes) would need a transport that moves the bytes too (ncclSend/Recv on
+ * the caller's communicator); such peers are refused at registration (TPF_EUNSUPPORTED). */
+typedef enum {
+  TPF_CUDA_TP_EVENTS, /* cuda_transport_events.c: in-process ranks, host-ordered CUDA events */
+  TPF_CUDA_TP_FLAGS,  /* cuda_transport_flags.c: device flags over mapped memory (CUDA IPC) */
+  TPF_CUDA_TP_NCCL,   /* not implemented (NULL) */
+  TPF_CUDA_TP_COUNT
+} tpf_cuda_tp_kind;
+extern const tpf_cuda_transport tpf_cuda__transport_events;
+extern const tpf_cuda_transport tpf_cuda__transport_flags;
+extern const tpf_cuda_transport *const tpf_cuda__transports[TPF_CUDA_TP_COUNT];
+/* cuda_transport.c: fills r->peer_tp and r->tp for the group as the backend sees it (b->peers,
+ * r->remote). */
+void tpf_cuda__transport_select(const tpf_cuda_backend *b, tpf_reg *r);
 
 /* ---- cuda_reg.c: registrations and peer mapping ---- */
 /* The ops table's reg_create and reg_destroy (collective over the bootstrap). */

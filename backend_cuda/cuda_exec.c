@@ -1,46 +1,31 @@
 /* The CUDA backend's execution room: the step mapping of a schedule onto CUDA streams, and the
- * two enqueuers (schedule order, and the in-process ranks' host-ordered one).
+ * two enqueuers (schedule order; and the polling one of host-ordered transports).
  *
  * Method. Each rank's backend owns TPF_NUM_STREAMS non-blocking streams (compute 0..2 at normal
  * priority, send and receive at the highest). An operation forks them from the caller's stream
  * (one event recorded there, waited on by every stream the schedule uses), enqueues its steps in
  * schedule order on the step's stream, records a pooled event after every step that a step on
  * another stream depends on and makes that stream wait on it, and finally joins every used
- * stream back into the caller's stream. Nothing waits on the host: execute only enqueues.
+ * stream back into the caller's stream. Nothing waits on the host: execute only enqueues (the
+ * host-ordered transport of in-process ranks waits on the host only for its peers to reach the
+ * same point of their programs, cuda_transport_events.c).
  *
- * Step mapping:
- *   HANDSHAKE   1-thread kernel: ready word into every peer, wait for every peer's, compare the
- *               body (operation key: kind and split count; active rows).
+ * Step mapping (the signals are the registration's transports', cuda_transport*.c):
+ *   HANDSHAKE   the transport's handshake with every peer: ready word (operation key: kind and
+ *               split count; active rows) to every peer, wait for every peer's, compare.
  *   GEMM        cuBLASLt (cuda_gemm.c) with the step's transposes (TPF_STEP_TRANS_A/W: the
  *               operand's stored block, used transposed) and, on steps flagged TPF_STEP_EPILOGUE,
  *               the operation's epilogue (alpha, beta, bias from d.col, GELU); PIPELINE and BULK
  *               leave comm_ctas SMs to the collective.
  *   SEND        RING: cudaMemcpyAsync into the peer's registration (copy engine, no SMs), BULK:
- *               a copy kernel of at most comm_ctas CTAs; then a 1-thread kernel that stores seq
- *               into the peer's flag [me][tag] (one store per message).
- *   RECV        1-thread kernel waiting until my flag [peer][tag] >= seq.
- *   BARRIER     1-thread kernel: store seq into every peer's flag [me][tag], wait for all.
- *   REDUCE /    vectorised fp32-accumulating kernel with at most comm_ctas CTAs; PEER_REDUCE
- *   PEER_REDUCE reads the peers' registrations through their mapped pointers. Flagged with the
- *               epilogue (it writes D), the kernel applies it to the sum before rounding.
- *
- * In-process ranks (the common single-node case: ranks as threads, one or several GPUs). When every
- * rank of the group lives in this process, cross-rank ordering uses no device-side spinning at
- * all: HANDSHAKE, SEND/RECV and BARRIER are host-ordered CUDA events. A rank records an event on
- * its stream and publishes (event, sequence number) in a host table shared by the group (one per
- * registration, owned by rank 0); a waiting rank waits on the host, bounded by the timeout, until
- * the peer has published, then makes its stream wait on that event. Every device-side wait is
- * thus on work that was already submitted when the wait was enqueued, so no hardware queue can
- * hold a wait in front of the work it waits for, however many streams share the queues, and
- * cudaFree or a device-wide synchronisation can never deadlock against a spinning peer. The
- * handshake compares the operation key (kind, split count) and the active rows on the host before
- * anything is enqueued: a disagreement is TPF_EMISMATCH on every rank at once, naming both, and no
- * byte moves. Why events may be reused: a rank
- * starts enqueuing operation n+1 only after every peer announced n+1, i.e. finished enqueuing
- * operation n, so a peer's wait on an event of operation n is enqueued before the event is
- * recorded again. The ready words alone are double-buffered by sequence parity, because a peer
- * may announce n+1 before a slow rank has read its announcement of n.
- *
+ *               a copy kernel of at most comm_ctas CTAs; then the peer transport's send signal
+ *               (device flags: a 1-thread kernel storing seq into the peer's flag [me][tag];
+ * events: an event published for the peer). RECV        the peer transport's recv: wait for that
+ * signal. BARRIER     the transport's barrier: signal every peer, wait for all. REDUCE / vectorised
+ * fp32-accumulating kernel with at most comm_ctas CTAs; PEER_REDUCE PEER_REDUCE reads the peers'
+ * registrations through their mapped pointers. Flagged with the epilogue (it writes D), the kernel
+ * applies it to the sum before rounding. Copy-engine SENDs run even after a failed handshake: see
+ * cuda_status.c (Failures).
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_backend.h"
@@ -51,104 +36,6 @@
 #include <sched.h>
 #include <stdatomic.h>
 #include <string.h>
-#include <time.h>
-
-/* ---- in-process group synchronisation (host-ordered events) ---- */
-
-static uint64_t tpf_cuda__now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-/* Waits on the host until the ready word in `slot` carries operation `want`'s sequence number,
- * bounded by the backend's timeout. The peer only has to reach the same point of its program,
- * not finish any device work, so the wait is short unless a rank is late or missing. Returns the
- * word seen. */
-static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
-                                      int step, const char *what, int peer, tpf_cuda_slot *slot,
-                                      uint64_t want, uint64_t *seen) {
-  const uint64_t start = tpf_cuda__now_ns();
-  for (unsigned spins = 0;; spins++) {
-    uint64_t w = atomic_load_explicit(&slot->word, memory_order_acquire);
-    if (TPF_READY_SEQ(w) == (want & TPF_READY_SEQ_MASK)) {
-      *seen = w;
-      return TPF_OK;
-    }
-    if ((spins & 63u) == 63u) {
-      if (atomic_load(&r->aborted))
-        return tpf_set_error(TPF_ESTATE,
-                             "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d (%s) "
-                             "waiting for rank %d",
-                             a->comm_name, b->base.rank, step, what, peer);
-      if (tpf_cuda__now_ns() - start > b->timeout_ns)
-        return tpf_set_error(TPF_ETIMEOUT,
-                             "'%s' rank %d, operation %llu, step %d (%s): waited %llu ms for rank "
-                             "%d, which never reached it",
-                             a->comm_name, b->base.rank, (unsigned long long)a->seq, step, what,
-                             (unsigned long long)(b->timeout_ns / 1000000ull), peer);
-      sched_yield();
-    }
-  }
-}
-
-static void tpf_cuda__publish(tpf_cuda_slot *slot, cudaEvent_t ev, uint64_t word) {
-  slot->ev = ev;
-  atomic_store_explicit(&slot->word, word, memory_order_release);
-}
-
-/* HANDSHAKE: announce (seq, op key, rows) with this operation's start event, compare every
- * peer's key and rows on the host, then order the stream after every peer's start (no peer's
- * earlier operation may still read or write what this one touches). */
-static tpf_status tpf_cuda__local_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
-                                            cudaStream_t s) {
-  const int P = b->base.tp_size, me = b->base.rank;
-  const int par = (int)(a->seq & 1u);
-  const uint64_t rows = a->sched->rows;
-  cudaEvent_t ev = r->ready_ev[par];
-  TPF_CUDA_TRY(cudaEventRecord(ev, s), "cudaEventRecord(handshake)");
-  const uint64_t word = TPF_READY_WORD(a->seq, a->sched->op_key, rows);
-  tpf_cuda__publish(&r->sync->ready[me * 2 + par], ev, word);
-  int bad = -1;
-  uint64_t bad_body = 0;
-  for (int q = 0; q < P; q++) {
-    if (q == me) continue;
-    uint64_t w = 0;
-    TPF_CHECK(
-        tpf_cuda__host_wait(b, r, a, 0, "HANDSHAKE", q, &r->sync->ready[q * 2 + par], a->seq, &w));
-    if (TPF_READY_BODY(w) != TPF_READY_BODY(word) && bad < 0) {
-      bad = q;
-      bad_body = TPF_READY_BODY(w);
-    }
-  }
-  char mine[40], theirs[40];
-  TPF_RETURN_IF(bad >= 0, TPF_EMISMATCH,
-                "'%s' rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on rank %d "
-                "(host handshake: nothing was enqueued, no byte moved)",
-                a->comm_name, me, (unsigned long long)a->seq,
-                (unsigned long long)TPF_READY_ROWS(word),
-                tpf_op_key_name(a->sched->op_key, mine, sizeof mine),
-                (unsigned long long)TPF_READY_ROWS(bad_body),
-                tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
-  for (int q = 0; q < P; q++)
-    if (q != me)
-      TPF_CUDA_TRY(cudaStreamWaitEvent(s, r->sync->ready[q * 2 + par].ev, 0),
-                   "cudaStreamWaitEvent(handshake)");
-  return TPF_OK;
-}
-
-/* ---- execution ---- */
-
-static uint64_t *tpf_cuda__flags(const tpf_reg *r, int owner) {
-  return (uint64_t *)(r->peer_base[owner] + r->flags_off);
-}
-/* The ready word `sender` writes into `owner`'s registration. */
-static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner, int sender, uint64_t seq) {
-  /* Two words per sender, by sequence parity: a peer may announce seq+1 before this rank's
-   * handshake kernel has read seq (never seq+2, which needs this rank's seq+1). */
-  return (uint64_t *)(r->peer_base[owner] + r->ready_off +
-                      (uint64_t)sender * TPF_CUDA_READY_STRIDE + (seq & 1u) * sizeof(uint64_t));
-}
 
 /* A resolved operand: pointer to element (row, col), leading dimension, dtype. */
 typedef struct {
@@ -191,25 +78,6 @@ static tpf_status tpf_cuda__resolve(const tpf_reg *r, const tpf_exec_args *a, co
   return TPF_OK;
 }
 
-static void tpf_cuda__flag_init(tpf_cuda_backend *b, const tpf_exec_args *a, tpf_step_kind kind,
-                                uint32_t tag, tpf_cuda_flag_args *f) {
-  memset(f, 0, sizeof(*f));
-  f->status = b->status_dev;
-  f->claim = b->claim_dev;
-  f->timeout_ns = b->timeout_ns;
-  f->seq = a->seq;
-  f->store_value = a->seq;
-  f->wait_value = a->seq;
-  f->nranks = b->base.tp_size;
-  f->kind = (uint32_t)kind;
-  f->tag = tag;
-}
-
-static tpf_status tpf_cuda__launch_flags_checked(const tpf_cuda_flag_args *f, cudaStream_t s) {
-  TPF_CUDA_TRY(tpf_cuda__launch_flags(f, s), "flag kernel launch");
-  return TPF_OK;
-}
-
 /* The epilogue of a step as the kernels take it: off unless the core flagged the step; the bias
  * starts at the step's first column of D (d.col elements of D's dtype into the user's vector). */
 static void tpf_cuda__step_epi(const tpf_exec_args *a, const tpf_step *st, const tpf_cuda_view *vd,
@@ -229,22 +97,10 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
   const bool collective_kernels = sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE;
-  tpf_cuda_flag_args f;
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
     if (P == 1) return TPF_OK;
-    if (r->sync != NULL) return tpf_cuda__local_handshake(b, r, a, s);
-    tpf_cuda__flag_init(b, a, TPF_STEP_HANDSHAKE, 0, &f);
-    f.handshake = 1;
-    f.store_value = TPF_READY_WORD(a->seq, sc->op_key, sc->rows);
-    f.wait_value = a->seq & TPF_READY_SEQ_MASK;
-    f.rows = TPF_READY_BODY(f.store_value);
-    for (int q = 0; q < P; q++) {
-      if (q == me) continue;
-      f.remote[q] = tpf_cuda__ready(r, q, me, a->seq);
-      f.local[q] = tpf_cuda__ready(r, me, q, a->seq);
-    }
-    return tpf_cuda__launch_flags_checked(&f, s);
+    return r->tp->handshake(b, r, a, s);
   case TPF_STEP_GEMM: {
     tpf_cuda_view va, vw, vd;
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->a, me, &va));
@@ -270,40 +126,23 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
       TPF_CUDA_TRY(tpf_cuda__launch_copy(dst, src, st->bytes, b->status_dev, b->comm_ctas, s),
                    "copy kernel launch");
     } else {
-      /* Copy engine: no SMs. Runs even after a failed handshake (see the file comment). */
+      /* Copy engine: no SMs. Runs even after a failed handshake (cuda_status.c, Failures). */
       TPF_CUDA_TRY(cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s),
                    "cudaMemcpyAsync(send)");
     }
-    if (r->sync != NULL) {
-      TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(send)");
-      tpf_cuda__publish(
-          &r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS + st->tag],
-          b->step_ev[idx], a->seq);
-      return TPF_OK;
-    }
-    tpf_cuda__flag_init(b, a, TPF_STEP_SEND, st->tag, &f);
-    f.remote[st->peer] = tpf_cuda__flags(r, st->peer) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
-    return tpf_cuda__launch_flags_checked(&f, s);
+    return r->peer_tp[st->peer]->send(b, r, a, idx, st, s);
   }
   case TPF_STEP_RECV:
     TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
                   TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
                   (unsigned)st->tag);
-    /* In-process ranks never get here: tpf_cuda__enqueue_local handles RECV and BARRIER. */
-    tpf_cuda__flag_init(b, a, TPF_STEP_RECV, st->tag, &f);
-    f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
-    return tpf_cuda__launch_flags_checked(&f, s);
+    /* Host-ordered transports never get here: tpf_cuda__enqueue_local handles RECV and BARRIER. */
+    return r->peer_tp[st->peer]->recv(b, r, a, idx, st, s);
   case TPF_STEP_BARRIER:
     if (P == 1) return TPF_OK;
     TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
                   (unsigned)st->tag);
-    tpf_cuda__flag_init(b, a, TPF_STEP_BARRIER, st->tag, &f);
-    for (int q = 0; q < P; q++) {
-      if (q == me) continue;
-      f.remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
-      f.local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
-    }
-    return tpf_cuda__launch_flags_checked(&f, s);
+    return r->tp->barrier(b, r, a, idx, st, s);
   case TPF_STEP_REDUCE:
   case TPF_STEP_PEER_REDUCE: {
     TPF_RETURN_IF(st->count < 1 || st->count > (uint32_t)TPF_MAX_RANKS ||
@@ -373,15 +212,16 @@ static tpf_status tpf_cuda__wait_deps(tpf_cuda_backend *b, const tpf_schedule *s
   return TPF_OK;
 }
 
-/* In-process ranks: enqueue the schedule in a dependency order that lets communication go first
- * and never blocks the host on one peer while other work could be enqueued. A RECV or BARRIER whose
- * peer has not published yet is passed over and retried; each pass visits the send and receive
+/* Host-ordered transports (in-process ranks): enqueue the schedule in a dependency order that lets
+ * communication go first and never blocks the host on one peer while other work could be
+ * enqueued. A RECV or BARRIER whose peer has not published yet (the transport's recv_ready,
+ * barrier_missing) is passed over and retried; each pass visits the send and receive
  * streams before the compute streams, so a chunk is forwarded as soon as it may be, instead of
  * after the GEMM the schedule lists before it. The streams' order and every dependency are kept:
  * a step is enqueued only after every step it depends on and the previous step of its stream. */
 static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a) {
   const tpf_schedule *sc = a->sched;
-  const int n = sc->nsteps, P = b->base.tp_size, me = b->base.rank;
+  const int n = sc->nsteps, me = b->base.rank;
   static const int order[TPF_NUM_STREAMS] = {TPF_STREAM_SEND, TPF_STREAM_RECV, TPF_STREAM_COMPUTE0,
                                              TPF_STREAM_COMPUTE1, TPF_STREAM_COMPUTE2};
   /* State per step: 0 pending, 1 barrier arrival published (waiting for peers), 2 enqueued. */
@@ -413,40 +253,33 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
       if (!deps_done) continue;
       cudaStream_t s = b->streams[k];
       if (st->kind == TPF_STEP_RECV) {
-        tpf_cuda_slot *slot =
-            &r->sync->sent[((size_t)st->peer * (size_t)P + (size_t)me) * TPF_MAX_TAGS + st->tag];
-        if (atomic_load_explicit(&slot->word, memory_order_acquire) < a->seq) {
+        TPF_RETURN_IF(st->peer < 0 || st->peer >= b->base.tp_size || st->peer == me ||
+                          st->tag >= TPF_MAX_TAGS,
+                      TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
+                      (unsigned)st->tag);
+        const tpf_cuda_transport *tp = r->peer_tp[st->peer];
+        if (tp->recv_ready != NULL && !tp->recv_ready(b, r, a, st)) {
           blocked = i;
           blocked_peer = st->peer;
           continue;
         }
         TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
-        TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(recv)");
+        TPF_CHECK(tp->recv(b, r, a, i, st, s));
       } else if (st->kind == TPF_STEP_BARRIER) {
+        const tpf_cuda_transport *tp = r->tp;
         if (state[i] == 0) {
           TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
-          TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(barrier)");
-          tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[i],
-                            a->seq);
+          if (tp->barrier_arrive != NULL) TPF_CHECK(tp->barrier_arrive(b, r, a, i, st, s));
           state[i] = 1;
           progress = true;
         }
-        int missing = -1;
-        for (int q = 0; q < P && missing < 0; q++)
-          if (q != me &&
-              atomic_load_explicit(&r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].word,
-                                   memory_order_acquire) < a->seq)
-            missing = q;
+        const int missing = tp->barrier_missing != NULL ? tp->barrier_missing(b, r, a, st) : -1;
         if (missing >= 0) {
           blocked = i;
           blocked_peer = missing;
           continue;
         }
-        for (int q = 0; q < P; q++)
-          if (q != me)
-            TPF_CUDA_TRY(
-                cudaStreamWaitEvent(s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0),
-                "cudaStreamWaitEvent(barrier)");
+        TPF_CHECK(tp->barrier(b, r, a, i, st, s));
       } else {
         TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
         TPF_CHECK(tpf_cuda__step(b, r, a, i, st, s));
@@ -505,13 +338,10 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
                 a->comm_name);
   /* A failure of an earlier operation is reported here until a sync clears it. */
   TPF_CHECK(tpf_cuda__check_status(b));
-  /* Ranks in other processes: agree on the operation (key) and shape before anything is
-   * enqueued, so that a disagreement moves no byte (the device handshake still orders the
-   * buffers). */
-  if (r->hostsync != NULL && be->tp_size > 1)
-    TPF_CHECK(tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq,
-                                       TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows)),
-                                       b->timeout_ns));
+  /* The transport's host agreement (ranks in other processes: cuda_transport_flags.c): agree on
+   * the operation (key) and shape before anything is enqueued, so that a disagreement moves no
+   * byte (the device handshake still orders the buffers). */
+  if (be->tp_size > 1 && r->tp->agree != NULL) TPF_CHECK(r->tp->agree(b, r, a));
   TPF_CHECK(tpf_cuda__ensure_events(b, sc->nsteps));
   const int n = sc->nsteps;
   bool used[TPF_NUM_STREAMS] = {false};
@@ -536,7 +366,7 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
     if (used[k] && (k == 0 || b->streams[k] != b->streams[0] || !used[0]))
       TPF_CUDA_TRY(cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0), "cudaStreamWaitEvent(fork)");
   }
-  if (r->sync != NULL && be->tp_size > 1) {
+  if (be->tp_size > 1 && r->tp->host_ordered) {
     TPF_CHECK(tpf_cuda__enqueue_local(b, r, a));
   } else {
     for (int i = 0; i < n; i++) {

@@ -81,23 +81,6 @@ static void tpf_cuda__ipc_close(void *ptr) {
   pthread_mutex_unlock(&tpf_cuda__ipc_mu);
 }
 
-/* ---- in-process group synchronisation table (host-ordered events) ---- */
-
-static tpf_cuda_sync *tpf_cuda__sync_new(int P) {
-  const size_t nslots =
-      (size_t)P * 2 + (size_t)P * (size_t)P * TPF_MAX_TAGS + (size_t)P * TPF_MAX_TAGS;
-  tpf_cuda_sync *t = tpf__calloc(1, sizeof(*t) + nslots * sizeof(tpf_cuda_slot));
-  if (t == NULL) return NULL;
-  tpf_cuda_slot *slots = (tpf_cuda_slot *)(t + 1);
-  for (size_t i = 0; i < nslots; i++)
-    atomic_init(&slots[i].word, 0);
-  t->nranks = P;
-  t->ready = slots;
-  t->sent = t->ready + (size_t)P * 2;
-  t->barrier = t->sent + (size_t)P * (size_t)P * TPF_MAX_TAGS;
-  return t;
-}
-
 /* ---- registration ---- */
 
 static uint64_t tpf_cuda__round_up(uint64_t x, uint64_t a) {
@@ -151,8 +134,7 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
   if (r->base != NULL) cudaFree(r->base);
   for (int i = 0; i < 2; i++)
     if (r->ready_ev[i] != NULL) cudaEventDestroy(r->ready_ev[i]);
-  if (r->sync_owner) tpf__free(r->sync);
-  tpf_cuda__hostsync_destroy(r->hostsync);
+  if (r->tp != NULL && r->tp->free != NULL) r->tp->free(b, r);
   tpf__free(r);
 }
 
@@ -210,6 +192,8 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
   bool remote = false;
   for (int q = 0; q < P; q++)
     remote = remote || b->peers[q].proc_token != b->peers[me].proc_token;
+  r->remote = remote;
+  tpf_cuda__transport_select(b, r);
   if (remote) {
     e = cudaIpcGetMemHandle(&mine.handle, r->base);
     if (e != cudaSuccess) {
@@ -218,29 +202,21 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
     }
     mine.has_handle = 1;
   }
-  /* TPF_CUDA_DEVICE_FLAGS forces the device flag kernels on in-process ranks too: a diagnostic
-   * only, since spinning waits of ranks sharing one GPU can stall (docs/GPU_RUNS.md). */
-  if (!remote && P > 1 && me == 0 && !tpf_cuda__param_on(TPF_CUDA_PARAM_DEVICE_FLAGS)) {
-    r->sync = tpf_cuda__sync_new(P);
-    if (r->sync == NULL) {
-      rc = tpf_set_error(TPF_ENOMEM, "cannot allocate the host sync table of '%s'", r->name);
-      goto fail;
-    }
-    r->sync_owner = true;
-    mine.sync = (uint64_t)(uintptr_t)r->sync;
-  }
+  /* The transport's part of the exchange (cuda_transport.c chose it): the in-process events'
+   * table, the host agreement of ranks in other processes. */
+  if (r->tp != NULL && r->tp->setup != NULL) TPF_CHECK_GOTO(r->tp->setup(b, r, &mine), rc, fail);
   TPF_CHECK_GOTO(b->boot.allgather(b->boot.ctx, &mine, infos, sizeof(mine)), rc, fail);
-  if (!remote && P > 1) r->sync = (tpf_cuda_sync *)(uintptr_t)infos[0].sync;
-  /* Ranks in other processes agree on the host before anything is enqueued (cuda_hostsync.c). */
-  if (remote) TPF_CHECK_GOTO(tpf_cuda__hostsync_create(&b->boot, r->name, &r->hostsync), rc, fail);
+  if (r->tp != NULL && r->tp->connect != NULL)
+    TPF_CHECK_GOTO(r->tp->connect(b, r, infos), rc, fail);
   TPF_CHECK_GOTO(tpf_cuda__reg_map_peers(b, r, infos), rc, fail);
   if (tpf_cuda__log_enabled(TPF_CUDA_LOG_INFO, TPF_CUDA_LOG_REG)) {
     char peers[TPF_MAX_RANKS * 28];
     size_t used = 0;
     peers[0] = '\0';
     for (int q = 0; q < P && used < sizeof peers; q++) {
-      const int n = snprintf(peers + used, sizeof peers - used, " %p%s", (void *)r->peer_base[q],
-                             r->peer_ipc[q] ? "(ipc)" : "");
+      const int n =
+          snprintf(peers + used, sizeof peers - used, " %p(%s%s)", (void *)r->peer_base[q],
+                   r->peer_tp[q] ? r->peer_tp[q]->name : "self", r->peer_ipc[q] ? ", ipc" : "");
       used += n > 0 ? (size_t)n : 0;
     }
     TPF_CUDA_INFO(REG, me, "registered '%s' %llu bytes at %p (flags +%llu, ready +%llu); peers:%s",
