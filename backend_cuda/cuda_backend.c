@@ -1,5 +1,46 @@
-/* The CUDA backend: creation over a bootstrap, registration at capacity, and execution of the
- * core's schedules on CUDA streams.
+/* The CUDA backend: creation over a bootstrap (the lifetime room), and the map of its rooms.
+ *
+ * Rooms. One concern per file; cuda_backend.h holds the state they share and the calls between
+ * them, cuda_internal.h what the device code and the host agreement also see.
+ *   cuda_backend.c           lifetime: tpf_cuda_backend_create/destroy/set_timeout/stats, the
+ *                            ops table, the allgather op (configuration exchange)
+ *   cuda_reg.c               registration: reg_create/reg_destroy, the IPC cache, peer mapping
+ *   cuda_exec.c              execution: step mapping, the two enqueuers, execute
+ *   cuda_status.c            status: device status area, deferred errors, sync, reg_sync,
+ *                            reg_async_error, reg_abort
+ *   cuda_transport.c         the per-peer transport table (events, flags, the NCCL slot) and the
+ *                            choice of a transport per peer
+ *   cuda_transport_events.c  in-process ranks: host-ordered CUDA events
+ *   cuda_transport_flags.c   device flags over mapped memory (CUDA IPC), the host agreement
+ *   cuda_gemm.c              cuBLASLt GEMMs, the per-shape cache, the fallback
+ *   cuda_kernels.cu          device code: flag, reduction, copy and fallback GEMM kernels
+ *   cuda_hostsync.c          host agreement of ranks in different processes (no CUDA calls)
+ *   cuda_bootstrap.c         threads and NCCL bootstraps, the backend's bounded allgather
+ *   cuda_param.c             every environment knob, read once (TPF_DEBUG=INFO prints them)
+ *   cuda_log.c               the TPF_DEBUG log ("tpflex:rank N LEVEL SUBSYS ...")
+ *   cuda_error.c             cudaError_t / cublasStatus_t / ncclResult_t -> tpf_status
+ *
+ * Who calls whom (link-time references between the files, as tests/cuda_cpu/check_cuda_rooms.sh
+ * lists them from the objects; it fails the build's tests on a cycle). By layer, each file
+ * calling only files of lower layers:
+ *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu         -> (none)
+ *   1  cuda_param.c                                      -> log
+ *   2  cuda_status.c                                     -> error
+ *      cuda_gemm.c                                       -> kernels, param, error
+ *      cuda_bootstrap.c                                  -> param, error
+ *      cuda_hostsync.c                                   -> param, log
+ *   3  cuda_transport_events.c                           -> error
+ *      cuda_transport_flags.c                            -> kernels, hostsync, error
+ *   4  cuda_transport.c                                  -> transport_events, transport_flags,
+ *                                                           param
+ *   5  cuda_exec.c                                       -> gemm, kernels, status, log, error
+ *      cuda_reg.c                                        -> transport, status, log, error
+ *   6  cuda_backend.c                                    -> reg, exec, status, gemm, bootstrap,
+ *                                                           param, log, error
+ * cuda_exec.c and cuda_reg.c also call the transports through r->peer_tp / r->tp (function
+ * pointers, not link-time edges; downwards all the same). Kernels get everything they need as
+ * arguments (tpf_cuda_flag_args, tpf_cuda_reduce_args and the status pointer) and call nothing
+ * back.
  *
  * Several ranks on one GPU. A spinning wait occupies the device until its peer's next operation
  * arrives, so a rank must not call a CUDA function that waits for the whole device (cudaFree,
@@ -22,13 +63,8 @@
 
 #include "internal.h"
 
-#include <pthread.h>
-#include <sched.h>
-#include <stdatomic.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
-#include <time.h>
 #include <unistd.h>
 
 /* Host name hash and pid: equal exactly for ranks of one process (fork gives a new pid). */
@@ -164,6 +200,13 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
     tpf_cuda__backend_free(b);
     return rc;
   }
+  TPF_CUDA_INFO(INIT, b->base.rank,
+                "backend of %d ranks on device %d (%d SMs): %d compute streams, %d comm CTAs, "
+                "timeout %llu ms%s",
+                b->base.tp_size, b->device, b->num_sms, b->compute_streams, b->comm_ctas,
+                (unsigned long long)(b->timeout_ns / 1000000ull),
+                tpf_cuda__param_on(TPF_CUDA_PARAM_GEMM_FALLBACK) ? ", every GEMM by the fallback"
+                                                                 : "");
   *out = &b->base;
   return TPF_OK;
 }

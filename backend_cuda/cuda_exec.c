@@ -30,6 +30,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_backend.h"
 #include "cuda_error.h"
+#include "cuda_log.h"
 
 #include "internal.h"
 
@@ -360,6 +361,9 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
     }
   }
   cudaStream_t user = (cudaStream_t)stream;
+  TPF_CUDA_TRACE(EXEC, be->rank, "'%s' operation %llu: %d steps, %s enqueuer", a->comm_name,
+                 (unsigned long long)a->seq, n,
+                 be->tp_size > 1 && r->tp->host_ordered ? "polling" : "schedule-order");
   TPF_CUDA_TRY(cudaEventRecord(b->fork_ev, user), "cudaEventRecord(fork)");
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     /* Aliased compute streams are forked once. */

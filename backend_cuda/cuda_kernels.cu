@@ -10,7 +10,8 @@
  * %globaltimer; the first wait that fails records the reason in the host-mapped status area, and
  * every later kernel of the backend sees the code and returns without touching memory. Copy
  * engine transfers (cudaMemcpyAsync) cannot see that code and still run: a known limitation,
- * documented in cuda_backend.c.
+ * documented in cuda_status.c (Failures). Everything a kernel needs comes in its arguments: this
+ * file calls no other file of the backend.
  *
  * Reductions accumulate in fp32 and round once to the output dtype. They move 16-byte vectors
  * when every row start of every view is 16-byte aligned and a row is a whole number of vectors,

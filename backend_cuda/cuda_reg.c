@@ -12,7 +12,6 @@
 #include "cuda_backend.h"
 #include "cuda_error.h"
 #include "cuda_log.h"
-#include "cuda_param.h"
 
 #include "internal.h"
 

@@ -1,6 +1,10 @@
 /* tpflex CUDA backend: registrations through cudaMalloc + CUDA IPC (or direct pointers for ranks
- * in one process), copy-engine ring exchange with stream-ordered flags, cuBLASLt GEMMs and
- * reduction kernels. Built when TPF_WITH_CUDA is ON (AUTO: when a CUDA compiler is found). */
+ * in one process), copy-engine ring exchange ordered by host-ordered CUDA events between ranks of
+ * one process and by device flags (with a host agreement first) between processes, cuBLASLt GEMMs
+ * and reduction kernels. Built when TPF_WITH_CUDA is ON (AUTO: when a CUDA compiler is found).
+ * Environment knobs (TPF_CUDA_*, read once per process, the first time a backend or bootstrap is
+ * created) and the log (TPF_DEBUG=WARN|INFO|TRACE, TPF_DEBUG_SUBSYS) are listed in
+ * backend_cuda/cuda_param.h. */
 #ifndef TPFLEX_CUDA_H
 #define TPFLEX_CUDA_H
 
@@ -23,9 +27,10 @@ typedef struct {
 TPF_API tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out);
 TPF_API tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
 
-/* Bound of every device-side wait of this backend (default 30000 ms, or the environment variable
- * TPF_CUDA_TIMEOUT_MS at creation). Applies to operations enqueued afterwards. TPF_EINVAL for a
- * non-CUDA backend or 0. */
+/* Bound of every wait of this backend for a peer: device-side flag waits and the host waits of
+ * in-process ranks (default 30000 ms, or the environment variable TPF_CUDA_TIMEOUT_MS as read
+ * once per process). Applies to operations enqueued afterwards. TPF_EINVAL for a non-CUDA
+ * backend or 0. */
 TPF_API tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms);
 
 /* Counters for tests and tuning. gemm_heuristic_queries counts cuBLASLt heuristic calls (one per
