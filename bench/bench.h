@@ -1,12 +1,17 @@
-/* Private declarations of `tpflex bench`: options, the report (table, CSV, JSON), rank groups
- * (simulator world or in-process CUDA ranks), device-neutral memory and timing helpers, and the
- * sections. bench_main.c parses options and prints; bench_ops.c runs the sections that go through
- * the public tpflex API on either backend; bench_cuda.c holds what only a GPU can do (cuBLASLt
- * baselines, the chunking tax, the cudaMalloc + IPC alternative) and the CUDA halves of the
- * helpers, with stubs when the CUDA backend is not built. */
+/* Private declarations of `tpflex bench`: options, rank groups (simulator world or in-process
+ * CUDA ranks), device-neutral memory and timing, the CUDA primitives, and the sections. The rooms,
+ * each calling only the ones above it (bench/README.md, "Rooms"; bench/check_deps.py checks):
+ *   bench_util.c           leaf: clock, statistics, allocator counts, the report (bench_util.h)
+ *   bench_cuda_env.c       leaf: CUDA rank threads, device memory, event timing (stubs without
+ * CUDA) bench_group.c          rank groups, the random source, memory and timing on either backend
+ *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
+ *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
+ *   bench_planner.c        section 6, the planner
+ *   bench_main.c           options, the header, the sections in order */
 #ifndef TPF_BENCH_H
 #define TPF_BENCH_H
 
+#include "bench_util.h"
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h" /* tpf_set_error */
 #include "tpflex/tpflex_cost.h"    /* the planner section */
@@ -52,43 +57,13 @@ typedef struct {
   uint64_t pns[2];
 } bench_opts;
 
-/* ---- report (bench_main.c) ----------------------------------------------------------------- */
-
-/* Starts a table: id (CSV/JSON name), a title line, and `ncols` column headers. Rows follow with
- * bench_cell_* and bench_row_end; each row is printed as soon as it is complete. */
-void bench_table(const char *id, const char *title, int ncols, const char *const *cols);
-void bench_cell_s(const char *s);
-void bench_cell_i(long long v);
-void bench_cell_f(double v, int prec); /* NaN prints "n/a" (JSON null) */
-void bench_row_end(void);
-/* A comment line under the current table ("# ..."), kept in the JSON as a note. */
-void bench_note(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-/* The progress line on stderr (overwritten in place on a terminal). */
-void bench_progress(const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 1, 2)))
-#endif
-    ;
-void bench_progress_done(void);
-
-/* ---- small helpers (bench_main.c) ---------------------------------------------------------- */
-double bench_now_ns(void);
-double bench_median(double *v, int n);             /* sorts v */
-double bench_quantile(double *v, int n, double q); /* v sorted */
-/* Allocations made through tpflex's allocator hooks since start (malloc, calloc, realloc). */
-long long bench_alloc_calls(void);
-
-/* ---- rank groups (bench_ops.c for the simulator, bench_cuda.c for CUDA) -------------------- */
+/* ---- rank groups (bench_group.c) ----------------------------------------------------------- */
 
 typedef struct bench_group bench_group;
 typedef struct bench_rank bench_rank;
 typedef tpf_status (*bench_rank_fn)(bench_rank *rk, void *arg);
 /* A group of P ranks. The simulator's is a tpf_sim_world; CUDA's is P persistent threads with a
- * backend and a stream each (bench_cuda.c), all on one device. */
+ * backend and a stream each (bench_cuda_env.c), all on one device. */
 struct bench_group {
   const bench_opts *o;
   bool cuda;
@@ -102,7 +77,7 @@ struct bench_group {
   uint64_t src_elems;
   double *t0, *t1; /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
   void *sim_world;
-  void *cu; /* bench_cuda.c's state */
+  void *cu; /* bench_cuda_env.c's state */
 };
 struct bench_rank {
   int rank, tp;
@@ -118,7 +93,9 @@ tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg);
 void bench_group_destroy(bench_group *g);
 /* Registrations created so far (simulator statistics; -1 when the backend does not count). */
 long long bench_group_registrations(bench_group *g);
-void bench_barrier(bench_rank *rk);
+static inline void bench_barrier(bench_rank *rk) {
+  pthread_barrier_wait(&rk->g->bar);
+}
 
 /* Device-neutral memory: host memory on the simulator, device memory on CUDA. */
 void *bench_mem_alloc(bench_group *g, uint64_t bytes);
@@ -141,7 +118,9 @@ tpf_status bench_time_end(bench_rank *rk, int it);
 tpf_status bench_time_collect(bench_rank *rk, int n, double *us);
 tpf_status bench_sync(bench_rank *rk);
 
-/* ---- CUDA halves (bench_cuda.c; stubs returning TPF_EUNSUPPORTED without CUDA) -------------- */
+/* ---- CUDA primitives (bench_cuda_env.c; stubs returning TPF_EUNSUPPORTED without CUDA) ------- */
+/* What the timing flush writes before each timed repetition: more than the L2 holds. */
+#define BENCH_FLUSH_BYTES (1ull << 30)
 tpf_status bench_cuda_group_init(bench_group *g);
 tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg);
 void bench_cuda_group_fini(bench_group *g);
@@ -158,17 +137,18 @@ tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us);
 tpf_status bench_cuda_sync(bench_rank *rk);
 long long bench_cuda_dev_used(void); /* bytes in use on the device, -1 without CUDA */
 
-/* ---- CUDA-only pieces (bench_cuda.c) ------------------------------------------------------- */
+/* ---- GPU-only sections and baselines (bench_cuda_sections.c; stubs without CUDA) ---------- */
 /* Median time of one cuBLASLt GEMM d[m, n] = x[m, k] * w[n, k]^T (bf16, fp32 accumulation) on
  * pool inputs; the whole-layer baseline of the tp section. */
 tpf_status bench_cuda_gemm_us(bench_group *g, uint64_t m, uint64_t n, uint64_t k, double *us);
 void bench_cuda_header(const bench_opts *o);
 int bench_cuda_section_chunking(const bench_opts *o);
-int bench_cuda_setshape_alternatives(const bench_opts *o, bench_group *g);
+/* Rows of section 1's table for cudaFree + cudaMalloc (+ IPC export, + a peer's open). */
+int bench_cuda_setshape_alternatives(const bench_opts *o);
 /* The hidden helper process of the IPC alternative (`tpflex bench --ipc-peer`). */
 int bench_cuda_ipc_peer(void);
 
-/* ---- several schedules of one operation side by side (bench_ops.c; the planner section) ---- */
+/* ---- several schedules of one operation side by side (bench_ops.c; the planner section) --- */
 
 #define BENCH_MAX_VARIANTS 6
 /* One communicator (ADAPTIVE when cost is set) over a T sweep; every repetition runs each
@@ -194,7 +174,7 @@ typedef struct {
  * least that). */
 tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 
-/* ---- sections (bench_ops.c, bench_planner.c) ---------------------------------------------- */
+/* ---- sections (bench_ops.c, bench_planner.c; 3 is bench_cuda_sections.c) ------------------ */
 int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o);

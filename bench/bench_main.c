@@ -1,328 +1,14 @@
-/* `tpflex bench`: option parsing, the report (aligned tables on stdout, nccl-tests style, plus
- * CSV and JSON files), the progress line, allocator accounting and small statistics helpers.
- *
- * Output conventions follow nccl-tests (doc/PERFORMANCE.md): size is the whole array of the
- * collective in bytes (T*H*e), time is the median over the timed repetitions in microseconds,
- * algbw = size / time, busbw = algbw * (P-1)/P for all-gather and reduce-scatter, and #wrong
- * counts result elements outside the SPEC §7 tolerance, checked in the same run. */
+/* `tpflex bench`: the options, the run header and the sections in order (the top room; see
+ * bench/README.md, "Rooms"). Tables, files and statistics are bench_util.c's. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 #include "cli_args.h"
 #include "cmds.h"
 
-#include <math.h>
-#include <stdarg.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include <unistd.h>
-
-/* ---- allocator accounting ----------------------------------------------------------------- */
-
-static atomic_llong bench_allocs;
-static void *bench_malloc_(size_t n) {
-  atomic_fetch_add(&bench_allocs, 1);
-  return malloc(n);
-}
-static void *bench_calloc_(size_t c, size_t n) {
-  atomic_fetch_add(&bench_allocs, 1);
-  return calloc(c, n);
-}
-static void *bench_realloc_(void *p, size_t n) {
-  atomic_fetch_add(&bench_allocs, 1);
-  return realloc(p, n);
-}
-static void bench_free_(void *p) {
-  free(p);
-}
-long long bench_alloc_calls(void) {
-  return atomic_load(&bench_allocs);
-}
-
-/* ---- helpers ------------------------------------------------------------------------------- */
-
-double bench_now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e9 + (double)ts.tv_nsec;
-}
-
-static int bench_cmp_d(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-double bench_median(double *v, int n) {
-  if (n <= 0) return NAN;
-  qsort(v, (size_t)n, sizeof(double), bench_cmp_d);
-  return (n % 2) ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-double bench_quantile(double *v, int n, double q) {
-  if (n <= 0) return NAN;
-  int i = (int)(q * (n - 1) + 0.5);
-  return v[i < 0 ? 0 : (i >= n ? n - 1 : i)];
-}
-
-/* ---- report ------------------------------------------------------------------------------- */
-
-#define BENCH_MAX_COLS 20
-typedef struct {
-  int kind; /* 0 string, 1 integer, 2 float */
-  long long i;
-  double f;
-  int prec;
-  char s[80];
-} bench_cellv;
-typedef struct {
-  char id[32];
-  char title[200];
-  int ncols;
-  char cols[BENCH_MAX_COLS][24];
-  int width[BENCH_MAX_COLS];
-  bench_cellv *cells; /* rows * ncols */
-  int nrows, cap_rows;
-  char **notes;
-  int nnotes;
-} bench_tab;
-
-static bench_tab *bench_tabs;
-static int bench_ntabs;
-static bench_cellv bench_row[BENCH_MAX_COLS];
-static int bench_ncell;
-static bool bench_progress_live;
-static char bench_meta_buf[2048];
-
-static void bench_progress_clear(void) {
-  if (bench_progress_live) {
-    fprintf(stderr, "\r%-100s\r", "");
-    bench_progress_live = false;
-  }
-}
-
-void bench_table(const char *id, const char *title, int ncols, const char *const *cols) {
-  bench_progress_clear();
-  bench_tabs = realloc(bench_tabs, (size_t)(bench_ntabs + 1) * sizeof(*bench_tabs));
-  bench_tab *t = &bench_tabs[bench_ntabs++];
-  memset(t, 0, sizeof(*t));
-  snprintf(t->id, sizeof(t->id), "%s", id);
-  snprintf(t->title, sizeof(t->title), "%s", title);
-  t->ncols = ncols > BENCH_MAX_COLS ? BENCH_MAX_COLS : ncols;
-  printf("\n# %s\n#", title);
-  for (int c = 0; c < t->ncols; c++) {
-    snprintf(t->cols[c], sizeof(t->cols[c]), "%s", cols[c]);
-    int w = (int)strlen(cols[c]) + 1;
-    t->width[c] = c == 0 ? 28 : (w < 9 ? 9 : w);
-    if (c == 0)
-      printf("%-*s", t->width[c] - 1, cols[c]);
-    else
-      printf(" %*s", t->width[c], cols[c]);
-  }
-  printf("\n");
-  fflush(stdout);
-  bench_ncell = 0;
-}
-
-static bench_cellv *bench_next_cell(void) {
-  if (bench_ncell >= BENCH_MAX_COLS) bench_ncell = BENCH_MAX_COLS - 1;
-  bench_cellv *c = &bench_row[bench_ncell++];
-  memset(c, 0, sizeof(*c));
-  return c;
-}
-void bench_cell_s(const char *s) {
-  bench_cellv *c = bench_next_cell();
-  c->kind = 0;
-  snprintf(c->s, sizeof(c->s), "%s", s);
-}
-void bench_cell_i(long long v) {
-  bench_cellv *c = bench_next_cell();
-  c->kind = 1;
-  c->i = v;
-}
-void bench_cell_f(double v, int prec) {
-  bench_cellv *c = bench_next_cell();
-  c->kind = 2;
-  c->f = v;
-  c->prec = prec;
-}
-
-static void bench_cell_text(const bench_cellv *c, char *buf, size_t len) {
-  if (c->kind == 0)
-    snprintf(buf, len, "%s", c->s);
-  else if (c->kind == 1)
-    snprintf(buf, len, "%lld", c->i);
-  else if (isnan(c->f))
-    snprintf(buf, len, "n/a");
-  else
-    snprintf(buf, len, "%.*f", c->prec, c->f);
-}
-
-void bench_row_end(void) {
-  if (bench_ntabs == 0) return;
-  bench_progress_clear();
-  bench_tab *t = &bench_tabs[bench_ntabs - 1];
-  if (t->nrows == t->cap_rows) {
-    t->cap_rows = t->cap_rows ? 2 * t->cap_rows : 16;
-    t->cells = realloc(t->cells, (size_t)t->cap_rows * (size_t)t->ncols * sizeof(bench_cellv));
-  }
-  for (int c = 0; c < t->ncols; c++) {
-    bench_cellv v;
-    if (c < bench_ncell)
-      v = bench_row[c];
-    else {
-      memset(&v, 0, sizeof(v));
-      v.kind = 0;
-    }
-    t->cells[(size_t)t->nrows * (size_t)t->ncols + (size_t)c] = v;
-    char buf[96];
-    bench_cell_text(&v, buf, sizeof(buf));
-    if (c == 0)
-      printf("%-*s", t->width[c], buf);
-    else if (v.kind == 0 && c == t->ncols - 1)
-      printf(" %s", buf);
-    else
-      printf(" %*s", t->width[c], buf);
-  }
-  printf("\n");
-  fflush(stdout);
-  t->nrows++;
-  bench_ncell = 0;
-}
-
-void bench_note(const char *fmt, ...) {
-  char buf[512];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  bench_progress_clear();
-  printf("# %s\n", buf);
-  fflush(stdout);
-  if (bench_ntabs == 0) return;
-  bench_tab *t = &bench_tabs[bench_ntabs - 1];
-  t->notes = realloc(t->notes, (size_t)(t->nnotes + 1) * sizeof(char *));
-  t->notes[t->nnotes] = malloc(strlen(buf) + 1);
-  strcpy(t->notes[t->nnotes++], buf);
-}
-
-void bench_progress(const char *fmt, ...) {
-  char buf[200];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  if (isatty(2)) {
-    fprintf(stderr, "\r%-100.100s", buf);
-    bench_progress_live = true;
-  } else {
-    fprintf(stderr, "%s\n", buf);
-  }
-  fflush(stderr);
-}
-void bench_progress_done(void) {
-  bench_progress_clear();
-}
-
-static void bench_json_str(FILE *f, const char *s) {
-  fputc('"', f);
-  for (; *s; s++) {
-    if (*s == '"' || *s == '\\')
-      fprintf(f, "\\%c", *s);
-    else if ((unsigned char)*s < 0x20)
-      fprintf(f, "\\u%04x", (unsigned char)*s);
-    else
-      fputc(*s, f);
-  }
-  fputc('"', f);
-}
-
-static int bench_write_csv(const char *path) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "tpflex bench: cannot write %s\n", path);
-    return 1;
-  }
-  fprintf(f, "# %s\n", bench_meta_buf);
-  for (int i = 0; i < bench_ntabs; i++) {
-    bench_tab *t = &bench_tabs[i];
-    fprintf(f, "table");
-    for (int c = 0; c < t->ncols; c++)
-      fprintf(f, ",%s", t->cols[c]);
-    fprintf(f, "\n");
-    for (int r = 0; r < t->nrows; r++) {
-      fprintf(f, "%s", t->id);
-      for (int c = 0; c < t->ncols; c++) {
-        char buf[96];
-        bench_cell_text(&t->cells[(size_t)r * (size_t)t->ncols + (size_t)c], buf, sizeof(buf));
-        fprintf(f, ",%s", buf);
-      }
-      fprintf(f, "\n");
-    }
-  }
-  fclose(f);
-  return 0;
-}
-
-static int bench_write_json(const char *path) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "tpflex bench: cannot write %s\n", path);
-    return 1;
-  }
-  fprintf(f, "{\n  \"tool\": \"tpflex bench\",\n  \"meta\": ");
-  bench_json_str(f, bench_meta_buf);
-  fprintf(f, ",\n  \"tables\": [");
-  for (int i = 0; i < bench_ntabs; i++) {
-    bench_tab *t = &bench_tabs[i];
-    fprintf(f, "%s\n    {\"id\": ", i ? "," : "");
-    bench_json_str(f, t->id);
-    fprintf(f, ", \"title\": ");
-    bench_json_str(f, t->title);
-    fprintf(f, ",\n     \"columns\": [");
-    for (int c = 0; c < t->ncols; c++) {
-      fprintf(f, "%s", c ? ", " : "");
-      bench_json_str(f, t->cols[c]);
-    }
-    fprintf(f, "],\n     \"rows\": [");
-    for (int r = 0; r < t->nrows; r++) {
-      fprintf(f, "%s\n       [", r ? "," : "");
-      for (int c = 0; c < t->ncols; c++) {
-        const bench_cellv *v = &t->cells[(size_t)r * (size_t)t->ncols + (size_t)c];
-        fprintf(f, "%s", c ? ", " : "");
-        if (v->kind == 0)
-          bench_json_str(f, v->s);
-        else if (v->kind == 1)
-          fprintf(f, "%lld", v->i);
-        else if (isnan(v->f) || isinf(v->f))
-          fprintf(f, "null");
-        else
-          fprintf(f, "%.*f", v->prec, v->f);
-      }
-      fprintf(f, "]");
-    }
-    fprintf(f, "],\n     \"notes\": [");
-    for (int n = 0; n < t->nnotes; n++) {
-      fprintf(f, "%s", n ? ", " : "");
-      bench_json_str(f, t->notes[n]);
-    }
-    fprintf(f, "]}");
-  }
-  fprintf(f, "\n  ]\n}\n");
-  fclose(f);
-  return 0;
-}
-
-static void bench_free_report(void) {
-  for (int i = 0; i < bench_ntabs; i++) {
-    free(bench_tabs[i].cells);
-    for (int n = 0; n < bench_tabs[i].nnotes; n++)
-      free(bench_tabs[i].notes[n]);
-    free(bench_tabs[i].notes);
-  }
-  free(bench_tabs);
-  bench_tabs = NULL;
-  bench_ntabs = 0;
-}
 
 /* ---- options ------------------------------------------------------------------------------ */
 
@@ -386,8 +72,8 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                  "dedicated (the table as is)",
                  0, false},
 };
-static const char bench_intro[] = "usage: tpflex bench [options]   (every option is optional)";
-static const char bench_outro[] =
+static const char kIntro[] = "usage: tpflex bench [options]   (every option is optional)";
+static const char kOutro[] =
     "Sections, numbered as the tables print them: 1 setshape  set_active_shape cost vs\n"
     "re-registration; 2 dynamic  active T vs padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs\n"
     "vs one GEMM (GPU only); 4/5 tp (or serial)  P ranks as threads on one device, overlapped (4)\n"
@@ -401,7 +87,7 @@ static const char bench_outro[] =
     "--arena-mib or the CUDA backend for larger shapes.\n";
 
 /* An output file that cannot be opened fails the command before the benchmark runs. */
-static int bench_check_writable(const cli_ctx *ctx, const char *opt, const char *path) {
+static int check_writable(const cli_ctx *ctx, const char *opt, const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) return cli_error(ctx, "%s '%s' cannot be written", opt, path);
   fclose(f);
@@ -413,9 +99,9 @@ int tpf_cmd_bench(int argc, char **argv) {
   memset(&o, 0, sizeof(o));
   static const cli_ctx ctx = {"tpflex bench", false, NULL};
   cli_val v[B_NOPTS];
-  int prc = cli_parse(&ctx, kBenchOpts, B_NOPTS, argc, argv, v, bench_intro);
+  int prc = cli_parse(&ctx, kBenchOpts, B_NOPTS, argc, argv, v, kIntro);
   if (prc == 0) {
-    printf("%s", bench_outro);
+    printf("%s", kOutro);
     return 0;
   }
   if (prc > 0) return prc;
@@ -443,8 +129,8 @@ int tpf_cmd_bench(int argc, char **argv) {
                      "--iters '%s': the planner section times up to %d schedules per repetition, "
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
-  if (o.csv && (prc = bench_check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;
-  if (o.json && (prc = bench_check_writable(&ctx, "--json", o.json)) >= 0) return prc;
+  if (o.csv && (prc = check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;
+  if (o.json && (prc = check_writable(&ctx, "--json", o.json)) >= 0) return prc;
 #ifndef TPF_HAVE_CUDA
   if (o.cuda) {
     fprintf(stderr, "tpflex bench: this build has no CUDA backend (configure with "
@@ -464,7 +150,7 @@ int tpf_cmd_bench(int argc, char **argv) {
   if (o.cuda) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   /* Count every allocation tpflex makes. Only possible before any tpflex object exists, which
    * is the case here: bench is the whole process. */
-  if (tpf_set_allocator(bench_malloc_, bench_calloc_, bench_realloc_, bench_free_) != TPF_OK)
+  if (bench_alloc_count_start() != TPF_OK)
     fprintf(stderr, "tpflex bench: allocator hooks refused (%s); allocation counts are void\n",
             tpf_last_error());
 
@@ -517,10 +203,12 @@ int tpf_cmd_bench(int argc, char **argv) {
     size_t l = strlen(cmdline);
     snprintf(cmdline + l, sizeof(cmdline) - l, " %s", argv[i]);
   }
-  snprintf(bench_meta_buf, sizeof(bench_meta_buf),
+  char meta[2048];
+  snprintf(meta, sizeof(meta),
            "%s | %s | backend=%s P=%d C=%llu H=%llu N=%llu dtype=bf16 iters=%d warmup=%d", cmdline,
            date, o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity,
            (unsigned long long)o.hidden, (unsigned long long)o.n, o.iters, o.warmup);
+  bench_report_set_meta(meta);
   printf("# tpflex bench %d.%d.%d\n# command: %s\n# date: %s\n", TPF_VERSION_MAJOR,
          TPF_VERSION_MINOR, TPF_VERSION_PATCH, cmdline, date);
   printf(
@@ -556,10 +244,10 @@ int tpf_cmd_bench(int argc, char **argv) {
   if (o.sections & BENCH_SEC_TP) rc |= bench_section_tp(&o);
   if (o.sections & BENCH_SEC_PLANNER) rc |= bench_section_planner(&o);
   bench_progress_done();
-  if (o.csv) rc |= bench_write_csv(o.csv);
-  if (o.json) rc |= bench_write_json(o.json);
+  if (o.csv) rc |= bench_report_write_csv(o.csv);
+  if (o.json) rc |= bench_report_write_json(o.json);
   printf("\n# %s\n",
          rc ? "bench finished with failures (see above)" : "bench finished: all checks passed");
-  bench_free_report();
+  bench_report_free();
   return rc ? 1 : 0;
 }

@@ -1,11 +1,12 @@
 /* The sections of `tpflex bench` that go through the public tpflex API, on either backend:
  * 1 (set_active_shape cost), 2 (dynamic versus padded) and 4/5 (TP emulation with the serial
- * baseline), plus the simulator half of the rank-group helpers.
+ * baseline), and the variants runner of the planner section. Calls the groups (bench_group.c),
+ * the GPU baselines (bench_cuda_sections.c) and bench_util.c.
  *
  * Method: one per-rank function (bench_op_rank) runs an operation over a sweep of active T on a
  * communicator registered once at capacity. Every repetition takes fresh operand views at a
  * rotating offset into a random source array (src[i] = pool[i % pool_elems]), so the host knows
- * every input element and checks sampled output rows against tests/support/reference.c without
+ * every input element and checks sampled output rows against harness/reference.c without
  * copying inputs back. Timing brackets each repetition across all ranks (earliest start to latest
  * end); the figure reported is the median. After the timed repetitions the output is poisoned
  * (0xFF, a bf16 NaN), the operation runs once more and the check counts #wrong. Every rank runs
@@ -18,7 +19,6 @@
 #include "bench.h"
 
 #include "reference.h"
-#include "tpflex/tpflex_sim.h"
 
 #include <math.h>
 #include <stdatomic.h>
@@ -27,209 +27,6 @@
 #include <string.h>
 
 #include "internal.h" /* tpf__alloc_live_count */
-
-/* ---- the random source -------------------------------------------------------------------- */
-
-static uint16_t bench_bf16(float f) {
-  return tpf_ref_float_to_bf16(f);
-}
-
-static tpf_status bench_pool_init(bench_group *g) {
-  g->pool_elems = g->cuda ? (32ull << 20) : (1ull << 20);
-  g->pool = malloc(g->pool_elems * sizeof(uint16_t));
-  if (!g->pool) return tpf_set_error(TPF_ENOMEM, "bench: no memory for the input pool");
-  uint64_t s = 0x9E3779B97F4A7C15ull;
-  for (uint64_t i = 0; i < g->pool_elems; i++) {
-    /* splitmix64 -> uniform [-1, 1) -> bf16; never zero-filled. */
-    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    z ^= z >> 31;
-    float u = (float)(z >> 40) * (1.0f / 16777216.0f);
-    g->pool[i] = bench_bf16(2.0f * u - 1.0f);
-  }
-  return TPF_OK;
-}
-
-float bench_src_value(const bench_group *g, uint64_t i) {
-  return tpf_ref_bf16_to_float(g->pool[i % g->pool_elems]);
-}
-
-tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
-  if (elems <= g->src_elems) return TPF_OK;
-  if (g->src) bench_mem_free(g, g->src);
-  g->src = NULL;
-  g->src_elems = 0;
-  void *p = bench_mem_alloc(g, elems * 2);
-  if (!p)
-    return tpf_set_error(TPF_ENOMEM, "bench: cannot allocate %llu bytes of inputs",
-                         (unsigned long long)(elems * 2));
-  if (g->cuda) { /* one upload of the pool, then doubling device copies */
-    tpf_status st = bench_cuda_tile(p, g->pool, g->pool_elems * 2, elems * 2);
-    if (st != TPF_OK) {
-      bench_mem_free(g, p);
-      return st;
-    }
-  } else {
-    for (uint64_t off = 0; off < elems; off += g->pool_elems) {
-      uint64_t n = elems - off < g->pool_elems ? elems - off : g->pool_elems;
-      memcpy((uint16_t *)p + off, g->pool, n * 2);
-    }
-  }
-  g->src = p;
-  g->src_elems = elems;
-  return TPF_OK;
-}
-
-/* ---- groups ------------------------------------------------------------------------------- */
-
-typedef struct {
-  bench_group *g;
-  bench_rank_fn fn;
-  void *arg;
-} bench_sim_tramp;
-
-static tpf_status bench_sim_rank(tpf_backend *be, int rank, void *arg) {
-  bench_sim_tramp *t = arg;
-  bench_rank rk = {.rank = rank, .tp = t->g->tp, .stream = NULL, .g = t->g, .be = be};
-  return t->fn(&rk, t->arg);
-}
-
-tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
-  bench_group *g = calloc(1, sizeof(*g));
-  if (!g) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
-  g->o = o;
-  g->cuda = o->cuda;
-  g->tp = tp;
-  if (tp > 0) /* tp == 0: inputs and GEMMs only, no ranks (CUDA baselines) */
-    pthread_barrier_init(&g->bar, NULL, (unsigned)tp);
-  g->t0 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
-  g->t1 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
-  tpf_status st = (g->t0 && g->t1) ? bench_pool_init(g) : TPF_ENOMEM;
-  if (st == TPF_OK) {
-    if (g->cuda) {
-      st = bench_cuda_group_init(g);
-    } else {
-#ifdef TPF_HAVE_SIM
-      tpf_sim_config cfg;
-      memset(&cfg, 0, sizeof(cfg));
-      cfg.tp_size = tp;
-      cfg.seed = 1;
-      cfg.timeout_ms = 60000;
-      tpf_sim_world *w = NULL;
-      st = tpf_sim_world_create(&cfg, &w);
-      g->sim_world = w;
-#else
-      st = tpf_set_error(TPF_EUNSUPPORTED, "bench: no simulator in this build");
-#endif
-    }
-  }
-  if (st != TPF_OK) {
-    bench_group_destroy(g);
-    return st;
-  }
-  *out = g;
-  return TPF_OK;
-}
-
-tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
-  if (g->cuda) return bench_cuda_group_run(g, fn, arg);
-#ifdef TPF_HAVE_SIM
-  bench_sim_tramp t = {g, fn, arg};
-  return tpf_sim_run((tpf_sim_world *)g->sim_world, bench_sim_rank, &t);
-#else
-  return TPF_EUNSUPPORTED;
-#endif
-}
-
-void bench_group_destroy(bench_group *g) {
-  if (!g) return;
-  if (g->src) bench_mem_free(g, g->src);
-  if (g->cuda) bench_cuda_group_fini(g);
-#ifdef TPF_HAVE_SIM
-  else if (g->sim_world)
-    tpf_sim_world_destroy((tpf_sim_world *)g->sim_world);
-#endif
-  if (g->tp > 0) pthread_barrier_destroy(&g->bar);
-  free(g->pool);
-  free(g->t0);
-  free(g->t1);
-  free(g);
-}
-
-long long bench_group_registrations(bench_group *g) {
-#ifdef TPF_HAVE_SIM
-  if (!g->cuda && g->sim_world) {
-    tpf_sim_stats s;
-    if (tpf_sim_get_stats((tpf_sim_world *)g->sim_world, &s) == TPF_OK)
-      return (long long)s.registrations;
-  }
-#else
-  (void)g;
-#endif
-  return -1;
-}
-
-void bench_barrier(bench_rank *rk) {
-  pthread_barrier_wait(&rk->g->bar);
-}
-
-void *bench_mem_alloc(bench_group *g, uint64_t bytes) {
-  return g->cuda ? bench_cuda_alloc(bytes) : malloc(bytes ? bytes : 1);
-}
-void bench_mem_free(bench_group *g, void *p) {
-  if (g->cuda)
-    bench_cuda_free(p);
-  else
-    free(p);
-}
-tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes) {
-  if (rk->g->cuda) return bench_cuda_copy(rk, dst, src, bytes);
-  memcpy(dst, src, bytes);
-  return TPF_OK;
-}
-tpf_status bench_mem_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes) {
-  if (rk->g->cuda) return bench_cuda_download(rk, host, dev, bytes);
-  memcpy(host, dev, bytes);
-  return TPF_OK;
-}
-tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes) {
-  if (rk->g->cuda) return bench_cuda_poison(rk, dev, bytes);
-  memset(dev, 0xFF, bytes);
-  return TPF_OK;
-}
-tpf_status bench_sync(bench_rank *rk) {
-  return rk->g->cuda ? bench_cuda_sync(rk) : TPF_OK;
-}
-
-tpf_status bench_time_begin(bench_rank *rk, int it) {
-  if (rk->g->cuda) return bench_cuda_time_begin(rk, it);
-  bench_barrier(rk);
-  rk->g->t0[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
-  return TPF_OK;
-}
-tpf_status bench_time_end(bench_rank *rk, int it) {
-  if (rk->g->cuda) return bench_cuda_time_end(rk, it);
-  rk->g->t1[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
-  return TPF_OK;
-}
-tpf_status bench_time_collect(bench_rank *rk, int n, double *us) {
-  if (rk->g->cuda) return bench_cuda_time_collect(rk, n, us);
-  bench_barrier(rk);
-  if (rk->rank == 0) {
-    for (int it = 0; it < n; it++) {
-      double a = INFINITY, b = -INFINITY;
-      for (int r = 0; r < rk->tp; r++) {
-        double x = rk->g->t0[r * BENCH_MAX_ITERS + it], y = rk->g->t1[r * BENCH_MAX_ITERS + it];
-        a = x < a ? x : a;
-        b = y > b ? y : b;
-      }
-      us[it] = (b - a) * 1e-3;
-    }
-  }
-  bench_barrier(rk);
-  return TPF_OK;
-}
 
 /* ---- operations --------------------------------------------------------------------------- */
 
@@ -249,7 +46,7 @@ static const struct {
   tpf_coll coll;
   int splits; /* 0: the default (P, P/2 aggregate, pipeline 4) */
   bool aggregate;
-} bench_ops[BOP_COUNT] = {
+} kOps[BOP_COUNT] = {
     [BOP_RING_AG] = {"ring_ag+gemm", TPF_ALGO_RING, TPF_COLL_AG, 0, false},
     [BOP_RING_AG_AGGR] = {"ring_ag_aggr+gemm", TPF_ALGO_RING, TPF_COLL_AG, 0, true},
     [BOP_RING_AG_SERIAL] = {"serial_ag,gemm", TPF_ALGO_RING, TPF_COLL_AG, 1, false},
@@ -277,7 +74,7 @@ typedef struct {
   pthread_mutex_t mu;
 } bench_job;
 
-static void bench_job_fail(bench_job *j, tpf_status st, const char *what) {
+static void job_fail(bench_job *j, tpf_status st, const char *what) {
   pthread_mutex_lock(&j->mu);
   if (j->st == TPF_OK) {
     j->st = st;
@@ -288,19 +85,19 @@ static void bench_job_fail(bench_job *j, tpf_status st, const char *what) {
 }
 
 /* Offset (elements) of an operand of rank r at repetition it; salt tells operands apart. */
-static uint64_t bench_off(const bench_job *j, int r, int it, int salt) {
+static uint64_t operand_off(const bench_job *j, int r, int it, int salt) {
   uint64_t v = (uint64_t)it * 1009u + (uint64_t)r * 7919u + (uint64_t)salt * 104729u;
   return (v * 4096u) % (j->margin ? j->margin : 1) / 64u * 64u;
 }
 
-static bool bench_is_ag(bench_op op) {
-  return bench_ops[op].coll == TPF_COLL_AG;
+static bool is_ag(bench_op op) {
+  return kOps[op].coll == TPF_COLL_AG;
 }
 
 /* Elements of src the job's operands can reach. */
-static uint64_t bench_job_src_elems(const bench_job *j, int P) {
+static uint64_t job_src_elems(const bench_job *j, int P) {
   uint64_t need;
-  if (bench_is_ag(j->op)) {
+  if (is_ag(j->op)) {
     uint64_t chunk = j->C / (uint64_t)P * j->H, w = j->N * j->H;
     need = chunk > w ? chunk : w;
   } else {
@@ -311,7 +108,7 @@ static uint64_t bench_job_src_elems(const bench_job *j, int P) {
 }
 
 /* One unit in the last place of bf16 at |x| (8 significant bits). */
-static float bench_ulp_bf16(float x) {
+static float ulp_bf16(float x) {
   int e = 0;
   if (x == 0.0f || !isfinite(x)) return 0.0f;
   frexpf(x, &e); /* |x| in [2^(e-1), 2^e) */
@@ -319,7 +116,7 @@ static float bench_ulp_bf16(float x) {
 }
 
 /* Sampled rows of the check: first, middle and last row of each of `parts` blocks of R rows. */
-static int bench_sample_rows(uint64_t parts, uint64_t R, uint64_t *rows, int cap) {
+static int sample_rows(uint64_t parts, uint64_t R, uint64_t *rows, int cap) {
   int n = 0;
   for (uint64_t p = 0; p < parts; p++) {
     uint64_t c[3] = {0, R / 2, R - 1};
@@ -336,14 +133,14 @@ static int bench_sample_rows(uint64_t parts, uint64_t R, uint64_t *rows, int cap
 
 /* Checks this rank's output of the last (poisoned, then re-run) repetition `it`. Returns
  * elements wrong; *checked gets the elements compared. */
-static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
-                             const tpf_matrix *buf, long long *checked) {
+static long long check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
+                              const tpf_matrix *buf, long long *checked) {
   bench_group *g = rk->g;
   const int P = rk->tp, r = rk->rank;
   const uint64_t R = T / (uint64_t)P, H = j->H, N = j->N;
-  const bool ag = bench_is_ag(j->op);
+  const bool ag = is_ag(j->op);
   uint64_t rows[3 * 64 + 3];
-  int nr = ag ? bench_sample_rows((uint64_t)P, R, rows, 3 * 64) : bench_sample_rows(1, R, rows, 3);
+  int nr = ag ? sample_rows((uint64_t)P, R, rows, 3 * 64) : sample_rows(1, R, rows, 3);
   const uint64_t ncols_out = ag ? N : H, kdim = ag ? H : N;
   const uint64_t nc = ncols_out < 64 ? ncols_out : 64;
   uint64_t cols[64];
@@ -367,16 +164,16 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
       uint64_t base;
       if (ag) { /* gathered row t lives in chunk t / R, from that rank's chunk operand */
         uint64_t t = rows[i], q = t / R;
-        base = bench_off(j, (int)q, it, 0) + (t - q * R) * H;
+        base = operand_off(j, (int)q, it, 0) + (t - q * R) * H;
       } else { /* rank src_rank's x row (global row r*R + i) */
-        base = bench_off(j, src_rank, it, 0) + ((uint64_t)r * R + rows[i]) * N;
+        base = operand_off(j, src_rank, it, 0) + ((uint64_t)r * R + rows[i]) * N;
       }
       for (uint64_t k = 0; k < kdim; k++)
         xs[(uint64_t)i * kdim + k] = g->pool[(base + k) % g->pool_elems];
     }
     int wr = ag ? r : src_rank;
     for (uint64_t c = 0; c < nc; c++) {
-      uint64_t base = bench_off(j, wr, it, 1) + cols[c] * kdim;
+      uint64_t base = operand_off(j, wr, it, 1) + cols[c] * kdim;
       for (uint64_t k = 0; k < kdim; k++)
         ws[c * kdim + k] = g->pool[(base + k) % g->pool_elems];
     }
@@ -390,7 +187,7 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
      * model them); AG has a single product. */
     for (uint64_t e = 0; e < (uint64_t)nr * nc; e++) {
       want[e] += ag ? part[e] : tpf_ref_round(TPF_BF16, part[e]);
-      if (!ag) slack[e] += bench_ulp_bf16(part[e]);
+      if (!ag) slack[e] += ulp_bf16(part[e]);
     }
   }
   /* Got: the sampled rows of d. */
@@ -422,7 +219,7 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
     tpf_ref_tol tol = tpf_ref_tolerance(TPF_BF16);
     for (uint64_t e = 0; e < (uint64_t)nr * nc; e++) {
       double gv = tpf_ref_bf16_to_float(got[e]), wv = want[e];
-      double lim = fmax(fmax(tol.atol, tol.rtol * fabs(wv)), slack[e] + bench_ulp_bf16(want[e]));
+      double lim = fmax(fmax(tol.atol, tol.rtol * fabs(wv)), slack[e] + ulp_bf16(want[e]));
       if (!(fabs(gv - wv) <= lim)) wrong++;
     }
   }
@@ -432,13 +229,13 @@ static long long bench_check(bench_rank *rk, bench_job *j, uint64_t T, int it, c
   if (!res.pass || wrong > 0) {
     char line[256];
     tpf_ref_format(&res, line, sizeof(line));
-    fprintf(stderr, "bench: %s rank %d T=%llu: %s\n", bench_ops[j->op].name, r,
-            (unsigned long long)T, line);
+    fprintf(stderr, "bench: %s rank %d T=%llu: %s\n", kOps[j->op].name, r, (unsigned long long)T,
+            line);
   }
   /* AG: the buffer must hold the gathered input exactly (sampled rows, every column). */
   if (ag && buf) {
     for (int i = 0; i < nr; i++) {
-      uint64_t t = rows[i], q = t / R, base = bench_off(j, (int)q, it, 0) + (t - q * R) * H;
+      uint64_t t = rows[i], q = t / R, base = operand_off(j, (int)q, it, 0) + (t - q * R) * H;
       if (bench_mem_download(rk, row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) !=
           TPF_OK) {
         wrong = -1;
@@ -460,23 +257,23 @@ out:
   return wrong;
 }
 
-static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
+static tpf_status op_rank(bench_rank *rk, void *arg) {
   bench_job *j = arg;
   bench_group *g = rk->g;
   const int P = rk->tp, r = rk->rank;
-  const bool ag = bench_is_ag(j->op);
+  const bool ag = is_ag(j->op);
   tpf_comm *c = NULL;
   void *dmem = NULL;
   tpf_status st;
   char name[64];
-  snprintf(name, sizeof(name), "bench_%s", bench_ops[j->op].name);
+  snprintf(name, sizeof(name), "bench_%s", kOps[j->op].name);
   tpf_comm_config cfg = {.name = name,
-                         .algo = bench_ops[j->op].algo,
-                         .coll = bench_ops[j->op].coll,
+                         .algo = kOps[j->op].algo,
+                         .coll = kOps[j->op].coll,
                          .dtype = TPF_BF16,
                          .capacity = {j->C, j->H},
-                         .num_splits = bench_ops[j->op].splits,
-                         .aggregate = bench_ops[j->op].aggregate};
+                         .num_splits = kOps[j->op].splits,
+                         .aggregate = kOps[j->op].aggregate};
   bench_variants *var = j->var;
   if (var && var->cost) {
     cfg.plan = TPF_PLAN_ADAPTIVE;
@@ -484,12 +281,12 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
   }
   const int nv = var ? var->nvar : 1;
   st = tpf_comm_create(rk->be, &cfg, &c);
-  if (st != TPF_OK) bench_job_fail(j, st, "tpf_comm_create");
+  if (st != TPF_OK) job_fail(j, st, "tpf_comm_create");
   /* Output: AG d [C, N]; RS out [C/P, H]. */
   uint64_t drows = ag ? j->C : j->C / (uint64_t)P, dcols = ag ? j->N : j->H;
   if (st == TPF_OK) {
     dmem = bench_mem_alloc(g, drows * dcols * 2);
-    if (!dmem) bench_job_fail(j, TPF_ENOMEM, "output allocation");
+    if (!dmem) job_fail(j, TPF_ENOMEM, "output allocation");
   }
   double *us = calloc((size_t)j->iters * (size_t)nv, sizeof(double));
   double *one = calloc((size_t)j->iters, sizeof(double));
@@ -500,14 +297,14 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
     if (!skip) {
       st = tpf_comm_set_active_shape(c, (tpf_shape){T, j->H});
       if (st != TPF_OK) {
-        bench_job_fail(j, st, "tpf_comm_set_active_shape");
+        job_fail(j, st, "tpf_comm_set_active_shape");
         skip = true;
       }
     }
     tpf_matrix buf = {0}, local = {0};
     if (!skip && ((st = tpf_comm_buffer(c, &buf)) != TPF_OK ||
                   (ag && (st = tpf_comm_local_chunk(c, &local)) != TPF_OK))) {
-      bench_job_fail(j, st, "tpf_comm_buffer");
+      job_fail(j, st, "tpf_comm_buffer");
       skip = true;
     }
     tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
@@ -534,15 +331,15 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
         tpf_matrix x = {0}, w = {0};
         if (!skip && run) {
           if (ag) {
-            w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
-            st = bench_mem_copy(rk, local.ptr, src + bench_off(j, r, it, 0), R * j->H * 2);
+            w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
+            st = bench_mem_copy(rk, local.ptr, src + operand_off(j, r, it, 0), R * j->H * 2);
           } else {
-            x = (tpf_matrix){(void *)(src + bench_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
-            w = (tpf_matrix){(void *)(src + bench_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
+            x = (tpf_matrix){(void *)(src + operand_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
+            w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
             st = TPF_OK;
           }
           if (st != TPF_OK) {
-            bench_job_fail(j, st, "input copy");
+            job_fail(j, st, "input copy");
             skip = true;
           }
         }
@@ -557,7 +354,7 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
             st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
           }
           if (st != TPF_OK) {
-            bench_job_fail(j, st, bench_ops[j->op].name);
+            job_fail(j, st, kOps[j->op].name);
             skip = true;
           } else if (var && var->cost && var->splits[v] == 0 && check && r == 0 &&
                      tpf_comm_plan_info(c, &var->plan[ti]) != TPF_OK) {
@@ -571,13 +368,13 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
         if (check && !skip && run) {
           st = bench_sync(rk);
           if (st != TPF_OK) {
-            bench_job_fail(j, st, "synchronize");
+            job_fail(j, st, "synchronize");
             skip = true;
           } else {
             long long checked = 0;
-            long long wr = bench_check(rk, j, T, it, &d, ag ? &buf : NULL, &checked);
+            long long wr = check_output(rk, j, T, it, &d, ag ? &buf : NULL, &checked);
             if (wr < 0)
-              bench_job_fail(j, TPF_ENOMEM, "check");
+              job_fail(j, TPF_ENOMEM, "check");
             else {
               atomic_fetch_add(&j->wrong[ti], wr);
               atomic_fetch_add(&j->checked[ti], checked);
@@ -607,7 +404,7 @@ static tpf_status bench_op_rank(bench_rank *rk, void *arg) {
 }
 
 /* Runs job j on group g (src must cover it). */
-static tpf_status bench_run_job(bench_group *g, bench_job *j) {
+static tpf_status run_job(bench_group *g, bench_job *j) {
   pthread_mutex_init(&j->mu, NULL);
   atomic_store(&j->failed, 0);
   j->st = TPF_OK;
@@ -617,15 +414,15 @@ static tpf_status bench_run_job(bench_group *g, bench_job *j) {
     atomic_store(&j->wrong[i], 0);
     atomic_store(&j->checked[i], 0);
   }
-  tpf_status st = bench_src_reserve(g, bench_job_src_elems(j, g->tp));
-  if (st == TPF_OK) st = bench_group_run(g, bench_op_rank, j);
-  if (st != TPF_OK && j->st == TPF_OK) bench_job_fail(j, st, "run");
+  tpf_status st = bench_src_reserve(g, job_src_elems(j, g->tp));
+  if (st == TPF_OK) st = bench_group_run(g, op_rank, j);
+  if (st != TPF_OK && j->st == TPF_OK) job_fail(j, st, "run");
   pthread_mutex_destroy(&j->mu);
   return j->st;
 }
 
-static void bench_job_init(bench_job *j, const bench_opts *o, bench_op op, int P, int nts,
-                           const uint64_t *ts) {
+static void job_init(bench_job *j, const bench_opts *o, bench_op op, int P, int nts,
+                     const uint64_t *ts) {
   memset(j, 0, sizeof(*j));
   j->op = op;
   j->C = o->capacity;
@@ -656,7 +453,7 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v) {
       v->us[k][i] = NAN;
     memset(&v->plan[i], 0, sizeof v->plan[i]);
   }
-  tpf_status st = bench_run_job(g, j);
+  tpf_status st = run_job(g, j);
   for (int i = 0; i < v->nts; i++)
     v->wrong[i] = atomic_load(&j->wrong[i]);
   snprintf(v->err, sizeof v->err, "%s", j->err);
@@ -666,16 +463,16 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v) {
 
 /* Time of one GEMM d[T, n] = x[T, k] * w[n, k]^T: cuBLASLt on CUDA; on the simulator, its own
  * GEMM through a P = 1 RING AG with one split (one GEMM, no exchange). */
-static tpf_status bench_layer_gemm(const bench_opts *o, bench_group *g1, uint64_t T, uint64_t n,
-                                   uint64_t k, double *us) {
+static tpf_status layer_gemm(const bench_opts *o, bench_group *g1, uint64_t T, uint64_t n,
+                             uint64_t k, double *us) {
   if (o->cuda) return bench_cuda_gemm_us(g1, T, n, k, us);
   bench_job j;
   bench_opts o1 = *o;
   o1.hidden = k;
   o1.n = n;
   o1.capacity = T;
-  bench_job_init(&j, &o1, BOP_RING_AG_SERIAL, 1, 1, &T);
-  tpf_status st = bench_run_job(g1, &j);
+  job_init(&j, &o1, BOP_RING_AG_SERIAL, 1, 1, &T);
+  tpf_status st = run_job(g1, &j);
   if (st == TPF_OK) *us = j.us[0];
   return st;
 }
@@ -699,12 +496,12 @@ typedef struct {
   char err[300];
 } bench_ss;
 
-static uint64_t bench_ss_t(const bench_opts *o, long i) {
+static uint64_t ss_rows(const bench_opts *o, long i) {
   static const uint64_t div[4] = {8, 4, 2, 1};
   return o->capacity / div[i & 3];
 }
 
-static void bench_ss_fail(bench_ss *s, tpf_status st, const char *what) {
+static void ss_fail(bench_ss *s, tpf_status st, const char *what) {
   if (!atomic_exchange(&s->failed, 1)) {
     s->st = st;
     snprintf(s->err, sizeof(s->err), "%s: %s (%s)", what, tpf_status_name(st), tpf_last_error());
@@ -712,8 +509,8 @@ static void bench_ss_fail(bench_ss *s, tpf_status st, const char *what) {
 }
 
 /* Times `calls` calls in batches of 100; per-call median and p99 over the batches. */
-static void bench_ss_loop(bench_ss *s, tpf_comm *c, tpf_manager *m, double *med, double *p99,
-                          long long *allocs) {
+static void ss_loop(bench_ss *s, tpf_comm *c, tpf_manager *m, double *med, double *p99,
+                    long long *allocs) {
   const int B = 100;
   int nb = (int)(s->calls / B);
   double *v = malloc((size_t)nb * sizeof(double));
@@ -722,10 +519,10 @@ static void bench_ss_loop(bench_ss *s, tpf_comm *c, tpf_manager *m, double *med,
   for (int b = 0; b < nb && v; b++) {
     double t0 = bench_now_ns();
     for (int i = 0; i < B; i++, k++) {
-      tpf_shape sh = {bench_ss_t(s->o, k), s->o->hidden};
+      tpf_shape sh = {ss_rows(s->o, k), s->o->hidden};
       tpf_status st = c ? tpf_comm_set_active_shape(c, sh) : tpf_manager_set_active_shape(m, sh);
       if (st != TPF_OK) {
-        bench_ss_fail(s, st, "set_active_shape");
+        ss_fail(s, st, "set_active_shape");
         free(v);
         return;
       }
@@ -740,7 +537,7 @@ static void bench_ss_loop(bench_ss *s, tpf_comm *c, tpf_manager *m, double *med,
   free(v);
 }
 
-static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
+static tpf_status ss_rank(bench_rank *rk, void *arg) {
   bench_ss *s = arg;
   const bench_opts *o = s->o;
   const int r = rk->rank;
@@ -770,15 +567,15 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
       tpf_comm *dummy;
       st = tpf_manager_add(s->mgr[r], &mc, &dummy);
     }
-    if (st != TPF_OK) bench_ss_fail(s, st, "create");
+    if (st != TPF_OK) ss_fail(s, st, "create");
   } else if (s->phase == 1) {
     /* Rank 0 times; the others wait, so the timing host threads do not compete. */
     bench_barrier(rk);
     if (r == 0 && !atomic_load(&s->failed)) {
       long long live0 = tpf__alloc_live_count();
       long long d0 = rk->g->cuda ? bench_cuda_dev_used() : -1;
-      bench_ss_loop(s, s->comm[0], NULL, &s->comm_med_ns, &s->comm_p99_ns, &s->comm_allocs);
-      bench_ss_loop(s, NULL, s->mgr[0], &s->mgr_med_ns, &s->mgr_p99_ns, &s->mgr_allocs);
+      ss_loop(s, s->comm[0], NULL, &s->comm_med_ns, &s->comm_p99_ns, &s->comm_allocs);
+      ss_loop(s, NULL, s->mgr[0], &s->mgr_med_ns, &s->mgr_p99_ns, &s->mgr_allocs);
       s->live_delta = tpf__alloc_live_count() - live0;
       s->dev_delta = rk->g->cuda ? bench_cuda_dev_used() - d0 : 0;
     }
@@ -795,12 +592,12 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
                              .algo = TPF_ALGO_RING,
                              .coll = TPF_COLL_AG,
                              .dtype = TPF_BF16,
-                             .capacity = {bench_ss_t(o, i), o->hidden}};
+                             .capacity = {ss_rows(o, i), o->hidden}};
       st = tpf_comm_destroy(s->comm[r]);
       s->comm[r] = NULL;
       if (st == TPF_OK) st = tpf_comm_create(rk->be, &cfg, &s->comm[r]);
       if (st != TPF_OK) {
-        bench_ss_fail(s, st, "destroy + create");
+        ss_fail(s, st, "destroy + create");
         continue;
       }
       if (v) v[done++] = bench_now_ns() - t0;
@@ -821,9 +618,8 @@ static tpf_status bench_ss_rank(bench_rank *rk, void *arg) {
   return TPF_OK;
 }
 
-static void bench_ss_row(const char *method, int P, const bench_opts *o, long long calls,
-                         double med, double p99, double allocs, double regs, double devmb,
-                         const char *what) {
+static void ss_row(const char *method, int P, const bench_opts *o, long long calls, double med,
+                   double p99, double allocs, double regs, double devmb, const char *what) {
   bench_cell_s(method);
   bench_cell_i(P);
   bench_cell_i((long long)o->capacity);
@@ -873,35 +669,35 @@ int bench_section_setshape(const bench_opts *o0) {
   s->realloc_n = o->realloc_iters;
   int rc = 0;
   s->phase = 0;
-  st = bench_group_run(g, bench_ss_rank, s);
+  st = bench_group_run(g, ss_rank, s);
   long long regs0 = bench_group_registrations(g);
   if (st == TPF_OK && !s->failed) {
     bench_progress("[1/4 setshape] timing %ld set_active_shape calls", s->calls);
     s->phase = 1;
-    st = bench_group_run(g, bench_ss_rank, s);
+    st = bench_group_run(g, ss_rank, s);
   }
   long long regs1 = bench_group_registrations(g);
   if (st == TPF_OK && !s->failed) {
     double nregs = regs0 < 0 ? NAN : (double)(regs1 - regs0) / (double)(2 * s->calls);
-    bench_ss_row("tpf_comm_set_active_shape", P, o, s->calls, s->comm_med_ns, s->comm_p99_ns,
-                 (double)s->comm_allocs / (double)s->calls, nregs,
-                 o->cuda ? (double)s->dev_delta / 1048576.0 / (double)(2 * s->calls) : NAN,
-                 o->cuda ? "tpflex: one communicator"
-                         : "tpflex: one communicator (+ sim canary fill of inactive bytes)");
-    bench_ss_row("tpf_manager_set_active_shape", P, o, s->calls, s->mgr_med_ns, s->mgr_p99_ns,
-                 (double)s->mgr_allocs / (double)s->calls, nregs, NAN,
-                 o->cuda ? "tpflex: manager of 4 communicators"
-                         : "tpflex: manager of 4 communicators (+ sim canary fill)");
+    ss_row("tpf_comm_set_active_shape", P, o, s->calls, s->comm_med_ns, s->comm_p99_ns,
+           (double)s->comm_allocs / (double)s->calls, nregs,
+           o->cuda ? (double)s->dev_delta / 1048576.0 / (double)(2 * s->calls) : NAN,
+           o->cuda ? "tpflex: one communicator"
+                   : "tpflex: one communicator (+ sim canary fill of inactive bytes)");
+    ss_row("tpf_manager_set_active_shape", P, o, s->calls, s->mgr_med_ns, s->mgr_p99_ns,
+           (double)s->mgr_allocs / (double)s->calls, nregs, NAN,
+           o->cuda ? "tpflex: manager of 4 communicators"
+                   : "tpflex: manager of 4 communicators (+ sim canary fill)");
     bench_progress("[1/4 setshape] timing %d destroy + create (re-registration)", s->realloc_n);
     s->phase = 2;
-    st = bench_group_run(g, bench_ss_rank, s);
+    st = bench_group_run(g, ss_rank, s);
     long long regs2 = bench_group_registrations(g);
     if (st == TPF_OK && !s->failed)
-      bench_ss_row("tpf_comm_destroy+create", P, o, s->realloc_n, s->realloc_med_ns,
-                   s->realloc_p99_ns, (double)s->realloc_allocs / (double)(s->realloc_n * P),
-                   regs0 < 0 ? NAN : (double)(regs2 - regs1) / (double)s->realloc_n, NAN,
-                   o->cuda ? "alternative: re-register at the new size (cudaMalloc path)"
-                           : "alternative: re-register at the new size (arena path)");
+      ss_row("tpf_comm_destroy+create", P, o, s->realloc_n, s->realloc_med_ns, s->realloc_p99_ns,
+             (double)s->realloc_allocs / (double)(s->realloc_n * P),
+             regs0 < 0 ? NAN : (double)(regs2 - regs1) / (double)s->realloc_n, NAN,
+             o->cuda ? "alternative: re-register at the new size (cudaMalloc path)"
+                     : "alternative: re-register at the new size (arena path)");
     bench_note("allocs/call: allocations through tpflex's allocator per call (all ranks for "
                "destroy+create, per rank); live allocations changed by %lld over the "
                "set_active_shape loops",
@@ -917,8 +713,8 @@ int bench_section_setshape(const bench_opts *o0) {
     rc = 1;
   }
   s->phase = 3;
-  bench_group_run(g, bench_ss_rank, s);
-  if (o->cuda && rc == 0) rc |= bench_cuda_setshape_alternatives(o, g);
+  bench_group_run(g, ss_rank, s);
+  if (o->cuda && rc == 0) rc |= bench_cuda_setshape_alternatives(o);
   free(s);
   bench_group_destroy(g);
   return rc;
@@ -926,7 +722,7 @@ int bench_section_setshape(const bench_opts *o0) {
 
 /* ---- section 2: dynamic versus padded ------------------------------------------------------ */
 
-static double bench_flops(const bench_job *j, uint64_t T) {
+static double job_flops(const bench_job *j, uint64_t T) {
   return 2.0 * (double)T * (double)j->H * (double)j->N;
 }
 
@@ -963,14 +759,14 @@ int bench_section_dynamic(const bench_opts *o) {
   int rc = 0;
   for (size_t oi = 0; oi < sizeof(ops) / sizeof(ops[0]); oi++) {
     bench_job *j = calloc(1, sizeof(*j));
-    bench_job_init(j, o, ops[oi], P, 4, ts);
-    bench_progress("[2/4 dynamic] %s P=%d, T = C/8 .. C", bench_ops[ops[oi]].name, P);
-    st = bench_run_job(g, j);
+    job_init(j, o, ops[oi], P, 4, ts);
+    bench_progress("[2/4 dynamic] %s P=%d, T = C/8 .. C", kOps[ops[oi]].name, P);
+    st = run_job(g, j);
     double pad = j->nts ? j->us[j->nts - 1] : NAN; /* the last T is C: the padded run */
     for (int i = 0; i < j->nts; i++) {
       uint64_t T = j->ts[i];
       double size = (double)T * (double)o->hidden * 2.0, t = j->us[i];
-      bench_cell_s(bench_ops[ops[oi]].name);
+      bench_cell_s(kOps[ops[oi]].name);
       bench_cell_i(P);
       bench_cell_i((long long)T);
       bench_cell_f((double)T / (double)o->capacity, 3);
@@ -980,14 +776,14 @@ int bench_section_dynamic(const bench_opts *o) {
       bench_cell_f(size / (t * 1e3), 2);
       bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
       bench_cell_i(atomic_load(&j->wrong[i]));
-      bench_cell_f(bench_flops(j, T) / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
+      bench_cell_f(job_flops(j, T) / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
       bench_cell_f(pad, 1);
       bench_cell_f(t / pad, 3);
       bench_row_end();
       if (atomic_load(&j->wrong[i]) != 0) rc = 1;
     }
     if (st != TPF_OK) {
-      bench_note("FAILED %s: %s", bench_ops[ops[oi]].name, j->err);
+      bench_note("FAILED %s: %s", kOps[ops[oi]].name, j->err);
       rc = 1;
     }
     free(j);
@@ -1055,12 +851,11 @@ int bench_section_tp(const bench_opts *o) {
     ops[nops++] = BOP_PIPE_RS_SERIAL;
     bench_job *jobs = calloc((size_t)nops, sizeof(bench_job));
     for (int k = 0; k < nops; k++) {
-      bench_job_init(&jobs[k], o, ops[k], P, o->ntps, o->tps);
-      bench_progress("[4/4 tp] P=%d %s over %d values of T", P, bench_ops[ops[k]].name,
-                     jobs[k].nts);
-      st = bench_run_job(g, &jobs[k]);
+      job_init(&jobs[k], o, ops[k], P, o->ntps, o->tps);
+      bench_progress("[4/4 tp] P=%d %s over %d values of T", P, kOps[ops[k]].name, jobs[k].nts);
+      st = run_job(g, &jobs[k]);
       if (st != TPF_OK) {
-        bench_note("FAILED P=%d %s: %s", P, bench_ops[ops[k]].name, jobs[k].err);
+        bench_note("FAILED P=%d %s: %s", P, kOps[ops[k]].name, jobs[k].err);
         rc = 1;
       }
     }
@@ -1071,8 +866,8 @@ int bench_section_tp(const bench_opts *o) {
       const uint64_t T = j0->ts[i];
       double lay_ag = NAN, lay_rs = NAN;
       bench_progress("[4/4 tp] P=%d whole-layer GEMMs at T=%llu", P, (unsigned long long)T);
-      if (bench_layer_gemm(o, g1, T, o->n * (uint64_t)P, o->hidden, &lay_ag) != TPF_OK ||
-          bench_layer_gemm(o, g1, T, o->hidden, o->n * (uint64_t)P, &lay_rs) != TPF_OK) {
+      if (layer_gemm(o, g1, T, o->n * (uint64_t)P, o->hidden, &lay_ag) != TPF_OK ||
+          layer_gemm(o, g1, T, o->hidden, o->n * (uint64_t)P, &lay_rs) != TPF_OK) {
         bench_note("layer GEMM at T=%llu failed: %s", (unsigned long long)T, tpf_last_error());
       }
       double ser_ag = NAN, ser_rs = NAN;
@@ -1082,10 +877,10 @@ int bench_section_tp(const bench_opts *o) {
       }
       for (int k = 0; k < nops; k++) {
         const bench_job *j = &jobs[k];
-        const bool ag = bench_is_ag(j->op);
+        const bool ag = is_ag(j->op);
         double t = j->us[i], size = (double)T * (double)o->hidden * 2.0;
         double lay = ag ? lay_ag : lay_rs, ser = ag ? ser_ag : ser_rs;
-        bench_cell_s(bench_ops[j->op].name);
+        bench_cell_s(kOps[j->op].name);
         bench_cell_i(P);
         bench_cell_i((long long)T);
         bench_cell_i((long long)size);
@@ -1094,7 +889,7 @@ int bench_section_tp(const bench_opts *o) {
         bench_cell_f(size / (t * 1e3), 2);
         bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
         bench_cell_i(atomic_load(&j->wrong[i]));
-        bench_cell_f(bench_flops(j, T) * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
+        bench_cell_f(job_flops(j, T) * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
         bench_cell_f(lay, 1);
         bench_cell_f(lay / t, 3);
         bench_cell_f(ser, 1);

@@ -1,0 +1,218 @@
+/* `tpflex bench`'s rank groups: P ranks of one backend (a simulator world, or the in-process CUDA
+ * ranks of bench_cuda_env.c), the random input source every operand view reads, device-neutral
+ * memory (host memory on the simulator, device memory on CUDA) and the timing of one repetition
+ * across all ranks. Calls bench_cuda_env.c and bench_util.c.
+ *
+ * Method: src[i] = pool[i % pool_elems] for a pool of random bf16 values uniform in [-1, 1)
+ * (never zero-filled), so any element of any operand view into src is known on the host without
+ * copying it back. Simulator timing: the host clock around each repetition, all ranks released
+ * by a barrier; a repetition spans the earliest rank's start to the latest rank's end. */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include "reference.h" /* tpf_ref_float_to_bf16, tpf_ref_bf16_to_float */
+#include "tpflex/tpflex_sim.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ---- the random source -------------------------------------------------------------------- */
+
+static uint16_t to_bf16(float f) {
+  return tpf_ref_float_to_bf16(f);
+}
+
+static tpf_status pool_init(bench_group *g) {
+  g->pool_elems = g->cuda ? (32ull << 20) : (1ull << 20);
+  g->pool = malloc(g->pool_elems * sizeof(uint16_t));
+  if (!g->pool) return tpf_set_error(TPF_ENOMEM, "bench: no memory for the input pool");
+  uint64_t s = 0x9E3779B97F4A7C15ull;
+  for (uint64_t i = 0; i < g->pool_elems; i++) {
+    /* splitmix64 -> uniform [-1, 1) -> bf16; never zero-filled. */
+    uint64_t z = (s += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    float u = (float)(z >> 40) * (1.0f / 16777216.0f);
+    g->pool[i] = to_bf16(2.0f * u - 1.0f);
+  }
+  return TPF_OK;
+}
+
+float bench_src_value(const bench_group *g, uint64_t i) {
+  return tpf_ref_bf16_to_float(g->pool[i % g->pool_elems]);
+}
+
+tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
+  if (elems <= g->src_elems) return TPF_OK;
+  if (g->src) bench_mem_free(g, g->src);
+  g->src = NULL;
+  g->src_elems = 0;
+  void *p = bench_mem_alloc(g, elems * 2);
+  if (!p)
+    return tpf_set_error(TPF_ENOMEM, "bench: cannot allocate %llu bytes of inputs",
+                         (unsigned long long)(elems * 2));
+  if (g->cuda) { /* one upload of the pool, then doubling device copies */
+    tpf_status st = bench_cuda_tile(p, g->pool, g->pool_elems * 2, elems * 2);
+    if (st != TPF_OK) {
+      bench_mem_free(g, p);
+      return st;
+    }
+  } else {
+    for (uint64_t off = 0; off < elems; off += g->pool_elems) {
+      uint64_t n = elems - off < g->pool_elems ? elems - off : g->pool_elems;
+      memcpy((uint16_t *)p + off, g->pool, n * 2);
+    }
+  }
+  g->src = p;
+  g->src_elems = elems;
+  return TPF_OK;
+}
+
+/* ---- groups ------------------------------------------------------------------------------- */
+
+typedef struct {
+  bench_group *g;
+  bench_rank_fn fn;
+  void *arg;
+} sim_tramp;
+
+static tpf_status sim_rank(tpf_backend *be, int rank, void *arg) {
+  sim_tramp *t = arg;
+  bench_rank rk = {.rank = rank, .tp = t->g->tp, .stream = NULL, .g = t->g, .be = be};
+  return t->fn(&rk, t->arg);
+}
+
+tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
+  bench_group *g = calloc(1, sizeof(*g));
+  if (!g) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  g->o = o;
+  g->cuda = o->cuda;
+  g->tp = tp;
+  if (tp > 0) /* tp == 0: inputs and GEMMs only, no ranks (CUDA baselines) */
+    pthread_barrier_init(&g->bar, NULL, (unsigned)tp);
+  g->t0 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
+  g->t1 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
+  tpf_status st = (g->t0 && g->t1) ? pool_init(g) : TPF_ENOMEM;
+  if (st == TPF_OK) {
+    if (g->cuda) {
+      st = bench_cuda_group_init(g);
+    } else {
+#ifdef TPF_HAVE_SIM
+      tpf_sim_config cfg;
+      memset(&cfg, 0, sizeof(cfg));
+      cfg.tp_size = tp;
+      cfg.seed = 1;
+      cfg.timeout_ms = 60000;
+      tpf_sim_world *w = NULL;
+      st = tpf_sim_world_create(&cfg, &w);
+      g->sim_world = w;
+#else
+      st = tpf_set_error(TPF_EUNSUPPORTED, "bench: no simulator in this build");
+#endif
+    }
+  }
+  if (st != TPF_OK) {
+    bench_group_destroy(g);
+    return st;
+  }
+  *out = g;
+  return TPF_OK;
+}
+
+tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
+  if (g->cuda) return bench_cuda_group_run(g, fn, arg);
+#ifdef TPF_HAVE_SIM
+  sim_tramp t = {g, fn, arg};
+  return tpf_sim_run((tpf_sim_world *)g->sim_world, sim_rank, &t);
+#else
+  return TPF_EUNSUPPORTED;
+#endif
+}
+
+void bench_group_destroy(bench_group *g) {
+  if (!g) return;
+  if (g->src) bench_mem_free(g, g->src);
+  if (g->cuda) bench_cuda_group_fini(g);
+#ifdef TPF_HAVE_SIM
+  else if (g->sim_world)
+    tpf_sim_world_destroy((tpf_sim_world *)g->sim_world);
+#endif
+  if (g->tp > 0) pthread_barrier_destroy(&g->bar);
+  free(g->pool);
+  free(g->t0);
+  free(g->t1);
+  free(g);
+}
+
+long long bench_group_registrations(bench_group *g) {
+#ifdef TPF_HAVE_SIM
+  if (!g->cuda && g->sim_world) {
+    tpf_sim_stats s;
+    if (tpf_sim_get_stats((tpf_sim_world *)g->sim_world, &s) == TPF_OK)
+      return (long long)s.registrations;
+  }
+#else
+  (void)g;
+#endif
+  return -1;
+}
+
+void *bench_mem_alloc(bench_group *g, uint64_t bytes) {
+  return g->cuda ? bench_cuda_alloc(bytes) : malloc(bytes ? bytes : 1);
+}
+void bench_mem_free(bench_group *g, void *p) {
+  if (g->cuda)
+    bench_cuda_free(p);
+  else
+    free(p);
+}
+tpf_status bench_mem_copy(bench_rank *rk, void *dst, const void *src, uint64_t bytes) {
+  if (rk->g->cuda) return bench_cuda_copy(rk, dst, src, bytes);
+  memcpy(dst, src, bytes);
+  return TPF_OK;
+}
+tpf_status bench_mem_download(bench_rank *rk, void *host, const void *dev, uint64_t bytes) {
+  if (rk->g->cuda) return bench_cuda_download(rk, host, dev, bytes);
+  memcpy(host, dev, bytes);
+  return TPF_OK;
+}
+tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes) {
+  if (rk->g->cuda) return bench_cuda_poison(rk, dev, bytes);
+  memset(dev, 0xFF, bytes);
+  return TPF_OK;
+}
+tpf_status bench_sync(bench_rank *rk) {
+  return rk->g->cuda ? bench_cuda_sync(rk) : TPF_OK;
+}
+
+tpf_status bench_time_begin(bench_rank *rk, int it) {
+  if (rk->g->cuda) return bench_cuda_time_begin(rk, it);
+  bench_barrier(rk);
+  rk->g->t0[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
+  return TPF_OK;
+}
+tpf_status bench_time_end(bench_rank *rk, int it) {
+  if (rk->g->cuda) return bench_cuda_time_end(rk, it);
+  rk->g->t1[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
+  return TPF_OK;
+}
+tpf_status bench_time_collect(bench_rank *rk, int n, double *us) {
+  if (rk->g->cuda) return bench_cuda_time_collect(rk, n, us);
+  bench_barrier(rk);
+  if (rk->rank == 0) {
+    for (int it = 0; it < n; it++) {
+      double a = INFINITY, b = -INFINITY;
+      for (int r = 0; r < rk->tp; r++) {
+        double x = rk->g->t0[r * BENCH_MAX_ITERS + it], y = rk->g->t1[r * BENCH_MAX_ITERS + it];
+        a = x < a ? x : a;
+        b = y > b ? y : b;
+      }
+      us[it] = (b - a) * 1e-3;
+    }
+  }
+  bench_barrier(rk);
+  return TPF_OK;
+}
