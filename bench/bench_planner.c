@@ -37,7 +37,7 @@ typedef struct {
 } pl_entry;
 
 /* The table each of P ranks sharing one device sees (see the file comment). */
-static void pl_shared_table(const tpf_cost_table *in, int P, tpf_cost_table *out) {
+static void shared_table(const tpf_cost_table *in, int P, tpf_cost_table *out) {
   *out = *in;
   out->peer = in->local;
   out->peer.gbps /= P;
@@ -48,19 +48,19 @@ static void pl_shared_table(const tpf_cost_table *in, int P, tpf_cost_table *out
 }
 
 /* "8", "4a" (aggregate), "1"; "?" for none. */
-static void pl_splits_label(char *buf, size_t len, int splits, bool aggregate) {
+static void splits_label(char *buf, size_t len, int splits, bool aggregate) {
   if (splits <= 0)
     snprintf(buf, len, "?");
   else
     snprintf(buf, len, "%d%s", splits, aggregate ? "a" : "");
 }
 
-static bool pl_is_aggr(int op, int P, int splits) {
+static bool is_aggr(int op, int P, int splits) {
   return op == PL_AG && P > 2 && P % 2 == 0 && splits == P / 2;
 }
 
 /* The layout of variant `splits` (0: the communicator's default) at T. */
-static tpf_layout_desc pl_desc(int op, int P, uint64_t C, uint64_t H, uint64_t T, int splits) {
+static tpf_layout_desc layout_of(int op, int P, uint64_t C, uint64_t H, uint64_t T, int splits) {
   tpf_layout_desc d;
   memset(&d, 0, sizeof d);
   d.tp_size = P;
@@ -71,12 +71,12 @@ static tpf_layout_desc pl_desc(int op, int P, uint64_t C, uint64_t H, uint64_t T
   d.capacity = (tpf_shape){C, H};
   d.active = (tpf_shape){T, H};
   d.num_splits = splits;
-  d.aggregate = pl_is_aggr(op, P, splits);
+  d.aggregate = is_aggr(op, P, splits);
   return d;
 }
 
 /* The predicted time of the candidate with this split count (and aggregate flag), NaN if none. */
-static double pl_pred_of(const tpf_plan_result *r, int splits, bool aggregate) {
+static double pred_of(const tpf_plan_result *r, int splits, bool aggregate) {
   for (int i = 0; i < r->ncand; i++)
     if (r->cand[i].runnable && r->cand[i].num_splits == splits && r->cand[i].aggregate == aggregate)
       return r->cand[i].predicted_us;
@@ -123,7 +123,7 @@ int bench_section_planner(const bench_opts *o) {
     if (o->dedicated)
       *model = *o->cost;
     else
-      pl_shared_table(o->cost, P, model);
+      shared_table(o->cost, P, model);
     /* The group's timing storage: every variant of every repetition. */
     bench_opts og = *o;
     og.iters = o->planner_iters * BENCH_MAX_VARIANTS;
@@ -171,11 +171,11 @@ int bench_section_planner(const bench_opts *o) {
         names[v->nvar++] = "adaptive";
         for (int i = 0; i < nts; i++) {
           if (ts[i] % (uint64_t)P != 0) continue;
-          tpf_layout_desc d = pl_desc(op, P, C, H, ts[i], 0);
+          tpf_layout_desc d = layout_of(op, P, C, H, ts[i], 0);
           if (tpf_layout_check(&d) != TPF_OK) continue; /* T not legal for this layout */
           v->ts[v->nts] = ts[i];
           for (int k = 0; k < v->nvar; k++) {
-            d = pl_desc(op, P, C, H, ts[i], v->splits[k]);
+            d = layout_of(op, P, C, H, ts[i], v->splits[k]);
             v->legal[k][v->nts] = v->splits[k] == 0 || tpf_layout_check(&d) == TPF_OK;
           }
           v->nts++;
@@ -190,7 +190,7 @@ int bench_section_planner(const bench_opts *o) {
         }
         for (int i = 0; i < v->nts; i++) {
           const uint64_t T = v->ts[i];
-          tpf_layout_desc d = pl_desc(op, P, C, H, T, 0);
+          tpf_layout_desc d = layout_of(op, P, C, H, T, 0);
           tpf_gemm_dims gd = {T, op == PL_AG ? N : H, op == PL_AG ? H : N};
           tpf_plan_result pr;
           if (tpf_plan_predict(model, &d, &gd, &pr) != TPF_OK) pr.ncand = 0;
@@ -198,7 +198,7 @@ int bench_section_planner(const bench_opts *o) {
           int cs = cr->ncand ? cr->cand[cr->chosen].num_splits : 0;
           bool ca = cr->ncand ? cr->cand[cr->chosen].aggregate : false;
           char chose[16];
-          pl_splits_label(chose, sizeof chose, cs, ca);
+          splits_label(chose, sizeof chose, cs, ca);
           double pa = cr->ncand ? cr->cand[cr->chosen].predicted_us : NAN;
           if (pr.ncand && cr->ncand &&
               (pr.cand[pr.chosen].num_splits != cs || pr.cand[pr.chosen].aggregate != ca))
@@ -215,7 +215,7 @@ int bench_section_planner(const bench_opts *o) {
             }
           char bl[16] = "-";
           if (bi >= 0)
-            pl_splits_label(bl, sizeof bl, v->splits[bi], pl_is_aggr(op, P, v->splits[bi]));
+            splits_label(bl, sizeof bl, v->splits[bi], is_aggr(op, P, v->splits[bi]));
           bench_cell_s(op == PL_AG ? "ring_ag+gemm" : "gemm+pipeline_rs");
           bench_cell_i(P);
           bench_cell_i((long long)N);
@@ -257,12 +257,12 @@ int bench_section_planner(const bench_opts *o) {
             if (k == adapt)
               snprintf(e->label, sizeof e->label, "adaptive (%s)", chose);
             else {
-              pl_splits_label(sl, sizeof sl, v->splits[k], pl_is_aggr(op, P, v->splits[k]));
+              splits_label(sl, sizeof sl, v->splits[k], is_aggr(op, P, v->splits[k]));
               snprintf(e->label, sizeof e->label, "%s (%s)", names[k], sl);
             }
             e->meas = v->us[k][i];
             e->pred =
-                k == adapt ? pa : pl_pred_of(&pr, v->splits[k], pl_is_aggr(op, P, v->splits[k]));
+                k == adapt ? pa : pred_of(&pr, v->splits[k], is_aggr(op, P, v->splits[k]));
           }
         }
         free(v);
