@@ -112,7 +112,8 @@ float bench_src_value(const bench_group *g, uint64_t i);
 /* Timing of one repetition across all ranks: every rank calls begin, its operation, then end.
  * Afterwards rank 0's bench_time_collect gives the time from the earliest start to the latest
  * end of each repetition, in microseconds. On CUDA the interval is measured with events and
- * begins after a 256 MiB memset that flushes the L2 and lets the host run ahead. */
+ * begins after a 1 GiB memset (BENCH_FLUSH_BYTES) that flushes the L2 and lets the host run
+ * ahead. */
 tpf_status bench_time_begin(bench_rank *rk, int it);
 tpf_status bench_time_end(bench_rank *rk, int it);
 tpf_status bench_time_collect(bench_rank *rk, int n, double *us);

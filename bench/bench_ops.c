@@ -3,7 +3,7 @@
  * baseline), and the variants runner of the planner section. Calls the groups (bench_group.c),
  * the GPU baselines (bench_cuda_sections.c) and bench_util.c.
  *
- * Method: one per-rank function (bench_op_rank) runs an operation over a sweep of active T on a
+ * Method: one per-rank function (op_rank) runs an operation over a sweep of active T on a
  * communicator registered once at capacity. Every repetition takes fresh operand views at a
  * rotating offset into a random source array (src[i] = pool[i % pool_elems]), so the host knows
  * every input element and checks sampled output rows against harness/reference.c without

@@ -214,8 +214,7 @@ int bench_section_planner(const bench_opts *o) {
               bi = k;
             }
           char bl[16] = "-";
-          if (bi >= 0)
-            splits_label(bl, sizeof bl, v->splits[bi], is_aggr(op, P, v->splits[bi]));
+          if (bi >= 0) splits_label(bl, sizeof bl, v->splits[bi], is_aggr(op, P, v->splits[bi]));
           bench_cell_s(op == PL_AG ? "ring_ag+gemm" : "gemm+pipeline_rs");
           bench_cell_i(P);
           bench_cell_i((long long)N);
@@ -261,8 +260,7 @@ int bench_section_planner(const bench_opts *o) {
               snprintf(e->label, sizeof e->label, "%s (%s)", names[k], sl);
             }
             e->meas = v->us[k][i];
-            e->pred =
-                k == adapt ? pa : pred_of(&pr, v->splits[k], is_aggr(op, P, v->splits[k]));
+            e->pred = k == adapt ? pa : pred_of(&pr, v->splits[k], is_aggr(op, P, v->splits[k]));
           }
         }
         free(v);

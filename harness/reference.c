@@ -154,16 +154,15 @@ void tpf_ref_fill(tpf_matrix *m, uint64_t seed, float lo, float hi) {
       tpf_ref_set(m, i, j, tpf_ref_rand_uniform(&st, lo, hi));
 }
 
-static bool ref_dtype_ok(tpf_dtype t) {
+static bool dtype_ok(tpf_dtype t) {
   return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32;
 }
 
-static tpf_status ref_gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d,
-                                float *out) {
-  if (!x || !w || !x->ptr || !w->ptr || !ref_dtype_ok(x->dtype) || !ref_dtype_ok(w->dtype))
+static tpf_status gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d, float *out) {
+  if (!x || !w || !x->ptr || !w->ptr || !dtype_ok(x->dtype) || !dtype_ok(w->dtype))
     return TPF_EINVAL;
   if (x->cols != w->cols) return TPF_EINVAL;
-  if (d && (!d->ptr || !ref_dtype_ok(d->dtype) || d->rows != x->rows || d->cols != w->rows))
+  if (d && (!d->ptr || !dtype_ok(d->dtype) || d->rows != x->rows || d->cols != w->rows))
     return TPF_EINVAL;
   uint64_t m = x->rows, n = w->rows, k = x->cols;
   float *wf = malloc((size_t)(n * k + k + 1) * sizeof(float));
@@ -192,12 +191,12 @@ static tpf_status ref_gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_ma
 
 tpf_status tpf_ref_gemm(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d) {
   if (!d) return TPF_EINVAL;
-  return ref_gemm_impl(x, w, d, NULL);
+  return gemm_impl(x, w, d, NULL);
 }
 
 tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out) {
   if (!out) return TPF_EINVAL;
-  return ref_gemm_impl(x, w, NULL, out);
+  return gemm_impl(x, w, NULL, out);
 }
 
 tpf_status tpf_ref_rs_add_partial(const tpf_matrix *x_rows, const tpf_matrix *w, tpf_dtype buf,
