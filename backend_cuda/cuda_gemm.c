@@ -250,6 +250,17 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
   TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
                       pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, &al_d, sizeof(al_d)),
                   "set MIN_ALIGNMENT_D", rc, fail);
+  /* SPEC §1: fp32 accumulation, one rounding. A split-K algorithm whose partial sums are reduced
+   * in the output type (OUTPUT_TYPE) or in place in D (INPLACE) rounds bf16/fp16 partial sums
+   * before adding them; allow only the compute-type reduction (and no split at all), as PyTorch
+   * does when reduced-precision reductions are off. The H200 conformance run of 2026-12-03 saw
+   * 9 of 6,510 bf16 cases off by 1-2 ulps beyond the reference's slack on small PIPELINE blocks
+   * with cuBLASLt and none with the fallback kernel; this is the suspected cause (to verify). */
+  uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
+                      pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
+                      sizeof(reduction)),
+                  "set REDUCTION_SCHEME_MASK", rc, fail);
   cublasLtMatmulHeuristicResult_t res;
   memset(&res, 0, sizeof(res));
   int found = 0;

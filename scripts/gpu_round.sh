@@ -33,7 +33,9 @@ export LD_LIBRARY_PATH=$DEPS/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 for s in "$@"; do
   case $s in
   build)
-    step configure 120 "cmake -S . -B $BUILD -G Ninja -DTPF_WITH_CUDA=ON -DTPF_WERROR=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMOCKA_INCLUDE_DIR=$DEPS/usr/include -DCMOCKA_LIBRARY=$DEPS/usr/lib/x86_64-linux-gnu/libcmocka.so.0"
+    # -Werror stays in CI (the CPU machine's compilers); the GPU machine's gcc warns differently
+    # (format-truncation on 2026-12-03) and a warning must not cost a GPU round.
+    step configure 120 "cmake -S . -B $BUILD -G Ninja -DTPF_WITH_CUDA=ON -DTPF_WERROR=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMOCKA_INCLUDE_DIR=$DEPS/usr/include -DCMOCKA_LIBRARY=$DEPS/usr/lib/x86_64-linux-gnu/libcmocka.so.0"
     step build 300 "cmake --build $BUILD -j 16" || { tail -30 "$OUT/build.log"; exit 1; }
     step symbols 30 "bash tests/install/check_symbols.sh $BUILD/libtpflex.so include" ;;
   gpu-ctest)

@@ -354,6 +354,11 @@ static tpf_status cal_gemm_plan(cal_cu *c, cal_gemm_arg *g) {
   uint64_t ws = c->ws_bytes;
   cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
       pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+  /* The backend's rule (cuda_gemm.c): split-K only with compute-type (fp32) reductions. */
+  uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
+  if (st == CUBLAS_STATUS_SUCCESS)
+    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                              &reduction, sizeof reduction);
   cublasLtMatmulHeuristicResult_t res;
   memset(&res, 0, sizeof res);
   int found = 0;

@@ -609,7 +609,7 @@ static int check_kill_in_create(const proc_case *cs, const proc_kit *k, const tp
              "here by the test)",
              left[0]);
     for (int i = 0; i < nleft; i++) {
-      char path[300];
+      char path[sizeof left[0] + 16]; /* "/dev/shm/" + a name of left[] */
       snprintf(path, sizeof path, "/dev/shm/%s", left[i]);
       unlink(path);
     }
