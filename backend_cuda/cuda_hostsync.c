@@ -104,7 +104,11 @@ tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
    * which the name can go. All ranks take the same decision from the same outcomes. */
   int32_t ok = rc == TPF_OK, oks[TPF_MAX_RANKS];
   tpf_status ag = boot->allgather(boot->ctx, &ok, oks, sizeof ok);
+  /* Every rank that knows the name unlinks it (ENOENT after the first is fine): if rank 0 died
+   * after creating the table, the survivors still remove it from /dev/shm. Mapped tables stay
+   * valid after the unlink. (A rank 0 that dies before the name exchange leaves it behind.) */
   if (boot->rank == 0 && mine[0] != '\0') shm_unlink(mine);
+  if (boot->rank != 0 && ex == TPF_OK && names[0][0] != '\0') shm_unlink(names[0]);
   if (ag != TPF_OK) {
     tpf_cuda__hostsync_destroy(h);
     return ag;
