@@ -4,7 +4,7 @@
  * see every allocation of the core and the simulator; after a warm-up operation of each kind,
  * set_active_shape + every operation (ring ag_gemm, ring and pipeline gemm_rs, bulk AG and RS)
  * at every legal T <= C runs with a zero allocation budget and must make zero allocations, for
- * P in {1, 2, 4}; results are checked exactly against tests/support/reference.h (fp32, values
+ * P in {1, 2, 4}; results are checked exactly against harness/reference.h (fp32, values
  * that are multiples of 0.5, so every sum is exact).
  *
  * Item 2: tpf_comm_sync, tpf_comm_async_error (per communicator: a fault on one never shows on
