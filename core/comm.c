@@ -119,9 +119,9 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
 static uint64_t cost_hash(const tpf_cost_table *t) {
   if (!t) return 0;
   uint64_t h = 0xcbf29ce484222325ull;
-  const double d[] = {t->launch_us,       t->handshake_us,      t->barrier_us,
-                      t->peer.latency_us, t->peer.gbps,         t->local.latency_us,
-                      t->local.gbps,      t->reduce.latency_us, t->reduce.gbps};
+  const double d[] = {t->launch_us,   t->handshake_us,         t->barrier_us, t->peer.latency_us,
+                      t->peer.gbps,   t->local.latency_us,     t->local.gbps, t->reduce.latency_us,
+                      t->reduce.gbps, (double)t->shared_device};
   h = fnv(h, d, sizeof d);
   for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++) {
     const tpf_cost_gemm_point *g = &t->gemm[i];

@@ -55,25 +55,32 @@ static bool dtype_of(const char *name, size_t len, tpf_dtype *out) {
   return false;
 }
 
-enum { K_LAUNCH, K_HANDSHAKE, K_BARRIER, K_PEER, K_LOCAL, K_REDUCE, K_COUNT };
+enum { K_LAUNCH, K_HANDSHAKE, K_BARRIER, K_PEER, K_LOCAL, K_REDUCE, K_SHARED, K_COUNT };
 
 static tpf_status parse_line(tpf_cost_table *t, bool *seen, const char *line, int lineno) {
-  static const char *const keys[K_COUNT] = {"launch_us", "handshake_us", "barrier_us",
-                                            "copy peer", "copy local",   "reduce"};
+  static const char *const keys[K_COUNT] = {"launch_us",    "handshake_us", "barrier_us",
+                                            "copy peer",    "copy local",   "reduce",
+                                            "shared_device"};
   double v[4];
   for (int k = 0; k < K_COUNT; k++) {
     size_t n = strlen(keys[k]);
     if (strncmp(line, keys[k], n) != 0 || (line[n] != ' ' && line[n] != '\t')) continue;
     TPF_RETURN_IF(seen[k], TPF_EINVAL, "cost table line %d: '%s' given twice", lineno, keys[k]);
     seen[k] = true;
-    int want = k >= K_PEER ? 2 : 1;
+    const bool link = k >= K_PEER && k <= K_REDUCE;
+    int want = link ? 2 : 1;
     TPF_RETURN_IF(!read_numbers(line + n, v, want), TPF_EINVAL,
                   "cost table line %d: '%s' needs %d number%s >= 0: '%s'", lineno, keys[k], want,
                   want > 1 ? "s (latency_us, GB/s)" : "", line);
     if (k == K_LAUNCH) t->launch_us = v[0];
     if (k == K_HANDSHAKE) t->handshake_us = v[0];
     if (k == K_BARRIER) t->barrier_us = v[0];
-    if (k >= K_PEER) {
+    if (k == K_SHARED) {
+      TPF_RETURN_IF(v[0] != 0 && v[0] != 1, TPF_EINVAL,
+                    "cost table line %d: 'shared_device' is 0 or 1: '%s'", lineno, line);
+      t->shared_device = v[0] != 0;
+    }
+    if (link) {
       TPF_RETURN_IF(v[1] <= 0, TPF_EINVAL, "cost table line %d: '%s' bandwidth must be > 0: '%s'",
                     lineno, keys[k], line);
       tpf_cost_link *l = k == K_PEER ? &t->peer : k == K_LOCAL ? &t->local : &t->reduce;
@@ -224,6 +231,7 @@ typedef struct {
   const tpf_schedule *s;
   int p, max;
   double launch_us;
+  bool shared;                     /* shared_device: one GEMM queue for every rank */
   double gemm_free[TPF_MAX_RANKS]; /* a rank's GEMMs share its GPU's SMs: one at a time */
   tpf_cost_span *sp;
   int cur[TPF_MAX_RANKS][TPF_NUM_STREAMS]; /* next unplaced step index per stream */
@@ -319,9 +327,12 @@ static tpf_status try_place(const tpf_cost_table *t, replay *r, int rank, int i,
       double e = span(r, st->peer, j)->end_us;
       if (e > at) at = e;
     }
-    if (st->kind == TPF_STEP_GEMM) { /* starts when the rank's previous GEMM has finished */
-      if (r->gemm_free[rank] > at) at = r->gemm_free[rank];
-      r->gemm_free[rank] = at + cost;
+    if (st->kind == TPF_STEP_GEMM) {
+      /* Starts when the previous GEMM on its device has finished: the rank's own, or with
+       * shared_device every rank's (they all share one GPU's SMs). */
+      const int q = r->shared ? 0 : rank;
+      if (r->gemm_free[q] > at) at = r->gemm_free[q];
+      r->gemm_free[q] = at + cost;
       start = at;
     }
     span(r, rank, i)->start_us = start;
@@ -360,6 +371,7 @@ tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds,
   r.max = max_steps;
   r.sp = spans;
   r.launch_us = t->launch_us;
+  r.shared = t->shared_device != 0;
   for (;;) {
     bool did = false;
     for (int q = 0; q < tp_size; q++)

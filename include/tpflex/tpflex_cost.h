@@ -18,6 +18,8 @@
  *   copy local <latency_us> <GB/s>         same-device copy
  *   reduce <latency_us> <GB/s>             REDUCE/PEER_REDUCE, bytes read over the time
  *   gemm <dtype> <m> <n> <k> <us>          a measured GEMM (dtype as tpf_dtype_name: bf16, ...)
+ *   shared_device 1                        all P ranks share one GPU: their GEMMs run one at a
+ *                                          time across ranks (default 0: a GPU per rank)
  * Every key but gemm appears at most once; at least one gemm line of a dtype is needed to price
  * GEMMs of that dtype. GB/s means 1e9 bytes per second.
  */
@@ -48,6 +50,8 @@ struct tpf_cost_table {
   tpf_cost_link peer, local, reduce;
   int ngemm;
   tpf_cost_gemm_point gemm[TPF_COST_MAX_GEMM_POINTS];
+  int shared_device; /* "shared_device 1": all ranks run on one GPU, whose GEMMs go one at a
+                      * time across ranks (default 0: one GPU per rank) */
 };
 
 /* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number
