@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One GPU round on a lent machine: builds a committed snapshot (.snap/src.tar from `git archive`,
+# One GPU round on a lent machine: builds a committed snapshot (.snap/src.tar, written by
+# scripts/gpu_snapshot.sh from `git archive`,
 # so half-edited files of a working tree never reach the GPU), then runs the steps named on the
 # command line, each bounded, each logged under $OUT/<step>.log, with a summary in $OUT/summary.txt.
 #
