@@ -18,6 +18,13 @@ tpf_status of the C library is raised as its exception class with tpf_last_error
 buffer() and local_chunk() are zero-copy views of the registration (DLPack), valid until the
 next set_ub_active_shape.
 
+torch.compile: the operations are torch.library custom ops, torch.ops.tpflex.ag_gemm /
+gemm_rs / bulk_overlap (out=None: they return the output) and *_out (they write `out`), with
+fake implementations; the methods call them. The communicator is passed as (name, key), the
+active buffer as the mutated `buffer` argument. set_ub_active_shape and the other calls into C
+stay outside the compiled region. python/README.md ("torch.compile") has the details and the
+limits (no autograd formula: wrap the methods in a torch.autograd.Function).
+
 Operation options (tpf_op_options; the same on every rank of a collective call):
     trans_w=True     the weight is stored [K, N] and used as is (dgrad: dY W)
     trans_a=True     gemm_rs x / bulk_overlap a stored [K, M] and used transposed (wgrad: dY^T X)
@@ -31,10 +38,12 @@ Operation options (tpf_op_options; the same on every rank of a collective call):
 from __future__ import annotations
 
 import ctypes
+import itertools
 import math
 import os
 import pickle
 import threading
+import weakref
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
@@ -283,15 +292,161 @@ def dlpack_view(ptr: int, rows: int, cols: int, ld: int, dtype: torch.dtype,
     return torch.utils.dlpack.from_dlpack(_capsule_new(p, _CAPSULE_NAME, None))
 
 
+# ---- validation: shared by the methods, the custom ops and their fake implementations ----------
+# Pure functions of tensor metadata (no data_ptr, no C call), so the fake implementations run the
+# same checks with the same messages; shapes are compared, never int()-ed (under torch.compile a
+# dimension may be symbolic, and int() would specialise it).
+
+def _need_tensor(where: str, what: str, t: Any) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise TpflexInvalidError(f"{what} must be a torch.Tensor, got {type(t).__name__}", where)
+
+
+def _dims(where: str, what: str, t: Any) -> Tuple[Any, Any]:
+    _need_tensor(where, what, t)
+    if t.dim() != 2:
+        raise TpflexShapeError(f"{what} has shape {_shape_str(t.shape)}, expected 2-D", where)
+    return t.shape[0], t.shape[1]
+
+
+def _check_mat(where: str, what: str, t: Any, shape: Tuple[Any, Any],
+               dtypes: Tuple[torch.dtype, ...], device: torch.device) -> Any:
+    """Device, dtype, shape ([rows, cols], None = any) and strides of a matrix operand; returns
+    its leading dimension."""
+    _need_tensor(where, what, t)
+    if t.device != device:
+        raise TpflexInvalidError(f"{what} is on {t.device}, expected {device}", where)
+    dt = t.dtype
+    if dt not in dtypes:
+        raise TpflexInvalidError(
+            f"{what} has dtype {dt}, expected {' or '.join(str(d) for d in dtypes)}", where)
+    ts = t.shape
+    want_r, want_c = shape
+    if len(ts) != 2 or (want_r is not None and ts[0] != want_r) or \
+            (want_c is not None and ts[1] != want_c):
+        want = _shape_str([s if s is not None else "*" for s in shape])
+        raise TpflexShapeError(f"{what} has shape {_shape_str(ts)}, expected {want}", where)
+    rows, cols = ts
+    s0, s1 = t.stride()
+    if cols > 1 and s1 != 1 or rows > 1 and s0 < cols:
+        hint = (" (a transposed view: pass the stored tensor and set trans_w/trans_a)"
+                if s0 == 1 and rows > 1 else "")
+        raise TpflexShapeError(
+            f"{what} has strides {tuple(t.stride())} for shape {_shape_str(ts)}, expected "
+            f"contiguous rows (stride 1) and a leading dimension >= {cols}{hint}", where)
+    return s0 if rows > 1 and s0 > cols else cols
+
+
+def _matrix(t: torch.Tensor, ld: int) -> Matrix:
+    return Matrix(t.data_ptr(), int(t.shape[0]), int(t.shape[1]), int(ld), _TORCH_TO_TPF[t.dtype])
+
+
+def _out_dtypes(dtype: torch.dtype) -> Tuple[torch.dtype, ...]:
+    return (dtype, torch.float32) if dtype != torch.float32 else (dtype,)
+
+
+def _check_bias(where: str, b: Optional[torch.Tensor], n: Any, out_dtype: torch.dtype,
+                device: torch.device) -> None:
+    if b is None:
+        return
+    _need_tensor(where, "bias", b)
+    if b.device != device:
+        raise TpflexInvalidError(f"bias is on {b.device}, expected {device}", where)
+    if b.dtype != out_dtype:
+        raise TpflexInvalidError(f"bias has dtype {b.dtype}, expected {out_dtype} (the "
+                                 f"output's dtype)", where)
+    if b.dim() != 1 or b.shape[0] != n:
+        raise TpflexShapeError(f"bias has shape {_shape_str(b.shape)}, expected [{n}] (N, "
+                               f"the output's columns)", where)
+    if n > 1 and b.stride(0) != 1:
+        raise TpflexShapeError(f"bias has stride {b.stride(0)}, expected 1 (contiguous)", where)
+
+
+def _beta_needs_out(where: str, beta: float, shape: Tuple[Any, Any]) -> TpflexInvalidError:
+    return TpflexInvalidError(f"beta={beta} reads D before writing it: pass out= (a "
+                              f"{_shape_str(shape)} tensor)", where)
+
+
+def _plan_ag_gemm(where: str, device: torch.device, dtype: torch.dtype, T: Any, H: Any,
+                  weight: Any, out: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                  trans_w: bool) -> Tuple[Any, Any, Any]:
+    """ag_gemm's checks against the active shape [T, H]: (N, ld of weight, ld of out or None)."""
+    wr, wc = _dims(where, "weight", weight)
+    N = wc if trans_w else wr
+    ld_w = _check_mat(where, "weight (trans_w: [H, N])" if trans_w else "weight", weight,
+                      (H, None) if trans_w else (None, H), (dtype,), device)
+    ld_d = None if out is None else _check_mat(where, "out", out, (T, N), _out_dtypes(dtype),
+                                               device)
+    _check_bias(where, bias, N, dtype if out is None else out.dtype, device)
+    return N, ld_w, ld_d
+
+
+def _plan_gemm_rs(where: str, device: torch.device, dtype: torch.dtype, T: Any, H: Any, P: int,
+                  x: Any, weight: Any, out: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                  trans_a: bool, trans_w: bool) -> Tuple[Any, Any, Any, Any]:
+    """gemm_rs's checks: (output rows T/P, ld of x, ld of weight, ld of out or None)."""
+    xr, xc = _dims(where, "x", x)
+    K = xr if trans_a else xc
+    ld_x = _check_mat(where, "x (trans_a: [K, T])" if trans_a else "x", x,
+                      (None, T) if trans_a else (T, None), (dtype,), device)
+    ld_w = _check_mat(where, "weight (trans_w: [K, H])" if trans_w else "weight", weight,
+                      (K, H) if trans_w else (H, K), (dtype,), device)
+    rows = T // P
+    ld_d = None if out is None else _check_mat(where, "out", out, (rows, H), _out_dtypes(dtype),
+                                               device)
+    _check_bias(where, bias, H, dtype if out is None else out.dtype, device)
+    return rows, ld_x, ld_w, ld_d
+
+
+def _plan_bulk(where: str, device: torch.device, a: Any, b: Any, out: Optional[torch.Tensor],
+               bias: Optional[torch.Tensor], trans_a: bool,
+               trans_w: bool) -> Tuple[Any, Any, Any, Any, Any]:
+    """bulk_overlap's checks: (M, N, ld of a, ld of b, ld of out or None)."""
+    ar, ac = _dims(where, "a", a)
+    M, K = (ac, ar) if trans_a else (ar, ac)
+    ld_a = _check_mat(where, "a (trans_a: [K, M])" if trans_a else "a", a, (None, None),
+                      _GEMM_DTYPES, device)
+    br, bc = _dims(where, "b", b)
+    N = bc if trans_w else br
+    ld_b = _check_mat(where, "b (trans_w: [K, N])" if trans_w else "b", b,
+                      (K, None) if trans_w else (None, K), (a.dtype,), device)
+    ld_d = None if out is None else _check_mat(where, "out", out, (M, N), _out_dtypes(a.dtype),
+                                               device)
+    _check_bias(where, bias, N, a.dtype if out is None else out.dtype, device)
+    return M, N, ld_a, ld_b, ld_d
+
+
 # ---- communicators -----------------------------------------------------------------------------
 
+# Every Communicator gets a key, unique in the process and never reused; the custom ops take
+# (name, key) and resolve it in the registry of the calling thread's binding (_state(): the
+# simulator rank's, else the process's), so a simulator rank only ever reaches its own
+# communicators.
+_KEYS = itertools.count(1)
+
+
+def _resolve(name: str, key: int, where: str) -> "Communicator":
+    reg = _state().get("comms")
+    c = reg.get(int(key)) if reg is not None else None
+    if c is None or c.name != name:
+        ctx = sim.current()
+        who = f"simulator rank {ctx.rank}" if ctx is not None else "this process"
+        raise TpflexStateError(
+            f"no communicator '{name}' with key {key} on {who}: a communicator resolves only on "
+            f"the simulator rank (thread) or process that created it, until it is collected",
+            where)
+    return c
+
+
 class Communicator:
-    """One registered site (tpf_comm). Operations validate before calling C."""
+    """One registered site (tpf_comm). Its operations are the custom ops torch.ops.tpflex.*
+    (usable under torch.compile); the methods parse the options and call them."""
 
     def __init__(self, manager: "Manager", handle: int, name: str) -> None:
         self._mgr = manager
         self._h = handle
         self.name = name
+        self.key = next(_KEYS)
         cfg = lib.tpf_comm_config_of(handle).contents
         self.algo = {v: k for k, v in _ALGO.items()}[cfg.algo]
         self.coll = {v: k for k, v in _COLL.items()}[cfg.coll]
@@ -300,7 +455,18 @@ class Communicator:
         self.tp_size = manager.tp_size
         self.rank = manager.rank
         self.device: torch.device = manager.device
-        self._views: Dict[str, Tuple[int, torch.Tensor]] = {}
+        # The views of the current shape epoch are as_strided views of one tensor over the whole
+        # registration (one storage: torch sees that local_chunk() and buffer() alias), cached
+        # eagerly and re-taken by every set_active_shape made through this package. Code under
+        # torch.compile builds them in the graph from that tensor and their geometry (Python
+        # ints), so the graph has one input per registration and calls no C.
+        self._vepoch = -1
+        self._vbuf: Optional[torch.Tensor] = None
+        self._vchunk: Optional[torch.Tensor] = None
+        self._reg: Optional[torch.Tensor] = None
+        self._reg_ptr = 0
+        self._gbuf: Tuple[int, int, int, int] = (0, 0, 0, 0)  # rows, cols, ld, offset (elements)
+        self._gchunk: Tuple[int, int, int, int] = (0, 0, 0, 0)
         if _lib.HAVE_BACKEND_CAPS:
             self.backend_caps: Optional[int] = int(lib.tpf_comm_backend_caps(handle))
             self.backend_name: str = (lib.tpf_comm_backend_name(handle) or b"?").decode()
@@ -313,6 +479,8 @@ class Communicator:
                     f"'{name}': backend '{self.backend_name}' registrations are "
                     f"{'host' if host else 'device'} memory but tensors are on {self.device}",
                     "initialize_ub")
+        _state().setdefault("comms", weakref.WeakValueDictionary())[self.key] = self
+        self._refresh_views()
 
     @property
     def supports_options(self) -> Optional[bool]:
@@ -355,141 +523,149 @@ class Communicator:
 
     def set_active_shape(self, shape: Sequence[int]) -> None:
         check(lib.tpf_comm_set_active_shape(self._handle(), _as_shape(shape, "shape")), self.name)
+        self._refresh_views()
 
-    def _view_of(self, kind: str) -> torch.Tensor:
+    # ---- zero-copy views ----
+    def _geometry(self, m: Matrix) -> Tuple[int, int, int, int]:
+        if self._reg is None:
+            base, nbytes = self.registration()
+            esz = torch.empty((), dtype=self.dtype).element_size()
+            self._reg = dlpack_view(base, 1, nbytes // esz, nbytes // esz, self.dtype,
+                                    self.device)[0]
+            self._reg_ptr = base
+        esz = self._reg.element_size()
+        off = int(m.ptr or 0) - self._reg_ptr
+        if _TPF_TO_TORCH[m.dtype] != self.dtype or off < 0 or off % esz:
+            raise TpflexStateError(f"'{self.name}': a view at offset {off} bytes of dtype "
+                                   f"{_TPF_TO_TORCH[m.dtype]} is not an element of the "
+                                   f"registration ({self.dtype})", self.name)
+        return int(m.rows), int(m.cols), int(m.ld), off // esz
+
+    def _refresh_views(self) -> None:
+        """Takes the views again when the shape epoch changed (one C call when it did not)."""
         h = self._handle()
         epoch = int(lib.tpf_comm_epoch(h))
-        hit = self._views.get(kind)
-        if hit is not None and hit[0] == epoch:
-            return hit[1]
-        m = Matrix()
-        fn = lib.tpf_comm_buffer if kind == "buffer" else lib.tpf_comm_local_chunk
-        check(fn(h, ctypes.byref(m)), f"{self.name}.{kind}")
-        v = dlpack_view(m.ptr, int(m.rows), int(m.cols), int(m.ld), _TPF_TO_TORCH[m.dtype],
-                        self.device)
-        self._views[kind] = (epoch, v)
-        return v
+        if epoch == self._vepoch:
+            return
+        mb, mc = Matrix(), Matrix()
+        check(lib.tpf_comm_buffer(h, ctypes.byref(mb)), f"{self.name}.buffer")
+        check(lib.tpf_comm_local_chunk(h, ctypes.byref(mc)), f"{self.name}.local_chunk")
+        self._gbuf, self._gchunk = self._geometry(mb), self._geometry(mc)
+        self._vbuf, self._vchunk = self._strided(self._gbuf), self._strided(self._gchunk)
+        self._vepoch = epoch
+
+    def _strided(self, g: Tuple[int, int, int, int]) -> torch.Tensor:
+        rows, cols, ld, off = g
+        return self._reg.as_strided((rows, cols), (ld, 1), off)  # type: ignore[union-attr]
+
+    def _views(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():
+            # Traced: views of the registration tensor, from the geometry of the last
+            # set_active_shape (a C call cannot be traced; the ops check the buffer they get
+            # against the live one when they run).
+            return self._strided(self._gbuf), self._strided(self._gchunk)
+        self._refresh_views()
+        return self._vbuf, self._vchunk  # type: ignore[return-value]
 
     def buffer(self) -> torch.Tensor:
         """The active buffer [T, H] (RING RS: all 2P-1 slots) as a zero-copy tensor view."""
-        return self._view_of("buffer")
+        return self._views()[0]
 
     def local_chunk(self) -> torch.Tensor:
         """This rank's [T/P, H] shard of the buffer as a zero-copy tensor view."""
-        return self._view_of("local_chunk")
+        return self._views()[1]
 
-    # ---- validation ----
-    def _mat(self, where: str, what: str, t: Any, shape: Tuple[Optional[int], Optional[int]],
-             dtypes: Tuple[torch.dtype, ...]) -> Matrix:
-        if not isinstance(t, torch.Tensor):
-            raise TpflexInvalidError(f"{what} must be a torch.Tensor, got {type(t).__name__}", where)
-        if t.device != self.device:
-            raise TpflexInvalidError(f"{what} is on {t.device}, expected {self.device}", where)
-        dt = t.dtype
-        if dt not in dtypes:
-            raise TpflexInvalidError(
-                f"{what} has dtype {dt}, expected {' or '.join(str(d) for d in dtypes)}", where)
-        ts = t.shape
-        want_r, want_c = shape
-        if len(ts) != 2 or (want_r is not None and ts[0] != want_r) or \
-                (want_c is not None and ts[1] != want_c):
-            want = _shape_str([s if s is not None else "*" for s in shape])
-            raise TpflexShapeError(f"{what} has shape {_shape_str(ts)}, expected {want}", where)
-        rows, cols = ts
-        s0, s1 = t.stride()
-        if cols > 1 and s1 != 1 or rows > 1 and s0 < cols:
-            hint = (" (a transposed view: pass the stored tensor and set trans_w/trans_a)"
-                    if s0 == 1 and rows > 1 else "")
-            raise TpflexShapeError(
-                f"{what} has strides {tuple(t.stride())} for shape {_shape_str(ts)}, expected "
-                f"contiguous rows (stride 1) and a leading dimension >= {cols}{hint}", where)
-        return Matrix(t.data_ptr(), rows, cols, s0 if rows > 1 and s0 > cols else cols,
-                      _TORCH_TO_TPF[dt])
-
-    def _dims(self, where: str, what: str, t: Any) -> Tuple[int, int]:
-        if not isinstance(t, torch.Tensor):
-            raise TpflexInvalidError(f"{what} must be a torch.Tensor, got {type(t).__name__}", where)
-        if t.dim() != 2:
-            raise TpflexShapeError(f"{what} has shape {_shape_str(t.shape)}, expected 2-D", where)
-        return int(t.shape[0]), int(t.shape[1])
-
-    def _out(self, where: str, out: Optional[torch.Tensor], shape: Tuple[int, int],
-             dtype: torch.dtype, dtypes: Tuple[torch.dtype, ...],
-             o: _Opts) -> Tuple[torch.Tensor, Matrix]:
-        if out is None:
-            if o.beta != 0.0:
-                raise TpflexInvalidError(f"beta={o.beta} reads D before writing it: pass out= "
-                                         f"(a {_shape_str(shape)} tensor)", where)
-            out = torch.empty(shape, dtype=dtype, device=self.device)
-        return out, self._mat(where, "out", out, shape, dtypes)
-
-    def _bias(self, where: str, o: _Opts, n: int, out: torch.Tensor) -> Optional[int]:
-        b = o.bias
-        if b is None:
+    # ---- what the ops' real implementations use ----
+    def _registration_arg(self, where: str, buffer: torch.Tensor) -> Optional[torch.Tensor]:
+        """The ops take the active buffer as their mutated argument. Eagerly it is the live view
+        (None is returned: nothing to copy); under torch.compile's functionalisation it may be
+        a copy holding the buffer's value, and the live view is returned so that the op copies
+        that value in before the C call and the result out after it."""
+        live = self._views()[0]
+        if buffer is live:
             return None
-        if b.device != self.device:
-            raise TpflexInvalidError(f"bias is on {b.device}, expected {self.device}", where)
-        if b.dtype != out.dtype:
-            raise TpflexInvalidError(f"bias has dtype {b.dtype}, expected {out.dtype} (the "
-                                     f"output's dtype)", where)
-        if b.dim() != 1 or int(b.shape[0]) != n:
-            raise TpflexShapeError(f"bias has shape {_shape_str(b.shape)}, expected [{n}] (N, "
-                                   f"the output's columns)", where)
-        if n > 1 and b.stride(0) != 1:
-            raise TpflexShapeError(f"bias has stride {b.stride(0)}, expected 1 (contiguous)",
-                                   where)
-        return b.data_ptr()
+        if buffer.dtype != live.dtype or buffer.device != live.device or \
+                tuple(buffer.shape) != tuple(live.shape):
+            raise TpflexStateError(
+                f"the registration buffer passed is {_shape_str(buffer.shape)} {buffer.dtype} on "
+                f"{buffer.device}; the active buffer is {_shape_str(live.shape)} {live.dtype} "
+                f"on {live.device} (a view from before set_ub_active_shape? take buffer() again)",
+                where)
+        if buffer.data_ptr() == live.data_ptr() and buffer.stride() == live.stride():
+            return None
+        return live
 
-    def _stream(self, where: str, o: _Opts) -> Optional[int]:
+    def _stream_arg(self, where: str, o: _Opts) -> Optional[int]:
+        """The stream option as the ops' `stream` argument: None (the current stream when the
+        op runs) or a cudaStream_t."""
         s = o.stream
-        if self.device.type != "cuda":
-            if s is not None:
-                raise TpflexInvalidError("the simulator completes operations before returning: "
-                                         "stream must be None", where)
-            return None
-        if s is None:
-            return torch.cuda.current_stream(self.device).cuda_stream
-        if isinstance(s, int):
+        if s is None or (isinstance(s, int) and not isinstance(s, bool)):
             return s
         if hasattr(s, "cuda_stream"):
-            if getattr(s, "device", self.device) != self.device:
+            if self.device.type == "cuda" and getattr(s, "device", self.device) != self.device:
                 raise TpflexInvalidError(f"stream is on {s.device}, expected {self.device}", where)
-            return s.cuda_stream
+            return int(s.cuda_stream)
+        if self.device.type != "cuda":
+            raise TpflexInvalidError("the simulator completes operations before returning: "
+                                     "stream must be None", where)
         raise TpflexInvalidError(f"stream must be a torch.cuda.Stream, an int or None, got "
                                  f"{type(s).__name__}", where)
 
-    def _call(self, where: str, fn_plain: Any, fn_ex: Any, mats: Tuple[Matrix, ...], o: _Opts,
-              bias_ptr: Optional[int]) -> None:
-        stream = self._stream(where, o)
-        refs = [ctypes.byref(m) for m in mats]
-        if o.is_default:
-            rc = fn_plain(self._handle(), *refs, stream)
-        else:
-            opt = o.struct(bias_ptr)
-            rc = fn_ex(self._handle(), *refs, ctypes.byref(opt), stream)
-        check(rc, where)
+    def _stream_ptr(self, where: str, stream: Optional[int]) -> Optional[int]:
+        if self.device.type != "cuda":
+            if stream is not None:
+                raise TpflexInvalidError("the simulator completes operations before returning: "
+                                         "stream must be None", where)
+            return None
+        if stream is None:
+            return torch.cuda.current_stream(self.device).cuda_stream
+        return stream
 
-    # ---- operations ----
+    def _call(self, where: str, fn_plain: Any, fn_ex: Any, mats: Tuple[Matrix, ...], o: _Opts,
+              bias: Optional[torch.Tensor], stream: Optional[int],
+              buffer: torch.Tensor, live: Optional[torch.Tensor]) -> None:
+        """The C operation: every tpf_status raised with tpf_last_error(). `live` (from
+        _registration_arg): copy the buffer argument's value in first and the result out."""
+        s = self._stream_ptr(where, stream)
+        refs = [ctypes.byref(m) for m in mats]
+        if live is not None:
+            live.copy_(buffer)
+        if o.is_default:
+            rc = fn_plain(self._handle(), *refs, s)
+        else:
+            opt = o.struct(None if bias is None else bias.data_ptr())
+            rc = fn_ex(self._handle(), *refs, ctypes.byref(opt), s)
+        check(rc, where)
+        if live is not None:
+            buffer.copy_(live)
+
+    # ---- operations: parse the options, call torch.ops.tpflex.* ----
     def ag_gemm(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
                 **options: Any) -> torch.Tensor:
         """RING AG: the local shard is already in local_chunk(); returns
         act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
         [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
-        AG(X)."""
+        AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
         where = f"ag_gemm on '{self.name}'"
         o = _parse_options(where, options) if options else _DEFAULT_OPTS
         if o.trans_a:
             raise TpflexUnsupportedError("ag_gemm's activation is the gathered buffer [T, H]; "
                                          "trans_a is not available (trans_w is)", where)
-        T, H = self.active_shape
-        wr, wc = self._dims(where, "weight", weight)
-        N = wc if o.trans_w else wr
-        w = self._mat(where, "weight (trans_w: [H, N])" if o.trans_w else "weight", weight,
-                      (H, None) if o.trans_w else (None, H), (self.dtype,))
-        outs = (self.dtype, torch.float32) if self.dtype != torch.float32 else (self.dtype,)
-        out, d = self._out(where, out, (T, N), self.dtype, outs, o)
-        self._call(where, lib.tpf_ag_gemm, lib.tpf_ag_gemm_ex, (w, d), o,
-                   self._bias(where, o, N, out))
+        stream = self._stream_arg(where, o) if o.stream is not None else None
+        buf = self._views()[0]
+        if out is None:
+            if o.beta != 0.0:
+                T, H = buf.shape
+                N = _plan_ag_gemm(where, self.device, self.dtype, T, H, weight, None, None,
+                                  o.trans_w)[0]
+                raise _beta_needs_out(where, o.beta, (T, N))
+            _dims(where, "weight", weight)
+            return _op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w, o.alpha,
+                               o.gelu, o.num_splits, stream)
+        _dims(where, "weight", weight)
+        _need_tensor(where, "out", out)
+        _op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
+                        o.beta, o.gelu, o.num_splits, stream)
         return out
 
     def gemm_rs(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -497,22 +673,24 @@ class Communicator:
         """RING/PIPELINE RS: returns rows [r*T/P, (r+1)*T/P) of
         act(alpha sum_ranks op(x) op(weight) + beta out + bias), [T/P, H]. op(x) = x [T, K] (x
         [K, T] with trans_a); op(weight) = weight.T for weight [H, K] (weight [K, H] with
-        trans_w)."""
+        trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
         where = f"gemm_rs on '{self.name}'"
         o = _parse_options(where, options) if options else _DEFAULT_OPTS
-        T, H = self.active_shape
-        xr, xc = self._dims(where, "x", x)
-        K = xr if o.trans_a else xc
-        ins = (self.dtype,)
-        xm = self._mat(where, "x (trans_a: [K, T])" if o.trans_a else "x", x,
-                       (None, T) if o.trans_a else (T, None), ins)
-        w = self._mat(where, "weight (trans_w: [K, H])" if o.trans_w else "weight", weight,
-                      (K, H) if o.trans_w else (H, K), ins)
-        rows = T // self.tp_size
-        outs = (self.dtype, torch.float32) if self.dtype != torch.float32 else (self.dtype,)
-        out, d = self._out(where, out, (rows, H), self.dtype, outs, o)
-        self._call(where, lib.tpf_gemm_rs, lib.tpf_gemm_rs_ex, (xm, w, d), o,
-                   self._bias(where, o, H, out))
+        stream = self._stream_arg(where, o) if o.stream is not None else None
+        buf, chunk = self._views()
+        _dims(where, "x", x)
+        _need_tensor(where, "weight", weight)
+        if out is None:
+            if o.beta != 0.0:
+                T, H = chunk.shape[0] * self.tp_size, chunk.shape[1]
+                rows = _plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x,
+                                     weight, None, None, o.trans_a, o.trans_w)[0]
+                raise _beta_needs_out(where, o.beta, (rows, H))
+            return _op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
+                               o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
+        _need_tensor(where, "out", out)
+        _op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
+                        o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
 
     def bulk_overlap(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -520,21 +698,23 @@ class Communicator:
         """BULK: the collective runs on the buffer in place (AG: local chunk in, [T, H] out; RS:
         [T, H] partials in, local_chunk() reduced) while out = act(alpha op(a) op(b) + beta out
         + bias) runs beside it. op(a) = a [M, K] (a [K, M] with trans_a); op(b) = b.T for b
-        [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer."""
+        [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer.
+        torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
         where = f"bulk_overlap on '{self.name}'"
         o = _parse_options(where, options) if options else _DEFAULT_OPTS
-        ar, ac = self._dims(where, "a", a)
-        M, K = (ac, ar) if o.trans_a else (ar, ac)
-        am = self._mat(where, "a (trans_a: [K, M])" if o.trans_a else "a", a, (None, None),
-                       _GEMM_DTYPES)
-        br, bc = self._dims(where, "b", b)
-        N = bc if o.trans_w else br
-        bm = self._mat(where, "b (trans_w: [K, N])" if o.trans_w else "b", b,
-                       (K, None) if o.trans_w else (None, K), (a.dtype,))
-        outs = (a.dtype, torch.float32) if a.dtype != torch.float32 else (a.dtype,)
-        out, d = self._out(where, out, (M, N), a.dtype, outs, o)
-        self._call(where, lib.tpf_bulk_overlap, lib.tpf_bulk_overlap_ex, (am, bm, d), o,
-                   self._bias(where, o, N, out))
+        stream = self._stream_arg(where, o) if o.stream is not None else None
+        buf = self._views()[0]
+        _dims(where, "a", a)
+        _dims(where, "b", b)
+        if out is None:
+            if o.beta != 0.0:
+                M, N = _plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w)[:2]
+                raise _beta_needs_out(where, o.beta, (M, N))
+            return _op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a, o.trans_w,
+                                    o.alpha, o.gelu, o.num_splits, stream)
+        _need_tensor(where, "out", out)
+        _op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
+                             o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
 
     # Bound only when the loaded libtpflex has them (tpf_comm_sync / _async_error / _abort).
@@ -562,6 +742,191 @@ class Communicator:
         return (f"<tpflex.Communicator '{self.name}' {self.algo} {self.coll} rank {self.rank}/"
                 f"{self.tp_size} on {self.device} active {list(self.active_shape)} capacity "
                 f"{list(self.capacity_shape)} epoch {self.epoch}>")
+
+
+# ---- the custom ops (torch.library): what torch.compile traces ----------------------------------
+# Each operation is two ops: the functional one allocates and returns its output (beta is 0: there
+# is no D to read); the _out one writes `out` and returns nothing (beta != 0 reads it: a mutated
+# argument is read and written). Both declare `buffer` (the communicator's active buffer view,
+# the registration the collective writes) mutated. The communicator is (comm, key), resolved on
+# the calling thread (_resolve). The fake implementations compute the output from the tensors'
+# metadata alone, with the same checks and messages, and never call the C library.
+
+_OP_NAMES = ("ag_gemm", "ag_gemm_out", "gemm_rs", "gemm_rs_out", "bulk_overlap",
+             "bulk_overlap_out")
+
+
+def _opts(trans_a: bool, trans_w: bool, alpha: float, beta: float,
+          bias: Optional[torch.Tensor], gelu: bool, num_splits: int) -> _Opts:
+    o = _Opts()
+    o.trans_a, o.trans_w, o.alpha, o.beta = bool(trans_a), bool(trans_w), float(alpha), float(beta)
+    o.bias, o.gelu, o.num_splits = bias, bool(gelu), int(num_splits)
+    return o
+
+
+def _ag_gemm_impl(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
+                  out: Optional[torch.Tensor], bias: Optional[torch.Tensor], trans_w: bool,
+                  alpha: float, beta: float, gelu: bool, num_splits: int,
+                  stream: Optional[int]) -> torch.Tensor:
+    where = f"ag_gemm on '{comm}'"
+    c = _resolve(comm, key, where)
+    o = _opts(False, trans_w, alpha, beta, bias, gelu, num_splits)
+    T, H = c.active_shape
+    live = c._registration_arg(where, buffer)
+    N, ld_w, ld_d = _plan_ag_gemm(where, c.device, c.dtype, T, H, weight, out, bias, trans_w)
+    if out is None:
+        out, ld_d = torch.empty((T, N), dtype=c.dtype, device=c.device), N
+    c._call(where, lib.tpf_ag_gemm, lib.tpf_ag_gemm_ex, (_matrix(weight, ld_w), _matrix(out, ld_d)),
+            o, bias, stream, buffer, live)
+    return out
+
+
+def _gemm_rs_impl(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: torch.Tensor,
+                  weight: torch.Tensor, out: Optional[torch.Tensor], bias: Optional[torch.Tensor],
+                  trans_a: bool, trans_w: bool, alpha: float, beta: float, gelu: bool,
+                  num_splits: int, stream: Optional[int]) -> torch.Tensor:
+    where = f"gemm_rs on '{comm}'"
+    c = _resolve(comm, key, where)
+    o = _opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits)
+    T, H = c.active_shape
+    live = c._registration_arg(where, buffer)
+    rows, ld_x, ld_w, ld_d = _plan_gemm_rs(where, c.device, c.dtype, T, H, c.tp_size, x, weight,
+                                           out, bias, trans_a, trans_w)
+    if out is None:
+        out, ld_d = torch.empty((rows, H), dtype=c.dtype, device=c.device), H
+    c._call(where, lib.tpf_gemm_rs, lib.tpf_gemm_rs_ex,
+            (_matrix(x, ld_x), _matrix(weight, ld_w), _matrix(out, ld_d)), o, bias, stream,
+            buffer, live)
+    return out
+
+
+def _bulk_impl(comm: str, key: int, buffer: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
+               out: Optional[torch.Tensor], bias: Optional[torch.Tensor], trans_a: bool,
+               trans_w: bool, alpha: float, beta: float, gelu: bool, num_splits: int,
+               stream: Optional[int]) -> torch.Tensor:
+    where = f"bulk_overlap on '{comm}'"
+    c = _resolve(comm, key, where)
+    o = _opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits)
+    live = c._registration_arg(where, buffer)
+    M, N, ld_a, ld_b, ld_d = _plan_bulk(where, c.device, a, b, out, bias, trans_a, trans_w)
+    if out is None:
+        out, ld_d = torch.empty((M, N), dtype=a.dtype, device=c.device), N
+    c._call(where, lib.tpf_bulk_overlap, lib.tpf_bulk_overlap_ex,
+            (_matrix(a, ld_a), _matrix(b, ld_b), _matrix(out, ld_d)), o, bias, stream, buffer,
+            live)
+    return out
+
+
+def _fake_buffer(where: str, buffer: torch.Tensor) -> Tuple[Any, Any]:
+    _dims(where, "buffer", buffer)
+    return buffer.shape[0], buffer.shape[1]
+
+
+def _register_ops() -> None:
+    if hasattr(torch.ops.tpflex, "ag_gemm"):  # another copy of this module registered them
+        return
+    lib_def = torch.library.custom_op
+
+    @lib_def("tpflex::ag_gemm", mutates_args=("buffer",))
+    def ag_gemm(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
+                bias: Optional[torch.Tensor], trans_w: bool, alpha: float, gelu: bool,
+                num_splits: int, stream: Optional[int]) -> torch.Tensor:
+        return _ag_gemm_impl(comm, key, buffer, weight, None, bias, trans_w, alpha, 0.0, gelu,
+                             num_splits, stream)
+
+    @ag_gemm.register_fake
+    def _(comm, key, buffer, weight, bias, trans_w, alpha, gelu, num_splits, stream):
+        where = f"ag_gemm on '{comm}'"
+        T, H = _fake_buffer(where, buffer)
+        N = _plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, None, bias,
+                          trans_w)[0]
+        return buffer.new_empty((T, N))
+
+    @lib_def("tpflex::ag_gemm_out", mutates_args=("buffer", "out"))
+    def ag_gemm_out(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
+                    out: torch.Tensor, bias: Optional[torch.Tensor], trans_w: bool, alpha: float,
+                    beta: float, gelu: bool, num_splits: int, stream: Optional[int]) -> None:
+        _ag_gemm_impl(comm, key, buffer, weight, out, bias, trans_w, alpha, beta, gelu,
+                      num_splits, stream)
+
+    @ag_gemm_out.register_fake
+    def _(comm, key, buffer, weight, out, bias, trans_w, alpha, beta, gelu, num_splits, stream):
+        where = f"ag_gemm on '{comm}'"
+        T, H = _fake_buffer(where, buffer)
+        _plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, out, bias, trans_w)
+
+    @lib_def("tpflex::gemm_rs", mutates_args=("buffer",))
+    def gemm_rs(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: torch.Tensor,
+                weight: torch.Tensor, bias: Optional[torch.Tensor], trans_a: bool, trans_w: bool,
+                alpha: float, gelu: bool, num_splits: int,
+                stream: Optional[int]) -> torch.Tensor:
+        return _gemm_rs_impl(comm, key, tp_size, buffer, x, weight, None, bias, trans_a, trans_w,
+                             alpha, 0.0, gelu, num_splits, stream)
+
+    def _rs_fake(comm, tp_size, buffer, x, weight, out, bias, trans_a, trans_w):
+        where = f"gemm_rs on '{comm}'"
+        H = _fake_buffer(where, buffer)[1]
+        xr, xc = _dims(where, "x", x)
+        return _plan_gemm_rs(where, buffer.device, buffer.dtype, xc if trans_a else xr, H,
+                             tp_size, x, weight, out, bias, trans_a, trans_w)[0], H
+
+    @gemm_rs.register_fake
+    def _(comm, key, tp_size, buffer, x, weight, bias, trans_a, trans_w, alpha, gelu, num_splits,
+          stream):
+        return buffer.new_empty(_rs_fake(comm, tp_size, buffer, x, weight, None, bias, trans_a,
+                                         trans_w))
+
+    @lib_def("tpflex::gemm_rs_out", mutates_args=("buffer", "out"))
+    def gemm_rs_out(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: torch.Tensor,
+                    weight: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor],
+                    trans_a: bool, trans_w: bool, alpha: float, beta: float, gelu: bool,
+                    num_splits: int, stream: Optional[int]) -> None:
+        _gemm_rs_impl(comm, key, tp_size, buffer, x, weight, out, bias, trans_a, trans_w, alpha,
+                      beta, gelu, num_splits, stream)
+
+    @gemm_rs_out.register_fake
+    def _(comm, key, tp_size, buffer, x, weight, out, bias, trans_a, trans_w, alpha, beta, gelu,
+          num_splits, stream):
+        _rs_fake(comm, tp_size, buffer, x, weight, out, bias, trans_a, trans_w)
+
+    @lib_def("tpflex::bulk_overlap", mutates_args=("buffer",))
+    def bulk_overlap(comm: str, key: int, buffer: torch.Tensor, a: torch.Tensor,
+                     b: torch.Tensor, bias: Optional[torch.Tensor], trans_a: bool, trans_w: bool,
+                     alpha: float, gelu: bool, num_splits: int,
+                     stream: Optional[int]) -> torch.Tensor:
+        return _bulk_impl(comm, key, buffer, a, b, None, bias, trans_a, trans_w, alpha, 0.0, gelu,
+                          num_splits, stream)
+
+    @bulk_overlap.register_fake
+    def _(comm, key, buffer, a, b, bias, trans_a, trans_w, alpha, gelu, num_splits, stream):
+        where = f"bulk_overlap on '{comm}'"
+        _fake_buffer(where, buffer)
+        M, N = _plan_bulk(where, buffer.device, a, b, None, bias, trans_a, trans_w)[:2]
+        return a.new_empty((M, N))
+
+    @lib_def("tpflex::bulk_overlap_out", mutates_args=("buffer", "out"))
+    def bulk_overlap_out(comm: str, key: int, buffer: torch.Tensor, a: torch.Tensor,
+                         b: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor],
+                         trans_a: bool, trans_w: bool, alpha: float, beta: float, gelu: bool,
+                         num_splits: int, stream: Optional[int]) -> None:
+        _bulk_impl(comm, key, buffer, a, b, out, bias, trans_a, trans_w, alpha, beta, gelu,
+                   num_splits, stream)
+
+    @bulk_overlap_out.register_fake
+    def _(comm, key, buffer, a, b, out, bias, trans_a, trans_w, alpha, beta, gelu, num_splits,
+          stream):
+        where = f"bulk_overlap on '{comm}'"
+        _fake_buffer(where, buffer)
+        _plan_bulk(where, buffer.device, a, b, out, bias, trans_a, trans_w)
+
+
+_register_ops()
+_op_ag_gemm = torch.ops.tpflex.ag_gemm.default
+_op_ag_gemm_out = torch.ops.tpflex.ag_gemm_out.default
+_op_gemm_rs = torch.ops.tpflex.gemm_rs.default
+_op_gemm_rs_out = torch.ops.tpflex.gemm_rs_out.default
+_op_bulk_overlap = torch.ops.tpflex.bulk_overlap.default
+_op_bulk_overlap_out = torch.ops.tpflex.bulk_overlap_out.default
 
 
 # ---- the CUDA backend's bootstrap over torch.distributed ----------------------------------------
@@ -759,6 +1124,8 @@ class Manager:
             raise TpflexStateError("manager destroyed", "set_ub_active_shape")
         check(lib.tpf_manager_set_active_shape(self._h, _as_shape(shape, "shape")),
               "set_ub_active_shape")
+        for c in self._comms.values():  # the views code under torch.compile reads
+            c._refresh_views()
 
     def get(self, name: str) -> Communicator:
         if self._h is None:
