@@ -1,5 +1,5 @@
 """CTest driver for the Python tests: fails loudly (not a silent skip) when torch is missing,
-then runs test_sim.py with pytest if available, else unittest."""
+then runs the test files named (default test_sim.py) with pytest if available, else unittest."""
 import os
 import subprocess
 import sys
@@ -15,10 +15,10 @@ except ImportError as e:
     sys.exit(1)
 
 here = os.path.dirname(os.path.abspath(__file__))
-target = os.path.join(here, sys.argv[1] if len(sys.argv) > 1 else "test_sim.py")
+targets = sys.argv[1:] or ["test_sim.py"]
 try:
     import pytest  # noqa: F401
-    cmd = [sys.executable, "-m", "pytest", "-q", target]
+    cmd = [sys.executable, "-m", "pytest", "-q"] + [os.path.join(here, t) for t in targets]
 except ImportError:
-    cmd = [sys.executable, "-m", "unittest", "-v", os.path.splitext(os.path.basename(target))[0]]
+    cmd = [sys.executable, "-m", "unittest", "-v"] + [os.path.splitext(t)[0] for t in targets]
 sys.exit(subprocess.call(cmd, cwd=here))
