@@ -551,7 +551,7 @@ class Communicator:
         check(lib.tpf_comm_buffer(h, ctypes.byref(mb)), f"{self.name}.buffer")
         check(lib.tpf_comm_local_chunk(h, ctypes.byref(mc)), f"{self.name}.local_chunk")
         self._gbuf, self._gchunk = self._geometry(mb), self._geometry(mc)
-        self._vbuf, self._vchunk = self._strided(self._gbuf), self._strided(self._gchunk)
+        self._vbuf = self._vchunk = None  # made on first use (set_ub_active_shape stays cheap)
         self._vepoch = epoch
 
     def _strided(self, g: Tuple[int, int, int, int]) -> torch.Tensor:
@@ -565,6 +565,8 @@ class Communicator:
             # against the live one when they run).
             return self._strided(self._gbuf), self._strided(self._gchunk)
         self._refresh_views()
+        if self._vbuf is None:
+            self._vbuf, self._vchunk = self._strided(self._gbuf), self._strided(self._gchunk)
         return self._vbuf, self._vchunk  # type: ignore[return-value]
 
     def buffer(self) -> torch.Tensor:
