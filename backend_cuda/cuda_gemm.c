@@ -257,9 +257,9 @@ static tpf_status tpf_cuda__gemm_build(tpf_cuda_gemm *g, const tpf_cuda_gemm_key
    * 9 of 6,510 bf16 cases off by 1-2 ulps beyond the reference's slack on small PIPELINE blocks
    * with cuBLASLt and none with the fallback kernel; this is the suspected cause (to verify). */
   uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(
-                      pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK, &reduction,
-                      sizeof(reduction)),
+  TPF_LT_TRY_GOTO(cublasLtMatmulPreferenceSetAttribute(pref,
+                                                       CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                                                       &reduction, sizeof(reduction)),
                   "set REDUCTION_SCHEME_MASK", rc, fail);
   cublasLtMatmulHeuristicResult_t res;
   memset(&res, 0, sizeof(res));

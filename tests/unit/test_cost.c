@@ -81,6 +81,21 @@ static void test_gemm_interpolation(void **state) {
   assert_non_null(strstr(tpf_last_error(), "fp16"));
 }
 
+/* Rank r of 2: a bf16 schedule of nsteps over st whose first steps are the HANDSHAKE and a
+ * 10 us GEMM (k = 50000 at the table's rate) after it; the caller fills the rest. */
+static void two_rank_start(tpf_schedule *s, int r, tpf_step *st, int nsteps) {
+  memset(s, 0, sizeof *s);
+  s->tp_size = 2;
+  s->rank = r;
+  s->dtype = TPF_BF16;
+  s->nsteps = nsteps;
+  s->steps = st;
+  st[0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1, 0);
+  st[1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);
+  st[1].m = 1, st[1].n = 1, st[1].k = 50000;
+  dep(&st[1], 0);
+}
+
 /* Two ranks; rank 1's send waits for its first GEMM. Worked out by hand: launch 1 means step i
  * is enqueued at i + 1. HANDSHAKE: ready 1 on both, ends 1 + 2 = 3. GEMM (k = 50000: 10 us)
  * 3 -> 13. rank 0 SEND of 2000 bytes at 1 GB/s (1 + 2 us): 3 -> 6; rank 1's after its GEMM:
@@ -92,16 +107,7 @@ static void test_replay_by_hand(void **state) {
   tpf_step st[2][6];
   tpf_schedule s[2];
   for (int r = 0; r < 2; r++) {
-    memset(&s[r], 0, sizeof s[r]);
-    s[r].tp_size = 2;
-    s[r].rank = r;
-    s[r].dtype = TPF_BF16;
-    s[r].nsteps = 6;
-    s[r].steps = st[r];
-    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1, 0);
-    st[r][1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);
-    st[r][1].m = 1, st[r][1].n = 1, st[r][1].k = 50000;
-    dep(&st[r][1], 0);
+    two_rank_start(&s[r], r, st[r], 6);
     st[r][2] = step(TPF_STEP_SEND, TPF_STREAM_COMM, 1 - r, 0);
     st[r][2].bytes = 2000;
     if (r == 1) dep(&st[r][2], 1);
@@ -160,16 +166,7 @@ static void test_shared_device(void **state) {
   tpf_step st[2][2];
   tpf_schedule s[2];
   for (int r = 0; r < 2; r++) {
-    memset(&s[r], 0, sizeof s[r]);
-    s[r].tp_size = 2;
-    s[r].rank = r;
-    s[r].dtype = TPF_BF16;
-    s[r].nsteps = 2;
-    s[r].steps = st[r];
-    st[r][0] = step(TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1, 0);
-    st[r][1] = step(TPF_STEP_GEMM, TPF_STREAM_COMPUTE0, -1, 0);
-    st[r][1].m = 1, st[r][1].n = 1, st[r][1].k = 50000;
-    dep(&st[r][1], 0);
+    two_rank_start(&s[r], r, st[r], 2);
   }
   tpf_cost_span sp[2 * 4];
   double apart = 0, shared = 0;
