@@ -8,7 +8,7 @@
  *
  * Method (process mode). This process never touches CUDA (a forked child of a process that
  * initialised CUDA cannot use it): a probe child counts the devices, and env->run forks P ranks
- * through the launcher (tests/support/launcher.h), which also gives them a socket bootstrap. The
+ * through the launcher (harness/launcher.h), which also gives them a socket bootstrap. The
  * body (conformance_body.c) hands run() one argument, its per-P state, and reads the ranks'
  * results from it after run() returns; with threads the ranks write into it directly. Here every
  * rank writes into its own copy, so run() brings the copies back (tpf_launch_fork_merging and

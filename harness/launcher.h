@@ -1,4 +1,5 @@
-/* Ranks as processes for tests and benchmarks: a launcher that starts P processes, each a rank
+/* Ranks as processes for tests and benchmarks (harness library; `tpflex bench --mode procs` and
+ * the process-mode tests): a launcher that starts P processes, each a rank
  * (fork for a function, or fork + exec for a command), and a socket bootstrap that implements
  * tpf_bootstrap between them without MPI.
  *
