@@ -7,6 +7,8 @@
  *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
  *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
  *   bench_planner.c        section 6, the planner
+ *   bench_modes.c          section 4/5 in both modes: ranks as threads, ranks as processes (the
+ *                          launcher, the hidden worker), the modes table
  *   bench_main.c           options, the header, the sections in order */
 #ifndef TPF_BENCH_H
 #define TPF_BENCH_H
@@ -15,11 +17,14 @@
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h" /* tpf_set_error */
 #include "tpflex/tpflex_cost.h"    /* the planner section */
+#include "tpflex/tpflex_cuda.h"    /* tpf_bootstrap (procs mode) */
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h> /* snprintf in bench_barrier */
 
 enum {
   BENCH_SEC_SETSHAPE = 1u << 0,
@@ -32,6 +37,14 @@ enum {
 
 #define BENCH_MAX_ITERS 1000
 #define BENCH_MAX_TS 16
+#define BENCH_MAX_PS 8 /* P values of the tp section */
+
+/* How the tp section places its ranks (--mode; bits). */
+enum {
+  BENCH_MODE_THREADS = 1u << 0, /* P ranks as threads of this process */
+  BENCH_MODE_PROCS = 1u << 1,   /* every rank its own process (the launcher, CUDA IPC) */
+  BENCH_MODE_BOTH = 3u
+};
 
 typedef struct {
   bool cuda;              /* --backend cuda */
@@ -46,8 +59,12 @@ typedef struct {
   bool quick;
   unsigned sections; /* BENCH_SEC_* */
   int device;        /* CUDA device */
-  int ntps;          /* T sweep of the tp section */
+  int ntps;          /* T sweep of the tp section (ascending; the last is C) */
   uint64_t tps[BENCH_MAX_TS];
+  int nps; /* P values of the tp section */
+  int ps[BENCH_MAX_PS];
+  unsigned modes;           /* BENCH_MODE_* of the tp section */
+  uint64_t proc_timeout_ms; /* bound of one process group's run (procs mode) */
   /* the planner section */
   const tpf_cost_table *cost; /* the table of the adaptive communicators and the predictions */
   const char *cost_used;      /* the file it came from */
@@ -67,8 +84,17 @@ typedef tpf_status (*bench_rank_fn)(bench_rank *rk, void *arg);
 struct bench_group {
   const bench_opts *o;
   bool cuda;
-  int tp;
-  pthread_barrier_t bar;
+  int tp;     /* P: ranks of the group, in all processes */
+  int nlocal; /* rank threads in this process: tp, or 1 for a process-mode CUDA rank */
+  int rank0;  /* the global rank of this process's first rank thread */
+  /* Ranks in other processes (procs mode): the bootstrap between the processes (one per process;
+   * NULL when every rank is here). The CUDA rank's backend is created over it. On the simulator,
+   * which cannot span processes, every process runs a whole world of P ranks and the bootstrap
+   * only joins the processes (a check of the process-mode path, not a process-mode figure). */
+  const tpf_bootstrap *xboot;
+  atomic_int xfail;      /* a bootstrap call failed (sticky): every later agreement fails */
+  char xerr[300];        /* its message */
+  pthread_barrier_t bar; /* the nlocal rank threads of this process */
   /* Random inputs: src[i] = pool[i % pool_elems] for i < src_elems, so any element of any
    * operand view into src is known on the host without copying it back. */
   uint16_t *pool;
@@ -76,6 +102,8 @@ struct bench_group {
   void *src; /* host (simulator) or device (CUDA) */
   uint64_t src_elems;
   double *t0, *t1; /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
+  double *h0, *h1; /* host-wall timing, either backend: [rank * BENCH_MAX_ITERS + it], ns */
+  double *enq;     /* host time of the operation call: [rank * BENCH_MAX_ITERS + it], ns */
   void *sim_world;
   void *cu; /* bench_cuda_env.c's state */
 };
@@ -88,14 +116,38 @@ struct bench_rank {
 
 /* tp == 0 makes a group without ranks: inputs only (the CUDA GEMM baselines). */
 tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out);
+/* This process's part of a group of tp ranks spread over xboot->tp_size processes (procs mode;
+ * xboot outlives the group): CUDA, one rank thread, rank xboot->rank, its backend created over
+ * xboot; simulator, a whole world of tp ranks (see struct bench_group). Collective over xboot. */
+tpf_status bench_group_create_procs(const bench_opts *o, int tp, const tpf_bootstrap *xboot,
+                                    bench_group **out);
 /* Runs fn once per rank, each on its own thread; the same backend objects in every run. */
 tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg);
 void bench_group_destroy(bench_group *g);
 /* Registrations created so far (simulator statistics; -1 when the backend does not count). */
 long long bench_group_registrations(bench_group *g);
+/* Every rank of the group waits for all others: this process's rank threads, then (procs
+ * mode) the first of them joins the other processes through the bootstrap. A failed bootstrap
+ * call is kept in xfail (the agreements below then fail) and waits no more. */
 static inline void bench_barrier(bench_rank *rk) {
-  pthread_barrier_wait(&rk->g->bar);
+  bench_group *g = rk->g;
+  pthread_barrier_wait(&g->bar);
+  if (g->xboot) {
+    if (rk->rank == g->rank0 && !atomic_load(&g->xfail) &&
+        g->xboot->barrier(g->xboot->ctx) != TPF_OK) {
+      snprintf(g->xerr, sizeof g->xerr, "bootstrap barrier: %s", tpf_last_error());
+      atomic_store(&g->xfail, 1);
+    }
+    pthread_barrier_wait(&g->bar);
+  }
 }
+/* A barrier that also agrees on a failure flag: true (and *flag set) on every rank of every
+ * process when any rank's *flag was set or a bootstrap call failed. */
+bool bench_agree_failed(bench_rank *rk, atomic_int *flag);
+/* The first rank thread of this process (procs mode): every process's xboot->allgather of
+ * `bytes` from mine into all (xboot->tp_size * bytes). TPF_OK, or the bootstrap's status (kept
+ * in xfail). */
+tpf_status bench_xallgather(bench_group *g, const void *mine, void *all, size_t bytes);
 
 /* Device-neutral memory: host memory on the simulator, device memory on CUDA. */
 void *bench_mem_alloc(bench_group *g, uint64_t bytes);
@@ -118,6 +170,15 @@ tpf_status bench_time_begin(bench_rank *rk, int it);
 tpf_status bench_time_end(bench_rank *rk, int it);
 tpf_status bench_time_collect(bench_rank *rk, int n, double *us);
 tpf_status bench_sync(bench_rank *rk);
+/* Host-wall timing of one repetition, the same in both modes: begin flushes the L2 (CUDA: global
+ * rank 0's 1 GiB memset, synchronised), agrees on *failed with every rank (bench_agree_failed:
+ * a barrier) and reads CLOCK_MONOTONIC (t0); it returns the agreement. end synchronises the
+ * rank's stream and reads the clock (t1). collect (every rank thread calls it) gives the first
+ * rank thread of each process us[it] = max over all ranks of t1 - min over all ranks of t0, and
+ * *enq_us = the median over ranks and repetitions of the enqueue times in g->enq, microseconds. */
+bool bench_host_begin(bench_rank *rk, int it, atomic_int *failed);
+void bench_host_end(bench_rank *rk, int it);
+tpf_status bench_host_collect(bench_rank *rk, int n, double *us, double *enq_us);
 
 /* ---- CUDA primitives (bench_cuda_env.c; stubs returning TPF_EUNSUPPORTED without CUDA) ------- */
 /* What the timing flush writes before each timed repetition: more than the L2 holds. */
@@ -136,6 +197,10 @@ tpf_status bench_cuda_time_begin(bench_rank *rk, int it);
 tpf_status bench_cuda_time_end(bench_rank *rk, int it);
 tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us);
 tpf_status bench_cuda_sync(bench_rank *rk);
+/* The L2 flush of host-wall timing: rank 0's 1 GiB memset, then its stream synchronised. */
+tpf_status bench_cuda_flush(bench_rank *rk, int it);
+/* CUDA devices visible (0 without a usable GPU or without CUDA; why gets CUDA's text then). */
+int bench_cuda_device_count(char *why, size_t len);
 long long bench_cuda_dev_used(void); /* bytes in use on the device, -1 without CUDA */
 
 /* ---- GPU-only sections and baselines (bench_cuda_sections.c; stubs without CUDA) ---------- */
@@ -175,10 +240,51 @@ typedef struct {
  * least that). */
 tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 
-/* ---- sections (bench_ops.c, bench_planner.c; 3 is bench_cuda_sections.c) ------------------ */
+/* ---- the tp section's operations on one group (bench_ops.c; bench_modes.c) ---------------- */
+
+#define BENCH_TP_MAX_OPS 6
+/* What one P of the tp section measured in one mode. Written whole to a file by a process-mode
+ * worker and read back by the launching process (the same executable: the same layout). */
+typedef struct {
+  uint32_t magic, bytes; /* BENCH_TP_MAGIC, sizeof(bench_tp_result) */
+  int P, nops, nts;
+  uint64_t ts[BENCH_MAX_TS];
+  char op[BENCH_TP_MAX_OPS][32];
+  bool ag[BENCH_TP_MAX_OPS];
+  int serial[BENCH_TP_MAX_OPS];                   /* index of the op's serial baseline */
+  double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* device events, median (NaN: not taken) */
+  double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* host wall, median */
+  double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* operation call to return, median */
+  long long wrong[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
+  bool failed[BENCH_TP_MAX_OPS];
+  char err[BENCH_TP_MAX_OPS][300];
+  char setup_err[300]; /* the group, the bootstrap or the launch failed ("" when not) */
+} bench_tp_result;
+#define BENCH_TP_MAGIC 0x54504D31u /* "TPM1" */
+/* Runs every operation of the tp section at P = g->tp over the T values of o->tps that P divides,
+ * each job o->warmup warm-up runs, then (events) o->iters device-event repetitions, then o->iters
+ * host-wall repetitions, then the check. events is false in procs mode (no interprocess event
+ * timing). Every rank of every process calls it through the group; *res is complete on every
+ * process. The status of the first failing operation (res->failed/err say which). */
+tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res);
+/* Section 4/5's device-event table for ranks as threads: for every P of o->ps a group, the
+ * operations (bench_tp_run with events, filling res[pi]; the host-wall figures come along) and
+ * the whole-layer GEMMs. Returns 0, or 1 after a failure (the rows say which). */
+int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res);
+/* Rows of the modes table for one P: threads (NULL: not run) and procs (NULL: not run) side by
+ * side per (T, operation). Returns 1 when a row has #wrong != 0 or a failure, else 0. */
+int bench_tp_modes_rows(const bench_opts *o, const bench_tp_result *threads,
+                        const bench_tp_result *procs);
+
+/* ---- sections (bench_ops.c, bench_planner.c, bench_modes.c; 3 is bench_cuda_sections.c) --- */
 int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
-int bench_section_tp(const bench_opts *o);
+int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
 int bench_section_planner(const bench_opts *o);
+
+/* The hidden process-mode worker (`tpflex bench --proc-worker FILE`, started by the launcher):
+ * one rank of the tp section at P = TPF_LAUNCH_NRANKS; rank 0 writes the bench_tp_result to FILE.
+ * Exit status 0 when the result was written (whatever it says), else 1. */
+int bench_proc_worker(const bench_opts *o, const char *path);
 
 #endif /* TPF_BENCH_H */

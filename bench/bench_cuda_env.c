@@ -8,6 +8,11 @@
  * repetition), then records the start event; the other ranks' streams wait for it; every rank
  * records its end event after its operation, and rank 0 waits for all of them before the stop
  * event. start -> stop is the repetition's time: earliest start to latest end on the device.
+ * Host-wall timing (bench_group.c) uses bench_cuda_flush: the same memset, synchronised.
+ *
+ * Process mode (g->xboot set): this process holds one rank (one thread, global rank g->rank0)
+ * whose backend is created over the processes' bootstrap; no events (interprocess events cannot
+ * be timed) and the flush buffer only in global rank 0's process.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
@@ -35,6 +40,7 @@ static tpf_status cuda_err(cudaError_t e, const char *what) {
 
 typedef struct {
   int tp, device;
+  int nlocal, rank0; /* rank threads here, the global rank of the first */
   pthread_t th[64];
   tpf_cuda_threads *tg;
   tpf_backend *be[64];
@@ -56,19 +62,24 @@ typedef struct {
 
 typedef struct {
   cuda_group *cu;
-  int rank;
+  int rank; /* local index */
 } rank_arg;
 static rank_arg rank_args[64];
 
 static void *rank_thread(void *p) {
   rank_arg *a = p;
   cuda_group *cu = a->cu;
-  const int r = a->rank;
+  const int r = a->rank, grank = cu->rank0 + a->rank;
   tpf_status st = TPF_OK;
   tpf_bootstrap boot;
   if (cudaSetDevice(cu->device) != cudaSuccess)
     st = tpf_set_error(TPF_EBACKEND, "cudaSetDevice(%d) failed", cu->device);
-  if (st == TPF_OK) st = tpf_cuda_threads_bootstrap(cu->tg, r, cu->device, &boot);
+  if (st == TPF_OK) {
+    if (cu->tg)
+      st = tpf_cuda_threads_bootstrap(cu->tg, r, cu->device, &boot);
+    else
+      boot = *cu->g->xboot; /* procs mode: the processes' bootstrap, this process's rank */
+  }
   if (st == TPF_OK) st = tpf_cuda_backend_create(&boot, &cu->be[r]);
   if (st == TPF_OK &&
       cudaStreamCreateWithFlags(&cu->stream[r], cudaStreamNonBlocking) != cudaSuccess)
@@ -76,7 +87,7 @@ static void *rank_thread(void *p) {
   pthread_mutex_lock(&cu->mu);
   cu->init_rc[r] = st;
   if (st != TPF_OK && !cu->init_err[0])
-    snprintf(cu->init_err, sizeof(cu->init_err), "rank %d: %s", r, tpf_last_error());
+    snprintf(cu->init_err, sizeof(cu->init_err), "rank %d: %s", grank, tpf_last_error());
   cu->ready++;
   pthread_cond_broadcast(&cu->cv);
   int seen = 0;
@@ -86,7 +97,8 @@ static void *rank_thread(void *p) {
     if (cu->quit) break;
     seen = cu->gen;
     pthread_mutex_unlock(&cu->mu);
-    bench_rank rk = {.rank = r, .tp = cu->tp, .stream = cu->stream[r], .g = cu->g, .be = cu->be[r]};
+    bench_rank rk = {
+        .rank = grank, .tp = cu->tp, .stream = cu->stream[r], .g = cu->g, .be = cu->be[r]};
     tpf_status rc = cu->be[r] ? cu->fn(&rk, cu->arg) : TPF_EBACKEND;
     pthread_mutex_lock(&cu->mu);
     cu->rc[r] = rc;
@@ -106,13 +118,16 @@ tpf_status bench_cuda_group_init(bench_group *g) {
   g->cu = cu;
   cu->g = g;
   cu->tp = g->tp;
+  cu->nlocal = g->nlocal;
+  cu->rank0 = g->rank0;
   cu->device = g->o->device;
   BENCH_CU(cudaSetDevice(cu->device), "cudaSetDevice");
   if (g->tp == 0) return TPF_OK;
-  cu->nev = g->o->iters;
-  cu->ev_start = calloc((size_t)cu->nev, sizeof(cudaEvent_t));
-  cu->ev_stop = calloc((size_t)cu->nev, sizeof(cudaEvent_t));
-  cu->ev_end = calloc((size_t)cu->nev * (size_t)g->tp, sizeof(cudaEvent_t));
+  if (g->nlocal > 64) return tpf_set_error(TPF_EINVAL, "bench: at most 64 rank threads");
+  cu->nev = g->xboot ? 0 : g->o->iters; /* no interprocess event timing */
+  cu->ev_start = calloc((size_t)cu->nev + 1, sizeof(cudaEvent_t));
+  cu->ev_stop = calloc((size_t)cu->nev + 1, sizeof(cudaEvent_t));
+  cu->ev_end = calloc((size_t)cu->nev * (size_t)g->tp + 1, sizeof(cudaEvent_t));
   if (!cu->ev_start || !cu->ev_stop || !cu->ev_end)
     return tpf_set_error(TPF_ENOMEM, "bench: no memory");
   for (int i = 0; i < cu->nev; i++) {
@@ -121,22 +136,26 @@ tpf_status bench_cuda_group_init(bench_group *g) {
   }
   for (int i = 0; i < cu->nev * g->tp; i++)
     BENCH_CU(cudaEventCreate(&cu->ev_end[i]), "cudaEventCreate");
-  BENCH_CU(cudaMalloc(&cu->flush, BENCH_FLUSH_BYTES), "cudaMalloc(flush)");
+  if (cu->rank0 == 0) /* only global rank 0 flushes */
+    BENCH_CU(cudaMalloc(&cu->flush, BENCH_FLUSH_BYTES), "cudaMalloc(flush)");
   pthread_mutex_init(&cu->mu, NULL);
   pthread_cond_init(&cu->cv, NULL);
-  tpf_status st = tpf_cuda_threads_create(g->tp, &cu->tg);
-  if (st != TPF_OK) return st;
-  for (int r = 0; r < g->tp; r++) {
+  if (!g->xboot) {
+    tpf_status st = tpf_cuda_threads_create(g->tp, &cu->tg);
+    if (st != TPF_OK) return st;
+  }
+  for (int r = 0; r < cu->nlocal; r++) {
     rank_args[r] = (rank_arg){cu, r};
     pthread_create(&cu->th[r], NULL, rank_thread, &rank_args[r]);
   }
   pthread_mutex_lock(&cu->mu);
-  while (cu->ready < g->tp)
+  while (cu->ready < cu->nlocal)
     pthread_cond_wait(&cu->cv, &cu->mu);
   pthread_mutex_unlock(&cu->mu);
-  for (int r = 0; r < g->tp; r++)
+  for (int r = 0; r < cu->nlocal; r++)
     if (cu->init_rc[r] != TPF_OK)
-      return tpf_set_error(cu->init_rc[r], "CUDA rank group of %d: %s", g->tp, cu->init_err);
+      return tpf_set_error(cu->init_rc[r], "CUDA rank group of %d%s: %s", g->tp,
+                           g->xboot ? " (processes)" : "", cu->init_err);
   return TPF_OK;
 }
 
@@ -149,10 +168,10 @@ tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
   cu->done = 0;
   cu->gen++;
   pthread_cond_broadcast(&cu->cv);
-  while (cu->done < cu->tp)
+  while (cu->done < cu->nlocal)
     pthread_cond_wait(&cu->cv, &cu->mu);
   pthread_mutex_unlock(&cu->mu);
-  for (int r = 0; r < cu->tp; r++)
+  for (int r = 0; r < cu->nlocal; r++)
     if (cu->rc[r] != TPF_OK) return cu->rc[r];
   return TPF_OK;
 }
@@ -165,7 +184,7 @@ void bench_cuda_group_fini(bench_group *g) {
     cu->quit = true;
     pthread_cond_broadcast(&cu->cv);
     pthread_mutex_unlock(&cu->mu);
-    for (int r = 0; r < cu->tp; r++)
+    for (int r = 0; r < cu->nlocal; r++)
       pthread_join(cu->th[r], NULL);
   }
   if (cu->tg) tpf_cuda_threads_destroy(cu->tg);
@@ -270,6 +289,26 @@ long long bench_cuda_dev_used(void) {
   return (long long)(tot - fr);
 }
 
+tpf_status bench_cuda_flush(bench_rank *rk, int it) {
+  cuda_group *cu = rk->g->cu;
+  if (!cu || !cu->flush) return tpf_set_error(TPF_EINVAL, "bench: this rank has no flush buffer");
+  cudaStream_t s = (cudaStream_t)rk->stream;
+  BENCH_CU(cudaMemsetAsync(cu->flush, it & 0xFF, BENCH_FLUSH_BYTES, s), "cudaMemsetAsync(flush)");
+  BENCH_CU(cudaStreamSynchronize(s), "cudaStreamSynchronize(flush)");
+  return TPF_OK;
+}
+
+int bench_cuda_device_count(char *why, size_t len) {
+  int n = 0;
+  cudaError_t e = cudaGetDeviceCount(&n);
+  if (e != cudaSuccess) {
+    snprintf(why, len, "cudaGetDeviceCount: %s (%s)", cudaGetErrorName(e), cudaGetErrorString(e));
+    return 0;
+  }
+  if (n == 0) snprintf(why, len, "cudaGetDeviceCount: no device");
+  return n;
+}
+
 #else /* !TPF_HAVE_CUDA: stubs, so the simulator-only CLI links */
 
 static tpf_status no_cuda(void) {
@@ -344,6 +383,15 @@ tpf_status bench_cuda_sync(bench_rank *rk) {
 }
 long long bench_cuda_dev_used(void) {
   return -1;
+}
+tpf_status bench_cuda_flush(bench_rank *rk, int it) {
+  (void)rk;
+  (void)it;
+  return no_cuda();
+}
+int bench_cuda_device_count(char *why, size_t len) {
+  snprintf(why, len, "this build has no CUDA backend");
+  return 0;
 }
 
 #endif /* TPF_HAVE_CUDA */

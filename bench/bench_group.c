@@ -6,7 +6,13 @@
  * Method: src[i] = pool[i % pool_elems] for a pool of random bf16 values uniform in [-1, 1)
  * (never zero-filled), so any element of any operand view into src is known on the host without
  * copying it back. Simulator timing: the host clock around each repetition, all ranks released
- * by a barrier; a repetition spans the earliest rank's start to the latest rank's end. */
+ * by a barrier; a repetition spans the earliest rank's start to the latest rank's end.
+ *
+ * Host-wall timing (either backend, either mode): the L2 flush finished, an agreement of every
+ * rank (a barrier that also spreads failures), then CLOCK_MONOTONIC, which is system-wide, so
+ * the clocks of ranks in different processes compare; the repetition is max t1 - min t0 over all
+ * ranks. In procs mode each process reduces its own rank threads, then the first rank thread of
+ * every process exchanges the reductions through the bootstrap's allgather. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 
@@ -85,17 +91,30 @@ static tpf_status sim_rank(tpf_backend *be, int rank, void *arg) {
   return t->fn(&rk, t->arg);
 }
 
-tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
+static tpf_status group_create(const bench_opts *o, int tp, const tpf_bootstrap *xboot,
+                               bench_group **out) {
   bench_group *g = calloc(1, sizeof(*g));
   if (!g) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
   g->o = o;
   g->cuda = o->cuda;
   g->tp = tp;
+  g->xboot = xboot;
+  atomic_init(&g->xfail, 0);
+  /* A process-mode CUDA rank is one thread here; the simulator's world is whole in every
+   * process (see struct bench_group). */
+  g->nlocal = xboot && o->cuda ? 1 : tp;
+  g->rank0 = xboot && o->cuda ? xboot->rank : 0;
   if (tp > 0) /* tp == 0: inputs and GEMMs only, no ranks (CUDA baselines) */
-    pthread_barrier_init(&g->bar, NULL, (unsigned)tp);
-  g->t0 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
-  g->t1 = calloc((size_t)(tp + 1) * BENCH_MAX_ITERS, sizeof(double));
-  tpf_status st = (g->t0 && g->t1) ? pool_init(g) : TPF_ENOMEM;
+    pthread_barrier_init(&g->bar, NULL, (unsigned)g->nlocal);
+  const size_t slots = (size_t)(tp + 1) * BENCH_MAX_ITERS;
+  g->t0 = calloc(slots, sizeof(double));
+  g->t1 = calloc(slots, sizeof(double));
+  g->h0 = calloc(slots, sizeof(double));
+  g->h1 = calloc(slots, sizeof(double));
+  g->enq = calloc(slots, sizeof(double));
+  tpf_status st = (g->t0 && g->t1 && g->h0 && g->h1 && g->enq)
+                      ? pool_init(g)
+                      : tpf_set_error(TPF_ENOMEM, "bench: no memory for timing");
   if (st == TPF_OK) {
     if (g->cuda) {
       st = bench_cuda_group_init(g);
@@ -122,6 +141,17 @@ tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
   return TPF_OK;
 }
 
+tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out) {
+  return group_create(o, tp, NULL, out);
+}
+
+tpf_status bench_group_create_procs(const bench_opts *o, int tp, const tpf_bootstrap *xboot,
+                                    bench_group **out) {
+  if (!xboot || tp < 1)
+    return tpf_set_error(TPF_EINVAL, "bench: a process-mode group needs a bootstrap and ranks");
+  return group_create(o, tp, xboot, out);
+}
+
 tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
   if (g->cuda) return bench_cuda_group_run(g, fn, arg);
 #ifdef TPF_HAVE_SIM
@@ -144,6 +174,9 @@ void bench_group_destroy(bench_group *g) {
   free(g->pool);
   free(g->t0);
   free(g->t1);
+  free(g->h0);
+  free(g->h1);
+  free(g->enq);
   free(g);
 }
 
@@ -215,4 +248,110 @@ tpf_status bench_time_collect(bench_rank *rk, int n, double *us) {
   }
   bench_barrier(rk);
   return TPF_OK;
+}
+
+/* ---- agreements and host-wall timing (either backend, either mode) ------------------------- */
+
+static bool first_here(const bench_rank *rk) {
+  return rk->rank == rk->g->rank0;
+}
+
+tpf_status bench_xallgather(bench_group *g, const void *mine, void *all, size_t bytes) {
+  if (!g->xboot) {
+    memcpy(all, mine, bytes);
+    return TPF_OK;
+  }
+  if (atomic_load(&g->xfail)) return tpf_set_error(TPF_ETIMEOUT, "%s", g->xerr);
+  tpf_status st = g->xboot->allgather(g->xboot->ctx, mine, all, bytes);
+  if (st != TPF_OK) {
+    snprintf(g->xerr, sizeof g->xerr, "bootstrap allgather: %s", tpf_last_error());
+    atomic_store(&g->xfail, 1);
+  }
+  return st;
+}
+
+bool bench_agree_failed(bench_rank *rk, atomic_int *flag) {
+  bench_group *g = rk->g;
+  pthread_barrier_wait(&g->bar);
+  if (g->xboot) {
+    if (first_here(rk)) {
+      int mine = atomic_load(flag) != 0, all[TPF_MAX_RANKS];
+      int any = mine;
+      if (bench_xallgather(g, &mine, all, sizeof mine) != TPF_OK) {
+        any = 1;
+      } else {
+        for (int q = 0; q < g->xboot->tp_size; q++)
+          any |= all[q];
+      }
+      if (any) atomic_store(flag, 1);
+    }
+    pthread_barrier_wait(&g->bar);
+  }
+  return atomic_load(flag) != 0;
+}
+
+bool bench_host_begin(bench_rank *rk, int it, atomic_int *failed) {
+  /* The flush must be over before t0: it is not part of the repetition. */
+  if (rk->g->cuda && rk->rank == 0 && bench_cuda_flush(rk, it) != TPF_OK) atomic_store(failed, 1);
+  bool f = bench_agree_failed(rk, failed);
+  rk->g->h0[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
+  return f;
+}
+
+void bench_host_end(bench_rank *rk, int it) {
+  bench_sync(rk);
+  rk->g->h1[rk->rank * BENCH_MAX_ITERS + it] = bench_now_ns();
+}
+
+tpf_status bench_host_collect(bench_rank *rk, int n, double *us, double *enq_us) {
+  bench_group *g = rk->g;
+  tpf_status st = TPF_OK;
+  pthread_barrier_wait(&g->bar); /* every rank thread here has written its slots */
+  if (first_here(rk)) {
+    /* Per process: [0, n) min t0, [n, 2n) max t1, then nlocal * n enqueue times. */
+    const int nl = g->nlocal, nproc = g->xboot ? g->xboot->tp_size : 1;
+    const size_t per = (size_t)(2 + nl) * (size_t)n;
+    double *mine = malloc(per * sizeof(double)),
+           *all = malloc(per * (size_t)nproc * sizeof(double));
+    double *enq = malloc((size_t)nl * (size_t)n * (size_t)nproc * sizeof(double));
+    if (!mine || !all || !enq) st = tpf_set_error(TPF_ENOMEM, "bench: no memory for timing");
+    for (int it = 0; st == TPF_OK && it < n; it++) {
+      double a = INFINITY, b = -INFINITY;
+      for (int l = 0; l < nl; l++) {
+        const int r = g->rank0 + l;
+        const double x = g->h0[r * BENCH_MAX_ITERS + it], y = g->h1[r * BENCH_MAX_ITERS + it];
+        a = x < a ? x : a;
+        b = y > b ? y : b;
+        mine[(size_t)(2 + l) * (size_t)n + (size_t)it] = g->enq[r * BENCH_MAX_ITERS + it];
+      }
+      mine[it] = a;
+      mine[n + it] = b;
+    }
+    if (st == TPF_OK) st = bench_xallgather(g, mine, all, per * sizeof(double));
+    if (st == TPF_OK) {
+      int ne = 0;
+      for (int it = 0; it < n; it++) {
+        double a = INFINITY, b = -INFINITY;
+        for (int q = 0; q < nproc; q++) {
+          const double *p = all + (size_t)q * per;
+          a = p[it] < a ? p[it] : a;
+          b = p[n + it] > b ? p[n + it] : b;
+        }
+        us[it] = (b - a) * 1e-3;
+      }
+      for (int q = 0; q < nproc; q++)
+        for (size_t k = 2 * (size_t)n; k < per; k++)
+          enq[ne++] = all[(size_t)q * per + k];
+      *enq_us = bench_median(enq, ne) * 1e-3;
+    } else {
+      for (int it = 0; it < n; it++)
+        us[it] = NAN;
+      *enq_us = NAN;
+    }
+    free(mine);
+    free(all);
+    free(enq);
+  }
+  pthread_barrier_wait(&g->bar);
+  return st;
 }

@@ -28,6 +28,11 @@ enum {
   B_IPC_PEER,
   B_COST,
   B_MODEL,
+  B_MODE,
+  B_TOKENS,
+  B_TP_LIST,
+  B_TIMEOUT,
+  B_PROC_WORKER,
   B_NOPTS
 };
 static const cli_opt kBenchOpts[B_NOPTS] = {
@@ -71,13 +76,38 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                  "planner: shared (default: the table as P ranks sharing one device see it) or "
                  "dedicated (the table as is)",
                  0, false},
+    [B_MODE] = {"--mode", CLI_CHOICE, 0, 0, "threads|procs|both", NULL,
+                "tp section: ranks as threads of this process, as processes (each exec'd by the "
+                "launcher; on cuda sharing the GPU through CUDA IPC), or both side by side "
+                "(default: cuda both, sim threads)",
+                0, false},
+    [B_TOKENS] = {"--tokens", CLI_STR, 0, 0, NULL, "LIST",
+                  "tp section: the T values, comma-separated decimals in [1, C], ascending, each "
+                  "a multiple of every P; C is always added (default cuda 1024, 2048, .. C; sim "
+                  "C/8 .. C)",
+                  0, false},
+    [B_TP_LIST] = {"--tp-list", CLI_STR, 0, 0, NULL, "LIST",
+                   "tp section: the P values, comma-separated decimals in [1, 64], ascending "
+                   "(default 2,4,8 up to --tp)",
+                   0, false},
+    [B_TIMEOUT] = {"--timeout", CLI_U64, 1, 86400, NULL, "S",
+                   "procs mode: bound of one process group's run in seconds, after which its "
+                   "ranks are killed (default 900)",
+                   0, false},
+    [B_PROC_WORKER] = {"--proc-worker", CLI_STR, 0, 0, NULL, "FILE",
+                       "internal: one rank of the tp section's procs mode (the launcher starts "
+                       "it)",
+                       0, false},
 };
 static const char kIntro[] = "usage: tpflex bench [options]   (every option is optional)";
 static const char kOutro[] =
     "Sections, numbered as the tables print them: 1 setshape  set_active_shape cost vs\n"
     "re-registration; 2 dynamic  active T vs padded to C; 3 chunking  P row-chunk cuBLASLt GEMMs\n"
     "vs one GEMM (GPU only); 4/5 tp (or serial)  P ranks as threads on one device, overlapped (4)\n"
-    "vs the serial baseline (5), with one whole-layer GEMM; 6 planner (only with --section\n"
+    "vs the serial baseline (5), with one whole-layer GEMM, then the modes table: ranks as\n"
+    "threads and ranks as processes side by side (--mode), host wall, serial baseline, speedup,\n"
+    "time(T)/time(C) against T/C and the host enqueue cost per operation; 6 planner (only with "
+    "--section\n"
     "planner)  P = 2,4,8 and T = C/64 .. C: fixed split, no overlap and the T-adaptive planner\n"
     "side by side, adaptive / min(fixed, no overlap), and the cost model's prediction and error\n"
     "(N = 3584 and 1024 on cuda, 256 and 64 on sim, or --n; --iters default cuda 15, sim 3).\n"
@@ -92,6 +122,37 @@ static int check_writable(const cli_ctx *ctx, const char *opt, const char *path)
   if (!f) return cli_error(ctx, "%s '%s' cannot be written", opt, path);
   fclose(f);
   return -1;
+}
+
+/* "a,b,c": strict decimals (cli_parse_u64) in [lo, hi], ascending without repeats, at most max.
+ * Returns the count, or -1 after reporting through cli_error. */
+static int parse_list(const cli_ctx *ctx, const char *opt, const char *text, uint64_t lo,
+                      uint64_t hi, uint64_t *out, int max) {
+  int n = 0;
+  const char *p = text;
+  for (;;) {
+    const char *e = strchr(p, ',');
+    size_t len = e ? (size_t)(e - p) : strlen(p);
+    char item[32];
+    uint64_t v = 0;
+    if (len >= sizeof item ||
+        (memcpy(item, p, len), item[len] = 0, !cli_parse_u64(item, lo, hi, &v))) {
+      cli_error(ctx, "%s '%s': '%.*s' is not a decimal number in [%llu, %llu]", opt, text,
+                (int)(len > 40 ? 40 : len), p, (unsigned long long)lo, (unsigned long long)hi);
+      return -1;
+    }
+    if (n == max) {
+      cli_error(ctx, "%s '%s': at most %d values", opt, text, max);
+      return -1;
+    }
+    if (n > 0 && v <= out[n - 1]) {
+      cli_error(ctx, "%s '%s': the values must be ascending without repeats", opt, text);
+      return -1;
+    }
+    out[n++] = v;
+    if (!e) return n;
+    p = e + 1;
+  }
 }
 
 int tpf_cmd_bench(int argc, char **argv) {
@@ -129,6 +190,15 @@ int tpf_cmd_bench(int argc, char **argv) {
                      "--iters '%s': the planner section times up to %d schedules per repetition, "
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
+  const bool tp_sec = sections == 0 || (sections & BENCH_SEC_TP) != 0;
+  if (!tp_sec)
+    for (int k = B_MODE; k <= B_TIMEOUT; k++)
+      if (v[k].set) return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[k].name);
+  o.modes =
+      v[B_MODE].set ? (unsigned)v[B_MODE].u + 1u : (o.cuda ? BENCH_MODE_BOTH : BENCH_MODE_THREADS);
+  if (v[B_TIMEOUT].set && !(o.modes & BENCH_MODE_PROCS))
+    return cli_error(&ctx, "--timeout applies to --mode procs or both only");
+  o.proc_timeout_ms = (v[B_TIMEOUT].set ? v[B_TIMEOUT].u : 900) * 1000u;
   if (o.csv && (prc = check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;
   if (o.json && (prc = check_writable(&ctx, "--json", o.json)) >= 0) return prc;
 #ifndef TPF_HAVE_CUDA
@@ -182,8 +252,35 @@ int tpf_cmd_bench(int argc, char **argv) {
     }
   }
   o.device = 0;
-  /* The tp section's T sweep: GPU {1k, 2k, ..., C} (at most 32k steps of 2); simulator C/8..C. */
-  if (o.cuda) {
+  /* The tp section's P values: --tp-list, else 2, 4, 8 up to --tp (2 always). */
+  if (v[B_TP_LIST].set) {
+    uint64_t ps[BENCH_MAX_PS];
+    int np = parse_list(&ctx, "--tp-list", v[B_TP_LIST].s, 1, TPF_MAX_RANKS, ps, BENCH_MAX_PS);
+    if (np < 0) return 2;
+    for (int i = 0; i < np; i++)
+      o.ps[o.nps++] = (int)ps[i];
+  } else {
+    for (int P = 2; P <= 8; P *= 2)
+      if (P <= o.tp || P == 2) o.ps[o.nps++] = P;
+  }
+  /* The tp section's T sweep: --tokens (C added), else GPU {1k, 2k, ..., C} (at most 32k steps of
+   * 2), simulator C/8..C. */
+  if (v[B_TOKENS].set) {
+    int nt = parse_list(&ctx, "--tokens", v[B_TOKENS].s, 1, o.capacity, o.tps, BENCH_MAX_TS);
+    if (nt < 0) return 2;
+    o.ntps = nt;
+    /* The worker gets its parent's checked list (with C, whatever P divides). */
+    for (int i = 0; i < nt && !v[B_PROC_WORKER].set; i++)
+      for (int pi = 0; pi < o.nps; pi++)
+        if (o.tps[i] % (uint64_t)o.ps[pi] != 0)
+          return cli_error(&ctx,
+                           "--tokens '%s': %llu is not a multiple of P = %d (the tp "
+                           "section's P values: --tp-list, default 2,4,8 up to --tp)",
+                           v[B_TOKENS].s, (unsigned long long)o.tps[i], o.ps[pi]);
+    if (o.tps[nt - 1] != o.capacity && nt == BENCH_MAX_TS)
+      return cli_error(&ctx, "--tokens '%s': at most %d values below C (C is added)", v[B_TOKENS].s,
+                       BENCH_MAX_TS - 1);
+  } else if (o.cuda) {
     for (uint64_t t = 1024; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
       if (!o.quick || t >= o.capacity / 8) o.tps[o.ntps++] = t;
   } else {
@@ -192,6 +289,14 @@ int tpf_cmd_bench(int argc, char **argv) {
   }
   if (o.ntps == 0 || o.tps[o.ntps - 1] != o.capacity)
     o.tps[o.ntps < BENCH_MAX_TS ? o.ntps++ : o.ntps - 1] = o.capacity;
+  if (o.cuda) {
+    char why[256] = "";
+    if (bench_cuda_device_count(why, sizeof why) <= o.device) {
+      fprintf(stderr, "tpflex bench: --backend cuda needs a GPU (%s)\n", why);
+      return 1;
+    }
+  }
+  if (v[B_PROC_WORKER].set) return bench_proc_worker(&o, v[B_PROC_WORKER].s);
 
   char date[64];
   time_t now = time(NULL);
@@ -227,6 +332,17 @@ int tpf_cmd_bench(int argc, char **argv) {
   printf("# size = T*H*2 bytes (the whole [T, H] array), time = median us, algbw = size/time, "
          "busbw = algbw*(P-1)/P,\n# #wrong = result elements outside SPEC §7 tolerance (checked "
          "in the same run on sampled rows).\n");
+
+  if (o.sections & BENCH_SEC_TP) {
+    char ps[64] = "", ts[BENCH_MAX_TS * 21] = "";
+    for (int i = 0, l = 0; i < o.nps; i++)
+      l += snprintf(ps + l, sizeof ps - (size_t)l, "%s%d", i ? "," : "", o.ps[i]);
+    for (int i = 0, l = 0; i < o.ntps; i++)
+      l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
+                    (unsigned long long)o.tps[i]);
+    static const char *const mode_names[] = {"", "threads", "procs", "both"};
+    printf("# tp section: mode=%s  P=%s  T=%s\n", mode_names[o.modes & 3u], ps, ts);
+  }
 
   int rc = 0;
   if (o.sections & BENCH_SEC_SETSHAPE) rc |= bench_section_setshape(&o);

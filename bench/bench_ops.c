@@ -14,6 +14,14 @@
  * With variants (bench_run_variants, the planner section) each repetition runs every variant in
  * turn on the same communicator with its own per-operation split count, each timed on its own,
  * and the check runs for every variant.
+ *
+ * A job may time two ways in one run (the tp section): first `iters` repetitions with the
+ * group's timing (CUDA events, or the simulator's clock), then `host_iters` with host-wall timing
+ * (bench_host_begin/end: flush, agreement, CLOCK_MONOTONIC around enqueue + stream sync), which
+ * also records each rank's host time of the tpf_* call (enqueue). In procs mode (the group's
+ * ranks in several processes, bench_modes.c) only the host-wall timing runs; the barriers and
+ * agreements span the processes, and at the end of the job every process's #wrong, checked
+ * counts and first failure are exchanged (job_gather), so every process holds the whole result.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
@@ -62,10 +70,12 @@ typedef struct {
   int nts;
   uint64_t ts[BENCH_MAX_TS];
   int iters, warmup;
+  int host_iters;      /* host-wall repetitions after the `iters` timed ones (0: none) */
   uint64_t margin;     /* rotation span of operand offsets, elements */
   bench_variants *var; /* NULL: one schedule, the communicator's (no options) */
   /* results */
   double us[BENCH_MAX_TS];
+  double host_us[BENCH_MAX_TS], enq_us[BENCH_MAX_TS]; /* host wall, enqueue: medians */
   atomic_llong wrong[BENCH_MAX_TS];
   atomic_llong checked[BENCH_MAX_TS];
   atomic_int failed;
@@ -257,6 +267,61 @@ out:
   return wrong;
 }
 
+/* Procs mode, at the end of a job: every process's #wrong and checked counts summed, and the
+ * first failure (lowest rank) spread, so that every process holds the job's whole result. All
+ * rank threads call it; the first of each process exchanges. */
+static void job_gather(bench_rank *rk, bench_job *j) {
+  bench_group *g = rk->g;
+  if (!g->xboot) return;
+  pthread_barrier_wait(&g->bar);
+  if (rk->rank == g->rank0) {
+    typedef struct {
+      long long wrong[BENCH_MAX_TS], checked[BENCH_MAX_TS];
+      int failed, rank, st;
+      char err[300];
+    } part;
+    const int np = g->xboot->tp_size;
+    part mine, *all = calloc((size_t)np, sizeof(part));
+    memset(&mine, 0, sizeof mine);
+    for (int i = 0; i < j->nts; i++) {
+      mine.wrong[i] = atomic_load(&j->wrong[i]);
+      mine.checked[i] = atomic_load(&j->checked[i]);
+    }
+    mine.failed = atomic_load(&j->failed);
+    mine.rank = rk->rank;
+    mine.st = (int)j->st;
+    snprintf(mine.err, sizeof mine.err, "%s", j->err);
+    tpf_status st = all ? bench_xallgather(g, &mine, all, sizeof mine)
+                        : tpf_set_error(TPF_ENOMEM, "bench: no memory for the results");
+    if (st == TPF_OK) {
+      for (int i = 0; i < j->nts; i++) {
+        long long w = 0, c = 0;
+        for (int q = 0; q < np; q++) {
+          w += all[q].wrong[i];
+          c += all[q].checked[i];
+        }
+        atomic_store(&j->wrong[i], w);
+        atomic_store(&j->checked[i], c);
+      }
+      for (int q = 0; q < np; q++)
+        if (all[q].failed && all[q].err[0]) {
+          pthread_mutex_lock(&j->mu);
+          if (q != g->xboot->rank || j->st == TPF_OK) {
+            j->st = all[q].st != TPF_OK ? (tpf_status)all[q].st : TPF_EBACKEND;
+            snprintf(j->err, sizeof j->err, "rank %d: %.280s", all[q].rank, all[q].err);
+          }
+          pthread_mutex_unlock(&j->mu);
+          atomic_store(&j->failed, 1);
+          break;
+        }
+    } else {
+      job_fail(j, st, "gathering the results of the processes");
+    }
+    free(all);
+  }
+  pthread_barrier_wait(&g->bar);
+}
+
 static tpf_status op_rank(bench_rank *rk, void *arg) {
   bench_job *j = arg;
   bench_group *g = rk->g;
@@ -288,12 +353,13 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
     dmem = bench_mem_alloc(g, drows * dcols * 2);
     if (!dmem) job_fail(j, TPF_ENOMEM, "output allocation");
   }
-  double *us = calloc((size_t)j->iters * (size_t)nv, sizeof(double));
-  double *one = calloc((size_t)j->iters, sizeof(double));
+  double *us = calloc((size_t)j->iters * (size_t)nv + 1, sizeof(double));
+  double *one = calloc((size_t)j->iters + 1, sizeof(double));
+  double *hus = calloc((size_t)j->host_iters + 1, sizeof(double));
+  if (!us || !one || !hus) job_fail(j, TPF_ENOMEM, "timing arrays");
   for (int ti = 0; ti < j->nts; ti++) {
     const uint64_t T = j->ts[ti], R = T / (uint64_t)P;
-    bench_barrier(rk);
-    bool skip = atomic_load(&j->failed) != 0;
+    bool skip = bench_agree_failed(rk, &j->failed);
     if (!skip) {
       st = tpf_comm_set_active_shape(c, (tpf_shape){T, j->H});
       if (st != TPF_OK) {
@@ -308,17 +374,18 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
       skip = true;
     }
     tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
-    const int total = j->warmup + j->iters + 1;
+    const int total = j->warmup + j->iters + j->host_iters + 1;
     for (int it = 0; it < total; it++)
       for (int v = 0; v < nv; v++) {
         const bool timed = it >= j->warmup && it < j->warmup + j->iters;
+        const bool htimed = it >= j->warmup + j->iters && it < total - 1;
         const bool check = it == total - 1;
         const int slot = (it - j->warmup) * nv + v;
-        const bool run = !var || var->legal[v][ti]; /* the same on every rank */
+        const int hslot = it - j->warmup - j->iters; /* host_iters > 0 only without variants */
+        const bool run = !var || var->legal[v][ti];  /* the same on every rank */
         if (check) { /* everything before is done everywhere; poison what the op must write */
           if (!skip) bench_sync(rk);
-          bench_barrier(rk);
-          skip = skip || atomic_load(&j->failed);
+          skip = bench_agree_failed(rk, &j->failed) || skip;
           if (!skip && run) {
             bench_mem_poison(rk, d.ptr, d.rows * d.ld * 2);
             if (ag) bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
@@ -344,7 +411,9 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           }
         }
         if (timed) bench_time_begin(rk, slot);
+        if (htimed) skip = bench_host_begin(rk, hslot, &j->failed) || skip;
         if (!skip && run) {
+          const double e0 = bench_now_ns();
           if (var) {
             tpf_op_options opt = TPF_OP_OPTIONS_INIT;
             opt.num_splits = var->splits[v];
@@ -353,6 +422,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           } else {
             st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
           }
+          if (htimed) g->enq[r * BENCH_MAX_ITERS + hslot] = bench_now_ns() - e0;
           if (st != TPF_OK) {
             job_fail(j, st, kOps[j->op].name);
             skip = true;
@@ -363,6 +433,8 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
         }
         if (timed)
           bench_time_end(rk, slot);
+        else if (htimed)
+          bench_host_end(rk, hslot);
         else
           bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
         if (check && !skip && run) {
@@ -382,8 +454,16 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           }
         }
       }
-    bench_time_collect(rk, j->iters * nv, us);
-    if (r == 0)
+    if (j->iters > 0) bench_time_collect(rk, j->iters * nv, us);
+    double enq = NAN;
+    if (j->host_iters > 0 && bench_host_collect(rk, j->host_iters, hus, &enq) != TPF_OK)
+      job_fail(j, TPF_ETIMEOUT, "host timing exchange");
+    if (r == g->rank0 && j->host_iters > 0) {
+      const bool bad = atomic_load(&j->failed) || !hus;
+      j->host_us[ti] = bad ? NAN : bench_median(hus, j->host_iters);
+      j->enq_us[ti] = bad ? NAN : enq;
+    }
+    if (r == 0 && j->iters > 0)
       for (int v = 0; v < nv; v++) {
         for (int i = 0; i < j->iters; i++)
           one[i] = us[i * nv + v];
@@ -397,6 +477,8 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   }
   free(us);
   free(one);
+  free(hus);
+  job_gather(rk, j);
   bench_barrier(rk);
   if (c) tpf_comm_destroy(c);
   if (dmem) bench_mem_free(g, dmem);
@@ -417,6 +499,11 @@ static tpf_status run_job(bench_group *g, bench_job *j) {
   tpf_status st = bench_src_reserve(g, job_src_elems(j, g->tp));
   if (st == TPF_OK) st = bench_group_run(g, op_rank, j);
   if (st != TPF_OK && j->st == TPF_OK) job_fail(j, st, "run");
+  if (atomic_load(&j->failed) && j->st == TPF_OK) { /* only an agreement saw it */
+    j->st = atomic_load(&g->xfail) ? TPF_ETIMEOUT : TPF_EBACKEND;
+    snprintf(j->err, sizeof j->err, "%s",
+             g->xerr[0] ? g->xerr : "a rank in another process failed (its message is above)");
+  }
   pthread_mutex_destroy(&j->mu);
   return j->st;
 }
@@ -800,7 +887,63 @@ int bench_section_dynamic(const bench_opts *o) {
 
 /* ---- section 4/5: TP emulation, serial baseline, whole-layer GEMM ------------------------- */
 
-int bench_section_tp(const bench_opts *o) {
+/* The operations of the tp section at P, in table order. */
+static int tp_ops(int P, bench_op *ops) {
+  int n = 0;
+  ops[n++] = BOP_RING_AG;
+  if (P % 2 == 0 && P > 2) ops[n++] = BOP_RING_AG_AGGR;
+  ops[n++] = BOP_RING_AG_SERIAL;
+  ops[n++] = BOP_RING_RS;
+  ops[n++] = BOP_PIPE_RS;
+  ops[n++] = BOP_PIPE_RS_SERIAL;
+  return n;
+}
+
+tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res) {
+  const int P = g->tp;
+  bench_op ops[BOP_COUNT];
+  const int nops = tp_ops(P, ops);
+  memset(res, 0, sizeof *res);
+  res->magic = BENCH_TP_MAGIC;
+  res->bytes = (uint32_t)sizeof *res;
+  res->P = P;
+  res->nops = nops;
+  bench_job *j = calloc(1, sizeof *j);
+  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  tpf_status first = TPF_OK;
+  for (int k = 0; k < nops; k++) {
+    job_init(j, o, ops[k], P, o->ntps, o->tps);
+    j->iters = events ? o->iters : 0;
+    j->host_iters = o->iters;
+    for (int i = 0; i < j->nts; i++)
+      j->host_us[i] = j->enq_us[i] = NAN;
+    snprintf(res->op[k], sizeof res->op[k], "%s", kOps[ops[k]].name);
+    res->ag[k] = is_ag(ops[k]);
+    for (int m = 0; m < nops; m++)
+      if (ops[m] == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
+    res->nts = j->nts;
+    memcpy(res->ts, j->ts, sizeof res->ts);
+    if (!g->xboot || g->xboot->rank == 0)
+      bench_progress("[4/4 tp] P=%d %s%s over %d values of T", P, kOps[ops[k]].name,
+                     g->xboot ? " (processes)" : "", j->nts);
+    tpf_status st = run_job(g, j);
+    for (int i = 0; i < j->nts; i++) {
+      res->dev_us[k][i] = events ? j->us[i] : NAN;
+      res->host_us[k][i] = j->host_us[i];
+      res->enq_us[k][i] = j->enq_us[i];
+      res->wrong[k][i] = atomic_load(&j->wrong[i]);
+    }
+    if (st != TPF_OK) {
+      res->failed[k] = true;
+      snprintf(res->err[k], sizeof res->err[k], "%s", j->err);
+      if (first == TPF_OK) first = st;
+    }
+  }
+  free(j);
+  return first;
+}
+
+int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
   const bool gpu = o->cuda;
   const char *cols[] = {"op",
                         "P",
@@ -830,57 +973,41 @@ int bench_section_tp(const bench_opts *o) {
     bench_note("FAILED: group of 1: %s (%s)", tpf_status_name(st), tpf_last_error());
     return 1;
   }
-  static const int Ps[] = {2, 4, 8};
-  for (size_t pi = 0; pi < 3; pi++) {
-    const int P = Ps[pi];
-    if (P > o->tp && P > 2) continue;
+  for (int pi = 0; pi < o->nps; pi++) {
+    const int P = o->ps[pi];
+    bench_tp_result *rs = &res[pi];
+    memset(rs, 0, sizeof *rs);
+    rs->P = P;
     bench_group *g = NULL;
     st = bench_group_create(o, P, &g);
     if (st != TPF_OK) {
       bench_note("FAILED: group of %d: %s (%s)", P, tpf_status_name(st), tpf_last_error());
+      snprintf(rs->setup_err, sizeof rs->setup_err, "group of %d: %s", P, tpf_last_error());
       rc = 1;
       continue;
     }
-    bench_op ops[BOP_COUNT];
-    int nops = 0;
-    ops[nops++] = BOP_RING_AG;
-    if (P % 2 == 0 && P > 2) ops[nops++] = BOP_RING_AG_AGGR;
-    ops[nops++] = BOP_RING_AG_SERIAL;
-    ops[nops++] = BOP_RING_RS;
-    ops[nops++] = BOP_PIPE_RS;
-    ops[nops++] = BOP_PIPE_RS_SERIAL;
-    bench_job *jobs = calloc((size_t)nops, sizeof(bench_job));
-    for (int k = 0; k < nops; k++) {
-      job_init(&jobs[k], o, ops[k], P, o->ntps, o->tps);
-      bench_progress("[4/4 tp] P=%d %s over %d values of T", P, kOps[ops[k]].name, jobs[k].nts);
-      st = run_job(g, &jobs[k]);
-      if (st != TPF_OK) {
-        bench_note("FAILED P=%d %s: %s", P, kOps[ops[k]].name, jobs[k].err);
+    bench_tp_run(g, o, true, rs);
+    bench_group_destroy(g);
+    for (int k = 0; k < rs->nops; k++)
+      if (rs->failed[k]) {
+        bench_note("FAILED P=%d %s: %s", P, rs->op[k], rs->err[k]);
         rc = 1;
       }
-    }
-    bench_group_destroy(g);
     /* Whole-layer GEMM per T (AG layer and RS layer), then the rows. */
-    const bench_job *j0 = &jobs[0];
-    for (int i = 0; i < j0->nts; i++) {
-      const uint64_t T = j0->ts[i];
+    for (int i = 0; i < rs->nts; i++) {
+      const uint64_t T = rs->ts[i];
       double lay_ag = NAN, lay_rs = NAN;
       bench_progress("[4/4 tp] P=%d whole-layer GEMMs at T=%llu", P, (unsigned long long)T);
       if (layer_gemm(o, g1, T, o->n * (uint64_t)P, o->hidden, &lay_ag) != TPF_OK ||
           layer_gemm(o, g1, T, o->hidden, o->n * (uint64_t)P, &lay_rs) != TPF_OK) {
         bench_note("layer GEMM at T=%llu failed: %s", (unsigned long long)T, tpf_last_error());
       }
-      double ser_ag = NAN, ser_rs = NAN;
-      for (int k = 0; k < nops; k++) {
-        if (ops[k] == BOP_RING_AG_SERIAL) ser_ag = jobs[k].us[i];
-        if (ops[k] == BOP_PIPE_RS_SERIAL) ser_rs = jobs[k].us[i];
-      }
-      for (int k = 0; k < nops; k++) {
-        const bench_job *j = &jobs[k];
-        const bool ag = is_ag(j->op);
-        double t = j->us[i], size = (double)T * (double)o->hidden * 2.0;
-        double lay = ag ? lay_ag : lay_rs, ser = ag ? ser_ag : ser_rs;
-        bench_cell_s(kOps[j->op].name);
+      for (int k = 0; k < rs->nops; k++) {
+        const bool ag = rs->ag[k];
+        double t = rs->dev_us[k][i], size = (double)T * (double)o->hidden * 2.0;
+        double lay = ag ? lay_ag : lay_rs, ser = rs->dev_us[rs->serial[k]][i];
+        const double flops = 2.0 * (double)T * (double)o->hidden * (double)o->n;
+        bench_cell_s(rs->op[k]);
         bench_cell_i(P);
         bench_cell_i((long long)T);
         bench_cell_i((long long)size);
@@ -888,17 +1015,16 @@ int bench_section_tp(const bench_opts *o) {
         bench_cell_f(t, 1);
         bench_cell_f(size / (t * 1e3), 2);
         bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
-        bench_cell_i(atomic_load(&j->wrong[i]));
-        bench_cell_f(job_flops(j, T) * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
+        bench_cell_i(rs->wrong[k][i]);
+        bench_cell_f(flops * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
         bench_cell_f(lay, 1);
         bench_cell_f(lay / t, 3);
         bench_cell_f(ser, 1);
         bench_cell_f(ser / t, 3);
         bench_row_end();
-        if (atomic_load(&j->wrong[i]) != 0) rc = 1;
+        if (rs->wrong[k][i] != 0) rc = 1;
       }
     }
-    free(jobs);
   }
   bench_note("all P ranks share one %s: FLOP/s counts every rank's GEMMs together; efficiency = "
              "one GEMM of the whole layer / the P-rank run",
@@ -911,5 +1037,62 @@ int bench_section_tp(const bench_opts *o) {
                "(\"Duplicate GPU detected\"), so the serial baseline is tpflex's own 1-split "
                "schedule (copy-engine exchange, then one cuBLASLt GEMM)");
   bench_group_destroy(g1);
+  return rc;
+}
+
+/* One row of the modes table. */
+static void modes_row(const bench_opts *o, const char *mode, const bench_tp_result *rs, int k,
+                      int i, const bench_tp_result *threads) {
+  const uint64_t T = rs->ts[i], C = o->capacity;
+  const double t = rs->host_us[k][i], ser = rs->host_us[rs->serial[k]][i];
+  double tc = NAN; /* the same operation at T = C */
+  for (int q = 0; q < rs->nts; q++)
+    if (rs->ts[q] == C) tc = rs->host_us[k][q];
+  const double tc_ratio = t / tc, tok = (double)T / (double)C;
+  double thr = NAN;
+  if (threads)
+    for (int m = 0; m < threads->nops; m++)
+      for (int q = 0; q < threads->nts; q++)
+        if (strcmp(threads->op[m], rs->op[k]) == 0 && threads->ts[q] == T)
+          thr = threads->host_us[m][q];
+  bench_cell_s(rs->op[k]);
+  bench_cell_s(mode);
+  bench_cell_i(rs->P);
+  bench_cell_i((long long)T);
+  bench_cell_f(tok, 3);
+  bench_cell_f(t, 1);
+  bench_cell_f(ser, 1);
+  bench_cell_f(ser / t, 3);
+  bench_cell_f(tc_ratio, 3);
+  bench_cell_f(tc_ratio / tok, 3);
+  bench_cell_f(rs->enq_us[k][i], 1);
+  bench_cell_f(t / thr, 3);
+  bench_cell_i(rs->wrong[k][i]);
+  bench_row_end();
+}
+
+int bench_tp_modes_rows(const bench_opts *o, const bench_tp_result *threads,
+                        const bench_tp_result *procs) {
+  int rc = 0;
+  const bench_tp_result *ref = threads && threads->nops ? threads : procs;
+  if (!ref || ref->nops == 0) return 1; /* nothing ran: the notes say why */
+  for (int i = 0; i < ref->nts; i++)
+    for (int k = 0; k < ref->nops; k++) {
+      if (threads && threads->nops) {
+        modes_row(o, "threads", threads, k, i, threads);
+        rc |= threads->wrong[k][i] != 0;
+      }
+      /* The procs result has the same operations and T values (the same P and options). */
+      if (procs && k < procs->nops && i < procs->nts) {
+        modes_row(o, "procs", procs, k, i, threads && threads->nops ? threads : NULL);
+        rc |= procs->wrong[k][i] != 0;
+      }
+    }
+  const bench_tp_result *both[2] = {threads, procs};
+  for (int m = 0; m < 2; m++) {
+    rc |= both[m] && both[m]->setup_err[0];
+    for (int k = 0; both[m] && k < BENCH_TP_MAX_OPS; k++)
+      rc |= both[m]->failed[k];
+  }
   return rc;
 }

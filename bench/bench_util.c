@@ -243,6 +243,21 @@ static void json_str(FILE *f, const char *s) {
   fputc('"', f);
 }
 
+/* One CSV field: as is, or quoted (RFC 4180) when it holds a comma, a quote or a line break, as
+ * the operation names "serial_ag,gemm" and "serial_gemm,rs" do. */
+static void csv_field(FILE *f, const char *s) {
+  if (!strpbrk(s, ",\"\r\n")) {
+    fprintf(f, ",%s", s);
+    return;
+  }
+  fputs(",\"", f);
+  for (; *s; s++) {
+    if (*s == '"') fputc('"', f);
+    fputc(*s, f);
+  }
+  fputc('"', f);
+}
+
 int bench_report_write_csv(const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) {
@@ -254,14 +269,14 @@ int bench_report_write_csv(const char *path) {
     table *t = &tables[i];
     fprintf(f, "table");
     for (int c = 0; c < t->ncols; c++)
-      fprintf(f, ",%s", t->cols[c]);
+      csv_field(f, t->cols[c]);
     fprintf(f, "\n");
     for (int r = 0; r < t->nrows; r++) {
       fprintf(f, "%s", t->id);
       for (int c = 0; c < t->ncols; c++) {
         char buf[96];
         cell_text(&t->cells[(size_t)r * (size_t)t->ncols + (size_t)c], buf, sizeof(buf));
-        fprintf(f, ",%s", buf);
+        csv_field(f, buf);
       }
       fprintf(f, "\n");
     }

@@ -39,7 +39,7 @@ NUMS = [
     ("demo", "--rows", 1, 1000000),
     ("bench", "--tp", 1, 64), ("bench", "--capacity", 1, 2**20), ("bench", "--hidden", 1, 2**16),
     ("bench", "--n", 1, 2**16), ("bench", "--iters", 1, 1000), ("bench", "--warmup", 0, 1000),
-    ("bench", "--calls", 100, 1000000000),
+    ("bench", "--calls", 100, 1000000000), ("bench", "--timeout", 1, 86400),
     ("calibrate", "--device", 0, 63), ("calibrate", "--peer-device", 0, 63),
     ("calibrate", "--hidden", 64, 2**16), ("calibrate", "--n", 64, 2**16),
     ("calibrate", "--iters", 3, 1000),
@@ -51,12 +51,14 @@ CHOICES = [
     ("demo", "--backend", ["sim"]), ("demo", "--dtype", ["bf16", "fp16", "fp32"]),
     ("bench", "--backend", ["sim"]),
     ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all", "planner"]),
-    ("bench", "--model", ["shared", "dedicated"]),
+    ("bench", "--model", ["shared", "dedicated"]), ("bench", "--mode", ["threads", "procs", "both"]),
     ("calibrate", "--backend", ["cuda", "sim"]), ("calibrate", "--dtype", ["bf16", "fp16", "fp32"]),
 ]
 FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
          ("bench", "--quick"), ("calibrate", "--quick")]
 FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
+# Text options that must not be empty: (command, option).
+TEXTS = [("bench", "--tokens"), ("bench", "--tp-list")]
 
 
 def argv(cmd, over=None, drop=(), extra=()):
@@ -129,6 +131,8 @@ for cmd, opt in FILES:
     rc = "nonzero"
     case("%s %s unwritable" % (cmd, opt), argv(cmd, {opt: "/nonexistent/dir/t.json"}), rc,
          err="/nonexistent/dir/t.json")
+for cmd, opt in TEXTS:
+    case("%s %s ''" % (cmd, opt), argv(cmd, {opt: ""}), 2, err="%s '' is empty" % opt)
 
 # ---- unknown options, stray words, --opt=value, help ----
 for cmd in BASE:
@@ -322,6 +326,48 @@ case("bench planner --iters too many", [TPF, "bench", "--section", "planner", "-
      err="--iters '167'")
 case("bench planner + setshape", argv(B, extra=["--section", "planner"]) , 0,
      out=["Section 1", "Section 6:"])
+
+# the tp section's modes (--mode threads|procs|both), T and P lists, the procs bound
+TPM = [TPF, "bench", "--backend", "sim", "--section", "tp", "--tp-list", "2", "--capacity", "64",
+       "--hidden", "16", "--n", "16", "--iters", "1", "--warmup", "0"]
+for mode in ["threads", "procs", "both"]:
+    want = ["Section 4/5 modes", "tT/tC/(T/C)", "enqueue(us)", "tp section: mode=" + mode,
+            "T=16,64", "bench finished: all checks passed"]
+    want += [" procs "] if mode != "threads" else []
+    want += [" threads "] if mode != "procs" else []
+    case("bench tp --mode %s" % mode, TPM + ["--mode", mode, "--tokens", "16"], 0, out=want)
+case("bench tp default mode on sim is threads", TPM + ["--tokens", "32,64"], 0,
+     out=["tp section: mode=threads", "T=32,64", "procs mode not run"])
+case("bench tp --mode procs --timeout", TPM + ["--mode", "procs", "--timeout", "60"], 0,
+     out="bench finished: all checks passed")
+case("bench tp --tp-list 2,4", TPM[:6] + ["--tp-list", "2,4"] + TPM[8:] + ["--tokens", "32"], 0,
+     out=["tp section: mode=threads  P=2,4  T=32,64", "bench finished: all checks passed"])
+case("bench --mode without tp", argv(B, {"--mode": "both"}), 2,
+     err="--mode applies to --section tp only")
+case("bench --tokens without tp", argv(B, {"--tokens": "32"}), 2,
+     err="--tokens applies to --section tp only")
+case("bench --tp-list without tp", argv(B, {"--tp-list": "2"}), 2,
+     err="--tp-list applies to --section tp only")
+case("bench --timeout with threads only", TPM + ["--mode", "threads", "--timeout", "5"], 2,
+     err="--timeout applies to --mode procs or both only")
+for val, msg in [("16,x", "'x' is not a decimal number in [1, 64]"),
+                 ("16,,32", "'' is not a decimal number"), ("016", "'016' is not a decimal"),
+                 ("65", "'65' is not a decimal number in [1, 64]"), ("0", "'0' is not"),
+                 ("32,16", "ascending without repeats"), ("16,16", "ascending without repeats"),
+                 ("15", "15 is not a multiple of P = 2"), ("16,", "'' is not a decimal")]:
+    case("bench --tokens %r" % val, TPM + ["--tokens", val], 2, err=["--tokens '%s'" % val, msg])
+for val, msg in [("0", "'0' is not a decimal number in [1, 64]"), ("65", "[1, 64]"),
+                 ("4,2", "ascending"), ("2,x", "'x'"), ("1,2,3,4,5,6,7,8,9", "at most 8 values")]:
+    case("bench --tp-list %r" % val, TPM[:6] + ["--tp-list", val] + TPM[8:], 2,
+         err=["--tp-list '%s'" % val, msg])
+case("bench --tokens not a multiple of a listed P", TPM[:6] + ["--tp-list", "2,4"] + TPM[8:] +
+     ["--tokens", "6"], 2, err="6 is not a multiple of P = 4")
+case("bench --proc-worker outside the launcher", TPM + ["--proc-worker", "/tmp/tpflex_cli_w"], 1,
+     err="only the tp section's procs mode starts it")
+if not HAVE_CUDA:
+    case("bench cuda tp modes without CUDA", [TPF, "bench", "--backend", "cuda", "--section", "tp",
+                                              "--mode", "both"], 2,
+         err="this build has no CUDA backend")
 
 print("%d cases, %d failed" % (count, len(failures)))
 for f in failures:

@@ -1,0 +1,257 @@
+/* Section 4/5 of `tpflex bench` in both modes (issue 13): ranks as threads of this process
+ * (bench_ops.c's table, with the host-wall figures taken in the same run) and ranks as processes,
+ * each started by the launcher (harness/launcher.h) as `tpflex bench --proc-worker FILE ...`,
+ * then the modes table that puts them side by side. Calls bench_ops.c, bench_group.c and
+ * bench_util.c.
+ *
+ * Method (procs mode). This process never hands a CUDA context to a child: the workers are
+ * exec'd (fork + exec of /proc/self/exe), so whatever CUDA state the threads mode left here is
+ * not inherited. Every worker reads its rank from the launcher's environment, joins the socket
+ * bootstrap, creates its CUDA backend over it (ranks in different processes share GPU `device`
+ * through CUDA IPC) and runs the operations with host-wall timing only: CUDA events of different
+ * processes cannot be timed against each other, so each rank reads CLOCK_MONOTONIC (one clock
+ * for the whole machine) around enqueue + stream synchronisation after an agreement of all
+ * ranks, and a repetition is max t1 - min t0 over the ranks, exchanged through the bootstrap.
+ * Rank 0 writes the whole result (bench_tp_result) to FILE; this process reads it after every
+ * worker ended. Every wait is bounded: the bootstrap's calls (TPF_BOOT_TIMEOUT_MS, default 120 s),
+ * the backend's peer waits (TPF_CUDA_TIMEOUT_MS), and here --timeout for the whole group, after
+ * which the launcher kills the workers (and a worker dies with this process: PR_SET_PDEATHSIG).
+ *
+ * On the simulator, which cannot span processes, every worker runs a whole world of P ranks and
+ * the bootstrap only joins the processes: the procs rows there check the process-mode path
+ * (launch, exec, agreements, gathers, the result file, the tables), not process-mode times.
+ */
+#define _POSIX_C_SOURCE 200809L
+#include "bench.h"
+
+#include "launcher.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- the launching side ------------------------------------------------------------------- */
+
+/* The worker's command line: the shape and repetitions of this run, explicitly (so no default
+ * can differ), P alone, the T values, and the result file. */
+typedef struct {
+  char num[8][24];
+  char tokens[BENCH_MAX_TS * 21];
+  char *argv[32];
+} worker_cmd;
+
+static void worker_argv(const bench_opts *o, int P, const char *exe, const char *path,
+                        worker_cmd *w) {
+  int a = 0, n = 0;
+  w->argv[a++] = (char *)exe;
+  w->argv[a++] = "bench";
+  w->argv[a++] = "--backend";
+  w->argv[a++] = o->cuda ? "cuda" : "sim";
+  w->argv[a++] = "--section";
+  w->argv[a++] = "tp";
+  const struct {
+    const char *opt;
+    unsigned long long v;
+  } nums[] = {{"--capacity", o->capacity},
+              {"--hidden", o->hidden},
+              {"--n", o->n},
+              {"--iters", (unsigned)o->iters},
+              {"--warmup", (unsigned)o->warmup},
+              {"--tp-list", (unsigned)P}};
+  for (size_t i = 0; i < sizeof nums / sizeof nums[0]; i++) {
+    snprintf(w->num[n], sizeof w->num[n], "%llu", nums[i].v);
+    w->argv[a++] = (char *)nums[i].opt;
+    w->argv[a++] = w->num[n++];
+  }
+  size_t len = 0;
+  w->tokens[0] = 0;
+  for (int i = 0; i < o->ntps; i++)
+    len += (size_t)snprintf(w->tokens + len, sizeof w->tokens - len, "%s%llu", i ? "," : "",
+                            (unsigned long long)o->tps[i]);
+  w->argv[a++] = "--tokens";
+  w->argv[a++] = w->tokens;
+  w->argv[a++] = "--proc-worker";
+  w->argv[a++] = (char *)path;
+  w->argv[a] = NULL;
+}
+
+/* Runs the tp section's operations at P with every rank its own process; *res gets the result
+ * rank 0 wrote (nops 0 and err[0] saying why when there is none). Returns 0, or 1 on failure. */
+static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
+  memset(res, 0, sizeof *res);
+  res->P = P;
+  char exe[4096];
+  ssize_t len = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  if (len <= 0) {
+    snprintf(res->setup_err, sizeof res->setup_err, "cannot read /proc/self/exe");
+    return 1;
+  }
+  exe[len] = 0;
+  const char *tmp = getenv("TMPDIR");
+  char path[1024];
+  snprintf(path, sizeof path, "%s/tpflex-bench-XXXXXX", tmp && *tmp ? tmp : "/tmp");
+  int fd = mkstemp(path);
+  if (fd < 0) {
+    snprintf(res->setup_err, sizeof res->setup_err, "cannot create a result file in %s",
+             tmp && *tmp ? tmp : "/tmp");
+    return 1;
+  }
+  close(fd);
+  worker_cmd w;
+  worker_argv(o, P, exe, path, &w);
+  bench_progress("[4/4 tp] P=%d: starting %d processes", P, P);
+  tpf_launch *l = NULL;
+  int codes[TPF_MAX_RANKS];
+  char why[300] = "";
+  tpf_status st = tpf_launch_exec(P, w.argv, &l);
+  const bool launched = st == TPF_OK;
+  if (!launched) {
+    snprintf(why, sizeof why, "launch: %s", tpf_last_error());
+  } else {
+    /* A rank that ends abnormally leaves the others 10 s to fail by themselves. */
+    st = tpf_launch_wait(l, o->proc_timeout_ms, 10000, codes);
+    if (st != TPF_OK) snprintf(why, sizeof why, "%s", tpf_last_error());
+    tpf_launch_free(l);
+  }
+  FILE *f = fopen(path, "rb");
+  bool have = false;
+  if (f) {
+    have = fread(res, sizeof *res, 1, f) == 1 && res->magic == BENCH_TP_MAGIC &&
+           res->bytes == (uint32_t)sizeof *res && res->P == P;
+    fclose(f);
+  }
+  unlink(path);
+  if (!have) {
+    memset(res, 0, sizeof *res);
+    res->P = P;
+  }
+  if (launched && !why[0]) {
+    size_t cl = 0;
+    for (int r = 0; r < P && cl < sizeof why; r++)
+      if (codes[r] != 0)
+        cl += (size_t)snprintf(why + cl, sizeof why - cl, "%srank %d: %s %d", cl ? "; " : "", r,
+                               codes[r] > 128 ? "signal" : "exit status",
+                               codes[r] > 128 ? codes[r] - 128 : codes[r]);
+  }
+  if (!why[0] && have) return 0;
+  /* Keep rank 0's own setup message when it wrote one; else say how the workers ended. */
+  if (!res->setup_err[0])
+    snprintf(res->setup_err, sizeof res->setup_err, "%s%s%s", why, why[0] && !have ? "; " : "",
+             have ? "" : "no result written");
+  return 1;
+}
+
+/* ---- the section -------------------------------------------------------------------------- */
+
+int bench_section_tp(const bench_opts *o) {
+  const bool thr_on = (o->modes & BENCH_MODE_THREADS) != 0,
+             prc_on = (o->modes & BENCH_MODE_PROCS) != 0;
+  bench_tp_result *thr = calloc(BENCH_MAX_PS, sizeof *thr);
+  bench_tp_result *prc = calloc(BENCH_MAX_PS, sizeof *prc);
+  if (!thr || !prc) {
+    free(thr);
+    free(prc);
+    fprintf(stderr, "tpflex bench: no memory for the tp section\n");
+    return 1;
+  }
+  int rc = 0;
+  if (thr_on) rc |= bench_tp_threads_table(o, thr);
+  if (prc_on)
+    for (int pi = 0; pi < o->nps; pi++)
+      rc |= procs_run(o, o->ps[pi], &prc[pi]);
+
+  static const char *const cols[] = {"op",          "mode",       "P",       "T",     "T/C",
+                                     "time(us)",    "serial(us)", "speedup", "tT/tC", "tT/tC/(T/C)",
+                                     "enqueue(us)", "vs_threads", "#wrong"};
+  char title[300];
+  snprintf(title, sizeof title,
+           "Section 4/5 modes: ranks as threads and ranks as processes on one %s, host wall "
+           "(C=%llu H=%llu N=%llu)",
+           o->cuda ? "GPU" : "host", (unsigned long long)o->capacity, (unsigned long long)o->hidden,
+           (unsigned long long)o->n);
+  bench_table("tp_modes", title, 13, cols);
+  for (int pi = 0; pi < o->nps; pi++) {
+    const bench_tp_result *t = thr_on ? &thr[pi] : NULL, *p = prc_on ? &prc[pi] : NULL;
+    rc |= bench_tp_modes_rows(o, t, p);
+  }
+  for (int pi = 0; pi < o->nps; pi++)
+    for (int m = 0; m < 2; m++) {
+      const bench_tp_result *rs = m == 0 ? (thr_on ? &thr[pi] : NULL) : (prc_on ? &prc[pi] : NULL);
+      const char *mode = m == 0 ? "threads" : "procs";
+      if (rs && rs->setup_err[0]) bench_note("FAILED %s P=%d: %s", mode, rs->P, rs->setup_err);
+      for (int k = 0; rs && k < rs->nops; k++)
+        if (rs->failed[k]) bench_note("FAILED %s P=%d %s: %s", mode, rs->P, rs->op[k], rs->err[k]);
+    }
+  bench_note("time(us): host wall, median of %d repetitions; each: %san agreement of every rank "
+             "(threads: a barrier; procs: the socket bootstrap's allgather), t0 = CLOCK_MONOTONIC, "
+             "the tpf_* call, %s, t1; time = max t1 - min t0 over all ranks",
+             o->iters, o->cuda ? "rank 0's 1 GiB memset synchronised (L2 eviction), " : "",
+             o->cuda ? "cudaStreamSynchronize"
+                     : "(the simulator returns with the operation complete)");
+  bench_note("serial(us): the serial baseline in the same mode and measure (serial_ag,gemm for AG, "
+             "serial_gemm,rs for RS); speedup = serial / time; tT/tC = time / time at T = C; "
+             "tT/tC/(T/C) = 1 when the time scales with T");
+  bench_note("enqueue(us): host time of the tpf_* call itself (call to return), median over ranks "
+             "and repetitions; vs_threads = time / the threads row's time");
+  if (o->cuda)
+    bench_note("procs: every rank its own process (exec'd by the launcher), all sharing GPU %d "
+               "through CUDA IPC: P CUDA contexts on one GPU, whose kernels do not run "
+               "concurrently unless MPS is on; the device-event table above is threads only",
+               o->device);
+  else if (prc_on)
+    bench_note("simulator procs rows: every process runs a whole simulator world of P ranks (the "
+               "simulator cannot span processes), joined by the socket bootstrap: they check the "
+               "process-mode path (launch, exec, agreements, gathers, result file), their times "
+               "are not process-mode figures");
+  if (!thr_on) bench_note("threads mode not run (--mode procs)");
+  if (!prc_on) bench_note("procs mode not run (--mode threads)");
+  free(thr);
+  free(prc);
+  return rc;
+}
+
+/* ---- the worker --------------------------------------------------------------------------- */
+
+int bench_proc_worker(const bench_opts *o, const char *path) {
+  tpf_launch_rank me;
+  if (tpf_launch_rank_from_env(&me) != TPF_OK) {
+    fprintf(stderr,
+            "tpflex bench --proc-worker: %s (internal: only the tp section's procs mode "
+            "starts it)\n",
+            tpf_last_error());
+    return 1;
+  }
+  bench_tp_result *res = calloc(1, sizeof *res);
+  if (!res) return 1;
+  res->magic = BENCH_TP_MAGIC;
+  res->bytes = (uint32_t)sizeof *res;
+  res->P = me.nranks;
+  tpf_bootstrap boot;
+  tpf_status st = tpf_sockboot_create(&me, o->device, 0, &boot);
+  const bool have_boot = st == TPF_OK;
+  bench_group *g = NULL;
+  if (st == TPF_OK) st = bench_group_create_procs(o, me.nranks, &boot, &g);
+  if (st == TPF_OK) {
+    bench_tp_run(g, o, false, res);
+  } else {
+    snprintf(res->setup_err, sizeof res->setup_err, "rank %d: %s: %s", me.rank,
+             have_boot ? "group" : "bootstrap", tpf_last_error());
+    fprintf(stderr, "tpflex bench worker: %s\n", res->setup_err);
+  }
+  int rc = 0;
+  if (me.rank == 0) {
+    FILE *f = fopen(path, "wb");
+    if (!f || fwrite(res, sizeof *res, 1, f) != 1) {
+      fprintf(stderr, "tpflex bench worker: cannot write '%s'\n", path);
+      rc = 1;
+    }
+    if (f && fclose(f) != 0) rc = 1;
+  }
+  if (g) bench_group_destroy(g);
+  if (have_boot) tpf_sockboot_free(&boot);
+  bench_progress_done();
+  free(res);
+  return rc | (st != TPF_OK);
+}
