@@ -284,8 +284,10 @@ int tpf_cmd_bench(int argc, char **argv) {
     for (uint64_t t = 1024; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
       if (!o.quick || t >= o.capacity / 8) o.tps[o.ntps++] = t;
   } else {
-    for (uint64_t t = o.capacity / 8; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
-      if (t >= 1 && (!o.quick || t >= o.capacity / 4)) o.tps[o.ntps++] = t;
+    /* From 1 when C < 8 (doubling 0 would never end). */
+    for (uint64_t t = o.capacity >= 8 ? o.capacity / 8 : 1;
+         t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
+      if (!o.quick || t >= o.capacity / 4) o.tps[o.ntps++] = t;
   }
   if (o.ntps == 0 || o.tps[o.ntps - 1] != o.capacity)
     o.tps[o.ntps < BENCH_MAX_TS ? o.ntps++ : o.ntps - 1] = o.capacity;
