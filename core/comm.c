@@ -116,21 +116,6 @@ static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   return h;
 }
 
-static uint64_t cost_hash(const tpf_cost_table *t) {
-  if (!t) return 0;
-  uint64_t h = 0xcbf29ce484222325ull;
-  const double d[] = {t->launch_us,   t->handshake_us,         t->barrier_us, t->peer.latency_us,
-                      t->peer.gbps,   t->local.latency_us,     t->local.gbps, t->reduce.latency_us,
-                      t->reduce.gbps, (double)t->shared_device};
-  h = fnv(h, d, sizeof d);
-  for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++) {
-    const tpf_cost_gemm_point *g = &t->gemm[i];
-    const uint64_t v[] = {(uint64_t)g->dtype, g->m, g->n, g->k};
-    h = fnv(fnv(h, v, sizeof v), &g->us, sizeof g->us);
-  }
-  return h;
-}
-
 static void fingerprint_of(const tpf_comm_config *cfg, fingerprint *fp) {
   memset(fp, 0, sizeof *fp);
   fp->magic = FP_MAGIC;
@@ -138,7 +123,7 @@ static void fingerprint_of(const tpf_comm_config *cfg, fingerprint *fp) {
   fp->cap_cols = cfg->capacity.cols;
   size_t len = strlen(cfg->name);
   fp->name_hash = fnv(0xcbf29ce484222325ull, cfg->name, len);
-  fp->cost_hash = cfg->plan == TPF_PLAN_ADAPTIVE ? cost_hash(cfg->cost) : 0;
+  fp->cost_hash = cfg->plan == TPF_PLAN_ADAPTIVE ? tpf__cost_table_hash(cfg->cost) : 0;
   fp->algo = (int32_t)cfg->algo;
   fp->coll = (int32_t)cfg->coll;
   fp->dtype = (int32_t)cfg->dtype;

@@ -57,7 +57,130 @@ static bool dtype_of(const char *name, size_t len, tpf_dtype *out) {
 
 enum { K_LAUNCH, K_HANDSHAKE, K_BARRIER, K_PEER, K_LOCAL, K_REDUCE, K_SHARED, K_COUNT };
 
-static tpf_status parse_line(tpf_cost_table *t, bool *seen, const char *line, int lineno) {
+/* The parser's scratch: the table and, per sched point, its line (for the duplicate message). */
+typedef struct {
+  tpf_cost_table t;
+  bool seen[K_COUNT];
+  int sched_line[TPF_COST_MAX_SCHED_POINTS];
+} parse_state;
+
+#define COST_STR_(x) #x
+#define COST_STR(x) COST_STR_(x)
+
+/* A plain decimal integer in [lo, hi] (digits only, as the CLI's numbers). */
+static bool read_uint(const char *tok, size_t len, uint64_t lo, uint64_t hi, uint64_t *out) {
+  if (len == 0 || len > 19 || (len > 1 && tok[0] == '0')) return false;
+  uint64_t v = 0;
+  for (size_t i = 0; i < len; i++) {
+    if (tok[i] < '0' || tok[i] > '9') return false;
+    v = v * 10 + (uint64_t)(tok[i] - '0');
+  }
+  if (v < lo || v > hi) return false;
+  *out = v;
+  return true;
+}
+
+/* Index of the word tok[0, len) in the '|'-separated list words, or -1. */
+static int word_of(const char *words, const char *tok, size_t len) {
+  int i = 0;
+  for (const char *w = words; *w; i++) {
+    size_t n = strcspn(w, "|");
+    if (n == len && strncmp(w, tok, len) == 0) return i;
+    w += n + (w[n] == '|');
+  }
+  return -1;
+}
+
+static bool same_key(const tpf_cost_sched_point *a, const tpf_cost_sched_point *b) {
+  return a->shared == b->shared && a->algo == b->algo && a->coll == b->coll &&
+         a->tp_size == b->tp_size && a->num_splits == b->num_splits &&
+         a->aggregate == b->aggregate && a->dtype == b->dtype && a->hidden == b->hidden &&
+         a->n == b->n;
+}
+
+/* "sched <device> <algo> <coll> <P> <splits> <aggregate> <dtype> <H> <N> <T> <us>" (after the
+ * key: p points past "sched"). */
+static tpf_status parse_sched(parse_state *ps, const char *p, const char *line, int lineno) {
+  enum { F_DEV, F_ALGO, F_COLL, F_P, F_SPLITS, F_AGG, F_DTYPE, F_H, F_N, F_T, F_US, F_COUNT };
+  static const char *const names[F_COUNT] = {"device", "algo", "coll", "P", "splits", "aggregate",
+                                             "dtype",  "H",    "N",    "T", "us"};
+  static const char *const want[F_COUNT] = {"shared or dedicated",
+                                            "ring or pipeline",
+                                            "ag or rs",
+                                            "an integer in [1, " COST_STR(TPF_MAX_RANKS) "]",
+                                            "an integer in [1, " COST_STR(TPF_MAX_SPLITS) "]",
+                                            "0 or 1",
+                                            "bf16, fp16, fp32, fp8_e4m3 or fp8_e5m2",
+                                            "an integer >= 1",
+                                            "an integer >= 1",
+                                            "an integer >= 1",
+                                            "a number > 0"};
+  const char *tok[F_COUNT];
+  size_t len[F_COUNT];
+  int nf = 0;
+  for (;;) {
+    while (*p == ' ' || *p == '\t' || *p == '\r')
+      p++;
+    if (*p == '\0' || *p == '#') break;
+    size_t n = strcspn(p, " \t\r#");
+    TPF_RETURN_IF(nf == F_COUNT, TPF_EINVAL,
+                  "cost table line %d: sched has more than %d fields (device algo coll P splits "
+                  "aggregate dtype H N T us): '%s'",
+                  lineno, F_COUNT, line);
+    tok[nf] = p;
+    len[nf++] = n;
+    p += n;
+  }
+  TPF_RETURN_IF(nf < F_COUNT, TPF_EINVAL,
+                "cost table line %d: sched needs %d fields (device algo coll P splits aggregate "
+                "dtype H N T us), '%s' is missing: '%s'",
+                lineno, F_COUNT, names[nf], line);
+  tpf_cost_sched_point sp;
+  memset(&sp, 0, sizeof sp);
+  uint64_t u = 0;
+  int bad = -1, w;
+  if ((w = word_of("dedicated|shared", tok[F_DEV], len[F_DEV])) < 0) bad = F_DEV;
+  sp.shared = w == 1;
+  if (bad < 0 && (w = word_of("ring|pipeline", tok[F_ALGO], len[F_ALGO])) < 0) bad = F_ALGO;
+  sp.algo = w == 0 ? TPF_ALGO_RING : TPF_ALGO_PIPELINE;
+  if (bad < 0 && (w = word_of("ag|rs", tok[F_COLL], len[F_COLL])) < 0) bad = F_COLL;
+  sp.coll = w == 0 ? TPF_COLL_AG : TPF_COLL_RS;
+  if (bad < 0 && !read_uint(tok[F_P], len[F_P], 1, TPF_MAX_RANKS, &u)) bad = F_P;
+  sp.tp_size = (int)u;
+  if (bad < 0 && !read_uint(tok[F_SPLITS], len[F_SPLITS], 1, TPF_MAX_SPLITS, &u)) bad = F_SPLITS;
+  sp.num_splits = (int)u;
+  if (bad < 0 && !read_uint(tok[F_AGG], len[F_AGG], 0, 1, &u)) bad = F_AGG;
+  sp.aggregate = u == 1;
+  if (bad < 0 && !dtype_of(tok[F_DTYPE], len[F_DTYPE], &sp.dtype)) bad = F_DTYPE;
+  if (bad < 0 && !read_uint(tok[F_H], len[F_H], 1, UINT64_MAX, &sp.hidden)) bad = F_H;
+  if (bad < 0 && !read_uint(tok[F_N], len[F_N], 1, UINT64_MAX, &sp.n)) bad = F_N;
+  if (bad < 0 && !read_uint(tok[F_T], len[F_T], 1, UINT64_MAX, &sp.rows)) bad = F_T;
+  if (bad < 0) {
+    char num[32];
+    size_t n = len[F_US] < sizeof num - 1 ? len[F_US] : sizeof num - 1;
+    memcpy(num, tok[F_US], n);
+    num[n] = '\0';
+    if (!read_numbers(num, &sp.us, 1) || sp.us <= 0 || n != len[F_US]) bad = F_US;
+  }
+  TPF_RETURN_IF(bad >= 0, TPF_EINVAL, "cost table line %d: sched field '%s' must be %s, not '%.*s'",
+                lineno, names[bad], want[bad], (int)len[bad], tok[bad]);
+  TPF_RETURN_IF(sp.aggregate && (sp.algo != TPF_ALGO_RING || sp.coll != TPF_COLL_AG), TPF_EINVAL,
+                "cost table line %d: sched field 'aggregate' 1 needs ring ag: '%s'", lineno, line);
+  tpf_cost_table *t = &ps->t;
+  for (int i = 0; i < t->nsched; i++)
+    TPF_RETURN_IF(same_key(&t->sched[i], &sp) && t->sched[i].rows == sp.rows, TPF_EINVAL,
+                  "cost table line %d: sched point given twice (first on line %d): '%s'", lineno,
+                  ps->sched_line[i], line);
+  TPF_RETURN_IF(t->nsched >= TPF_COST_MAX_SCHED_POINTS, TPF_EINVAL,
+                "cost table line %d: more than %d sched points", lineno, TPF_COST_MAX_SCHED_POINTS);
+  ps->sched_line[t->nsched] = lineno;
+  t->sched[t->nsched++] = sp;
+  return TPF_OK;
+}
+
+static tpf_status parse_line(parse_state *ps, const char *line, int lineno) {
+  tpf_cost_table *t = &ps->t;
+  bool *seen = ps->seen;
   static const char *const keys[K_COUNT] = {"launch_us",    "handshake_us", "barrier_us",
                                             "copy peer",    "copy local",   "reduce",
                                             "shared_device"};
@@ -113,6 +236,8 @@ static tpf_status parse_line(tpf_cost_table *t, bool *seen, const char *line, in
     g->us = v[3];
     return TPF_OK;
   }
+  if (strncmp(line, "sched", 5) == 0 && (line[5] == ' ' || line[5] == '\t'))
+    return parse_sched(ps, line + 5, line, lineno);
   return tpf_set_error(TPF_EINVAL, "cost table line %d: unknown key in '%s'", lineno, line);
 }
 
@@ -120,9 +245,8 @@ tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out) {
   TPF_RETURN_IF(!text || !out, TPF_EINVAL, "cost table: text or out pointer is NULL");
   /* Parsed into scratch (too large for a stack frame; parsing is not on a per-microbatch path)
    * so that *out is written only on success. */
-  tpf_cost_table *tt = tpf__calloc(1, sizeof *tt);
-  TPF_RETURN_IF(!tt, TPF_ENOMEM, "cost table: out of memory");
-  bool seen[K_COUNT] = {false};
+  parse_state *ps = tpf__calloc(1, sizeof *ps);
+  TPF_RETURN_IF(!ps, TPF_ENOMEM, "cost table: out of memory");
   char line[512];
   int lineno = 0;
   tpf_status rc = TPF_OK;
@@ -144,11 +268,65 @@ tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out) {
     while (e > 0 && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\r'))
       s[--e] = '\0';
     if (*s == '\0' || *s == '#') continue;
-    rc = parse_line(tt, seen, s, lineno);
+    rc = parse_line(ps, s, lineno);
   }
-  if (rc == TPF_OK) *out = *tt;
-  tpf__free(tt);
+  if (rc == TPF_OK) *out = ps->t;
+  tpf__free(ps);
   return rc;
+}
+
+/* ---- the table's hash and its measured schedules -------------------------------------------- */
+
+static uint64_t fnv(uint64_t h, const void *p, size_t n) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++)
+    h = (h ^ b[i]) * 0x100000001b3ull;
+  return h;
+}
+
+uint64_t tpf__cost_table_hash(const tpf_cost_table *t) {
+  if (!t) return 0;
+  uint64_t h = 0xcbf29ce484222325ull;
+  const double d[] = {t->launch_us,   t->handshake_us,         t->barrier_us, t->peer.latency_us,
+                      t->peer.gbps,   t->local.latency_us,     t->local.gbps, t->reduce.latency_us,
+                      t->reduce.gbps, (double)t->shared_device};
+  h = fnv(h, d, sizeof d);
+  for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++) {
+    const tpf_cost_gemm_point *g = &t->gemm[i];
+    const uint64_t v[] = {(uint64_t)g->dtype, g->m, g->n, g->k};
+    h = fnv(fnv(h, v, sizeof v), &g->us, sizeof g->us);
+  }
+  /* Field by field (no padding bytes), and only when there are points: a table without sched
+   * lines hashes as it did before they existed. */
+  for (int i = 0; i < t->nsched && i < TPF_COST_MAX_SCHED_POINTS; i++) {
+    const tpf_cost_sched_point *p = &t->sched[i];
+    const uint64_t v[] = {(uint64_t)p->shared,
+                          (uint64_t)p->algo,
+                          (uint64_t)p->coll,
+                          (uint64_t)p->tp_size,
+                          (uint64_t)p->num_splits,
+                          (uint64_t)p->aggregate,
+                          (uint64_t)p->dtype,
+                          p->hidden,
+                          p->n,
+                          p->rows};
+    h = fnv(fnv(h, v, sizeof v), &p->us, sizeof p->us);
+  }
+  return h;
+}
+
+int tpf__cost_sched_bracket(const tpf_cost_table *t, const tpf_cost_sched_point *key, int *lo,
+                            int *hi) {
+  *lo = *hi = -1;
+  int n = 0;
+  for (int i = 0; i < t->nsched && i < TPF_COST_MAX_SCHED_POINTS; i++) {
+    const tpf_cost_sched_point *p = &t->sched[i];
+    if (!same_key(p, key)) continue;
+    n++;
+    if (p->rows <= key->rows && (*lo < 0 || p->rows > t->sched[*lo].rows)) *lo = i;
+    if (p->rows >= key->rows && (*hi < 0 || p->rows < t->sched[*hi].rows)) *hi = i;
+  }
+  return n;
 }
 
 /* ---- GEMM interpolation --------------------------------------------------------------------- */

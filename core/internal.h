@@ -104,6 +104,14 @@ unsigned tpf__be_caps(const tpf_backend *be);
 
 /* ---- cost.c: time of one transfer, latency + bytes over bandwidth (microseconds) ---- */
 double tpf__cost_link_us(const tpf_cost_link *l, double bytes);
+/* FNV-1a over every field of the table that prices something, sched points included (the
+ * configuration fingerprint's cost_hash: ranks with different tables refuse to agree). */
+uint64_t tpf__cost_table_hash(const tpf_cost_table *t);
+/* The sched points of key's (shared, algo, coll, tp_size, num_splits, aggregate, dtype, hidden,
+ * n): returns how many there are; *lo gets the one of the largest rows <= key->rows and *hi the
+ * one of the smallest rows >= key->rows (the same index at a measured T), -1 where none. */
+int tpf__cost_sched_bracket(const tpf_cost_table *t, const tpf_cost_sched_point *key, int *lo,
+                            int *hi);
 
 /* ---- plan.c: an adaptive communicator's planner (NULL for a FIXED one) ---- */
 typedef struct tpf_planner tpf_planner;

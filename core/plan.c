@@ -1,9 +1,12 @@
 /* The planner's candidates and their predicted times (include/tpflex/tpflex_cost.h).
  *
  * Method: for each candidate the communicator's algorithm admits, build every rank's schedule
- * with the candidate's split count, replay them with the cost model, keep the latest end. The RS
- * baseline (one GEMM, then the reduce-scatter) is not a schedule tpflex runs, so it is priced
- * from the same table by formula. The AG baseline is a schedule (splits 1) and is replayed.
+ * with the candidate's split count, replay them with the cost model, keep the latest end (the
+ * model's time). Then, where the table has measured points of that candidate (sched lines),
+ * its time comes from them: interpolated linearly in T between the two bracketing points, or,
+ * outside the measured range, the model's time scaled by measured / model at the nearest
+ * measured T (one more replay, at that T, in the same workspace). Everything depends only on
+ * the table, the layout and the GEMM dims, so every rank computes the same.
  */
 #include "tpflex/tpflex_cost.h"
 
@@ -62,17 +65,84 @@ static tpf_status predict_schedule(const tpf_cost_table *t, const tpf_layout_des
   return tpf_cost_predict(t, w->s, w->p, w->sp, w->max_steps, us);
 }
 
-static void add(tpf_plan_result *r, tpf_algo algo, int splits, bool aggregate, bool baseline,
-                bool runnable, double us, const char *label) {
-  tpf_plan_candidate *c = &r->cand[r->ncand++];
+const char *tpf_plan_source_name(tpf_plan_source s) {
+  switch (s) {
+  case TPF_PLAN_SRC_MODEL:
+    return "model";
+  case TPF_PLAN_SRC_MEASURED:
+    return "measured";
+  case TPF_PLAN_SRC_SCALED:
+    return "scaled";
+  default:
+    return "?";
+  }
+}
+
+/* The time of candidate (splits, aggregate) at d's T from the table's sched points, given its
+ * model time there: *src MEASURED (interpolated), SCALED (model x measured / model at the
+ * nearest measured T) or MODEL (no point, or the nearest T is no legal layout of d). */
+static tpf_status refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                         int splits, bool aggregate, double model_us, workspace *w, double *us,
+                         tpf_plan_source *src) {
+  *us = model_us;
+  *src = TPF_PLAN_SRC_MODEL;
+  if (t->nsched == 0) return TPF_OK;
+  tpf_cost_sched_point key;
+  memset(&key, 0, sizeof key);
+  key.shared = t->shared_device != 0;
+  key.algo = d->algo;
+  key.coll = d->coll;
+  key.tp_size = d->tp_size;
+  key.num_splits = splits;
+  key.aggregate = aggregate;
+  key.dtype = d->dtype;
+  key.hidden = d->active.cols;
+  key.n = d->coll == TPF_COLL_AG ? g->n : g->k;
+  key.rows = d->active.rows;
+  int lo, hi;
+  if (tpf__cost_sched_bracket(t, &key, &lo, &hi) == 0) return TPF_OK;
+  if (lo >= 0 && hi >= 0) {
+    const tpf_cost_sched_point *a = &t->sched[lo], *b = &t->sched[hi];
+    *us = a->us;
+    if (b->rows > a->rows)
+      *us += (b->us - a->us) * (double)(key.rows - a->rows) / (double)(b->rows - a->rows);
+    *src = TPF_PLAN_SRC_MEASURED;
+    return TPF_OK;
+  }
+  const tpf_cost_sched_point *near = &t->sched[lo >= 0 ? lo : hi];
+  tpf_layout_desc dn = *d;
+  dn.active.rows = near->rows;
+  dn.num_splits = splits;
+  dn.aggregate = aggregate;
+  if (tpf_layout_check(&dn) != TPF_OK) return TPF_OK; /* e.g. beyond this capacity */
+  tpf_gemm_dims gn = *g;
+  gn.m = near->rows;
+  double model_near = 0; /* > 0: every schedule has a GEMM, and gemm points have us > 0 */
+  TPF_CHECK(predict_schedule(t, &dn, &gn, splits, aggregate, w, &model_near));
+  *us = model_us * near->us / model_near;
+  *src = TPF_PLAN_SRC_SCALED;
+  return TPF_OK;
+}
+
+/* Adds candidate (splits, aggregate) with model time model_us, refined by the sched points. */
+static tpf_status add(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                      workspace *w, tpf_plan_result *r, int splits, bool aggregate, bool baseline,
+                      double model_us, const char *label) {
+  tpf_plan_candidate *c = &r->cand[r->ncand];
   memset(c, 0, sizeof *c);
-  c->algo = algo;
+  c->algo = d->algo;
   c->num_splits = splits;
   c->aggregate = aggregate;
   c->baseline = baseline;
-  c->predicted_us = us;
-  c->runnable = runnable;
+  c->model_us = model_us;
+  c->runnable = true;
   snprintf(c->label, sizeof c->label, "%s", label);
+  if (d->algo != TPF_ALGO_BULK)
+    TPF_CHECK(refine(t, d, g, splits, aggregate, model_us, w, &c->predicted_us, &c->source));
+  else
+    c->predicted_us = model_us; /* one schedule: nothing to choose, nothing to refine */
+  r->ncand++;
+  return TPF_OK;
 }
 
 static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
@@ -86,23 +156,23 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
   if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
     TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
     snprintf(label, sizeof label, "ring ag splits %d", p);
-    add(&r, d->algo, p, false, false, true, us, label);
+    TPF_CHECK(add(t, d, g, w, &r, p, false, false, us, label));
     if (p % 2 == 0 && p >= 4) {
       TPF_CHECK(predict_schedule(t, d, g, p / 2, true, w, &us));
       snprintf(label, sizeof label, "ring ag aggregate splits %d", p / 2);
-      add(&r, d->algo, p / 2, true, false, true, us, label);
+      TPF_CHECK(add(t, d, g, w, &r, p / 2, true, false, us, label));
     }
     TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
     r.baseline = r.ncand;
-    add(&r, d->algo, 1, false, true, true, us, "baseline: ag, then one gemm");
+    TPF_CHECK(add(t, d, g, w, &r, 1, false, true, us, "baseline: ag, then one gemm"));
   } else if (d->algo == TPF_ALGO_RING) {
     TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
     snprintf(label, sizeof label, "ring rs splits %d", p);
-    add(&r, d->algo, p, false, false, true, us, label);
+    TPF_CHECK(add(t, d, g, w, &r, p, false, false, us, label));
     if (p > 1) { /* the no-overlap ring: every partial in one GEMM, then the exchange */
       TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
       r.baseline = r.ncand;
-      add(&r, d->algo, 1, false, true, true, us, "baseline: one gemm, then rs");
+      TPF_CHECK(add(t, d, g, w, &r, 1, false, true, us, "baseline: one gemm, then rs"));
     }
   } else if (d->algo == TPF_ALGO_PIPELINE) {
     static const int S[] = {8, 4, 2, 1}; /* most split first: later = simpler */
@@ -114,21 +184,21 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       snprintf(label, sizeof label,
                S[i] == 1 ? "baseline: pipeline splits 1" : "pipeline rs splits %d", S[i]);
       if (S[i] == 1) r.baseline = r.ncand; /* one block: the GEMM, then the pull RS */
-      add(&r, d->algo, S[i], false, S[i] == 1, true, us, label);
+      TPF_CHECK(add(t, d, g, w, &r, S[i], false, S[i] == 1, us, label));
     }
   } else {
     TPF_CHECK(predict_schedule(t, d, g, d->num_splits, false, w, &us));
     snprintf(label, sizeof label, "bulk %s", tpf_coll_name(d->coll));
-    add(&r, d->algo, 0, false, false, true, us, label);
+    TPF_CHECK(add(t, d, g, w, &r, 0, false, false, us, label));
   }
-  /* The fastest runnable wins; of those within 0.5 % of it, the last listed (the simplest). */
+  /* The fastest wins; of those within 0.5 % of it, the last listed (the simplest). Every
+   * candidate is runnable. */
   double fastest = -1;
   for (int i = 0; i < r.ncand; i++)
-    if (r.cand[i].runnable && (fastest < 0 || r.cand[i].predicted_us < fastest))
-      fastest = r.cand[i].predicted_us;
+    if (fastest < 0 || r.cand[i].predicted_us < fastest) fastest = r.cand[i].predicted_us;
   int best = 0;
   for (int i = 0; i < r.ncand; i++)
-    if (r.cand[i].runnable && r.cand[i].predicted_us <= fastest * 1.005) best = i;
+    if (r.cand[i].predicted_us <= fastest * 1.005) best = i;
   r.chosen = best;
   int second = -1;
   for (int i = 0; i < r.ncand; i++)
@@ -136,16 +206,13 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       second = i;
   const tpf_plan_candidate *b = &r.cand[best];
   if (second < 0)
-    snprintf(r.why, sizeof r.why, "%s: %.1f us, the only schedule", b->label, b->predicted_us);
-  else if (!r.cand[second].runnable && r.cand[second].predicted_us < b->predicted_us)
-    snprintf(r.why, sizeof r.why,
-             "%s: %.1f us, the fastest tpflex runs (%s would take %.1f us, %.3fx)", b->label,
-             b->predicted_us, r.cand[second].label, r.cand[second].predicted_us,
-             b->predicted_us / r.cand[second].predicted_us);
+    snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), the only schedule", b->label, b->predicted_us,
+             tpf_plan_source_name(b->source));
   else
-    snprintf(r.why, sizeof r.why, "%s: %.1f us, %.3fx the next best (%s, %.1f us)", b->label,
-             b->predicted_us, b->predicted_us / r.cand[second].predicted_us, r.cand[second].label,
-             r.cand[second].predicted_us);
+    snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), %.3fx the next best (%s, %.1f us, %s)",
+             b->label, b->predicted_us, tpf_plan_source_name(b->source),
+             b->predicted_us / r.cand[second].predicted_us, r.cand[second].label,
+             r.cand[second].predicted_us, tpf_plan_source_name(r.cand[second].source));
   *out = r;
   return TPF_OK;
 }

@@ -20,9 +20,28 @@
  *   gemm <dtype> <m> <n> <k> <us>          a measured GEMM (dtype as tpf_dtype_name: bf16, ...)
  *   shared_device 1                        all P ranks share one GPU: their GEMMs run one at a
  *                                          time across ranks (default 0: a GPU per rank)
- * Every key but gemm appears at most once; at least one gemm line of a dtype is needed to price
- * GEMMs of that dtype. GB/s means 1e9 bytes per second.
- */
+ *   sched <device> <algo> <coll> <P> <splits> <aggregate> <dtype> <H> <N> <T> <us>
+ *                                          a MEASURED schedule (tpflex calibrate --schedules):
+ *                                          one whole operation, all P ranks, earliest start to
+ *                                          latest end, in us
+ * Every key but gemm and sched appears at most once; at least one gemm line of a dtype is needed
+ * to price GEMMs of that dtype. GB/s means 1e9 bytes per second.
+ *
+ * Measured schedule points (offline tuning on top of the model, as Flux tunes its kernels):
+ *   device     shared (all P ranks on one device, as `tpflex bench` runs them) or dedicated (a
+ *              device per rank); a point applies only to a table of the same kind, i.e. shared
+ *              points when the table says shared_device 1, dedicated points when it does not
+ *   algo coll  ring|pipeline ag|rs (bulk has nothing to choose and takes no points)
+ *   P splits   tp_size in [1, TPF_MAX_RANKS], num_splits in [1, TPF_MAX_SPLITS]
+ *   aggregate  0 or 1 (1: the RING AG 2-chunk schedule)
+ *   dtype      as tpf_dtype_name
+ *   H N        H: the buffer's columns; N: RING AG the GEMM's n (weight rows per rank), RS the
+ *              GEMM's k (K per rank)
+ *   T us       the active rows and the measured time; the capacity is not part of the key (a
+ *              dynamic layout's time depends on the active rows only)
+ * Integers are plain decimal; us is a number > 0. A (device, algo, coll, P, splits, aggregate,
+ * dtype, H, N, T) given twice is refused, as are more than TPF_COST_MAX_SCHED_POINTS lines.
+ * How the planner uses them: see tpf_plan_predict. */
 #ifndef TPFLEX_COST_H
 #define TPFLEX_COST_H
 
@@ -33,12 +52,27 @@ extern "C" {
 #endif
 
 #define TPF_COST_MAX_GEMM_POINTS 512
+#define TPF_COST_MAX_SCHED_POINTS 512 /* the default --schedules grid writes 294 */
 
 typedef struct {
   tpf_dtype dtype;
   uint64_t m, n, k;
   double us;
 } tpf_cost_gemm_point;
+
+/* One measured schedule ("sched" line; the fields are described in the file comment). */
+typedef struct {
+  bool shared; /* measured with all P ranks on one device */
+  tpf_algo algo;
+  tpf_coll coll;
+  int tp_size, num_splits;
+  bool aggregate;
+  tpf_dtype dtype;
+  uint64_t hidden; /* H */
+  uint64_t n;      /* RING AG: the GEMM's n; RS: the GEMM's k */
+  uint64_t rows;   /* T */
+  double us;
+} tpf_cost_sched_point;
 
 typedef struct {
   double latency_us;
@@ -52,11 +86,15 @@ struct tpf_cost_table {
   tpf_cost_gemm_point gemm[TPF_COST_MAX_GEMM_POINTS];
   int shared_device; /* "shared_device 1": all ranks run on one GPU, whose GEMMs go one at a
                       * time across ranks (default 0: one GPU per rank) */
+  int nsched;        /* measured schedules, in the order of the file */
+  tpf_cost_sched_point sched[TPF_COST_MAX_SCHED_POINTS];
 };
 
 /* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number
  * and the offending text for a syntax error, an unknown key, a repeated key, a negative or
- * non-finite number, a zero bandwidth or too many gemm lines. *out is written only on success. */
+ * non-finite number, a zero bandwidth, too many gemm or sched lines, a sched field out of its
+ * range (the message names the field) or a sched point given twice (naming the first line).
+ * *out is written only on success. */
 TPF_API tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out);
 
 /* Predicted GEMM time in microseconds (without the launch overhead). Points of the same dtype
@@ -82,26 +120,50 @@ TPF_API tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule 
 /* ---- The planner's candidates ---------------------------------------------------------------
  * For one operation of a communicator at one active shape, the schedules its algorithm admits
  * and the no-overlap baseline, each with its predicted time:
- *   RING AG:  splits P (a GEMM per chunk), P/2 with aggregate (even P), and splits 1, which is
- *             the baseline itself (the whole exchange, then one GEMM);
- *   RING RS:  splits P, and the baseline (one GEMM, then the reduce-scatter);
- *   PIPELINE: S in {1, 2, 4, 8} where H and the alignment allow, and the baseline;
+ *   RING AG:  splits P (a GEMM per chunk), P/2 with aggregate (even P >= 4), and splits 1, which
+ *             is the baseline itself (the whole exchange, then one GEMM);
+ *   RING RS:  splits P, and the baseline splits 1 (every partial in one GEMM, then the exchange);
+ *   PIPELINE: S in {8, 4, 2, 1} where H and the alignment allow; S = 1 is the baseline (the
+ *             GEMM, then the pull reduce-scatter);
  *   BULK:     its one schedule (the GEMM is independent of the collective: nothing to choose).
- * The baseline of RS is priced analytically with the same table: handshake, one GEMM of all T
- * rows, P-1 peer copies of S_T and one reduction of P partials. The choice is the fastest
- * prediction; within 0.5 % the simpler schedule (fewer splits, then the baseline) wins, so tiny
- * differences of the model never flip a decision. Depends only on the table, the layout and
- * the GEMM dims, which every rank agrees on, so every rank chooses the same. */
+ * Every candidate's model time is the replay of all P ranks' schedules over the table.
+ *
+ * Measured points refine the model (offline tuning): a candidate whose (device kind, algo, coll,
+ * P, splits, aggregate, dtype, H, N) has sched points in the table takes its time from them:
+ *   - T between two measured T (or equal to one): linear interpolation in T between the two
+ *     bracketing points (TPF_PLAN_SRC_MEASURED);
+ *   - T outside the measured range: the model at T times measured / model at the nearest
+ *     measured T (TPF_PLAN_SRC_SCALED), so the model's shape in T carries the measurement's
+ *     level; where the nearest T is not a legal layout of this communicator, the model alone;
+ *   - no point: the model alone (TPF_PLAN_SRC_MODEL).
+ * Points apply only to a table of their device kind (shared points to shared_device 1). The
+ * model's own time stays in model_us, whatever the source, so its error can still be measured.
+ *
+ * The choice is the fastest predicted_us; within 0.5 % the simpler schedule (fewer splits, then
+ * the baseline) wins, so tiny differences never flip a decision. Depends only on the table, the
+ * layout and the GEMM dims, which every rank agrees on, so every rank chooses the same. */
 #define TPF_PLAN_MAX_CANDIDATES 8
+
+/* Where a candidate's predicted_us came from. */
+typedef enum {
+  TPF_PLAN_SRC_MODEL = 0,    /* the cost model's replay */
+  TPF_PLAN_SRC_MEASURED = 1, /* sched points: a measured T, or interpolated between two */
+  TPF_PLAN_SRC_SCALED = 2    /* the model scaled by the nearest sched point's measured / model */
+} tpf_plan_source;
+
+/* "model", "measured", "scaled" ("?" for anything else). */
+TPF_API const char *tpf_plan_source_name(tpf_plan_source s);
 
 typedef struct {
   tpf_algo algo;       /* the schedule's algorithm (the communicator's) */
   int num_splits;      /* its split count; the baseline has 1 */
   bool aggregate;      /* RING AG 2-chunk messages */
   bool baseline;       /* the no-overlap baseline */
-  double predicted_us; /* the replayed (or, for the RS baseline, computed) time */
-  bool runnable;       /* a schedule tpflex runs (the RS baseline is only priced) */
+  double predicted_us; /* the time the choice used: measured, scaled or the model's */
+  bool runnable;       /* a schedule tpflex runs (every candidate since API 0.2) */
   char label[40];      /* "ring ag splits 8", "baseline: ag, then one gemm", ... */
+  double model_us;     /* the cost model's replay alone (equal to predicted_us for SRC_MODEL) */
+  tpf_plan_source source;
 } tpf_plan_candidate;
 
 typedef struct {
@@ -113,9 +175,10 @@ typedef struct {
 } tpf_plan_result;
 
 /* Predicts every candidate for d (any rank; all P ranks' schedules are built and replayed) and
- * the GEMM dims g (as tpf_schedule_build takes them). TPF_EINVAL and layout statuses for a bad
- * d, the cost-model statuses for a table that cannot price a step. Allocates while it builds
- * schedules: call it once per (communicator, T) and keep the result, never per operation. */
+ * the GEMM dims g (as tpf_schedule_build takes them), with the table's sched points where they
+ * match (see above). TPF_EINVAL and layout statuses for a bad d, the cost-model statuses for a
+ * table that cannot price a step. Allocates while it builds schedules: call it once per
+ * (communicator, T) and keep the result, never per operation. */
 TPF_API tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
                                     const tpf_gemm_dims *g, tpf_plan_result *out);
 

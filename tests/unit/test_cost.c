@@ -267,6 +267,108 @@ static void test_refusals(void **state) {
   assert_true(sp[4 + 1].end_us == sp[4 + 1].start_us);
 }
 
+/* Measured schedule points: accepted fields, and every refusal naming its line and field. */
+static void test_sched_parse(void **state) {
+  (void)state;
+  static const char *ok = "launch_us 1\n"
+                          "sched shared ring ag 4 2 1 bf16 8192 3584 4096 1234.5  # aggregate\n"
+                          "sched\tdedicated pipeline rs 8 8 0 fp16 256 64 512 7\n"
+                          "sched shared ring ag 4 2 1 bf16 8192 3584 8192 2000\n"
+                          "sched shared ring ag 4 2 1 bf16 8192 1024 4096 99\n";
+  tpf_cost_table t;
+  TPF_ASSERT_OK(tpf_cost_table_parse(ok, &t));
+  assert_int_equal(t.nsched, 4);
+  const tpf_cost_sched_point *a = &t.sched[0], *b = &t.sched[1];
+  assert_true(a->shared && a->algo == TPF_ALGO_RING && a->coll == TPF_COLL_AG);
+  assert_true(a->tp_size == 4 && a->num_splits == 2 && a->aggregate && a->dtype == TPF_BF16);
+  assert_true(a->hidden == 8192 && a->n == 3584 && a->rows == 4096 && a->us == 1234.5);
+  assert_true(!b->shared && b->algo == TPF_ALGO_PIPELINE && b->coll == TPF_COLL_RS);
+  assert_true(b->tp_size == 8 && b->num_splits == 8 && !b->aggregate && b->dtype == TPF_FP16);
+  assert_true(b->hidden == 256 && b->n == 64 && b->rows == 512 && b->us == 7);
+  struct {
+    const char *text, *needle;
+  } const bad[] = {
+      {"sched gpu ring ag 4 4 0 bf16 8 8 8 1\n", "line 1: sched field 'device' must be shared"},
+      {"sched shared bulk ag 4 4 0 bf16 8 8 8 1\n", "field 'algo' must be ring or pipeline, not "
+                                                    "'bulk'"},
+      {"sched shared ring xy 4 4 0 bf16 8 8 8 1\n", "field 'coll' must be ag or rs, not 'xy'"},
+      {"sched shared ring ag 0 4 0 bf16 8 8 8 1\n", "field 'P' must be an integer in [1, 64]"},
+      {"sched shared ring ag 65 4 0 bf16 8 8 8 1\n", "not '65'"},
+      {"sched shared ring ag 4 0 0 bf16 8 8 8 1\n", "field 'splits' must be an integer in [1, 64]"},
+      {"sched shared ring ag 4 4 2 bf16 8 8 8 1\n", "field 'aggregate' must be 0 or 1, not '2'"},
+      {"sched shared ring ag 4 4 0 bf17 8 8 8 1\n", "field 'dtype' must be bf16"},
+      {"sched shared ring ag 4 4 0 bf16 0 8 8 1\n", "field 'H' must be an integer >= 1"},
+      {"sched shared ring ag 4 4 0 bf16 8 08 8 1\n", "field 'N' must be an integer >= 1, not '08'"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 -8 1\n", "field 'T' must be an integer >= 1"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 8.5 1\n",
+       "field 'T' must be an integer >= 1, not '8.5'"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 8 0\n", "field 'us' must be a number > 0, not '0'"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 8 nan\n", "field 'us'"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 8 12345678901234567890123456789012345\n", "'us'"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 8\n", "needs 11 fields"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 8 1 2\n", "more than 11 fields"},
+      {"sched shared pipeline rs 4 4 1 bf16 8 8 8 1\n", "'aggregate' 1 needs ring ag"},
+      {"launch_us 1\nsched shared ring ag 4 2 1 bf16 8192 3584 4096 1\n\n"
+       "sched shared ring ag 4 2 1 bf16 8192 3584 4096 2\n",
+       "line 4: sched point given twice (first on line 2)"},
+  };
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(bad); i++) {
+    memset(&t, 0x5a, sizeof t);
+    TPF_ASSERT_STATUS(tpf_cost_table_parse(bad[i].text, &t), TPF_EINVAL);
+    if (!strstr(tpf_last_error(), bad[i].needle))
+      fail_msg("case %zu: detail '%s' lacks '%s'", i, tpf_last_error(), bad[i].needle);
+    assert_true(t.nsched == 0x5a5a5a5a); /* untouched */
+  }
+  /* A point differing from another in T only, or in the key only, is not a duplicate (above);
+   * more than TPF_COST_MAX_SCHED_POINTS are refused. */
+  static char big[TPF_COST_MAX_SCHED_POINTS * 64];
+  big[0] = '\0';
+  for (int i = 1; i <= TPF_COST_MAX_SCHED_POINTS + 1; i++) {
+    char line[64];
+    snprintf(line, sizeof line, "sched shared ring ag 2 2 0 bf16 8 8 %d 1\n", i);
+    strcat(big, line);
+  }
+  TPF_ASSERT_STATUS(tpf_cost_table_parse(big, &t), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "line 513: more than 512 sched points"));
+}
+
+/* The fingerprint's hash covers the sched points, field by field; a table without them hashes
+ * as before (the same fields as the older hash). */
+static void test_sched_hash(void **state) {
+  (void)state;
+  tpf_cost_table a, b;
+  TPF_ASSERT_OK(tpf_cost_table_parse(TABLE, &a));
+  const uint64_t h0 = tpf__cost_table_hash(&a);
+  assert_true(h0 != 0);
+  assert_true(tpf__cost_table_hash(NULL) == 0);
+  b = a; /* a copy by value hashes the same */
+  assert_true(tpf__cost_table_hash(&b) == h0);
+  static const char *const variants[] = {
+      "sched shared ring ag 4 4 0 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 4 0 bf16 8 8 8 2\n",
+      "sched dedicated ring ag 4 4 0 bf16 8 8 8 1\n",
+      "sched shared ring rs 4 4 0 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 2 1 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 4 0 bf16 8 8 16 1\n",
+      "sched shared ring ag 4 4 0 bf16 8 16 8 1\n",
+      "sched shared ring ag 4 4 0 bf16 16 8 8 1\n",
+      "sched shared ring ag 8 4 0 bf16 8 8 8 1\n",
+      "sched shared pipeline ag 4 4 0 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 4 0 fp16 8 8 8 1\n",
+  };
+  uint64_t seen[TPF_ARRAY_SIZE(variants)];
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(variants); i++) {
+    char text[1024];
+    snprintf(text, sizeof text, "%s%s", TABLE, variants[i]);
+    TPF_ASSERT_OK(tpf_cost_table_parse(text, &b));
+    assert_int_equal(b.nsched, 1);
+    seen[i] = tpf__cost_table_hash(&b);
+    assert_true(seen[i] != h0);
+    for (size_t j = 0; j < i; j++)
+      if (seen[j] == seen[i]) fail_msg("variants %zu and %zu hash alike", j, i);
+  }
+}
+
 /* The shipped tables parse, price every dtype they name, and order candidates sensibly: on the
  * H200 table a [512, 8192] x [3584, 8192]^T GEMM costs less whole than as 8 row chunks. */
 static void test_shipped_tables(void **state) {
@@ -297,7 +399,8 @@ int main(void) {
       cmocka_unit_test(test_parse),          cmocka_unit_test(test_gemm_interpolation),
       cmocka_unit_test(test_replay_by_hand), cmocka_unit_test(test_shared_device),
       cmocka_unit_test(test_real_schedules), cmocka_unit_test(test_refusals),
-      cmocka_unit_test(test_shipped_tables),
+      cmocka_unit_test(test_shipped_tables), cmocka_unit_test(test_sched_parse),
+      cmocka_unit_test(test_sched_hash),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -1,7 +1,13 @@
 /* The planner: synthetic cost tables that make each candidate win, the same choice on every
- * rank, the tie rule, and refusals. */
+ * rank, the tie rule, and refusals; measured schedule points (sched lines): interpolation and
+ * scaling against hand-computed values, points that overturn the model's choice, the same
+ * choice on every simulator rank, and no allocation per operation. */
 #include "tpflex/tpflex_cost.h"
+#include "tpflex/tpflex_sim.h"
 #include "tpf_test.h"
+
+#include <math.h>
+#include <stdio.h>
 
 static tpf_cost_table table_of(const char *text) {
   tpf_cost_table t;
@@ -188,12 +194,284 @@ static void test_adaptive_comm(void **state) {
   assert_int_equal(be.reg_live, 0);
 }
 
+/* ---- measured schedule points ---------------------------------------------------------------
+ * OVERLAP (one device per rank, so the points are "dedicated") with RING AG P = 4 splits 4
+ * measured at T = 1024 (100 us) and 2048 (300 us), H = N = 256. */
+static const char *SCHED_POINTS = "sched dedicated ring ag 4 4 0 bf16 256 256 1024 100\n"
+                                  "sched dedicated ring ag 4 4 0 bf16 256 256 2048 300\n";
+
+static tpf_cost_table with_points(const char *base, const char *points) {
+  char text[4096];
+  snprintf(text, sizeof text, "%s%s", base, points);
+  return table_of(text);
+}
+
+static tpf_plan_result predict_at(const tpf_cost_table *t, int p, uint64_t T) {
+  tpf_layout_desc d = desc(p, TPF_ALGO_RING, TPF_COLL_AG, T, 256);
+  tpf_gemm_dims g = {T, 256, 256};
+  tpf_plan_result r;
+  TPF_ASSERT_OK(tpf_plan_predict(t, &d, &g, &r));
+  return r;
+}
+
+static bool close_to(double a, double b) {
+  return fabs(a - b) <= 1e-9 * fmax(1.0, fabs(b));
+}
+
+static void test_sched_interpolation(void **state) {
+  (void)state;
+  tpf_cost_table model = table_of(OVERLAP), t = with_points(OVERLAP, SCHED_POINTS);
+  assert_int_equal(t.nsched, 2);
+  /* Candidate 0 is splits 4, 1 the aggregate (splits 2), 2 the baseline. */
+  static const struct {
+    uint64_t T;
+    double us;
+  } in_range[] = {{1024, 100}, {1280, 150}, {1536, 200}, {2048, 300}};
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(in_range); i++) {
+    tpf_plan_result r = predict_at(&t, 4, in_range[i].T), m = predict_at(&model, 4, in_range[i].T);
+    assert_int_equal(r.cand[0].num_splits, 4);
+    assert_int_equal(r.cand[0].source, TPF_PLAN_SRC_MEASURED);
+    if (!close_to(r.cand[0].predicted_us, in_range[i].us))
+      fail_msg("T=%llu: %.6f us, hand-computed %.6f", (unsigned long long)in_range[i].T,
+               r.cand[0].predicted_us, in_range[i].us);
+    /* The model's own time is kept, and the other candidates are the model's. */
+    assert_true(close_to(r.cand[0].model_us, m.cand[0].predicted_us));
+    for (int c = 1; c < r.ncand; c++) {
+      assert_int_equal(r.cand[c].source, TPF_PLAN_SRC_MODEL);
+      assert_true(r.cand[c].predicted_us == r.cand[c].model_us);
+      assert_true(r.cand[c].predicted_us == m.cand[c].predicted_us);
+    }
+  }
+  /* Outside the measured range: the model at T x measured / model at the nearest measured T. */
+  tpf_plan_result m512 = predict_at(&model, 4, 512), m1024 = predict_at(&model, 4, 1024);
+  tpf_plan_result m2048 = predict_at(&model, 4, 2048), m4096 = predict_at(&model, 4, 4096);
+  tpf_plan_result r512 = predict_at(&t, 4, 512), r4096 = predict_at(&t, 4, 4096);
+  assert_int_equal(r512.cand[0].source, TPF_PLAN_SRC_SCALED);
+  assert_int_equal(r4096.cand[0].source, TPF_PLAN_SRC_SCALED);
+  assert_true(close_to(r512.cand[0].predicted_us,
+                       m512.cand[0].predicted_us * 100 / m1024.cand[0].predicted_us));
+  assert_true(close_to(r4096.cand[0].predicted_us,
+                       m4096.cand[0].predicted_us * 300 / m2048.cand[0].predicted_us));
+  assert_true(close_to(r4096.cand[0].model_us, m4096.cand[0].predicted_us));
+  print_message("scaled: T=512 %.1f us (model %.1f), T=4096 %.1f us (model %.1f)\n",
+                r512.cand[0].predicted_us, r512.cand[0].model_us, r4096.cand[0].predicted_us,
+                r4096.cand[0].model_us);
+  assert_string_equal(tpf_plan_source_name(TPF_PLAN_SRC_MODEL), "model");
+  assert_string_equal(tpf_plan_source_name(TPF_PLAN_SRC_MEASURED), "measured");
+  assert_string_equal(tpf_plan_source_name(TPF_PLAN_SRC_SCALED), "scaled");
+  assert_string_equal(tpf_plan_source_name((tpf_plan_source)9), "?");
+
+  /* Points that do not apply leave the model alone: another device kind (shared points, a
+   * table of one device per rank), another N, another P; and a nearest point beyond this
+   * capacity (4096) cannot be scaled from. */
+  static const char *const other[] = {
+      "sched shared ring ag 4 4 0 bf16 256 256 1024 100\n",
+      "sched dedicated ring ag 4 4 0 bf16 256 512 1024 100\n",
+      "sched dedicated ring ag 8 4 0 bf16 256 256 1024 100\n",
+      "sched dedicated ring ag 4 4 0 bf16 256 256 8192 100\n",
+  };
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(other); i++) {
+    tpf_cost_table o = with_points(OVERLAP, other[i]);
+    tpf_plan_result r = predict_at(&o, 4, 1024);
+    for (int c = 0; c < r.ncand; c++) {
+      assert_int_equal(r.cand[c].source, TPF_PLAN_SRC_MODEL);
+      assert_true(r.cand[c].predicted_us == m1024.cand[c].predicted_us);
+    }
+  }
+  /* Shared points apply to a shared_device table. */
+  char shared[1024];
+  snprintf(shared, sizeof shared, "%sshared_device 1\n", OVERLAP);
+  tpf_cost_table sh = with_points(shared, "sched shared ring ag 4 4 0 bf16 256 256 1024 7\n");
+  tpf_plan_result r = predict_at(&sh, 4, 1024);
+  assert_int_equal(r.cand[0].source, TPF_PLAN_SRC_MEASURED);
+  assert_true(r.cand[0].predicted_us == 7);
+  /* PIPELINE and RING RS candidates take points too (N is the GEMM's k for RS). */
+  tpf_cost_table rs = with_points(OVERLAP, "sched dedicated pipeline rs 4 2 0 bf16 256 128 1024 1\n"
+                                           "sched dedicated ring rs 4 1 0 bf16 256 128 1024 2\n");
+  tpf_layout_desc pl = desc(4, TPF_ALGO_PIPELINE, TPF_COLL_RS, 1024, 256);
+  tpf_gemm_dims grs = {1024, 256, 128};
+  TPF_ASSERT_OK(tpf_plan_predict(&rs, &pl, &grs, &r));
+  assert_int_equal(chosen(&r)->num_splits, 2);
+  assert_int_equal(chosen(&r)->source, TPF_PLAN_SRC_MEASURED);
+  tpf_layout_desc rr = desc(4, TPF_ALGO_RING, TPF_COLL_RS, 1024, 256);
+  TPF_ASSERT_OK(tpf_plan_predict(&rs, &rr, &grs, &r));
+  assert_true(chosen(&r)->baseline && chosen(&r)->predicted_us == 2);
+  /* BULK has nothing to choose: its one schedule keeps the model's time. */
+  tpf_layout_desc bulk = desc(4, TPF_ALGO_BULK, TPF_COLL_AG, 1024, 256);
+  tpf_gemm_dims gb = {512, 256, 256};
+  TPF_ASSERT_OK(tpf_plan_predict(&t, &bulk, &gb, &r));
+  assert_int_equal(r.cand[0].source, TPF_PLAN_SRC_MODEL);
+}
+
+/* A measured point overturns the model: at P = 8, T = 1024 on OVERLAP the model picks splits 8;
+ * a fast measured baseline, then a faster measured aggregate, win instead. */
+static void test_sched_overturns_model(void **state) {
+  (void)state;
+  tpf_cost_table model = table_of(OVERLAP);
+  tpf_plan_result m = predict_at(&model, 8, 1024);
+  assert_int_equal(chosen(&m)->num_splits, 8);
+  assert_int_equal(chosen(&m)->source, TPF_PLAN_SRC_MODEL);
+  char pts[256];
+  snprintf(pts, sizeof pts, "sched dedicated ring ag 8 1 0 bf16 256 256 1024 %.3f\n",
+           0.5 * chosen(&m)->predicted_us);
+  tpf_cost_table t = with_points(OVERLAP, pts);
+  tpf_plan_result r = predict_at(&t, 8, 1024);
+  print_message("measured baseline: %s\n", r.why);
+  assert_true(chosen(&r)->baseline);
+  assert_int_equal(chosen(&r)->source, TPF_PLAN_SRC_MEASURED);
+  assert_non_null(strstr(r.why, "(measured)"));
+  assert_non_null(strstr(r.why, ", model)")); /* the runner-up is the model's */
+  size_t used = strlen(pts);
+  snprintf(pts + used, sizeof pts - used, "sched dedicated ring ag 8 4 1 bf16 256 256 1024 %.3f\n",
+           0.25 * chosen(&m)->predicted_us);
+  t = with_points(OVERLAP, pts);
+  r = predict_at(&t, 8, 1024);
+  assert_true(chosen(&r)->aggregate && chosen(&r)->num_splits == 4);
+  assert_int_equal(chosen(&r)->source, TPF_PLAN_SRC_MEASURED);
+  /* Within 0.5 % the simpler one still wins: a measured near-tie goes to the baseline. */
+  t = with_points(OVERLAP, "sched dedicated ring ag 8 1 0 bf16 256 256 1024 100.4\n"
+                           "sched dedicated ring ag 8 8 0 bf16 256 256 1024 100\n");
+  r = predict_at(&t, 8, 1024);
+  assert_true(chosen(&r)->baseline);
+}
+
+/* An adaptive communicator on a table with points: choices equal tpf_plan_predict's, and
+ * neither a miss (which may replay a second T for the scaling) nor a hit allocates. */
+static void test_sched_adaptive_no_alloc(void **state) {
+  (void)state;
+  enum { P = 4, C = 4096, H = 256, N = 256 };
+  static uint16_t wbuf[N * H], dbuf[C * N];
+  tpf_mock_backend be;
+  tpf_mock_init(&be, P, 1);
+  tpf_cost_table t = with_points(OVERLAP, SCHED_POINTS);
+  tpf_comm_config cfg = tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_BF16, C, H);
+  cfg.plan = TPF_PLAN_ADAPTIVE;
+  cfg.cost = &t;
+  tpf_comm *c = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  static tpf_plan_result want[C / 256 + 1];
+  for (uint64_t T = 256; T <= C; T += 256)
+    want[T / 256] = predict_at(&t, P, T);
+  tpf_matrix w = {wbuf, N, H, H, TPF_BF16};
+  int nsrc[3] = {0, 0, 0};
+  tpf__alloc_set_budget(0);
+  for (uint64_t T = 256; T <= C; T += 256) {
+    TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){T, H}));
+    tpf_matrix d = {dbuf, T, N, N, TPF_BF16};
+    TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL));
+    TPF_ASSERT_OK(tpf_ag_gemm(c, &w, &d, NULL)); /* a hit */
+    tpf_plan_result r;
+    TPF_ASSERT_OK(tpf_comm_plan_info(c, &r));
+    const tpf_plan_result *x = &want[T / 256];
+    assert_int_equal(r.chosen, x->chosen);
+    for (int i = 0; i < r.ncand; i++) {
+      assert_true(r.cand[i].predicted_us == x->cand[i].predicted_us);
+      assert_int_equal(r.cand[i].source, x->cand[i].source);
+    }
+    assert_int_equal(be.last_sched.num_splits, r.cand[r.chosen].num_splits);
+    nsrc[r.cand[0].source]++;
+  }
+  tpf__alloc_set_budget(-1);
+  /* T = 1024 .. 2048 (5 values) measured; 256, 512, 768 and 2304 .. 4096 (11) scaled. */
+  assert_int_equal(nsrc[TPF_PLAN_SRC_MEASURED], 5);
+  assert_int_equal(nsrc[TPF_PLAN_SRC_SCALED], 11);
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+}
+
+/* ---- the same choice on every simulator rank, and tables that differ refused ---- */
+
+#define SIM_P 4
+#define SIM_C 1024
+#define SIM_H 256
+#define SIM_N 64
+#define SIM_NTS 5
+
+typedef struct {
+  tpf_cost_table table[SIM_P];
+  tpf_status st[SIM_P];
+  char msg[SIM_P][512];
+  uint64_t ts[SIM_NTS];
+  tpf_plan_result got[SIM_P][SIM_NTS];
+  uint16_t w[SIM_P][SIM_N * SIM_H], d[SIM_P][SIM_C * SIM_N];
+} sim_run;
+
+static tpf_status sim_rank(tpf_backend *be, int r, void *arg) {
+  sim_run *s = arg;
+  tpf_comm_config cfg =
+      tpf_test_config("fc1_sched", TPF_ALGO_RING, TPF_COLL_AG, TPF_BF16, SIM_C, SIM_H);
+  cfg.plan = TPF_PLAN_ADAPTIVE;
+  cfg.cost = &s->table[r];
+  tpf_comm *c = NULL;
+  s->st[r] = tpf_comm_create(be, &cfg, &c);
+  snprintf(s->msg[r], sizeof s->msg[r], "%s", tpf_last_error());
+  if (s->st[r] != TPF_OK) return TPF_OK;
+  tpf_matrix w = {s->w[r], SIM_N, SIM_H, SIM_H, TPF_BF16};
+  for (int i = 0; i < SIM_NTS && s->st[r] == TPF_OK; i++) {
+    tpf_matrix d = {s->d[r], s->ts[i], SIM_N, SIM_N, TPF_BF16};
+    s->st[r] = tpf_comm_set_active_shape(c, (tpf_shape){s->ts[i], SIM_H});
+    if (s->st[r] == TPF_OK) s->st[r] = tpf_ag_gemm(c, &w, &d, NULL);
+    if (s->st[r] == TPF_OK) s->st[r] = tpf_comm_plan_info(c, &s->got[r][i]);
+  }
+  tpf_status dst = tpf_comm_destroy(c);
+  return s->st[r] != TPF_OK ? s->st[r] : dst;
+}
+
+static void test_sched_same_on_sim_ranks(void **state) {
+  (void)state;
+  tpf_sim_config sc = TPF_SIM_CONFIG_INIT;
+  sc.tp_size = SIM_P;
+  sc.timeout_ms = 5000;
+  tpf_sim_world *w = NULL;
+  TPF_ASSERT_OK(tpf_sim_world_create(&sc, &w));
+  static sim_run s;
+  memset(&s, 0, sizeof s);
+  /* Points at T = 256 and 512 for splits 4 and the aggregate, fast enough to win there. */
+  const char *pts = "sched dedicated ring ag 4 4 0 bf16 256 64 256 1\n"
+                    "sched dedicated ring ag 4 4 0 bf16 256 64 512 2\n"
+                    "sched dedicated ring ag 4 2 1 bf16 256 64 512 1.5\n";
+  for (int r = 0; r < SIM_P; r++)
+    s.table[r] = with_points(OVERLAP, pts); /* each rank's own copy, equal */
+  const uint64_t ts[SIM_NTS] = {128, 256, 384, 512, 1024};
+  memcpy(s.ts, ts, sizeof ts);
+  TPF_ASSERT_OK(tpf_sim_run(w, sim_rank, &s));
+  for (int i = 0; i < SIM_NTS; i++) {
+    const tpf_plan_result *a = &s.got[0][i];
+    assert_int_equal(a->ncand, 3);
+    for (int r = 1; r < SIM_P; r++) {
+      const tpf_plan_result *b = &s.got[r][i];
+      assert_int_equal(b->chosen, a->chosen);
+      for (int c = 0; c < a->ncand; c++) {
+        assert_true(b->cand[c].predicted_us == a->cand[c].predicted_us);
+        assert_int_equal(b->cand[c].source, a->cand[c].source);
+      }
+    }
+    print_message("T=%llu: %s\n", (unsigned long long)ts[i], a->why);
+  }
+  assert_true(s.got[0][3].cand[s.got[0][3].chosen].aggregate); /* T = 512: the measured 1.5 */
+  assert_int_equal(s.got[0][1].cand[0].source, TPF_PLAN_SRC_MEASURED);
+  assert_int_equal(s.got[0][4].cand[0].source, TPF_PLAN_SRC_SCALED);
+
+  /* Rank 3's table differs in one sched point's time only: every rank refuses the config. */
+  s.table[3].sched[2].us = 1.25;
+  TPF_ASSERT_OK(tpf_sim_run(w, sim_rank, &s));
+  for (int r = 0; r < SIM_P; r++) {
+    TPF_ASSERT_STATUS(s.st[r], TPF_EMISMATCH);
+    if (!strstr(s.msg[r], "cost table on rank")) fail_msg("rank %d: %s", r, s.msg[r]);
+  }
+  print_message("sched point differs: %s\n", s.msg[0]);
+  TPF_ASSERT_OK(tpf_sim_world_destroy(w));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_candidate_wins),
       cmocka_unit_test(test_same_on_every_rank),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_adaptive_comm),
+      cmocka_unit_test(test_sched_interpolation),
+      cmocka_unit_test(test_sched_overturns_model),
+      cmocka_unit_test(test_sched_adaptive_no_alloc),
+      cmocka_unit_test(test_sched_same_on_sim_ranks),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
