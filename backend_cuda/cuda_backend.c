@@ -11,7 +11,8 @@
  *   cuda_transport.c         the per-peer transport table (events, flags, the NCCL slot) and the
  *                            choice of a transport per peer
  *   cuda_transport_events.c  in-process ranks: host-ordered CUDA events
- *   cuda_transport_flags.c   device flags over mapped memory (CUDA IPC), the host agreement
+ *   cuda_transport_flags.c   device flags over mapped memory (CUDA IPC), the host agreement;
+ *                            signalled by flag kernels, or by stream memory ops (memops)
  *   cuda_gemm.c              cuBLASLt GEMMs, the per-shape cache, the fallback
  *   cuda_kernels.cu          device code: flag, reduction, copy and fallback GEMM kernels
  *   cuda_hostsync.c          host agreement of ranks in different processes (no CUDA calls)
@@ -25,14 +26,15 @@
  * calling only files of lower layers:
  *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu         -> (none)
  *   1  cuda_param.c                                      -> log
- *   2  cuda_status.c                                     -> error
- *      cuda_gemm.c                                       -> kernels, param, error
+ *   2  cuda_gemm.c                                       -> kernels, param, error
  *      cuda_bootstrap.c                                  -> param, error
  *      cuda_hostsync.c                                   -> param, log
  *   3  cuda_transport_events.c                           -> error
- *      cuda_transport_flags.c                            -> kernels, hostsync, error
+ *      cuda_transport_flags.c                            -> kernels, hostsync, log, error
  *   4  cuda_transport.c                                  -> transport_events, transport_flags,
- *                                                           param
+ *                                                           param, log
+ *      cuda_status.c                                     -> transport_flags (memops release),
+ *                                                           error
  *   5  cuda_exec.c                                       -> gemm, kernels, status, log, error
  *      cuda_reg.c                                        -> transport, status, log, error
  *   6  cuda_backend.c                                    -> reg, exec, status, gemm, bootstrap,
@@ -114,6 +116,7 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
       cudaStreamDestroy(b->streams[i]);
   }
   if (b->fork_ev != NULL) cudaEventDestroy(b->fork_ev);
+  if (b->release_stream != NULL) cudaStreamDestroy(b->release_stream);
   tpf_cuda__gemm_destroy(b->gemm);
   tpf_cuda__status_free(b);
   tpf__free(b);

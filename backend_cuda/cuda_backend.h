@@ -70,6 +70,8 @@ struct tpf_reg {
   cudaEvent_t ready_ev[2];     /* this rank's operation-start events, by parity */
   atomic_int aborted;          /* tpf_comm_abort: host waits on this registration give up */
   tpf_status deferred;         /* first device-side failure attributed to it (rank thread) */
+  struct tpf_reg *next_memops; /* memops transport: the backend's list (b->memops_regs) */
+  atomic_int released;         /* memops: tpf_cuda__memops_release ran */
 };
 
 typedef struct {
@@ -93,6 +95,10 @@ typedef struct {
   unsigned int *claim_dev;      /* device word guarding the status area */
   tpf_cuda_gemm *gemm;
   tpf_cuda_peer_info peers[TPF_MAX_RANKS];
+  /* Memops transport (cuda_transport_flags.c): its waits on the device are unbounded, so the
+   * host bounds them: sync polls (tpf_cuda__stream_wait_bounded) and releases on a timeout. */
+  tpf_reg *memops_regs;        /* registrations on the memops transport */
+  cudaStream_t release_stream; /* created with the first of them */
 } tpf_cuda_backend;
 
 static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
@@ -156,10 +162,20 @@ typedef enum {
   TPF_CUDA_TP_EVENTS, /* cuda_transport_events.c: in-process ranks, host-ordered CUDA events */
   TPF_CUDA_TP_FLAGS,  /* cuda_transport_flags.c: device flags over mapped memory (CUDA IPC) */
   TPF_CUDA_TP_NCCL,   /* not implemented (NULL) */
+  TPF_CUDA_TP_MEMOPS, /* cuda_transport_flags.c: the same flags, signalled by stream memory ops */
   TPF_CUDA_TP_COUNT
 } tpf_cuda_tp_kind;
 extern const tpf_cuda_transport tpf_cuda__transport_events;
 extern const tpf_cuda_transport tpf_cuda__transport_flags;
+extern const tpf_cuda_transport tpf_cuda__transport_memops;
+/* Whether this process can use stream memory operations on `device` (64-bit waits and writes,
+ * reached through the runtime's driver entry points; no link to libcuda). */
+bool tpf_cuda__memops_available(int device);
+/* Memops registrations only: makes every pending wait on this rank's own flags and ready words
+ * pass (a pattern larger than any sequence number, written on the backend's release stream), so
+ * that streams stuck behind a peer that never signals drain. The registration is unusable after
+ * it (its operations report TPF_ESTATE or the timeout that caused it). */
+tpf_status tpf_cuda__memops_release(tpf_cuda_backend *b, tpf_reg *r);
 extern const tpf_cuda_transport *const tpf_cuda__transports[TPF_CUDA_TP_COUNT];
 /* cuda_transport.c: fills r->peer_tp and r->tp for the group as the backend sees it (b->peers,
  * r->remote). */
@@ -188,5 +204,9 @@ tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
 tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r);
 tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out);
 tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
+/* Waits for stream s on the host. Without memops registrations: cudaStreamSynchronize. With
+ * them: polls, bounded by the backend's timeout; on expiry releases every memops registration
+ * (tpf_cuda__memops_release), waits once more (bounded) and returns TPF_ETIMEOUT. */
+tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s);
 
 #endif /* TPF_CUDA_BACKEND_H */

@@ -339,6 +339,11 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
                 a->comm_name);
   /* A failure of an earlier operation is reported here until a sync clears it. */
   TPF_CHECK(tpf_cuda__check_status(b));
+  /* Released stream-memory waits would pass at once: the registration runs nothing more. */
+  TPF_RETURN_IF(atomic_load(&r->released), TPF_ESTATE,
+                "'%s': its stream-memory waits were released after a timeout or abort; it runs "
+                "no more operations (destroy it)",
+                a->comm_name);
   /* The transport's host agreement (ranks in other processes: cuda_transport_flags.c): agree on
    * the operation (key) and shape before anything is enqueued, so that a disagreement moves no
    * byte (the device handshake still orders the buffers). */

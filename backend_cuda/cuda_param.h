@@ -37,6 +37,8 @@
     "every GEMM by the plain fallback kernel (diagnostic)")                                        \
   X(DEVICE_FLAGS, "TPF_CUDA_DEVICE_FLAGS", FLAG, 0, 0, 1,                                          \
     "in-process ranks use the device-flags transport, not host-ordered events (diagnostic)")       \
+  X(MEMOPS, "TPF_CUDA_MEMOPS", FLAG, 0, 0, 1,                                                      \
+    "ranks in other processes signal with stream memory operations, not spinning flag kernels")    \
   X(BOOT_TIMEOUT_MS, "TPF_CUDA_BOOT_TIMEOUT_MS", U64, 120000, 1, UINT64_MAX,                       \
     "bound of the threads and NCCL bootstraps' collectives, ms")                                   \
   X(MAX_CONNECTIONS, "CUDA_DEVICE_MAX_CONNECTIONS", U64, 8, 0, UINT64_MAX,                         \

@@ -19,6 +19,7 @@
 
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 tpf_status tpf_cuda__status_init(tpf_cuda_backend *b) {
   void *host = NULL;
@@ -77,16 +78,54 @@ static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b) {
   return TPF_OK;
 }
 
+/* Polls s until it is idle or the deadline passes: true when idle. */
+static bool tpf_cuda__poll_until(cudaStream_t s, uint64_t deadline, cudaError_t *err) {
+  for (unsigned spins = 0;; spins++) {
+    const cudaError_t e = cudaStreamQuery(s);
+    if (e != cudaErrorNotReady) {
+      *err = e;
+      return true;
+    }
+    if (tpf_cuda__now_ns() > deadline) return false;
+    if (spins > 64) {
+      const struct timespec ts = {0, 20000}; /* 20 us: a wait can be long; keep a core free */
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
+tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s) {
+  if (b->memops_regs == NULL) {
+    TPF_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
+    return TPF_OK;
+  }
+  cudaError_t e = cudaSuccess;
+  if (tpf_cuda__poll_until(s, tpf_cuda__now_ns() + b->timeout_ns, &e)) {
+    TPF_CUDA_TRY(e, "cudaStreamQuery");
+    return TPF_OK;
+  }
+  for (tpf_reg *r = b->memops_regs; r != NULL; r = r->next_memops) {
+    TPF_CHECK(tpf_cuda__memops_release(b, r));
+    if (r->deferred == TPF_OK) r->deferred = TPF_ETIMEOUT;
+  }
+  const bool drained = tpf_cuda__poll_until(s, tpf_cuda__now_ns() + b->timeout_ns, &e);
+  return tpf_set_error(TPF_ETIMEOUT,
+                       "rank %d: the operations enqueued did not complete within %llu ms: a peer "
+                       "never signalled (stream-memory waits released%s)",
+                       b->base.rank, (unsigned long long)(b->timeout_ns / 1000000ull),
+                       drained ? "" : "; the stream still did not drain");
+}
+
 tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
   if (stream != NULL) {
-    TPF_CUDA_TRY(cudaStreamSynchronize((cudaStream_t)stream), "cudaStreamSynchronize");
+    TPF_CHECK(tpf_cuda__stream_wait_bounded(b, (cudaStream_t)stream));
   } else {
     /* Only this backend's streams: other ranks may share the device, and a device-wide
      * synchronisation would wait for their spinning waits, which may wait for this thread. */
     for (int k = 0; k < TPF_NUM_STREAMS; k++)
-      TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[k]), "cudaStreamSynchronize");
+      TPF_CHECK(tpf_cuda__stream_wait_bounded(b, b->streams[k]));
   }
   tpf_status rc = tpf_cuda__check_status(b);
   if (rc != TPF_OK) {
@@ -124,8 +163,10 @@ tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
   TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_sync: NULL registration");
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
   /* The registration's operations run on the backend's streams. */
-  for (int k = 0; k < TPF_NUM_STREAMS; k++)
-    TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[k]), "cudaStreamSynchronize");
+  for (int k = 0; k < TPF_NUM_STREAMS; k++) {
+    const tpf_status rc = tpf_cuda__stream_wait_bounded(b, b->streams[k]);
+    if (rc != TPF_OK) return tpf_set_error(rc, "'%s': %s", r->name, tpf_last_error());
+  }
   if (r->deferred == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK &&
       tpf_cuda__status_is_mine(b, r)) {
     r->deferred = tpf_cuda__check_status(b);
@@ -140,10 +181,16 @@ tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
 }
 
 /* Thread-safe: one atomic store. The in-process host waits (handshake, event tables) poll it.
- * Device-side waits of the multi-process path end at their own timeout. */
+ * Device-side waits of the multi-process path end at their own timeout (flag kernels) or are
+ * released here (memops). */
 tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r) {
-  (void)be;
   TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_abort: NULL registration");
   atomic_store(&r->aborted, 1);
+  /* Stream-memory waits have no device-side bound: release this rank's. */
+  if (r->tp == &tpf_cuda__transport_memops) {
+    tpf_cuda_backend *b = tpf_cuda__of(be);
+    cudaSetDevice(b->device);
+    TPF_CHECK(tpf_cuda__memops_release(b, r));
+  }
   return TPF_OK;
 }

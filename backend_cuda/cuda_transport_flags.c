@@ -19,8 +19,12 @@
 #include "cuda_backend.h"
 #include "cuda_error.h"
 
+#include "cuda_log.h"
+
 #include "internal.h"
 
+#include <cuda.h> /* driver types of the stream memory operations only: no link to libcuda */
+#include <pthread.h>
 #include <string.h>
 
 static uint64_t *tpf_cuda__flags(const tpf_reg *r, int owner) {
@@ -141,4 +145,201 @@ const tpf_cuda_transport tpf_cuda__transport_flags = {
     .barrier_arrive = NULL,
     .barrier_missing = NULL,
     .barrier = tpf_cuda__fl_barrier,
+};
+
+/* ---- memops: the same flags, signalled by stream memory operations ----
+ *
+ * Method. SEND's signal is cuStreamWriteValue64 of seq into the peer's flag [me][tag] (the write
+ * is preceded by a memory barrier, so the bytes the stream copied before it land first); RECV is
+ * cuStreamWaitValue64 on my flag [peer][tag] >= seq; BARRIER and HANDSHAKE are one
+ * cuStreamBatchMemOp each: a write into every peer, then a wait on every peer's word. The
+ * handshake uses a monotonic word per sender (offset 16 of its ready slot, holding the latest
+ * operation's seq) and leaves the comparison of operation key and rows to the host agreement
+ * (cuda_hostsync.c), which runs before anything is enqueued; without that table the flag
+ * kernel's handshake runs instead. Why: a wait in the GPU's front end occupies no SM and, with
+ * ranks in other processes sharing one GPU, does not keep the waiting process's time slice busy
+ * as a spinning kernel does (docs/GPU_RUNS.md, session 4). The cost: the device does not bound
+ * these waits. The host does: sync, reg_sync and destroy poll with the backend's timeout and on
+ * expiry release every wait of this rank (tpf_cuda__memops_release); a peer that died is also
+ * named by the next operation's host agreement. Opt-in (TPF_CUDA_MEMOPS=1) while it is measured. */
+
+typedef CUresult (*tpf_cuda_wait64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+typedef CUresult (*tpf_cuda_write64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
+typedef CUresult (*tpf_cuda_batch_fn)(CUstream, unsigned int, CUstreamBatchMemOpParams *,
+                                      unsigned int);
+typedef CUresult (*tpf_cuda_attr_fn)(int *, CUdevice_attribute, CUdevice);
+
+static struct {
+  pthread_once_t once;
+  tpf_cuda_wait64_fn wait64;
+  tpf_cuda_write64_fn write64;
+  tpf_cuda_batch_fn batch;
+  tpf_cuda_attr_fn attr;
+} tpf_cuda__mo = {.once = PTHREAD_ONCE_INIT};
+
+static void *tpf_cuda__entry(const char *sym) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  if (cudaGetDriverEntryPointByVersion(sym, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess)
+    return NULL;
+  return fn;
+}
+
+static void tpf_cuda__mo_load(void) {
+  tpf_cuda__mo.wait64 = (tpf_cuda_wait64_fn)tpf_cuda__entry("cuStreamWaitValue64");
+  tpf_cuda__mo.write64 = (tpf_cuda_write64_fn)tpf_cuda__entry("cuStreamWriteValue64");
+  tpf_cuda__mo.batch = (tpf_cuda_batch_fn)tpf_cuda__entry("cuStreamBatchMemOp");
+  tpf_cuda__mo.attr = (tpf_cuda_attr_fn)tpf_cuda__entry("cuDeviceGetAttribute");
+  (void)cudaGetLastError();
+}
+
+bool tpf_cuda__memops_available(int device) {
+  pthread_once(&tpf_cuda__mo.once, tpf_cuda__mo_load);
+  if (!tpf_cuda__mo.wait64 || !tpf_cuda__mo.write64 || !tpf_cuda__mo.batch || !tpf_cuda__mo.attr)
+    return false;
+  int ok = 0;
+  if (tpf_cuda__mo.attr(&ok, CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS, device) !=
+      CUDA_SUCCESS)
+    return false;
+  return ok != 0;
+}
+
+static tpf_status tpf_cuda__cu(CUresult rc, const char *what) {
+  if (rc == CUDA_SUCCESS) return TPF_OK;
+  return tpf_set_error(TPF_EBACKEND, "%s failed: CUresult %d", what, (int)rc);
+}
+
+static CUdeviceptr tpf_cuda__dptr(const void *p) {
+  return (CUdeviceptr)(uintptr_t)p;
+}
+
+/* The monotonic handshake word `sender` writes into `owner`'s ready slot. */
+static uint64_t *tpf_cuda__hs_word(const tpf_reg *r, int owner, int sender) {
+  return (uint64_t *)(r->peer_base[owner] + r->ready_off +
+                      (uint64_t)sender * TPF_CUDA_READY_STRIDE + 2 * sizeof(uint64_t));
+}
+
+/* Writes value into every remote word and then waits for every local word >= value, in one
+ * call. */
+static tpf_status tpf_cuda__mo_exchange(uint64_t *const remote[], const uint64_t *const local[],
+                                        int n, uint64_t value, cudaStream_t s, const char *what) {
+  CUstreamBatchMemOpParams ops[2 * TPF_CUDA_MAX_PEERS];
+  memset(ops, 0, sizeof ops);
+  int k = 0;
+  for (int q = 0; q < n; q++) {
+    if (remote[q] == NULL) continue;
+    ops[k].writeValue.operation = CU_STREAM_MEM_OP_WRITE_VALUE_64;
+    ops[k].writeValue.address = tpf_cuda__dptr(remote[q]);
+    ops[k].writeValue.value64 = value;
+    ops[k].writeValue.flags = CU_STREAM_WRITE_VALUE_DEFAULT;
+    k++;
+  }
+  for (int q = 0; q < n; q++) {
+    if (local[q] == NULL) continue;
+    ops[k].waitValue.operation = CU_STREAM_MEM_OP_WAIT_VALUE_64;
+    ops[k].waitValue.address = tpf_cuda__dptr(local[q]);
+    ops[k].waitValue.value64 = value;
+    ops[k].waitValue.flags = CU_STREAM_WAIT_VALUE_GEQ;
+    k++;
+  }
+  if (k == 0) return TPF_OK;
+  return tpf_cuda__cu(tpf_cuda__mo.batch((CUstream)s, (unsigned)k, ops, 0), what);
+}
+
+static tpf_status tpf_cuda__mo_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                         cudaStream_t s) {
+  if (r->hostsync == NULL) return tpf_cuda__fl_handshake(b, r, a, s); /* the device compares */
+  const int P = b->base.tp_size, me = b->base.rank;
+  uint64_t *remote[TPF_CUDA_MAX_PEERS] = {NULL};
+  const uint64_t *local[TPF_CUDA_MAX_PEERS] = {NULL};
+  for (int q = 0; q < P; q++) {
+    if (q == me) continue;
+    remote[q] = tpf_cuda__hs_word(r, q, me);
+    local[q] = tpf_cuda__hs_word(r, me, q);
+  }
+  return tpf_cuda__mo_exchange(remote, local, P, a->seq, s, "cuStreamBatchMemOp(handshake)");
+}
+
+static tpf_status tpf_cuda__mo_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                    int idx, const tpf_step *st, cudaStream_t s) {
+  (void)idx;
+  uint64_t *w = tpf_cuda__flags(r, st->peer) + (uint64_t)b->base.rank * TPF_MAX_TAGS + st->tag;
+  return tpf_cuda__cu(
+      tpf_cuda__mo.write64((CUstream)s, tpf_cuda__dptr(w), a->seq, CU_STREAM_WRITE_VALUE_DEFAULT),
+      "cuStreamWriteValue64(send)");
+}
+
+static tpf_status tpf_cuda__mo_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                    int idx, const tpf_step *st, cudaStream_t s) {
+  (void)idx;
+  uint64_t *w = tpf_cuda__flags(r, b->base.rank) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
+  return tpf_cuda__cu(
+      tpf_cuda__mo.wait64((CUstream)s, tpf_cuda__dptr(w), a->seq, CU_STREAM_WAIT_VALUE_GEQ),
+      "cuStreamWaitValue64(recv)");
+}
+
+static tpf_status tpf_cuda__mo_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                       int idx, const tpf_step *st, cudaStream_t s) {
+  (void)idx;
+  const int P = b->base.tp_size, me = b->base.rank;
+  uint64_t *remote[TPF_CUDA_MAX_PEERS] = {NULL};
+  const uint64_t *local[TPF_CUDA_MAX_PEERS] = {NULL};
+  for (int q = 0; q < P; q++) {
+    if (q == me) continue;
+    remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
+    local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
+  }
+  return tpf_cuda__mo_exchange(remote, local, P, a->seq, s, "cuStreamBatchMemOp(barrier)");
+}
+
+static tpf_status tpf_cuda__mo_connect(tpf_cuda_backend *b, tpf_reg *r,
+                                       const tpf_cuda_reg_info *infos) {
+  TPF_CHECK(tpf_cuda__fl_connect(b, r, infos));
+  if (b->release_stream == NULL)
+    TPF_CUDA_TRY(cudaStreamCreateWithFlags(&b->release_stream, cudaStreamNonBlocking),
+                 "cudaStreamCreate(release)");
+  r->next_memops = b->memops_regs;
+  b->memops_regs = r;
+  return TPF_OK;
+}
+
+static void tpf_cuda__mo_free(tpf_cuda_backend *b, tpf_reg *r) {
+  for (tpf_reg **pp = &b->memops_regs; *pp != NULL; pp = &(*pp)->next_memops)
+    if (*pp == r) {
+      *pp = r->next_memops;
+      break;
+    }
+  tpf_cuda__fl_free(b, r);
+}
+
+tpf_status tpf_cuda__memops_release(tpf_cuda_backend *b, tpf_reg *r) {
+  if (atomic_exchange(&r->released, 1)) return TPF_OK;
+  /* Bytes of 0x40: every 64-bit word reads 0x4040404040404040, >= any sequence number in the
+   * cyclic comparison of CU_STREAM_WAIT_VALUE_GEQ. Flags and ready slots are contiguous. */
+  char *lo = r->base + r->flags_off;
+  const uint64_t bytes =
+      r->ready_off - r->flags_off + (uint64_t)b->base.tp_size * TPF_CUDA_READY_STRIDE;
+  TPF_CUDA_TRY(cudaMemsetAsync(lo, 0x40, bytes, b->release_stream), "cudaMemsetAsync(release)");
+  TPF_CUDA_WARN(TRANSPORT, b->base.rank,
+                "'%s': released every pending stream-memory wait of this rank (a peer never "
+                "signalled within %llu ms)",
+                r->name, (unsigned long long)(b->timeout_ns / 1000000ull));
+  return TPF_OK;
+}
+
+const tpf_cuda_transport tpf_cuda__transport_memops = {
+    .name = "memops",
+    .host_ordered = false,
+    .setup = NULL,
+    .connect = tpf_cuda__mo_connect,
+    .free = tpf_cuda__mo_free,
+    .agree = tpf_cuda__fl_agree,
+    .handshake = tpf_cuda__mo_handshake,
+    .send = tpf_cuda__mo_send,
+    .recv_ready = NULL,
+    .recv = tpf_cuda__mo_recv,
+    .barrier_arrive = NULL,
+    .barrier_missing = NULL,
+    .barrier = tpf_cuda__mo_barrier,
 };
