@@ -264,9 +264,12 @@ typedef struct {
 /* Runs every operation of the tp section at P = g->tp over the T values of o->tps that P divides,
  * each job o->warmup warm-up runs, then (events) o->iters device-event repetitions, then o->iters
  * host-wall repetitions, then the check. events is false in procs mode (no interprocess event
- * timing). Every rank of every process calls it through the group; *res is complete on every
- * process. The status of the first failing operation (res->failed/err say which). */
-tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res);
+ * timing). Called by this process's main thread; the group runs the ranks. *res is complete on
+ * every process; its rows are there from the start (n/a until their operation ran), and done
+ * (NULL: none) is called with it after each operation. The status of the first failing
+ * operation (res->failed/err say which). */
+tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res,
+                        void (*done)(const bench_tp_result *res, void *arg), void *done_arg);
 /* Section 4/5's device-event table for ranks as threads: for every P of o->ps a group, the
  * operations (bench_tp_run with events, filling res[pi]; the host-wall figures come along) and
  * the whole-layer GEMMs. Returns 0, or 1 after a failure (the rows say which). */
@@ -281,6 +284,7 @@ int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
 int bench_section_planner(const bench_opts *o);
+
 
 /* The hidden process-mode worker (`tpflex bench --proc-worker FILE`, started by the launcher):
  * one rank of the tp section at P = TPF_LAUNCH_NRANKS; rank 0 writes the bench_tp_result to FILE.

@@ -12,8 +12,9 @@
  * processes cannot be timed against each other, so each rank reads CLOCK_MONOTONIC (one clock
  * for the whole machine) around enqueue + stream synchronisation after an agreement of all
  * ranks, and a repetition is max t1 - min t0 over the ranks, exchanged through the bootstrap.
- * Rank 0 writes the whole result (bench_tp_result) to FILE; this process reads it after every
- * worker ended. Every wait is bounded: the bootstrap's calls (TPF_BOOT_TIMEOUT_MS, default 120 s),
+ * Rank 0 writes the whole result (bench_tp_result) to FILE after every operation; this process
+ * reads it after every worker ended (or was killed at --timeout: the operations that finished
+ * are kept). Every wait is bounded: the bootstrap's calls (TPF_BOOT_TIMEOUT_MS, default 120 s),
  * the backend's peer waits (TPF_CUDA_TIMEOUT_MS), and here --timeout for the whole group, after
  * which the launcher kills the workers (and a worker dies with this process: PR_SET_PDEATHSIG).
  *
@@ -123,6 +124,9 @@ static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
     fclose(f);
   }
   unlink(path);
+  char part[1100];
+  snprintf(part, sizeof part, "%s.part", path);
+  unlink(part); /* a worker killed while writing */
   if (!have) {
     memset(res, 0, sizeof *res);
     res->P = P;
@@ -214,6 +218,30 @@ int bench_section_tp(const bench_opts *o) {
 
 /* ---- the worker --------------------------------------------------------------------------- */
 
+/* Rank 0 writes the result after every operation (to a new file, renamed over the old one), so a
+ * group killed at its bound still reports the operations that finished. */
+typedef struct {
+  const char *path;
+  int rank;
+  bool bad;
+} result_out;
+
+static void write_result(const bench_tp_result *res, void *arg) {
+  result_out *w = arg;
+  if (w->rank != 0) return;
+  char tmp[1100];
+  snprintf(tmp, sizeof tmp, "%s.part", w->path);
+  FILE *f = fopen(tmp, "wb");
+  bool ok = f && fwrite(res, sizeof *res, 1, f) == 1;
+  if (f && fclose(f) != 0) ok = false;
+  if (ok && rename(tmp, w->path) != 0) ok = false;
+  if (!ok) {
+    if (!w->bad) fprintf(stderr, "tpflex bench worker: cannot write '%s'\n", w->path);
+    unlink(tmp);
+    w->bad = true;
+  }
+}
+
 int bench_proc_worker(const bench_opts *o, const char *path) {
   tpf_launch_rank me;
   if (tpf_launch_rank_from_env(&me) != TPF_OK) {
@@ -233,22 +261,16 @@ int bench_proc_worker(const bench_opts *o, const char *path) {
   const bool have_boot = st == TPF_OK;
   bench_group *g = NULL;
   if (st == TPF_OK) st = bench_group_create_procs(o, me.nranks, &boot, &g);
+  result_out w = {path, me.rank, false};
   if (st == TPF_OK) {
-    bench_tp_run(g, o, false, res);
+    bench_tp_run(g, o, false, res, write_result, &w);
   } else {
     snprintf(res->setup_err, sizeof res->setup_err, "rank %d: %s: %s", me.rank,
              have_boot ? "group" : "bootstrap", tpf_last_error());
     fprintf(stderr, "tpflex bench worker: %s\n", res->setup_err);
   }
-  int rc = 0;
-  if (me.rank == 0) {
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(res, sizeof *res, 1, f) != 1) {
-      fprintf(stderr, "tpflex bench worker: cannot write '%s'\n", path);
-      rc = 1;
-    }
-    if (f && fclose(f) != 0) rc = 1;
-  }
+  if (st != TPF_OK) write_result(res, &w);
+  int rc = w.bad ? 1 : 0;
   if (g) bench_group_destroy(g);
   if (have_boot) tpf_sockboot_free(&boot);
   bench_progress_done();

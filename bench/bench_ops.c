@@ -899,17 +899,32 @@ static int tp_ops(int P, bench_op *ops) {
   return n;
 }
 
-tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res) {
+tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res,
+                        void (*done)(const bench_tp_result *res, void *arg), void *done_arg) {
   const int P = g->tp;
   bench_op ops[BOP_COUNT];
   const int nops = tp_ops(P, ops);
+  bench_job *j = calloc(1, sizeof *j);
+  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  /* Every operation's row exists from the start (n/a until it ran), so a result written after
+   * each operation (done) is whole at every point. */
   memset(res, 0, sizeof *res);
   res->magic = BENCH_TP_MAGIC;
   res->bytes = (uint32_t)sizeof *res;
   res->P = P;
   res->nops = nops;
-  bench_job *j = calloc(1, sizeof *j);
-  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  job_init(j, o, ops[0], P, o->ntps, o->tps); /* the T values P divides: the same for every op */
+  res->nts = j->nts;
+  memcpy(res->ts, j->ts, sizeof res->ts);
+  for (int k = 0; k < nops; k++) {
+    snprintf(res->op[k], sizeof res->op[k], "%s", kOps[ops[k]].name);
+    res->ag[k] = is_ag(ops[k]);
+    for (int m = 0; m < nops; m++)
+      if (ops[m] == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
+    for (int i = 0; i < BENCH_MAX_TS; i++)
+      res->dev_us[k][i] = res->host_us[k][i] = res->enq_us[k][i] = NAN;
+  }
+  const bool chatty = !g->xboot || g->xboot->rank == 0;
   tpf_status first = TPF_OK;
   for (int k = 0; k < nops; k++) {
     job_init(j, o, ops[k], P, o->ntps, o->tps);
@@ -917,13 +932,7 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
     j->host_iters = o->iters;
     for (int i = 0; i < j->nts; i++)
       j->host_us[i] = j->enq_us[i] = NAN;
-    snprintf(res->op[k], sizeof res->op[k], "%s", kOps[ops[k]].name);
-    res->ag[k] = is_ag(ops[k]);
-    for (int m = 0; m < nops; m++)
-      if (ops[m] == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
-    res->nts = j->nts;
-    memcpy(res->ts, j->ts, sizeof res->ts);
-    if (!g->xboot || g->xboot->rank == 0)
+    if (chatty)
       bench_progress("[4/4 tp] P=%d %s%s over %d values of T", P, kOps[ops[k]].name,
                      g->xboot ? " (processes)" : "", j->nts);
     tpf_status st = run_job(g, j);
@@ -938,6 +947,7 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
       snprintf(res->err[k], sizeof res->err[k], "%s", j->err);
       if (first == TPF_OK) first = st;
     }
+    if (done) done(res, done_arg);
   }
   free(j);
   return first;
@@ -986,7 +996,7 @@ int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
       rc = 1;
       continue;
     }
-    bench_tp_run(g, o, true, rs);
+    bench_tp_run(g, o, true, rs, NULL, NULL);
     bench_group_destroy(g);
     for (int k = 0; k < rs->nops; k++)
       if (rs->failed[k]) {
