@@ -109,7 +109,7 @@ int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **a
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
-      if (!ctx->json) cli_usage(stdout, opts, n, usage_intro, NULL);
+      cli_usage(stdout, opts, n, usage_intro, NULL); /* asked for, even with --json */
       return 0;
     }
   }
@@ -137,6 +137,13 @@ int cli_parse(const cli_ctx *ctx, const cli_opt *opts, int n, int argc, char **a
       v = eq + 1;
     } else {
       if (i + 1 >= argc) return cli_error(ctx, "%s needs a value", name);
+      /* "--trace --no-check" would otherwise write a file called "--no-check" and run with the
+       * checks on: the next word is an option, so the value is missing. */
+      if (strncmp(argv[i + 1], "--", 2) == 0)
+        return cli_error(ctx,
+                         "%s needs a value (the next word '%s' is an option; write %s=VALUE "
+                         "for a value that starts with --)",
+                         name, argv[i + 1], name);
       v = argv[++i];
     }
     switch (o->kind) {

@@ -1,10 +1,12 @@
-/* One option table and one strict number parser for every tpflex command (plan, demo, bench).
+/* One option table and one strict number parser for every tpflex command (plan, demo, bench,
+ * calibrate, and the top level's version and help).
  *
  * Numbers are decimal digits only: no sign, no '+', no leading zero (so no octal), no hex, no
  * exponent, no wrap; each option has its own [min, max] range, checked before the value is
  * stored. Errors name the command and the option, echo the exact text typed and give the range,
  * e.g. "tpflex demo: --tp '-1' is not a decimal number in [1, 64]". Options are "--name value"
- * or "--name=value"; flags take no value ("--flag=x" is refused). */
+ * or "--name=value"; flags take no value ("--flag=x" is refused); in "--name value" the value may
+ * not start with "--" (that word is an option: the value is missing; "--name=--x" passes one). */
 #ifndef TPF_CLI_ARGS_H
 #define TPF_CLI_ARGS_H
 

@@ -1,6 +1,7 @@
 /* tpflex: the command-line tool. Subcommands: plan (layout and schedule), demo (the main job:
  * packed-sequence microbatches through one fixed-capacity manager), bench (benchmarks),
  * calibrate (this machine's cost table for the planner). */
+#include "cli_args.h"
 #include "cmds.h"
 
 #include <stdbool.h>
@@ -9,25 +10,33 @@
 
 #include "tpflex/tpflex.h"
 
-static void usage(FILE *f) {
-  fprintf(f,
-          "usage: tpflex <command> [options]\n"
-          "  plan       print the registered bytes, active layout and schedule of one operation\n"
-          "             (--predict: the planner's candidates; --project: the 8-GPU projection)\n"
-          "  demo       run packed-sequence microbatches of varying T through one manager\n"
-          "  bench      benchmark set_active_shape, dynamic vs padded, chunking, overlap and\n"
-          "             the planner (--section planner)\n"
-          "  calibrate  measure this machine's cost table for the planner\n"
-          "  version\n"
-          "`tpflex <command> --help` describes each command's options. Every command takes\n"
-          "`--name value` or `--name=value`; numbers are plain decimal (no sign, no 0x, no\n"
-          "leading zero) within the range --help prints. Exit 0 OK, 1 a failed check or run,\n"
-          "2 bad arguments.\n");
+static const char kUsage[] =
+    "usage: tpflex <command> [options]\n"
+    "  plan       print the registered bytes, active layout and schedule of one operation\n"
+    "             (--predict: the planner's candidates; --project: the 8-GPU projection)\n"
+    "  demo       run packed-sequence microbatches of varying T through one manager\n"
+    "  bench      benchmark set_active_shape, dynamic vs padded, chunking, overlap and\n"
+    "             the planner (--section planner)\n"
+    "  calibrate  measure this machine's cost table for the planner\n"
+    "  version    print the version (also --version)\n"
+    "  help       this text (also --help, -h)\n"
+    "`tpflex <command> --help` describes each command's options. Every command takes\n"
+    "`--name value` or `--name=value`; numbers are plain decimal (no sign, no 0x, no\n"
+    "leading zero) within the range --help prints. Exit 0 OK, 1 a failed check or run,\n"
+    "2 bad arguments.";
+
+/* version and help take no options: the commands' parser (cli_args.h) with an empty table, so
+ * they refuse a stray word or an unknown option as every command does. */
+static int no_options(const char *cmd, const char *intro, int argc, char **argv) {
+  static const cli_opt none[1] = {{"--", CLI_FLAG, 0, 0, NULL, NULL, "", 0, false}};
+  cli_val v[1];
+  const cli_ctx ctx = {cmd, false, NULL};
+  return cli_parse(&ctx, none, 0, argc, argv, v, intro);
 }
 
 int main(int argc, char **argv) {
   if (argc < 2) {
-    usage(stderr);
+    fprintf(stderr, "%s\n", kUsage);
     return 2;
   }
   const char *cmd = argv[1];
@@ -35,22 +44,19 @@ int main(int argc, char **argv) {
   if (strcmp(cmd, "demo") == 0) return tpf_cmd_demo(argc - 1, argv + 1);
   if (strcmp(cmd, "bench") == 0) return tpf_cmd_bench(argc - 1, argv + 1);
   if (strcmp(cmd, "calibrate") == 0) return tpf_cmd_calibrate(argc - 1, argv + 1);
-  const bool simple = strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0 ||
-                      strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 ||
-                      strcmp(cmd, "-h") == 0;
-  if (simple && argc > 2) {
-    fprintf(stderr, "tpflex %s: unexpected argument '%s' (it takes none)\n", cmd, argv[2]);
-    return 2;
-  }
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
+    int rc = no_options("tpflex version", "usage: tpflex version   (prints the version)", argc - 1,
+                        argv + 1);
+    if (rc >= 0) return rc;
     printf("tpflex %d.%d.%d\n", TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH);
     return 0;
   }
   if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
-    usage(stdout);
+    int rc = no_options("tpflex help", kUsage, argc - 1, argv + 1);
+    if (rc >= 0) return rc;
+    printf("%s\n", kUsage);
     return 0;
   }
-  fprintf(stderr, "tpflex: unknown command '%s'\n", cmd);
-  usage(stderr);
+  fprintf(stderr, "tpflex: unknown command '%s'\n%s\n", cmd, kUsage);
   return 2;
 }
