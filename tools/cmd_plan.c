@@ -49,12 +49,14 @@ enum {
   O_NOPTS
 };
 #define PLAN_MAX_DIM (1ull << 40)
+/* Rows travel in the 40-bit field of the handshake's ready word (tpflex_backend.h). */
+#define PLAN_MAX_ROWS ((1ull << 40) - 1)
 static const cli_opt kPlanOpts[O_NOPTS] = {
     [O_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P",
               "required (--project: optional, default 8): tensor-parallel ranks", 0, false},
-    [O_CAP] = {"--capacity", CLI_U64, 1, PLAN_MAX_DIM, NULL, "C",
+    [O_CAP] = {"--capacity", CLI_U64, 1, PLAN_MAX_ROWS, NULL, "C",
                "required (--project: optional, default 32768): registered rows (tokens)", 0, false},
-    [O_TOKENS] = {"--tokens", CLI_U64, 1, PLAN_MAX_DIM, NULL, "T",
+    [O_TOKENS] = {"--tokens", CLI_U64, 1, PLAN_MAX_ROWS, NULL, "T",
                   "optional: active rows, <= C (default C)", 0, false},
     [O_HIDDEN] = {"--hidden", CLI_U64, 1, 1ull << 24, NULL, "H",
                   "required (--project: optional, default 8192): buffer columns (hidden size)", 0,
@@ -120,6 +122,48 @@ static bool fits3(uint64_t a, uint64_t b, uint64_t c) {
   return !__builtin_mul_overflow(ab, c, &abc);
 }
 
+/* The smallest capacity >= C that every layout (d with each algo/coll pair; active = capacity)
+ * accepts, in *out; false when none does within the search (a rule C cannot fix, such as
+ * PIPELINE's H % S). T/P a multiple of 16 meets every alignment rule (core/legal_rows.c's
+ * argument), so 16 steps of P past the first multiple of P are enough. */
+static bool smallest_capacity(const tpf_layout_desc *base, const tpf_algo *algos,
+                              const tpf_coll *colls, int nops, uint64_t C, uint64_t *out) {
+  const uint64_t P = (uint64_t)base->tp_size;
+  for (uint64_t c = (C + P - 1) / P * P, i = 0; i <= 16 && c <= PLAN_MAX_ROWS; c += P, i++) {
+    bool ok = true;
+    for (int k = 0; k < nops && ok; k++) {
+      tpf_layout_desc d = *base;
+      d.algo = algos[k];
+      d.coll = colls[k];
+      d.capacity.rows = d.active.rows = c;
+      ok = tpf_layout_check(&d) == TPF_OK;
+    }
+    if (ok) {
+      *out = c;
+      return true;
+    }
+  }
+  return false;
+}
+
+/* An input error for a capacity that breaks a layout rule (status and detail of that layout):
+ * it names --capacity and the smallest capacity every layout accepts when there is one, else
+ * (another option breaks the rule at every capacity, e.g. --splits) only the detail. */
+static int capacity_error(const cli_ctx *ctx, const tpf_layout_desc *base, const tpf_algo *algos,
+                          const tpf_coll *colls, int nops, tpf_status st) {
+  char why[512];
+  snprintf(why, sizeof why, "%s", tpf_last_error());
+  const uint64_t C = base->capacity.rows;
+  uint64_t legal = 0;
+  if (smallest_capacity(base, algos, colls, nops, C, &legal))
+    return cli_error(ctx,
+                     "--capacity %llu with --tp %d --hidden %llu: %s: %s (the smallest legal "
+                     "--capacity >= %llu is %llu)",
+                     (ull)C, base->tp_size, (ull)base->capacity.cols, tpf_status_name(st), why,
+                     (ull)C, (ull)legal);
+  return cli_error(ctx, "%s: %s", tpf_status_name(st), why); /* no capacity fixes it */
+}
+
 /* --project: the grid of the projection. -1 on success; else the exit status after reporting. */
 static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
   static const int refused[] = {O_SPLITS, O_AGG, O_RANK, O_JSON, O_K};
@@ -153,13 +197,44 @@ static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
     return cli_error(ctx, "--algo %s --coll %s: pipeline has no all-gather to project", v[O_ALGO].s,
                      v[O_COLL].s);
   const uint64_t C = a->d.capacity.rows, H = a->d.capacity.cols;
+  /* Every projected layout must accept the capacity and --tokens: input errors, reported here
+   * (exit 2) rather than as rows that could not be projected. */
+  for (int i = 0; i < a->nops; i++) {
+    tpf_layout_desc d = a->d;
+    d.algo = a->palgo[i];
+    d.coll = a->pcoll[i];
+    d.active = d.capacity;
+    tpf_status st = tpf_layout_check(&d);
+    if (st != TPF_OK) return capacity_error(ctx, &a->d, a->palgo, a->pcoll, a->nops, st);
+  }
   if (v[O_TOKENS].set) {
     if (v[O_TOKENS].u > C)
       return cli_error(ctx, "--tokens '%s' is above the capacity %llu", v[O_TOKENS].s, (ull)C);
+    for (int i = 0; i < a->nops; i++) {
+      tpf_layout_desc d = a->d;
+      d.algo = a->palgo[i];
+      d.coll = a->pcoll[i];
+      d.active.rows = v[O_TOKENS].u;
+      tpf_status st = tpf_layout_check(&d);
+      uint64_t legal = 0;
+      if (st != TPF_OK) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", tpf_last_error());
+        if (tpf_layout_legal_rows(&d, d.active.rows, &legal) == TPF_OK)
+          return cli_error(ctx,
+                           "--tokens '%s' (%s %s): %s: %s (the smallest legal --tokens >= %s "
+                           "is %llu)",
+                           v[O_TOKENS].s, tpf_algo_name(d.algo), tpf_coll_name(d.coll),
+                           tpf_status_name(st), detail, v[O_TOKENS].s, (ull)legal);
+        return cli_error(ctx, "--tokens '%s' (%s %s): %s: %s", v[O_TOKENS].s, tpf_algo_name(d.algo),
+                         tpf_coll_name(d.coll), tpf_status_name(st), detail);
+      }
+    }
     a->ts[a->nts++] = v[O_TOKENS].u;
   } else {
-    for (uint64_t t = C / 64; t <= C && a->nts < 16; t *= 2)
-      if (t >= 1) a->ts[a->nts++] = t;
+    /* C/64, 2C/64, ... up to C; from 1 when C < 64 (doubling 0 would never end). */
+    for (uint64_t t = C / 64 ? C / 64 : 1; t <= C && a->nts < 16; t *= 2)
+      a->ts[a->nts++] = t;
     if (a->nts == 0 || a->ts[a->nts - 1] != C) a->ts[a->nts < 16 ? a->nts++ : 15] = C;
   }
   if (v[O_N].set) {
@@ -251,7 +326,11 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
     a->g.n = H;
     a->g.k = k;
   }
-  tpf_status st = tpf_layout_check(&a->d);
+  tpf_layout_desc at_cap = a->d;
+  at_cap.active = at_cap.capacity;
+  tpf_status st = tpf_layout_check(&at_cap);
+  if (st != TPF_OK) return capacity_error(ctx, &a->d, &a->d.algo, &a->d.coll, 1, st);
+  st = tpf_layout_check(&a->d);
   if (st != TPF_OK) {
     char why[512];
     snprintf(why, sizeof why, "%s", tpf_last_error());
@@ -490,10 +569,26 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
          tpf_algo_name(a->d.algo), tpf_coll_name(a->d.coll), a->d.tp_size, (ull)a->d.active.rows,
          (ull)a->d.capacity.rows, (ull)a->d.capacity.cols, (ull)a->g.m, (ull)a->g.n, (ull)a->g.k,
          tpf_dtype_name(a->d.dtype));
-  printf("%-3s %-32s %14s %10s %s\n", "#", "candidate", "predicted(us)", "vs_best", "runs");
+  if (t.nsched > 0) {
+    int kind = 0; /* points of this table's device kind: the only ones that can apply */
+    for (int i = 0; i < t.nsched; i++)
+      kind += t.sched[i].shared == (t.shared_device != 0);
+    printf("measured schedule points: %d, %d of them %s (this table's kind: only those apply%s)\n",
+           t.nsched, kind, t.shared_device ? "shared" : "dedicated",
+           t.shared_device ? ""
+                           : "; 'shared' points, measured with the ranks sharing one GPU, apply "
+                             "to a table with shared_device 1, as tpflex bench --section planner "
+                             "uses it");
+  }
+  /* source: where predicted(us) came from (measured: sched points, interpolated in T; scaled:
+   * the model x measured/model at the nearest measured T; model: the replay); model(us) is the
+   * replay's own time whatever the source. */
+  printf("%-3s %-32s %14s %-9s %12s %10s %s\n", "#", "candidate", "predicted(us)", "source",
+         "model(us)", "vs_best", "runs");
   double best = r.cand[r.chosen].predicted_us;
   for (int i = 0; i < r.ncand; i++)
-    printf("%-3d %-32s %14.1f %10.3f %s%s\n", i, r.cand[i].label, r.cand[i].predicted_us,
+    printf("%-3d %-32s %14.1f %-9s %12.1f %10.3f %s%s\n", i, r.cand[i].label,
+           r.cand[i].predicted_us, tpf_plan_source_name(r.cand[i].source), r.cand[i].model_us,
            r.cand[i].predicted_us / best, r.cand[i].runnable ? "yes" : "no (priced only)",
            i == r.chosen ? "  <- chosen" : "");
   printf("choice: %s\n", r.why);
