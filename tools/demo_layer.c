@@ -9,8 +9,11 @@
 
 #include "internal.h" /* TPF_CHECK */
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 /* GEMM dims of a site at T. AG: d[T, N] = AG(X)[T, H] w[N, H]^T with N = mult*H/P (the
  * column-parallel output shard). RS: x[T, K] w[H, K]^T with K = mult*H/P (the row-parallel input
@@ -82,6 +85,29 @@ static const cli_opt kDemoOpts[D_NOPTS] = {
                    "skip the reference checks (timing only)", 0, false},
 };
 
+/* True when path could be written: an existing file (not a directory) writable, or a new one in
+ * a writable directory. Creates nothing (stat(2), access(2)); errno says why not. */
+static bool demo_path_writable(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    if (S_ISDIR(sb.st_mode)) {
+      errno = EISDIR;
+      return false;
+    }
+    return access(path, W_OK) == 0;
+  }
+  if (errno != ENOENT) return false;
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == path)
+    snprintf(dir, sizeof dir, "/");
+  else
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  return access(dir, W_OK | X_OK) == 0;
+}
+
 int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
   static const cli_ctx ctx = {"tpflex demo", false, NULL};
   cli_val v[D_NOPTS];
@@ -104,31 +130,37 @@ int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
   o->rows = v[D_ROWS].set ? (int)v[D_ROWS].u : 40;
   o->check = !v[D_NOCHECK].set;
   const unsigned long long P = (unsigned long long)o->P;
-  if (o->C < P || o->C % P != 0)
-    return cli_error(&ctx, "--capacity '%llu' is not a multiple of --tp %llu (try %llu)",
-                     (unsigned long long)o->C, P, (o->C + P - 1) / P * P);
   if (o->H % P != 0)
     return cli_error(&ctx, "--hidden '%llu' is not a multiple of --tp %llu (try %llu)",
                      (unsigned long long)o->H, P, (o->H + P - 1) / P * P);
-  if (!demo_layouts_accept(layer, o, o->C)) {
-    demo_opts t = *o;
+  if (o->C % P != 0 || !demo_layouts_accept(layer, o, o->C)) {
+    /* One suggestion, and a valid one: the smallest capacity >= C that every layout accepts.
+     * T/P a multiple of 16 meets every alignment rule, so a few steps of P past the first
+     * multiple of P find it (core/legal_rows.c). */
     char why[512];
-    snprintf(why, sizeof why, "%s", tpf_last_error());
-    for (t.C = o->C + P; t.C <= o->C + 4096 * P && t.C <= (1ull << 24); t.C += P)
+    if (o->C % P != 0)
+      snprintf(why, sizeof why, "is not a multiple of --tp %llu", P);
+    else
+      snprintf(why, sizeof why, "breaks a layout rule with --hidden %llu --tp %llu: %s",
+               (unsigned long long)o->H, P, tpf_last_error());
+    demo_opts t = *o;
+    for (t.C = (o->C + P - 1) / P * P; t.C <= o->C + 64 * P && t.C <= (1ull << 24); t.C += P)
       if (demo_layouts_accept(layer, &t, t.C))
         return cli_error(&ctx,
-                         "--capacity '%llu' with --hidden %llu --tp %llu breaks a layout rule "
-                         "(%s); the smallest capacity above it that every layout accepts is %llu",
-                         (unsigned long long)o->C, (unsigned long long)o->H, P, why,
+                         "--capacity '%llu' %s; the smallest capacity >= %llu that every "
+                         "layout accepts is %llu",
+                         (unsigned long long)o->C, why, (unsigned long long)o->C,
                          (unsigned long long)t.C);
-    return cli_error(&ctx,
-                     "--capacity '%llu' with --hidden %llu --tp %llu breaks a layout rule (%s)",
-                     (unsigned long long)o->C, (unsigned long long)o->H, P, why);
+    return cli_error(&ctx, "--capacity '%llu' %s", (unsigned long long)o->C, why);
   }
   if (o->arena_bytes && strcmp(o->backend, "sim") != 0)
     return cli_error(&ctx, "--arena-mib applies to --backend sim only");
   if (v[D_DELAY].set && strcmp(o->backend, "sim") != 0)
     return cli_error(&ctx, "--max-delay-us applies to --backend sim only");
+  /* A trace that could not be written fails the run at its end; a path that cannot be written
+   * at all is refused now, before any work (nothing is created here). */
+  if (o->trace && !demo_path_writable(o->trace))
+    return cli_error(&ctx, "--trace '%s' cannot be written (%s)", o->trace, strerror(errno));
   return -1;
 }
 
