@@ -3,9 +3,13 @@
 
 For each numeric option: invalid values (negative, '+3', '010', '0x10', 2^32+1, 2^64, '', 'abc',
 '1e3', min-1, max+1) must exit 2 with a message that names the option and echoes the text typed;
-boundary and valid values must run. Choice and file options, flags given a value, unknown options,
-stray words, --opt=value, unwritable outputs and plan's --json errors are covered too. Every run
-is bounded by a timeout (a hang fails the test). Usage: test_cli.py PATH/TO/tpflex
+both range ends must pass the parser (calibrate's too, which needs a GPU to run), and boundary and
+valid values must run. Choice and file options, flags given a value, a value that is the next
+option, unknown options, stray words, --opt=value, unwritable outputs (refused before any work),
+plan's --json errors, the shape rules with the smallest legal value suggested (and the suggestion
+runs), the top level's version and help, and the bench's section numbers (help and tables) are
+covered too. Every run is bounded by a timeout (a hang fails the test).
+Usage: test_cli.py PATH/TO/tpflex
 """
 import os
 import json
@@ -29,7 +33,8 @@ BASE = {
 HAVE_CUDA = os.environ.get("TPF_CLI_HAVE_CUDA", "OFF").upper() in ("1", "ON", "TRUE", "YES")
 # Numeric options: (command, option, min, max), as the commands' option tables give them.
 NUMS = [
-    ("plan", "--tp", 1, 64), ("plan", "--capacity", 1, 2**40), ("plan", "--tokens", 1, 2**40),
+    ("plan", "--tp", 1, 64), ("plan", "--capacity", 1, 2**40 - 1),
+    ("plan", "--tokens", 1, 2**40 - 1),
     ("plan", "--hidden", 1, 2**24), ("plan", "--splits", 0, 1024), ("plan", "--n", 1, 2**40),
     ("plan", "--k", 1, 2**40), ("plan", "--rank", 0, 63),
     ("demo", "--tp", 1, 64), ("demo", "--microbatches", 1, 100000),
@@ -43,6 +48,7 @@ NUMS = [
     ("calibrate", "--device", 0, 63), ("calibrate", "--peer-device", 0, 63),
     ("calibrate", "--hidden", 64, 2**16), ("calibrate", "--n", 64, 2**16),
     ("calibrate", "--iters", 3, 1000),
+    ("calibrate", "--capacity", 64, 2**20), ("calibrate", "--tp", 2, 8),
 ]
 # Choice options: (command, option, valid words).
 CHOICES = [
@@ -55,8 +61,11 @@ CHOICES = [
     ("calibrate", "--backend", ["cuda", "sim"]), ("calibrate", "--dtype", ["bf16", "fp16", "fp32"]),
 ]
 FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
-         ("bench", "--quick"), ("calibrate", "--quick")]
+         ("bench", "--quick"), ("calibrate", "--quick"), ("calibrate", "--schedules")]
 FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
+# Options that take a value (every non-flag option of every command).
+VALUED = [(c, o) for c, o, _, _ in NUMS] + [(c, o) for c, o, _ in CHOICES] + FILES + [
+    ("plan", "--cost"), ("bench", "--cost")]
 # Text options that must not be empty: (command, option).
 TEXTS = [("bench", "--tokens"), ("bench", "--tp-list")]
 
@@ -119,6 +128,20 @@ for cmd, opt, lo, hi in NUMS:
     case("%s %s twice" % (cmd, opt), argv(cmd, {opt: str(lo)}, extra=[opt, str(lo)]), 2,
          err="%s given more than once" % opt)
 
+# ---- the range ends pass the parser (for every numeric option, including calibrate's, which
+# needs a GPU to run): followed by an unknown option, the error is that option, not the value ----
+for cmd, opt, lo, hi in NUMS:
+    for v in (lo, hi):
+        for form in ("sep", "eq"):
+            extra = [opt, str(v)] if form == "sep" else ["%s=%d" % (opt, v)]
+            case("%s %s %d accepted (%s)" % (cmd, opt, v, form),
+                 argv(cmd, drop=[opt], extra=extra + ["--zz-end"]), 2,
+                 err="unknown option '--zz-end'")
+# ---- a value that is an option: the value is missing (never a file called "--no-check") ----
+for cmd, opt in VALUED:
+    case("%s %s followed by an option" % (cmd, opt), argv(cmd, drop=[opt], extra=[opt, "--zz"]), 2,
+         err="%s needs a value (the next word '--zz' is an option" % opt)
+
 # ---- choices, flags, files ----
 for cmd, opt, words in CHOICES:
     for v in ["xyz", "", "RING", words[0] + "x"]:
@@ -128,9 +151,11 @@ for cmd, opt in FLAGS:
          err="%s takes no value" % opt)
 for cmd, opt in FILES:
     case("%s %s ''" % (cmd, opt), argv(cmd, {opt: ""}), 2, err="%s '' is empty" % opt)
-    rc = "nonzero"
-    case("%s %s unwritable" % (cmd, opt), argv(cmd, {opt: "/nonexistent/dir/t.json"}), rc,
-         err="/nonexistent/dir/t.json")
+    # refused up front (exit 2, before any work), naming the option and the path
+    case("%s %s unwritable" % (cmd, opt), argv(cmd, {opt: "/nonexistent/dir/t.json"}), 2,
+         err="%s '/nonexistent/dir/t.json' cannot be written" % opt)
+    case("%s %s a directory" % (cmd, opt), argv(cmd, {opt: "/tmp"}), 2,
+         err="%s '/tmp' cannot be written" % opt)
 for cmd, opt in TEXTS:
     case("%s %s ''" % (cmd, opt), argv(cmd, {opt: ""}), 2, err="%s '' is empty" % opt)
 
@@ -143,7 +168,14 @@ for cmd in BASE:
     case(cmd + " --help", [TPF, cmd, "--help"], 0, out="usage: tpflex " + cmd)
 case("unknown command", [TPF, "frobnicate"], 2, err="unknown command 'frobnicate'")
 case("version", [TPF, "version"], 0, out="tpflex ")
+case("--version", [TPF, "--version"], 0, out="tpflex ")
 case("version stray word", [TPF, "version", "x"], 2, err="unexpected argument 'x'")
+case("version unknown option", [TPF, "version", "--json"], 2, err="unknown option '--json'")
+case("version --help", [TPF, "version", "--help"], 0, out="usage: tpflex version")
+for h in ("help", "--help", "-h"):
+    case("top level " + h, [TPF, h], 0, out=["usage: tpflex <command>", "calibrate", "version"])
+case("help stray word", [TPF, "help", "x"], 2, err="unexpected argument 'x'")
+case("help unknown option", [TPF, "help", "--x=1"], 2, err="unknown option '--x'")
 case("no command", [TPF], 2, err="usage: tpflex")
 
 # ---- plan: input errors, algorithm-specific options, JSON errors, help text ----
@@ -168,14 +200,31 @@ case("plan --rank = P", argv(P, {"--rank": "4"}), 2, err="--rank '4'")
 case("plan --tokens > C", argv(P, {"--tokens": "128"}), 2, err="--tokens '128'")
 case("plan --tokens not divisible", argv(P, {"--tokens": "6"}), 2,
      err=["TPF_EDIVISIBLE", "smallest legal --tokens >= 6 is 8"])
-case("plan overflowing buffer", argv(P, {"--capacity": str(2**40), "--hidden": str(2**24)}), 2,
+BIGC = str(2**40 - 4)  # a multiple of 4 that fits the ready word's 40-bit rows
+case("plan overflowing buffer", argv(P, {"--capacity": BIGC, "--hidden": str(2**24)}), 2,
      err="--capacity")
-case("plan overflowing GEMM --n", argv(P, {"--capacity": str(2**40), "--hidden": "4",
+case("plan overflowing GEMM --n", argv(P, {"--capacity": BIGC, "--hidden": "4",
                                            "--algo": "bulk", "--n": str(2**40)}), 2,
      err="--n '%d'" % 2**40)
-case("plan overflowing GEMM --k", argv(P, {"--capacity": str(2**40), "--hidden": "4",
+case("plan overflowing GEMM --k", argv(P, {"--capacity": BIGC, "--hidden": "4",
                                            "--algo": "bulk", "--k": str(2**40)}), 2,
      err="--k '%d'" % 2**40)
+case("plan --capacity 2^40 (the ready word's rows are 40-bit)", argv(P, {"--capacity": str(2**40)}),
+     2, err="--capacity '%d' is not a decimal number in [1, %d]" % (2**40, 2**40 - 1))
+# a capacity that breaks a layout rule: an input error naming --capacity, with the smallest legal
+# capacity, and that suggestion runs
+for over, want in [({"--capacity": "66"}, 68), ({"--tp": "1", "--capacity": "1", "--hidden": "1"}, 8),
+                   ({"--tp": "8", "--capacity": "1000", "--hidden": "8", "--algo": "pipeline",
+                     "--coll": "rs"}, 1024)]:
+    case("plan illegal capacity %s" % over, argv(P, over), 2,
+         err=["--capacity %s" % over["--capacity"], "smallest legal --capacity >= %s is %d" %
+              (over["--capacity"], want)])
+    case("plan suggested capacity %d" % want, argv(P, dict(over, **{"--capacity": str(want)})), 0,
+         out="schedule check: OK")
+case("plan --splits no capacity fixes", argv(P, {"--algo": "pipeline", "--coll": "rs",
+                                                  "--splits": "3"}), 2,
+     err="hidden 64 not divisible by num_splits 3")
+case("plan --json --help", argv(P, extra=["--json", "--help"]), 0, out="usage: tpflex plan")
 for name, extra in [("bad number", ["--tp", "-1"]), ("unknown option", ["--x"]),
                     ("stray word", ["stray"])]:
     a = argv(P, drop=["--tp"] if extra[0] == "--tp" else [], extra=extra + ["--json"])
@@ -248,6 +297,21 @@ case("plan --project --json", [TPF, "plan", "--project", "--json"], 2,
      out=['"status":"error"', "--json does not apply with --project"])
 case("plan --project --tokens > C", [TPF, "plan", "--project", "--tokens", "65536"], 2,
      err="--tokens '65536' is above the capacity 32768")
+# --project: inputs no layout accepts are input errors (exit 2) with the smallest legal value;
+# a capacity below 64 still ends (the T grid starts at 1)
+case("plan --project illegal capacity", [TPF, "plan", "--project", "--capacity", "100"], 2,
+     err=["--capacity 100 with --tp 8", "smallest legal --capacity >= 100 is 104"])
+case("plan --project illegal --tokens", [TPF, "plan", "--project", "--tokens", "100"], 2,
+     err=["--tokens '100'", "smallest legal --tokens >= 100 is 104"])
+case("plan --project alignment", [TPF, "plan", "--project", "--tp", "8", "--capacity", "1000",
+                                  "--hidden", "8"], 2,
+     err=["TPF_EALIGN", "smallest legal --capacity >= 1000 is 1024"])
+case("plan --project small capacity ends", [TPF, "plan", "--project", "--tp", "1", "--capacity",
+                                            "8", "--hidden", "64", "--n", "64", "--coll", "ag"],
+     0, out="summary:")
+case("plan --project --tp 64 --capacity 1", [TPF, "plan", "--project", "--tp", "64",
+                                             "--capacity", "1"], 2,
+     err="smallest legal --capacity >= 1 is 64")
 
 # ---- calibrate: the sim table, the CUDA error without CUDA, cuda-only options ----
 CAL = "calibrate"
@@ -271,17 +335,70 @@ if not HAVE_CUDA:
     case("calibrate default backend is cuda", [TPF, CAL, "--quick"], 2,
          err="this build has no CUDA backend")
 
+# ---- calibrate --schedules: the planner's candidates measured (sim here), the tuned table used ----
+SCH = [TPF, CAL, "--backend", "sim", "--schedules", "--quick", "--capacity", "256", "--hidden",
+       "64", "--n", "64", "--tp", "4"]
+TUNED = "/tmp/tpflex_cli_tuned.txt"
+for opt, val in [("--capacity", "256"), ("--tp", "4")]:  # grid options need --schedules
+    case("calibrate %s without --schedules" % opt, [TPF, CAL, "--backend", "sim", opt, val], 2,
+         err="%s applies to --schedules only" % opt)
+for opt, val in [("--dtype", "bf16"), ("--device", "0"), ("--peer-device", "0")]:
+    case("calibrate sim --schedules %s" % opt, SCH + [opt, val], 2,
+         err="%s applies to --backend cuda only" % opt)
+# the schedules are bf16 (checked before any measurement, so also without CUDA)
+case("calibrate --schedules --dtype fp16", [TPF, CAL, "--schedules", "--dtype", "fp16"], 2,
+     err=["--dtype 'fp16' with --schedules", "bf16"])
+case("calibrate --schedules --iters 167", SCH + ["--iters", "167"], 2,
+     err=["--iters '167' with --schedules", "at most 166"])
+for over in [["--iters", "166", "--tp", "2", "--capacity", "64"], ["--tp", "2"], ["--tp", "8"],
+             ["--capacity", "64"]]:
+    args = SCH + over
+    for k in range(0, len(over), 2):  # the later of two equal options would be refused
+        i = args.index(over[k])
+        if i < len(SCH):
+            del args[i:i + 2]
+    case("calibrate sim --schedules %s" % " ".join(over), args, 0,
+         out=["sched shared ring ag 2 2 0 bf16 64 64 ", "sched shared pipeline rs 2 ",
+              "MEASURED schedules"], err="schedules ")
+case("calibrate sim --schedules --out", SCH + ["--out", TUNED], 0,
+     out=["wrote the synthetic table", "schedules ", "points measured on the simulator"])
+case("calibrate --schedules table parses (plan --predict)",
+     [TPF, "plan", "--predict", "--cost", TUNED, "--tp", "4", "--capacity", "256", "--tokens",
+      "32", "--hidden", "64", "--n", "64", "--algo", "ring", "--coll", "ag"], 0,
+     out=["measured schedule points:", "shared", "source", "model(us)", "<- chosen"])
+case("bench planner on the tuned table", [TPF, "bench", "--backend", "sim", "--section", "planner",
+                                          "--tp", "4", "--capacity", "256", "--hidden", "64", "--n",
+                                          "64", "--iters", "1", "--warmup", "0", "--quick",
+                                          "--cost", TUNED], 0,
+     out=["tuned: the table has measured schedule points", "  measured  ",
+          "decisions by source:", "bench finished: all checks passed"])
+case("bench planner --model dedicated: shared points unused",
+     [TPF, "bench", "--backend", "sim", "--section", "planner", "--tp", "2", "--capacity", "256",
+      "--hidden", "64", "--n", "64", "--iters", "1", "--warmup", "0", "--quick", "--model",
+      "dedicated", "--cost", TUNED], 0, out=["0 measured, 0 scaled,", "with --model dedicated"])
+
 # ---- demo: per-value messages, boundaries, wording ----
 D = "demo"
 case("demo capacity not a multiple", argv(D, {"--capacity": "33"}), 2,
-     err="--capacity '33' is not a multiple of --tp 2")
+     err=["--capacity '33' is not a multiple of --tp 2",
+          "the smallest capacity >= 33 that every layout accepts is 36"])
+# the one suggestion is a capacity the demo runs with
+for over, want in [({"--capacity": "33"}, 36), ({"--tp": "3", "--capacity": "1000",
+                                                 "--hidden": "102"}, 1008),
+                   ({"--tp": "3", "--capacity": "1002", "--hidden": "126"}, 1008),
+                   ({"--tp": "1", "--capacity": "1", "--hidden": "4"}, 8)]:
+    case("demo capacity suggestion %s" % over, argv(D, over), 2,
+         err="the smallest capacity >= %s that every layout accepts is %d" %
+         (over["--capacity"], want))
+    case("demo suggested capacity %d runs" % want, argv(D, dict(over, **{"--capacity": str(want)})),
+         0, out="every check OK")
 case("demo hidden not a multiple", argv(D, {"--tp": "4", "--capacity": "32", "--hidden": "18"}),
      2, err="--hidden '18' is not a multiple of --tp 4")
 case("demo arena too small", argv(D, {"--arena-mib": "1", "--capacity": "4096",
                                       "--hidden": "1024"}), 1, out="--arena-mib")
 case("demo backend cuda without CUDA or GPU", argv(D, {"--backend": "cuda"}), "nonzero")
 case("demo capacity breaks alignment", argv(D, {"--tp": "1", "--capacity": "1", "--hidden": "4"}),
-     2, err=["--capacity '1'", "smallest capacity above it that every layout accepts is"])
+     2, err=["--capacity '1'", "breaks a layout rule", "smallest capacity >= 1 that every layout"])
 case("plan capacity breaks alignment", argv(P, {"--tp": "1", "--capacity": "1", "--hidden": "1"}),
      2, err="TPF_EALIGN")
 for over in [{"--tp": "1", "--capacity": "8", "--hidden": "4"}, {"--seed": str(U64 - 1)},
@@ -307,7 +424,19 @@ for over in [{"--iters": "1"}, {"--warmup": "0"}, {"--calls": "100"}, {"--tp": "
 case("bench --section repeated", argv(B, extra=["--section", "chunking"]), 0,
      out=["Section 1", "Section 3"])
 case("bench help numbering", [TPF, "bench", "--help"], 0,
-     out=["1 setshape", "4/5 tp", "6 planner"])
+     out=["1 setshape", "2 dynamic", "3 chunking", "4/5 tp", "6 planner"])
+# the tables carry the numbers the help gives; section 1's table says (in its rows, not only in a
+# note) that the simulator's set_active_shape includes the canary fill
+case("bench tables numbered as the help", argv(B, extra=["--section", "dynamic", "--section",
+                                                         "tp", "--section", "chunking"]), 0,
+     out=["Section 1: cost of changing T", "Section 2: dynamic T", "Section 3: chunking",
+          "Section 4/5:", "bench finished: all checks passed"])
+case("bench section 1 canary in the table", argv(B), 0,
+     out=["tpf_comm_set_active_shape", "(+ sim canary fill of inactive bytes)",
+          "tpf_manager_set_active_shape", "(+ sim canary fill)"])
+if not HAVE_CUDA:
+    case("bench cuda without CUDA", argv(B, {"--backend": "cuda"}), 2,
+         err="this build has no CUDA backend")
 # the planner section (sim, tiny): fixed, no overlap and adaptive side by side, with predictions
 PL = [TPF, "bench", "--backend", "sim", "--section", "planner", "--tp", "4", "--capacity", "256",
       "--hidden", "64", "--n", "32", "--iters", "1", "--warmup", "0", "--quick"]
