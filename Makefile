@@ -11,7 +11,9 @@ BENCH_ARGS   ?= --backend sim
 PREFIX       ?= /usr/local
 
 # Debian package -> a file that proves it is installed.
-DEPS_BASE = cmake:/usr/bin/cmake gcc:/usr/bin/gcc make:/usr/bin/make libcmocka-dev:/usr/include/cmocka.h
+# libc6-dev is only a recommendation of gcc: images that skip recommendations lack <stdio.h>.
+DEPS_BASE = cmake:/usr/bin/cmake gcc:/usr/bin/gcc libc6-dev:/usr/include/stdio.h make:/usr/bin/make \
+            libcmocka-dev:/usr/include/cmocka.h
 DEPS_COV  = gcovr:/usr/bin/gcovr
 DEPS_FUZZ = clang:/usr/bin/clang
 
@@ -65,7 +67,11 @@ need-python3:
 	$(call need,python3:/usr/bin/python3 python3-pip:/usr/lib/python3/dist-packages/pip)
 
 # Every test that needs no GPU; ctest prints the count ("100% tests passed, 0 tests failed out of N").
+# pydeps may have installed python3 only now, after `make demo` configured the build without it:
+# configuring again registers the tests that need it (the CLI test, the Python tests).
 test-sim: pydeps $(BUILD)/tpflex
+	cmake -S . -B $(BUILD) $(CMAKE_FLAGS) >/dev/null
+	cmake --build $(BUILD) -j $(JOBS)
 	cd $(BUILD) && ctest --output-on-failure -LE gpu -j $(JOBS) 2>&1
 
 test-cuda:
