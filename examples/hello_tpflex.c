@@ -1,12 +1,15 @@
 /* hello_tpflex: the whole API in one page. Two ranks on the simulator (threads of this process)
  * register one RING AG communicator at capacity and run microbatches of changing T through it.
  *
- * Where the backend comes from: the simulator hands each rank thread its tpf_backend in
- * tpf_sim_run; on GPUs, tpf_cuda_threads_* (ranks as threads) or tpf_cuda_nccl_bootstrap (one
- * process per rank) in tpflex_cuda.h give it instead. The stream argument of an operation is
- * NULL on the simulator (it completes before returning) and a cudaStream_t on CUDA.
- * Collective calls (every rank, same order): tpf_manager_add / tpf_comm_create, the operations,
- * tpf_manager_destroy. Local calls: set_active_shape, views, layout queries.
+ * Where the backend comes from: every rank needs its own tpf_backend. Here tpf_sim_run starts P
+ * rank threads and hands each one its backend. On GPUs a rank fills a tpf_bootstrap
+ * (tpf_cuda_threads_bootstrap: ranks as threads of one process; tpf_cuda_nccl_bootstrap or your
+ * own allgather/barrier: one process per rank) and calls tpf_cuda_backend_create(&boot, &be)
+ * (tpflex_cuda.h); rank_main stays as it is. The stream argument of an operation: NULL on the
+ * simulator (the operation has completed when the call returns); on CUDA the cudaStream_t it is
+ * enqueued on (tpf_comm_sync waits for it). Collective calls (every rank, same order):
+ * tpf_manager_add / tpf_comm_create, the operations, tpf_manager_destroy. Local calls:
+ * tpf_manager_create, set_active_shape, legal_rows, views, layout queries (docs/SPEC.md §6).
  * Build: cc hello_tpflex.c $(pkg-config --cflags --libs tpflex) -o hello */
 #include <stdio.h>
 #include <string.h>

@@ -9,7 +9,8 @@
  * success; on failure tpf_last_error() holds a one-line detail with the numbers involved. Sizes
  * and offsets are uint64_t, in bytes when the name ends in _bytes or _off, in elements otherwise.
  *
- * Contracts (docs/SPEC.md has the layouts and rules):
+ * Contracts (docs/SPEC.md has the layouts, rules, statuses and oracle; its §6 says where a
+ * backend comes from and what the stream argument is on each backend):
  * - Collective calls: tpf_comm_create / tpf_manager_add, tpf_ag_gemm, tpf_gemm_rs,
  *   tpf_bulk_overlap, tpf_comm_destroy / tpf_manager_destroy. Every rank of the group makes them
  *   with the same arguments (apart from rank-local pointers) in the same global order across all
