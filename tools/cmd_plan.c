@@ -286,6 +286,9 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   if (a->cost && !a->predict)
     return cli_error(ctx, "--cost applies with --predict or --project only");
   if (a->predict && a->json) return cli_error(ctx, "--predict prints text; drop --json");
+  if (a->predict && (v[O_SPLITS].set || v[O_AGG].set))
+    return cli_error(ctx, "%s does not apply with --predict (it prices every candidate)",
+                     v[O_SPLITS].set ? "--splits" : "--aggregate");
   a->d.tp_size = (int)v[O_TP].u;
   a->d.capacity.rows = v[O_CAP].u;
   a->d.capacity.cols = v[O_HIDDEN].u;

@@ -269,6 +269,9 @@ with open("/tmp/tpflex_cli_bad_cost.txt", "w") as f:
 case("plan --predict --cost bad table", argv(P, extra=["--predict", "--cost",
      "/tmp/tpflex_cli_bad_cost.txt"]), 2, err="line 2: unknown key")
 case("plan --predict=x", argv(P, extra=["--predict=x"]), 2, err="--predict")
+for opt, extra in [("--splits", ["--splits", "4"]), ("--aggregate", ["--aggregate"])]:
+    case("plan --predict %s" % opt, argv(P, extra=["--predict"] + extra), 2,
+         err="%s does not apply with --predict" % opt)
 case("plan --cost empty", argv(P, extra=["--predict", "--cost", ""]), 2, err="--cost")
 
 # --project: the multi-GPU projection (no required options; the grid has defaults)
