@@ -116,6 +116,9 @@ void demo_print_header(const demo_ctx *d) {
 }
 
 bool demo_print_summary(demo_ctx *d, tpf_status st, double wall) {
+  /* The run's detail, before the layout probes below overwrite tpf_last_error(). */
+  char err[1024];
+  snprintf(err, sizeof err, "%s", tpf_last_error());
   const demo_opts *o = &d->o;
   const demo_layer *L = &d->layer;
   int done = (int)(d->ok_mbs + d->failed_mbs);
@@ -174,10 +177,14 @@ bool demo_print_summary(demo_ctx *d, tpf_status st, double wall) {
   bool pass =
       st == TPF_OK && !trace_failed && d->failed_mbs == 0 && done == o->mbs &&
       (!d->have_registrations || (d->regs_setup == (uint64_t)L->nsites && d->regs_loop == 0));
-  if (st != TPF_OK)
-    printf("  error             %s: %s%s\n", tpf_status_name(st), tpf_last_error(),
-           strstr(tpf_last_error(), "arena") ? " (the simulator arena: raise it with --arena-mib)"
-                                             : "");
+  if (st != TPF_OK && strstr(err, "arena"))
+    printf("  error             %s: %s (the simulator arena: raise it with --arena-mib)\n",
+           tpf_status_name(st), err);
+  else if (st == TPF_ETIMEOUT)
+    printf("  error             %s: %s (the wait bound: raise it with --timeout-ms, now %u)\n",
+           tpf_status_name(st), err, o->timeout_ms);
+  else if (st != TPF_OK)
+    printf("  error             %s: %s\n", tpf_status_name(st), err);
   printf("  result            %s\n", pass ? "every check OK" : "FAILED");
   return pass;
 }

@@ -400,6 +400,11 @@ case("demo hidden not a multiple", argv(D, {"--tp": "4", "--capacity": "32", "--
 case("demo arena too small", argv(D, {"--arena-mib": "1", "--capacity": "4096",
                                       "--hidden": "1024"}), 1, out="--arena-mib")
 case("demo backend cuda without CUDA or GPU", argv(D, {"--backend": "cuda"}), "nonzero")
+# a wait bound the run meets: the error is the run's own (not a stale layout probe's) and names
+# the option that raises it
+case("demo timeout names --timeout-ms", argv(D, {"--tp": "8", "--capacity": "64", "--hidden": "8",
+                                                 "--timeout-ms": "1", "--max-delay-us": "100000"}),
+     1, out=["TPF_ETIMEOUT: rank", "raise it with --timeout-ms, now 1", "result            FAILED"])
 case("demo capacity breaks alignment", argv(D, {"--tp": "1", "--capacity": "1", "--hidden": "4"}),
      2, err=["--capacity '1'", "breaks a layout rule", "smallest capacity >= 1 that every layout"])
 case("plan capacity breaks alignment", argv(P, {"--tp": "1", "--capacity": "1", "--hidden": "1"}),
