@@ -285,6 +285,17 @@ int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
 int bench_section_planner(const bench_opts *o);
 
+/* ---- measured schedule points (bench_planner.c; tpflex calibrate --schedules) -------------- */
+/* Times every candidate of the planner for RING AG and PIPELINE RS, for P = 2, 4, 8 (those <=
+ * o->tp; 2 always), N in o->pns, T = C/64 .. C (o->quick: C/64, C/8, C) with C = o->capacity,
+ * H = o->hidden, bf16, with the planner section's runner and timing (bench_run_variants: every
+ * repetition runs each schedule once, in turn, each timed on its own from the earliest rank's
+ * start to the latest rank's end; o->planner_iters after o->planner_warmup; outputs checked) on
+ * a FIXED communicator per (operation, P, N). Appends one shared sched point per (schedule, T)
+ * to t (medians; all ranks share the one device). Returns 0, or 1 with err filled for a failed
+ * run, wrong outputs or a full table (t then holds the points added before). Progress on
+ * stderr; nothing on stdout. */
+int bench_planner_sched(const bench_opts *o, tpf_cost_table *t, char *err, size_t errlen);
 
 /* The hidden process-mode worker (`tpflex bench --proc-worker FILE`, started by the launcher):
  * one rank of the tp section at P = TPF_LAUNCH_NRANKS; rank 0 writes the bench_tp_result to FILE.

@@ -14,6 +14,13 @@
  * rank's GEMMs take the device one at a time) and the peer link is the device-local one. The
  * adaptive communicators get that same table, so they plan for the machine they run on.
  * --model dedicated uses the table as it is (one device per rank).
+ *
+ * Measured schedule points: when the table has sched lines (tpflex calibrate --schedules, which
+ * measures them with bench_planner_sched below: the same runner, timing and grid as this
+ * section), the adaptive communicators' decisions use them where they match (tpf_plan_predict).
+ * The pred(us) and err(%) columns and the whole planner_model table stay the MODEL's own
+ * prediction (tpf_plan_candidate.model_us), so the model's error is measured as before; src and
+ * plan(us) say where the decision's time came from and what it was.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
@@ -32,7 +39,9 @@ typedef struct {
   int op, P;
   uint64_t N, T;
   char label[48];
-  double meas, pred;
+  double meas, pred; /* pred: the model's */
+  double tuned;      /* the planner's time (sched points where they match) */
+  tpf_plan_source src;
 } pl_entry;
 
 /* The table each of P ranks sharing one device sees (see the file comment): one GEMM queue for
@@ -75,29 +84,17 @@ static tpf_layout_desc layout_of(int op, int P, uint64_t C, uint64_t H, uint64_t
   return d;
 }
 
-/* The predicted time of the candidate with this split count (and aggregate flag), NaN if none. */
-static double pred_of(const tpf_plan_result *r, int splits, bool aggregate) {
+/* The candidate with this split count (and aggregate flag), NULL if none. */
+static const tpf_plan_candidate *cand_of(const tpf_plan_result *r, int splits, bool aggregate) {
   for (int i = 0; i < r->ncand; i++)
     if (r->cand[i].runnable && r->cand[i].num_splits == splits && r->cand[i].aggregate == aggregate)
-      return r->cand[i].predicted_us;
-  return NAN;
+      return &r->cand[i];
+  return NULL;
 }
 
-int bench_section_planner(const bench_opts *o) {
-  const bool gpu = o->cuda;
-  static const char *const cols[] = {
-      "op",           "P",      "N",         "T",    "fixed(us)", "no_ovl(us)",
-      "adaptive(us)", "chose",  "adapt/min", "best", "best(us)",  "adapt/best",
-      "pred(us)",     "err(%)", "#wrong"};
-  char title[300];
-  snprintf(title, sizeof title,
-           "Section 6: T-adaptive planner vs fixed split vs no overlap, P ranks on one %s, C=%llu "
-           "H=%llu (medians; model: %s, %s)",
-           gpu ? "GPU" : "host (simulator)", (ull)o->capacity, (ull)o->hidden,
-           o->dedicated ? "dedicated" : "shared", o->cost_used);
-  bench_table("planner", title, 15, cols);
-  const uint64_t C = o->capacity, H = o->hidden;
-  uint64_t ts[BENCH_MAX_TS];
+/* The T sweep of the section: C/64 .. C doubling (quick: C/64, C/8 and C). */
+static int t_sweep(const bench_opts *o, uint64_t *ts) {
+  const uint64_t C = o->capacity;
   int nts = 0;
   for (uint64_t t = C / 64; t <= C && nts < BENCH_MAX_TS; t *= 2) {
     if (t == 0) continue;
@@ -105,8 +102,92 @@ int bench_section_planner(const bench_opts *o) {
     ts[nts++] = t;
   }
   if (nts == 0) ts[nts++] = C;
+  return nts;
+}
+
+/* The variants of (op, P, N) over ts: the fixed split count first, no overlap, the other
+ * candidates of the planner (RING AG: P/2 aggregate; PIPELINE RS: 2 and 8), and with `adaptive`
+ * the planner's own choice (num_splits 0) last. With the fixed one and no overlap these are all
+ * of tpf_plan_predict's candidates for these two operations; a variant is marked illegal at a T
+ * where its layout is not. names[k] names variant k. Returns the index of the adaptive variant
+ * (or nvar when there is none). */
+static int variants_of(const bench_opts *o, int op, int P, uint64_t N, const uint64_t *ts, int nts,
+                       bool adaptive, bench_variants *v, const char **names) {
+  const uint64_t C = o->capacity, H = o->hidden;
+  v->algo = op == PL_AG ? TPF_ALGO_RING : TPF_ALGO_PIPELINE;
+  v->C = C;
+  v->H = H;
+  v->N = N;
+  v->iters = o->planner_iters;
+  v->warmup = o->planner_warmup;
+  v->splits[v->nvar] = op == PL_AG ? P : 4;
+  names[v->nvar++] = "fixed";
+  v->splits[v->nvar] = 1;
+  names[v->nvar++] = "no overlap";
+  if (op == PL_AG && P > 2 && P % 2 == 0) {
+    v->splits[v->nvar] = P / 2;
+    names[v->nvar++] = "aggregate";
+  }
+  if (op == PL_PIPE) {
+    v->splits[v->nvar] = 2;
+    names[v->nvar++] = "splits 2";
+    v->splits[v->nvar] = 8;
+    names[v->nvar++] = "splits 8";
+  }
+  const int adapt = v->nvar;
+  if (adaptive) {
+    v->splits[v->nvar] = 0;
+    names[v->nvar++] = "adaptive";
+  }
+  for (int i = 0; i < nts; i++) {
+    if (ts[i] % (uint64_t)P != 0) continue;
+    tpf_layout_desc d = layout_of(op, P, C, H, ts[i], 0);
+    if (tpf_layout_check(&d) != TPF_OK) continue; /* T not legal for this layout */
+    v->ts[v->nts] = ts[i];
+    for (int k = 0; k < v->nvar; k++) {
+      d = layout_of(op, P, C, H, ts[i], v->splits[k]);
+      v->legal[k][v->nts] = v->splits[k] == 0 || tpf_layout_check(&d) == TPF_OK;
+    }
+    v->nts++;
+  }
+  return adapt;
+}
+
+static const char *op_name(int op) {
+  return op == PL_AG ? "ring_ag" : "pipeline_rs";
+}
+
+int bench_section_planner(const bench_opts *o) {
+  const bool gpu = o->cuda;
+  static const char *const cols[] = {
+      "op",           "P",        "N",      "T",         "fixed(us)", "no_ovl(us)",
+      "adaptive(us)", "chose",    "src",    "adapt/min", "best",      "best(us)",
+      "adapt/best",   "pred(us)", "err(%)", "plan(us)",  "#wrong"};
+  char title[400];
+  snprintf(title, sizeof title,
+           "Section 6: T-adaptive planner vs fixed split vs no overlap, P ranks on one %s, C=%llu "
+           "H=%llu (medians; model: %s, %s%s)",
+           gpu ? "GPU" : "host (simulator)", (ull)o->capacity, (ull)o->hidden,
+           o->dedicated ? "dedicated" : "shared", o->cost_used,
+           o->cost->nsched > 0 ? "; tuned: the table has measured schedule points" : "");
+  bench_table("planner", title, 17, cols);
+  if (o->cost->nsched > 0) {
+    int nshared = 0;
+    for (int i = 0; i < o->cost->nsched; i++)
+      nshared += o->cost->sched[i].shared;
+    bench_note("cost table %s has %d measured schedule points (sched lines; %d shared, %d "
+               "dedicated): the adaptive communicators take a candidate's time from them where "
+               "they match (src measured or scaled), else from the model (src model); with --model "
+               "%s the %s points apply",
+               o->cost_used, o->cost->nsched, nshared, o->cost->nsched - nshared,
+               o->dedicated ? "dedicated" : "shared",
+               !o->dedicated || o->cost->shared_device ? "shared" : "dedicated");
+  }
+  const uint64_t C = o->capacity, H = o->hidden;
+  uint64_t ts[BENCH_MAX_TS];
+  const int nts = t_sweep(o, ts);
   pl_entry *ents = calloc(3 * 2 * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS, sizeof *ents);
-  int nent = 0, rc = 0, rows = 0, within = 0, beat = 0;
+  int nent = 0, rc = 0, rows = 0, within = 0, beat = 0, nsrc[3] = {0, 0, 0};
   double worst = 0, lsum = 0;
   char worst_at[96] = "";
   tpf_cost_table *model = malloc(sizeof *model);
@@ -142,64 +223,33 @@ int bench_section_planner(const bench_opts *o) {
           rc = 1;
           continue;
         }
-        v->algo = op == PL_AG ? TPF_ALGO_RING : TPF_ALGO_PIPELINE;
-        v->C = C;
-        v->H = H;
-        v->N = N;
-        v->iters = o->planner_iters;
-        v->warmup = o->planner_warmup;
         v->cost = model;
         /* Variants: fixed first, no overlap, the other candidates, the planner's choice last. */
         const char *names[BENCH_MAX_VARIANTS];
-        int fixed = 0, noovl = 1;
-        v->splits[v->nvar] = op == PL_AG ? P : 4;
-        names[v->nvar++] = "fixed";
-        v->splits[v->nvar] = 1;
-        names[v->nvar++] = "no overlap";
-        if (op == PL_AG && P > 2 && P % 2 == 0) {
-          v->splits[v->nvar] = P / 2;
-          names[v->nvar++] = "aggregate";
-        }
-        if (op == PL_PIPE) {
-          v->splits[v->nvar] = 2;
-          names[v->nvar++] = "splits 2";
-          v->splits[v->nvar] = 8;
-          names[v->nvar++] = "splits 8";
-        }
-        const int adapt = v->nvar;
-        v->splits[v->nvar] = 0;
-        names[v->nvar++] = "adaptive";
-        for (int i = 0; i < nts; i++) {
-          if (ts[i] % (uint64_t)P != 0) continue;
-          tpf_layout_desc d = layout_of(op, P, C, H, ts[i], 0);
-          if (tpf_layout_check(&d) != TPF_OK) continue; /* T not legal for this layout */
-          v->ts[v->nts] = ts[i];
-          for (int k = 0; k < v->nvar; k++) {
-            d = layout_of(op, P, C, H, ts[i], v->splits[k]);
-            v->legal[k][v->nts] = v->splits[k] == 0 || tpf_layout_check(&d) == TPF_OK;
-          }
-          v->nts++;
-        }
-        bench_progress("[planner] P=%d %s N=%llu: %d schedules x %d values of T", P,
-                       op == PL_AG ? "ring_ag" : "pipeline_rs", (ull)N, v->nvar, v->nts);
+        const int fixed = 0, noovl = 1;
+        const int adapt = variants_of(o, op, P, N, ts, nts, true, v, names);
+        bench_progress("[planner] P=%d %s N=%llu: %d schedules x %d values of T", P, op_name(op),
+                       (ull)N, v->nvar, v->nts);
         st = bench_run_variants(g, v);
         if (st != TPF_OK) {
-          bench_note("FAILED P=%d %s N=%llu: %s", P, op == PL_AG ? "ring_ag" : "pipeline_rs",
-                     (ull)N, v->err);
+          bench_note("FAILED P=%d %s N=%llu: %s", P, op_name(op), (ull)N, v->err);
           rc = 1;
         }
         for (int i = 0; i < v->nts; i++) {
           const uint64_t T = v->ts[i];
           tpf_layout_desc d = layout_of(op, P, C, H, T, 0);
           tpf_gemm_dims gd = {T, op == PL_AG ? N : H, op == PL_AG ? H : N};
-          tpf_plan_result pr;
+          tpf_plan_result pr; /* the same table as the communicators': the same choice */
           if (tpf_plan_predict(model, &d, &gd, &pr) != TPF_OK) pr.ncand = 0;
           const tpf_plan_result *cr = &v->plan[i]; /* what the communicator decided */
-          int cs = cr->ncand ? cr->cand[cr->chosen].num_splits : 0;
-          bool ca = cr->ncand ? cr->cand[cr->chosen].aggregate : false;
+          const tpf_plan_candidate *cc = cr->ncand ? &cr->cand[cr->chosen] : NULL;
+          int cs = cc ? cc->num_splits : 0;
+          bool ca = cc ? cc->aggregate : false;
           char chose[16];
           splits_label(chose, sizeof chose, cs, ca);
-          double pa = cr->ncand ? cr->cand[cr->chosen].predicted_us : NAN;
+          /* pa: the MODEL's time of the choice; plan: the time the decision used. */
+          double pa = cc ? cc->model_us : NAN, plan = cc ? cc->predicted_us : NAN;
+          if (cc) nsrc[cc->source <= TPF_PLAN_SRC_SCALED ? cc->source : 0]++;
           if (pr.ncand && cr->ncand &&
               (pr.cand[pr.chosen].num_splits != cs || pr.cand[pr.chosen].aggregate != ca))
             bench_note("P=%d N=%llu T=%llu: the communicator chose %s, tpf_plan_predict %d%s", P,
@@ -223,12 +273,14 @@ int bench_section_planner(const bench_opts *o) {
           bench_cell_f(tn, 1);
           bench_cell_f(ta, 1);
           bench_cell_s(chose);
+          bench_cell_s(cc ? tpf_plan_source_name(cc->source) : "-");
           bench_cell_f(ta / mn, 3);
           bench_cell_s(bl);
           bench_cell_f(best, 1);
           bench_cell_f(ta / best, 3);
           bench_cell_f(pa, 1);
           bench_cell_f(100.0 * (pa - ta) / ta, 1);
+          bench_cell_f(plan, 1);
           bench_cell_i(v->wrong[i]);
           bench_row_end();
           if (v->wrong[i] != 0) rc = 1;
@@ -240,8 +292,8 @@ int bench_section_planner(const bench_opts *o) {
             lsum += log(q);
             if (q > worst) {
               worst = q;
-              snprintf(worst_at, sizeof worst_at, "%s P=%d N=%llu T=%llu",
-                       op == PL_AG ? "ring_ag" : "pipeline_rs", P, (ull)N, (ull)T);
+              snprintf(worst_at, sizeof worst_at, "%s P=%d N=%llu T=%llu", op_name(op), P, (ull)N,
+                       (ull)T);
             }
           }
           /* Every schedule's prediction, for the model table. */
@@ -260,7 +312,11 @@ int bench_section_planner(const bench_opts *o) {
               snprintf(e->label, sizeof e->label, "%s (%s)", names[k], sl);
             }
             e->meas = v->us[k][i];
-            e->pred = k == adapt ? pa : pred_of(&pr, v->splits[k], is_aggr(op, P, v->splits[k]));
+            const tpf_plan_candidate *pc =
+                k == adapt ? cc : cand_of(&pr, v->splits[k], is_aggr(op, P, v->splits[k]));
+            e->pred = pc ? pc->model_us : NAN;
+            e->tuned = pc ? pc->predicted_us : NAN;
+            e->src = pc ? pc->source : TPF_PLAN_SRC_MODEL;
           }
         }
         free(v);
@@ -274,7 +330,13 @@ int bench_section_planner(const bench_opts *o) {
              "chose = its decision (tpf_comm_plan_info; 'a' = aggregate)");
   bench_note("adapt/min = adaptive / min(fixed, no_ovl); best = the fastest measured schedule "
              "(including the other candidates: RING AG P/2 aggregate, PIPELINE RS 2 and 8); "
-             "pred = the model's time of the adaptive choice, err = (pred - measured) / measured");
+             "pred = the MODEL's time of the adaptive choice (without sched points), err = (pred "
+             "- measured) / measured; src = where the decision's time came from (measured: "
+             "sched points, interpolated in T; scaled: the model x measured/model at the nearest "
+             "measured T; model: the model alone), plan = that time");
+  if (rows > 0)
+    bench_note("decisions by source: %d measured, %d scaled, %d model", nsrc[TPF_PLAN_SRC_MEASURED],
+               nsrc[TPF_PLAN_SRC_SCALED], nsrc[TPF_PLAN_SRC_MODEL]);
   bench_note("model %s: %s", o->dedicated ? "dedicated" : "shared",
              o->dedicated ? "the cost table as it is (one device per rank)"
                           : "the cost table with shared_device 1 (every rank's GEMMs take the "
@@ -296,12 +358,14 @@ int bench_section_planner(const bench_opts *o) {
 
   /* The model against every measured schedule. */
   static const char *const mcols[] = {
-      "op", "P", "N", "T", "measured(us)", "predicted(us)", "pred/meas", "schedule"};
+      "op",        "P",        "N",   "T",        "measured(us)", "predicted(us)",
+      "pred/meas", "schedule", "src", "plan(us)", "plan/meas"};
   bench_table("planner_model",
-              "Section 6b: the cost model against every measured schedule (same runs)", 8, mcols);
+              "Section 6b: the cost model against every measured schedule (same runs)", 11, mcols);
   double abs_sum = 0;
-  int nabs = 0;
-  double errs[3 * 2 * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS];
+  int nabs = 0, nabs2k = 0, ntuned = 0;
+  enum { NE = 3 * 2 * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS };
+  static double errs[NE], errs2k[NE], terrs[NE];
   for (int i = 0; i < nent; i++) {
     const pl_entry *e = &ents[i];
     bench_cell_s(e->op == PL_AG ? "ring_ag+gemm" : "gemm+pipeline_rs");
@@ -312,16 +376,114 @@ int bench_section_planner(const bench_opts *o) {
     bench_cell_f(e->pred, 1);
     bench_cell_f(e->pred / e->meas, 3);
     bench_cell_s(e->label);
+    bench_cell_s(tpf_plan_source_name(e->src));
+    bench_cell_f(e->tuned, 1);
+    bench_cell_f(e->tuned / e->meas, 3);
     bench_row_end();
     double r = e->pred / e->meas;
     if (!isnan(r) && r > 0) {
       errs[nabs++] = fabs(r - 1);
       abs_sum += fabs(r - 1);
+      if (e->T >= 2048) errs2k[nabs2k++] = fabs(r - 1);
     }
+    double q = e->tuned / e->meas;
+    if (e->src != TPF_PLAN_SRC_MODEL && !isnan(q) && q > 0) terrs[ntuned++] = fabs(q - 1);
   }
   if (nabs > 0)
     bench_note("|pred/meas - 1| over %d schedules: median %.1f %%, mean %.1f %%", nabs,
                100 * bench_median(errs, nabs), 100 * abs_sum / nabs);
+  if (nabs2k > 0)
+    bench_note("model |pred/meas - 1| for T >= 2048 over %d schedules: median %.1f %% (target: "
+               "within 15 %%)",
+               nabs2k, 100 * bench_median(errs2k, nabs2k));
+  if (ntuned > 0)
+    bench_note("sched points (src measured or scaled) |plan/meas - 1| over %d schedules: median "
+               "%.1f %% (the calibration run against this one: run-to-run spread, not the model)",
+               ntuned, 100 * bench_median(terrs, ntuned));
   free(ents);
   return rc;
+}
+
+/* ---- measured schedule points (tpflex calibrate --schedules) ------------------------------- */
+
+int bench_planner_sched(const bench_opts *o, tpf_cost_table *t, char *err, size_t errlen) {
+  uint64_t ts[BENCH_MAX_TS];
+  const int nts = t_sweep(o, ts);
+  const uint64_t H = o->hidden;
+  int before = t->nsched;
+  err[0] = '\0';
+  static const int Ps[] = {2, 4, 8};
+  for (size_t pi = 0; pi < 3; pi++) {
+    const int P = Ps[pi];
+    if (P > o->tp && P > 2) continue;
+    bench_opts og = *o;
+    og.iters = o->planner_iters * BENCH_MAX_VARIANTS;
+    bench_group *g = NULL;
+    tpf_status st = bench_group_create(&og, P, &g);
+    if (st != TPF_OK) {
+      snprintf(err, errlen, "group of %d ranks: %s (%s)", P, tpf_status_name(st), tpf_last_error());
+      return 1;
+    }
+    for (int op = 0; op < 2; op++)
+      for (int ni = 0; ni < o->pnns; ni++) {
+        const uint64_t N = o->pns[ni];
+        bench_variants *v = calloc(1, sizeof *v);
+        if (!v) {
+          bench_group_destroy(g);
+          snprintf(err, errlen, "no memory");
+          return 1;
+        }
+        const char *names[BENCH_MAX_VARIANTS];
+        const int nvar = variants_of(o, op, P, N, ts, nts, false, v, names);
+        v->cost = NULL; /* FIXED: every variant names its split count */
+        bench_progress("[schedules] P=%d %s N=%llu: %d schedules x %d values of T", P, op_name(op),
+                       (ull)N, nvar, v->nts);
+        st = bench_run_variants(g, v);
+        int bad_t = -1; /* a T with wrong elements: its times are not written */
+        for (int i = 0; i < v->nts && bad_t < 0; i++)
+          if (v->wrong[i] != 0) bad_t = i;
+        if (st != TPF_OK || bad_t >= 0) {
+          if (st != TPF_OK)
+            snprintf(err, errlen, "P=%d %s N=%llu: %s", P, op_name(op), (ull)N, v->err);
+          else
+            snprintf(err, errlen, "P=%d %s N=%llu T=%llu: %lld wrong elements", P, op_name(op),
+                     (ull)N, (ull)v->ts[bad_t], v->wrong[bad_t]);
+          free(v);
+          bench_group_destroy(g);
+          return 1;
+        }
+        for (int k = 0; k < nvar; k++)
+          for (int i = 0; i < v->nts; i++) {
+            if (!v->legal[k][i] || !(v->us[k][i] > 0)) continue; /* not run (or not timed) */
+            if (t->nsched >= TPF_COST_MAX_SCHED_POINTS) {
+              snprintf(err, errlen, "more than %d sched points (TPF_COST_MAX_SCHED_POINTS)",
+                       TPF_COST_MAX_SCHED_POINTS);
+              free(v);
+              bench_group_destroy(g);
+              return 1;
+            }
+            tpf_cost_sched_point *p = &t->sched[t->nsched++];
+            memset(p, 0, sizeof *p);
+            p->shared = true; /* bench groups run every rank on the one device */
+            p->algo = v->algo;
+            p->coll = op == PL_AG ? TPF_COLL_AG : TPF_COLL_RS;
+            p->tp_size = P;
+            p->num_splits = v->splits[k];
+            p->aggregate = is_aggr(op, P, v->splits[k]);
+            p->dtype = TPF_BF16;
+            p->hidden = H;
+            p->n = N;
+            p->rows = v->ts[i];
+            p->us = v->us[k][i];
+          }
+        free(v);
+      }
+    bench_group_destroy(g);
+  }
+  bench_progress_done();
+  if (t->nsched == before) {
+    snprintf(err, errlen, "no schedule could be measured (no legal T for this grid)");
+    return 1;
+  }
+  return 0;
 }

@@ -22,8 +22,22 @@
  *   handshake, barrier: the in-process ranks' host rendezvous (record an event, publish it, wait
  *            until the peer has published, make the stream wait on the peer's event) between two
  *            rank threads, per round; the backend's handshake and barrier are that mechanism.
+ *   sched    (--schedules, opt-in: about 100 s at the default grid) every candidate schedule of
+ *            the planner, as whole operations: RING AG (splits P, P/2 aggregate, 1) and PIPELINE
+ *            RS (splits 8, 4, 2, 1) for P = 2, 4, 8 ranks as threads sharing the device (up to
+ *            --tp), C = --capacity (default 32768), H = --hidden, N in {3584, 1024} (or --n),
+ *            T = C/64 .. C doubling (--quick: C/64, C/8, C), bf16. The planner benchmark's own
+ *            runner measures them (bench_planner_sched in bench/bench_planner.c: every
+ *            repetition runs each schedule once, in turn, each timed with CUDA events from the
+ *            earliest rank's start to the latest rank's end after a 1 GiB L2 flush; medians of
+ *            15 repetitions after 3 warm-up rounds, --quick 5 after 1; every output checked), so
+ *            the points and `tpflex bench --section planner` time the same thing. Written as
+ *            'shared' sched lines, which the planner uses where the table is used with
+ *            shared_device 1 (the planner benchmark's default --model shared).
  * The table is re-parsed before it is written. --backend sim writes the simulator's synthetic
- * table (data/cost/sim.txt), which is not a measurement.
+ * table (data/cost/sim.txt), which is not a measurement; with --schedules it adds sched lines
+ * measured on the simulator (C = 1024, H = 256, N in {256, 64}, P up to 4 by default): CPU times
+ * of the host simulator, which exercise the path and describe no GPU.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cmds.h"
@@ -41,11 +55,26 @@
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_cost.h"
 
+#include "bench.h" /* bench_planner_sched: the planner benchmark's runner, for --schedules */
 #include "cli_args.h"
 
 typedef unsigned long long ull;
 
-enum { C_BACKEND, C_OUT, C_DTYPE, C_QUICK, C_DEVICE, C_PEER, C_HIDDEN, C_N, C_ITERS, C_NOPTS };
+enum {
+  C_BACKEND,
+  C_OUT,
+  C_DTYPE,
+  C_QUICK,
+  C_DEVICE,
+  C_PEER,
+  C_HIDDEN,
+  C_N,
+  C_ITERS,
+  C_SCHED,
+  C_CAP,
+  C_TP,
+  C_NOPTS
+};
 static const cli_opt kCalOpts[C_NOPTS] = {
     [C_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "cuda|sim", NULL,
                    "optional: cuda (default) measures this GPU; sim writes the simulator's "
@@ -69,15 +98,29 @@ static const cli_opt kCalOpts[C_NOPTS] = {
     [C_N] = {"--n", CLI_U64, 64, 1u << 16, NULL, "N",
              "optional: per-rank GEMM width N (default: both 3584 and 1024)", 0, false},
     [C_ITERS] = {"--iters", CLI_U64, 3, 1000, NULL, "I",
-                 "optional: timed repetitions per point, medians reported (default 25, quick 7)", 0,
-                 false},
+                 "optional: timed repetitions per point, medians reported (default 25, quick 7; "
+                 "--schedules: per schedule, at most 166, default cuda 15, quick 5, sim 3)",
+                 0, false},
+    [C_SCHED] = {"--schedules", CLI_FLAG, 0, 0, NULL, NULL,
+                 "optional: also measure the planner's candidate schedules (RING AG, PIPELINE RS; "
+                 "P = 2, 4, 8 ranks sharing the device, T = C/64 .. C) as sched lines (cuda: "
+                 "~100 s at the default grid)",
+                 0, false},
+    [C_CAP] = {"--capacity", CLI_U64, 64, 1u << 20, NULL, "C",
+               "optional, --schedules: the grid's capacity C (default cuda 32768, sim 1024)", 0,
+               false},
+    [C_TP] = {"--tp", CLI_U64, 2, 8, NULL, "P",
+              "optional, --schedules: the largest P of 2, 4, 8 measured (default cuda 8, sim 4)", 0,
+              false},
 };
 static const char kCalIntro[] =
     "usage: tpflex calibrate [--backend cuda|sim] [--out FILE] [--dtype bf16|fp16|fp32] [--quick] "
     "[options]\n"
     "Measures this machine's cost table (GEMM times, copy and reduction links, launch and\n"
     "handshake costs) for the planner (TPF_PLAN_ADAPTIVE, tpflex plan --predict --cost FILE,\n"
-    "tpflex bench --section planner --cost FILE). Exit 0 OK, 1 a failed measurement, 2 bad input.";
+    "tpflex bench --section planner --cost FILE); --schedules adds the planner's candidate\n"
+    "schedules measured as whole operations (sched lines). Exit 0 OK, 1 a failed measurement,\n"
+    "2 bad input.";
 
 typedef struct {
   bool cuda;
@@ -89,6 +132,10 @@ typedef struct {
   int nns;
   uint64_t ns[2];
   int iters;
+  bool schedules;    /* --schedules */
+  uint64_t capacity; /* the grid of --schedules */
+  int tp;
+  int sched_iters, sched_warmup;
   char cmdline[512];
 } cal_opts;
 
@@ -106,6 +153,99 @@ static void cal_write(FILE *f, const char *comments, const tpf_cost_table *t) {
     fprintf(f, "gemm %s %llu %llu %llu %.2f\n", tpf_dtype_name(g->dtype), (ull)g->m, (ull)g->n,
             (ull)g->k, g->us);
   }
+  if (t->nsched > 0)
+    fprintf(f,
+            "# sched <device> <algo> <coll> <P> <splits> <aggregate> <dtype> <H> <N> <T> <us>\n");
+  for (int i = 0; i < t->nsched; i++) {
+    const tpf_cost_sched_point *p = &t->sched[i];
+    fprintf(f, "sched %s %s %s %d %d %d %s %llu %llu %llu %.3f\n",
+            p->shared ? "shared" : "dedicated", tpf_algo_name(p->algo), tpf_coll_name(p->coll),
+            p->tp_size, p->num_splits, p->aggregate ? 1 : 0, tpf_dtype_name(p->dtype),
+            (ull)p->hidden, (ull)p->n, (ull)p->rows, p->us);
+  }
+}
+
+/* ---- --schedules: the planner's candidates, by the planner benchmark's runner ------------- */
+
+typedef struct {
+  int points;
+  double seconds;
+  uint64_t tmin, tmax;
+  int pmax;
+} cal_sched_report;
+
+/* Appends the measured schedules of o's grid to t (bench_planner_sched). 0, or 1 after a failed
+ * measurement (reported on stderr). */
+static int cal_schedules(const cal_opts *o, tpf_cost_table *t, cal_sched_report *rep) {
+  bench_opts b;
+  memset(&b, 0, sizeof b);
+  b.cuda = o->cuda;
+  b.tp = o->tp;
+  b.capacity = o->capacity;
+  b.hidden = o->hidden;
+  b.n = o->ns[0];
+  b.quick = o->quick;
+  b.device = o->device;
+  b.iters = o->sched_iters;
+  b.warmup = o->sched_warmup;
+  b.planner_iters = o->sched_iters;
+  b.planner_warmup = o->sched_warmup;
+  b.pnns = o->nns;
+  for (int i = 0; i < o->nns; i++)
+    b.pns[i] = o->ns[i];
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  const int before = t->nsched;
+  char err[400];
+  fprintf(stderr,
+          "calibrate: schedules: P = 2 .. %d ranks sharing the %s, C=%llu H=%llu, %d "
+          "repetitions after %d warm-up round%s per schedule\n",
+          o->tp, o->cuda ? "GPU" : "simulator's host", (ull)o->capacity, (ull)o->hidden,
+          o->sched_iters, o->sched_warmup, o->sched_warmup == 1 ? "" : "s");
+  int rc = bench_planner_sched(&b, t, err, sizeof err);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  if (rc != 0) {
+    fprintf(stderr, "tpflex calibrate: --schedules FAILED: %s\n", err);
+    return 1;
+  }
+  memset(rep, 0, sizeof *rep);
+  rep->points = t->nsched - before;
+  rep->seconds = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+  for (int i = before; i < t->nsched; i++) {
+    const tpf_cost_sched_point *p = &t->sched[i];
+    if (rep->tmin == 0 || p->rows < rep->tmin) rep->tmin = p->rows;
+    if (p->rows > rep->tmax) rep->tmax = p->rows;
+    if (p->tp_size > rep->pmax) rep->pmax = p->tp_size;
+  }
+  return 0;
+}
+
+/* The comment block of the sched lines. */
+static void cal_sched_comments(const cal_opts *o, const cal_sched_report *r, char *buf,
+                               size_t len) {
+  char ns[64];
+  if (o->nns == 2)
+    snprintf(ns, sizeof ns, "%llu and %llu", (ull)o->ns[0], (ull)o->ns[1]);
+  else
+    snprintf(ns, sizeof ns, "%llu", (ull)o->ns[0]);
+  snprintf(
+      buf, len,
+      "# sched: %d MEASURED schedules (--schedules, %.1f s): every planner candidate of RING AG "
+      "and PIPELINE RS as\n"
+      "#   whole operations, P = 2 .. %d ranks as threads sharing %s, C=%llu, H=%llu, N = %s, "
+      "T = %llu .. %llu, bf16;\n"
+      "#   the planner benchmark's runner (bench/bench_planner.c, bench_planner_sched): each "
+      "schedule timed on its own,\n"
+      "#   earliest rank's start to latest rank's end, median of %d repetitions after %d warm-up "
+      "round%s, outputs checked.\n"
+      "#   'shared' points apply where the table is used with shared_device 1 (tpflex bench "
+      "--section planner, --model shared).\n%s",
+      r->points, r->seconds, r->pmax, o->cuda ? "one GPU" : "the SIMULATOR's host",
+      (ull)o->capacity, (ull)o->hidden, ns, (ull)r->tmin, (ull)r->tmax, o->sched_iters,
+      o->sched_warmup, o->sched_warmup == 1 ? "" : "s",
+      o->cuda ? ""
+              : "#   SIMULATOR: CPU times of the host simulator; they exercise the path and "
+                "describe no GPU.\n");
 }
 
 /* Writes the table to o->out (or stdout) after checking that it parses back. */
@@ -158,19 +298,26 @@ static int cal_sim(const cli_ctx *ctx, const cal_opts *o) {
   char used[1024];
   int rc = cli_load_cost(ctx, "--backend sim", NULL, "sim.txt", &t, used, sizeof used);
   if (rc >= 0) return rc;
-  char date[64], comments[2048];
+  cal_sched_report sr;
+  memset(&sr, 0, sizeof sr);
+  if (o->schedules && cal_schedules(o, &t, &sr) != 0) return 1;
+  char date[64], comments[4096], sched[1024] = "";
   cal_date(date, sizeof date);
+  if (o->schedules) cal_sched_comments(o, &sr, sched, sizeof sched);
   snprintf(comments, sizeof comments,
            "# tpflex cost table written by `%s`, %s.\n"
            "# SYNTHETIC, not a measurement: the simulator's table (%s), round numbers chosen so\n"
            "# that every planner candidate can win somewhere in a T sweep. Format:\n"
-           "# include/tpflex/tpflex_cost.h.\n",
-           o->cmdline, date, used);
+           "# include/tpflex/tpflex_cost.h.\n%s",
+           o->cmdline, date, used, sched);
   rc = cal_emit(ctx, o, comments, &t);
   if (rc >= 0) return rc;
   FILE *s = o->out ? stdout : stderr;
   fprintf(s, "calibrate: backend sim: wrote the synthetic table of %s (%d gemm points) to %s\n",
           used, t.ngemm, o->out ? o->out : "stdout");
+  if (o->schedules)
+    fprintf(s, "  schedules  %d points measured on the simulator, P 2..%d, T %llu..%llu, %.1f s\n",
+            sr.points, sr.pmax, (ull)sr.tmin, (ull)sr.tmax, sr.seconds);
   return 0;
 }
 
@@ -828,7 +975,11 @@ static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
     fprintf(stderr, "tpflex calibrate: FAILED: %s: %s\n", tpf_status_name(st), tpf_last_error());
     return 1;
   }
-  char date[64], comments[4096];
+  cal_sched_report sr;
+  memset(&sr, 0, sizeof sr);
+  if (o->schedules && cal_schedules(o, &t, &sr) != 0) return 1;
+  char date[64], comments[6144], sched[1024] = "";
+  if (o->schedules) cal_sched_comments(o, &sr, sched, sizeof sched);
   cal_date(date, sizeof date);
   snprintf(
       comments, sizeof comments,
@@ -851,12 +1002,12 @@ static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
       "#   and stream wait %.2f us (empty kernel launch: %.2f us, not used).\n"
       "# handshake_us, barrier_us: host rendezvous of 2 in-process rank threads (event record, "
       "publish, wait\n"
-      "#   for the peer, stream wait), per round.\n",
+      "#   for the peer, stream wait), per round.\n%s",
       o->cmdline, date, rep.gpu, o->iters, tpf_dtype_name(o->dtype), o->device, 100 * rep.local_res,
       o->device, o->peer,
       rep.peer_other ? "" : " (the same device: ranks sharing one GPU copy through its HBM)",
       100 * rep.peer_res, rep.ctas, 100 * rep.reduce_res, rep.h_gemm, rep.h_copy, rep.h_event,
-      rep.h_kernel);
+      rep.h_kernel, sched);
   int rc = cal_emit(ctx, o, comments, &t);
   if (rc >= 0) return rc;
   FILE *s = o->out ? stdout : stderr;
@@ -876,6 +1027,9 @@ static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
   fprintf(s, "  launch_us  %.2f (GEMM %.2f, copy %.2f, event pair %.2f; empty kernel %.2f)\n",
           t.launch_us, rep.h_gemm, rep.h_copy, rep.h_event, rep.h_kernel);
   fprintf(s, "  handshake_us %.2f, barrier_us %.2f\n", t.handshake_us, t.barrier_us);
+  if (o->schedules)
+    fprintf(s, "  schedules  %d points, P 2..%d sharing the GPU, T %llu..%llu, %.1f s\n", sr.points,
+            sr.pmax, (ull)sr.tmin, (ull)sr.tmax, sr.seconds);
   fprintf(s, "  table written to %s\n", o->out ? o->out : "stdout");
   return 0;
 }
@@ -916,13 +1070,50 @@ int tpf_cmd_calibrate(int argc, char **argv) {
     o.ns[o.nns++] = 1024;
   }
   o.iters = v[C_ITERS].set ? (int)v[C_ITERS].u : (o.quick ? 7 : 25);
+  o.schedules = v[C_SCHED].set;
   cal_cmdline(&o, argc, argv);
+  if (!o.schedules)
+    for (int k = C_CAP; k <= C_TP; k++)
+      if (v[k].set) return cli_error(&ctx, "%s applies to --schedules only", kCalOpts[k].name);
   if (!o.cuda) {
+    /* sim writes a fixed table; with --schedules it measures the grid's shapes too */
     static const int cuda_only[] = {C_DTYPE, C_DEVICE, C_PEER, C_HIDDEN, C_N, C_ITERS, C_QUICK};
-    for (size_t i = 0; i < sizeof cuda_only / sizeof *cuda_only; i++)
-      if (v[cuda_only[i]].set)
-        return cli_error(&ctx, "%s applies to --backend cuda only (sim writes a fixed table)",
-                         kCalOpts[cuda_only[i]].name);
+    for (size_t i = 0; i < sizeof cuda_only / sizeof *cuda_only; i++) {
+      const int k = cuda_only[i];
+      if (v[k].set && (!o.schedules || k == C_DTYPE || k == C_DEVICE || k == C_PEER))
+        return cli_error(&ctx, "%s applies to --backend cuda only (sim writes a fixed table%s)",
+                         kCalOpts[k].name,
+                         o.schedules ? ""
+                                     : "; with --schedules it takes --hidden, --n, --iters, "
+                                       "--quick, --capacity and --tp");
+    }
+  }
+  if (o.schedules) {
+    if (o.dtype != TPF_BF16)
+      return cli_error(&ctx,
+                       "--dtype '%s' with --schedules: the schedules are measured in bf16 (the "
+                       "planner benchmark's operations), so the table's GEMMs must be bf16 too",
+                       v[C_DTYPE].s);
+    if (v[C_ITERS].set && v[C_ITERS].u > BENCH_MAX_ITERS / BENCH_MAX_VARIANTS)
+      return cli_error(&ctx,
+                       "--iters '%s' with --schedules: up to %d schedules are timed per "
+                       "repetition, so at most %d repetitions",
+                       v[C_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
+    o.capacity = v[C_CAP].set ? v[C_CAP].u : (o.cuda ? 32768 : 1024);
+    o.tp = v[C_TP].set ? (int)v[C_TP].u : (o.cuda ? 8 : 4);
+    if (!o.cuda) {
+      o.hidden = v[C_HIDDEN].set ? v[C_HIDDEN].u : 256;
+      if (!v[C_N].set) {
+        o.ns[0] = 256;
+        o.ns[1] = 64;
+      }
+    }
+    o.sched_iters =
+        v[C_ITERS].set ? (int)v[C_ITERS].u : (o.cuda ? (o.quick ? 5 : 15) : (o.quick ? 2 : 3));
+    o.sched_warmup = o.cuda ? (o.quick ? 1 : 3) : 1;
+    /* Many streams (P ranks x 5 streams) with device-side waits: a hardware queue each, as
+     * `tpflex bench` sets it. Read when the CUDA context is created, so before any CUDA call. */
+    if (o.cuda) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   }
   if (o.out) { /* fail before measuring, not after; leave no empty file behind */
     const bool existed = access(o.out, F_OK) == 0;
