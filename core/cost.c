@@ -69,7 +69,7 @@ typedef struct {
 
 /* A plain decimal integer in [lo, hi] (digits only, as the CLI's numbers). */
 static bool read_uint(const char *tok, size_t len, uint64_t lo, uint64_t hi, uint64_t *out) {
-  if (len == 0 || len > 19 || (len > 1 && tok[0] == '0')) return false;
+  if (len > 19 || (len > 1 && tok[0] == '0')) return false; /* tokens are never empty */
   uint64_t v = 0;
   for (size_t i = 0; i < len; i++) {
     if (tok[i] < '0' || tok[i] > '9') return false;
@@ -119,10 +119,10 @@ static tpf_status parse_sched(parse_state *ps, const char *p, const char *line, 
   size_t len[F_COUNT];
   int nf = 0;
   for (;;) {
-    while (*p == ' ' || *p == '\t' || *p == '\r')
+    while (*p == ' ' || *p == '\t') /* the line has no '\r' left at its end */
       p++;
     if (*p == '\0' || *p == '#') break;
-    size_t n = strcspn(p, " \t\r#");
+    size_t n = strcspn(p, " \t#");
     TPF_RETURN_IF(nf == F_COUNT, TPF_EINVAL,
                   "cost table line %d: sched has more than %d fields (device algo coll P splits "
                   "aggregate dtype H N T us): '%s'",

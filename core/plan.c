@@ -80,13 +80,14 @@ const char *tpf_plan_source_name(tpf_plan_source s) {
 
 /* The time of candidate (splits, aggregate) at d's T from the table's sched points, given its
  * model time there: *src MEASURED (interpolated), SCALED (model x measured / model at the
- * nearest measured T) or MODEL (no point, or the nearest T is no legal layout of d). */
-static tpf_status refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                         int splits, bool aggregate, double model_us, workspace *w, double *us,
-                         tpf_plan_source *src) {
+ * nearest measured T) or MODEL (no point; BULK; or the nearest T is no layout of d, e.g. beyond
+ * its capacity, so there is nothing to scale by). Never fails: the model is always there. */
+static void refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                   int splits, bool aggregate, double model_us, workspace *w, double *us,
+                   tpf_plan_source *src) {
   *us = model_us;
   *src = TPF_PLAN_SRC_MODEL;
-  if (t->nsched == 0) return TPF_OK;
+  if (t->nsched == 0 || d->algo == TPF_ALGO_BULK) return; /* BULK: nothing to choose */
   tpf_cost_sched_point key;
   memset(&key, 0, sizeof key);
   key.shared = t->shared_device != 0;
@@ -100,35 +101,33 @@ static tpf_status refine(const tpf_cost_table *t, const tpf_layout_desc *d, cons
   key.n = d->coll == TPF_COLL_AG ? g->n : g->k;
   key.rows = d->active.rows;
   int lo, hi;
-  if (tpf__cost_sched_bracket(t, &key, &lo, &hi) == 0) return TPF_OK;
+  if (tpf__cost_sched_bracket(t, &key, &lo, &hi) == 0) return;
   if (lo >= 0 && hi >= 0) {
     const tpf_cost_sched_point *a = &t->sched[lo], *b = &t->sched[hi];
     *us = a->us;
     if (b->rows > a->rows)
       *us += (b->us - a->us) * (double)(key.rows - a->rows) / (double)(b->rows - a->rows);
     *src = TPF_PLAN_SRC_MEASURED;
-    return TPF_OK;
+    return;
   }
+  /* One more replay, at the nearest measured T, in the same workspace (sized for the
+   * capacity; the build checks the layout, so a T beyond it fails here and the model stays). */
   const tpf_cost_sched_point *near = &t->sched[lo >= 0 ? lo : hi];
   tpf_layout_desc dn = *d;
   dn.active.rows = near->rows;
-  dn.num_splits = splits;
-  dn.aggregate = aggregate;
-  if (tpf_layout_check(&dn) != TPF_OK) return TPF_OK; /* e.g. beyond this capacity */
   tpf_gemm_dims gn = *g;
   gn.m = near->rows;
   double model_near = 0; /* > 0: every schedule has a GEMM, and gemm points have us > 0 */
-  TPF_CHECK(predict_schedule(t, &dn, &gn, splits, aggregate, w, &model_near));
+  if (predict_schedule(t, &dn, &gn, splits, aggregate, w, &model_near) != TPF_OK) return;
   *us = model_us * near->us / model_near;
   *src = TPF_PLAN_SRC_SCALED;
-  return TPF_OK;
 }
 
 /* Adds candidate (splits, aggregate) with model time model_us, refined by the sched points. */
-static tpf_status add(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                      workspace *w, tpf_plan_result *r, int splits, bool aggregate, bool baseline,
-                      double model_us, const char *label) {
-  tpf_plan_candidate *c = &r->cand[r->ncand];
+static void add(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                workspace *w, tpf_plan_result *r, int splits, bool aggregate, bool baseline,
+                double model_us, const char *label) {
+  tpf_plan_candidate *c = &r->cand[r->ncand++];
   memset(c, 0, sizeof *c);
   c->algo = d->algo;
   c->num_splits = splits;
@@ -137,12 +136,7 @@ static tpf_status add(const tpf_cost_table *t, const tpf_layout_desc *d, const t
   c->model_us = model_us;
   c->runnable = true;
   snprintf(c->label, sizeof c->label, "%s", label);
-  if (d->algo != TPF_ALGO_BULK)
-    TPF_CHECK(refine(t, d, g, splits, aggregate, model_us, w, &c->predicted_us, &c->source));
-  else
-    c->predicted_us = model_us; /* one schedule: nothing to choose, nothing to refine */
-  r->ncand++;
-  return TPF_OK;
+  refine(t, d, g, splits, aggregate, model_us, w, &c->predicted_us, &c->source);
 }
 
 static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
@@ -156,23 +150,23 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
   if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
     TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
     snprintf(label, sizeof label, "ring ag splits %d", p);
-    TPF_CHECK(add(t, d, g, w, &r, p, false, false, us, label));
+    add(t, d, g, w, &r, p, false, false, us, label);
     if (p % 2 == 0 && p >= 4) {
       TPF_CHECK(predict_schedule(t, d, g, p / 2, true, w, &us));
       snprintf(label, sizeof label, "ring ag aggregate splits %d", p / 2);
-      TPF_CHECK(add(t, d, g, w, &r, p / 2, true, false, us, label));
+      add(t, d, g, w, &r, p / 2, true, false, us, label);
     }
     TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
     r.baseline = r.ncand;
-    TPF_CHECK(add(t, d, g, w, &r, 1, false, true, us, "baseline: ag, then one gemm"));
+    add(t, d, g, w, &r, 1, false, true, us, "baseline: ag, then one gemm");
   } else if (d->algo == TPF_ALGO_RING) {
     TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
     snprintf(label, sizeof label, "ring rs splits %d", p);
-    TPF_CHECK(add(t, d, g, w, &r, p, false, false, us, label));
+    add(t, d, g, w, &r, p, false, false, us, label);
     if (p > 1) { /* the no-overlap ring: every partial in one GEMM, then the exchange */
       TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
       r.baseline = r.ncand;
-      TPF_CHECK(add(t, d, g, w, &r, 1, false, true, us, "baseline: one gemm, then rs"));
+      add(t, d, g, w, &r, 1, false, true, us, "baseline: one gemm, then rs");
     }
   } else if (d->algo == TPF_ALGO_PIPELINE) {
     static const int S[] = {8, 4, 2, 1}; /* most split first: later = simpler */
@@ -184,12 +178,12 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       snprintf(label, sizeof label,
                S[i] == 1 ? "baseline: pipeline splits 1" : "pipeline rs splits %d", S[i]);
       if (S[i] == 1) r.baseline = r.ncand; /* one block: the GEMM, then the pull RS */
-      TPF_CHECK(add(t, d, g, w, &r, S[i], false, S[i] == 1, us, label));
+      add(t, d, g, w, &r, S[i], false, S[i] == 1, us, label);
     }
   } else {
     TPF_CHECK(predict_schedule(t, d, g, d->num_splits, false, w, &us));
     snprintf(label, sizeof label, "bulk %s", tpf_coll_name(d->coll));
-    TPF_CHECK(add(t, d, g, w, &r, 0, false, false, us, label));
+    add(t, d, g, w, &r, 0, false, false, us, label);
   }
   /* The fastest wins; of those within 0.5 % of it, the last listed (the simplest). Every
    * candidate is runnable. */

@@ -311,6 +311,9 @@ static void test_sched_parse(void **state) {
       {"launch_us 1\nsched shared ring ag 4 2 1 bf16 8192 3584 4096 1\n\n"
        "sched shared ring ag 4 2 1 bf16 8192 3584 4096 2\n",
        "line 4: sched point given twice (first on line 2)"},
+      {"sched shared ring rs 4 4 1 bf16 8 8 8 1\n", "'aggregate' 1 needs ring ag"},
+      {"sched shared ring ag 4 4 0 bf16 8 8 12345678901234567890 1\n", "field 'T'"},
+      {"schedule shared ring ag 4 4 0 bf16 8 8 8 1\n", "line 1: unknown key"},
   };
   for (size_t i = 0; i < TPF_ARRAY_SIZE(bad); i++) {
     memset(&t, 0x5a, sizeof t);
@@ -330,6 +333,64 @@ static void test_sched_parse(void **state) {
   }
   TPF_ASSERT_STATUS(tpf_cost_table_parse(big, &t), TPF_EINVAL);
   assert_non_null(strstr(tpf_last_error(), "line 513: more than 512 sched points"));
+  /* Points that differ from the first in one key field each are all distinct. */
+  static const char *const one_field[] = {
+      "sched shared ring ag 4 4 0 bf16 8 8 8 1\n",
+      "sched dedicated ring ag 4 4 0 bf16 8 8 8 1\n",
+      "sched shared pipeline ag 4 4 0 bf16 8 8 8 1\n",
+      "sched shared ring rs 4 4 0 bf16 8 8 8 1\n",
+      "sched shared ring ag 8 4 0 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 2 0 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 4 1 bf16 8 8 8 1\n",
+      "sched shared ring ag 4 4 0 fp16 8 8 8 1\n",
+      "sched shared ring ag 4 4 0 bf16 16 8 8 1\n",
+      "sched shared ring ag 4 4 0 bf16 8 16 8 1\n",
+      "sched\tshared  ring\tag 4 4 0 bf16 8 8 16 1\t# a comment\n",
+  };
+  big[0] = '\0';
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(one_field); i++)
+    strcat(big, one_field[i]);
+  TPF_ASSERT_OK(tpf_cost_table_parse(big, &t));
+  assert_int_equal(t.nsched, (int)TPF_ARRAY_SIZE(one_field));
+  assert_true(t.sched[10].rows == 16 && t.sched[10].us == 1);
+}
+
+/* The bracketing points of a key, whatever the order of the lines; a count beyond the storage
+ * (a table filled by hand) reads only the storage. */
+static void test_sched_bracket(void **state) {
+  (void)state;
+  tpf_cost_table t;
+  TPF_ASSERT_OK(tpf_cost_table_parse("sched shared ring ag 4 4 0 bf16 8 8 4096 4\n"
+                                     "sched shared ring ag 4 4 0 bf16 8 8 1024 1\n"
+                                     "sched shared ring ag 4 4 0 bf16 8 8 2048 2\n"
+                                     "sched shared ring ag 4 4 0 bf16 8 8 512 0.5\n"
+                                     "sched shared ring ag 4 2 1 bf16 8 8 1024 9\n",
+                                     &t));
+  tpf_cost_sched_point key = t.sched[0];
+  int lo = -2, hi = -2;
+  key.rows = 1536;
+  assert_int_equal(tpf__cost_sched_bracket(&t, &key, &lo, &hi), 4);
+  assert_int_equal(lo, 1);
+  assert_int_equal(hi, 2);
+  key.rows = 2048; /* a measured T: both ends */
+  tpf__cost_sched_bracket(&t, &key, &lo, &hi);
+  assert_true(lo == 2 && hi == 2);
+  key.rows = 100;
+  tpf__cost_sched_bracket(&t, &key, &lo, &hi);
+  assert_true(lo == -1 && hi == 3);
+  key.rows = 9000;
+  tpf__cost_sched_bracket(&t, &key, &lo, &hi);
+  assert_true(lo == 0 && hi == -1);
+  key.num_splits = 8; /* no point of this key */
+  assert_int_equal(tpf__cost_sched_bracket(&t, &key, &lo, &hi), 0);
+  assert_true(lo == -1 && hi == -1);
+  static tpf_cost_table big;
+  memset(&big, 0, sizeof big);
+  big.nsched = TPF_COST_MAX_SCHED_POINTS + 7;
+  memset(&key, 0, sizeof key);
+  assert_int_equal(tpf__cost_sched_bracket(&big, &key, &lo, &hi), TPF_COST_MAX_SCHED_POINTS);
+  big.ngemm = TPF_COST_MAX_GEMM_POINTS + 7;
+  assert_true(tpf__cost_table_hash(&big) != 0);
 }
 
 /* The fingerprint's hash covers the sched points, field by field; a table without them hashes
@@ -400,7 +461,7 @@ int main(void) {
       cmocka_unit_test(test_replay_by_hand), cmocka_unit_test(test_shared_device),
       cmocka_unit_test(test_real_schedules), cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_shipped_tables), cmocka_unit_test(test_sched_parse),
-      cmocka_unit_test(test_sched_hash),
+      cmocka_unit_test(test_sched_hash),     cmocka_unit_test(test_sched_bracket),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
