@@ -52,7 +52,7 @@ extern "C" {
 #endif
 
 #define TPF_COST_MAX_GEMM_POINTS 512
-#define TPF_COST_MAX_SCHED_POINTS 512 /* the default --schedules grid writes 294 */
+#define TPF_COST_MAX_SCHED_POINTS 512 /* the default --schedules grid writes at most 280 */
 
 typedef struct {
   tpf_dtype dtype;
