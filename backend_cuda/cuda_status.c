@@ -165,7 +165,11 @@ tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
   /* The registration's operations run on the backend's streams. */
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     const tpf_status rc = tpf_cuda__stream_wait_bounded(b, b->streams[k]);
-    if (rc != TPF_OK) return tpf_set_error(rc, "'%s': %s", r->name, tpf_last_error());
+    if (rc != TPF_OK) {
+      char msg[512]; /* the detail is formatted into the buffer it is read from: copy it first */
+      snprintf(msg, sizeof msg, "%s", tpf_last_error());
+      return tpf_set_error(rc, "'%s': %s", r->name, msg);
+    }
   }
   if (r->deferred == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK &&
       tpf_cuda__status_is_mine(b, r)) {
