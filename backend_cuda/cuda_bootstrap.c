@@ -1,5 +1,5 @@
-/* Bootstrap helpers of the CUDA backend (SPEC §4): ranks that are threads of one process, and
- * ranks that already share an NCCL communicator.
+/* Bootstrap helpers of the CUDA backend (docs/SPEC.md §6, where a backend comes from): ranks that
+ * are threads of one process, and ranks that already share an NCCL communicator.
  *
  * Method (threads): one shared group object holds a generation barrier (mutex + condition
  * variable; waiting threads leave when the generation they entered with has passed, so the

@@ -17,6 +17,7 @@
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -176,10 +177,24 @@ tpf_status tpf_cuda_conf_env_init(tpf_conf_env *env) {
   if (e != cudaSuccess || count < 1)
     return tpf_set_error(TPF_EUNSUPPORTED, "no GPU (%s)",
                          e != cudaSuccess ? cudaGetErrorString(e) : "0 devices");
+  /* TPF_CUDA_TEST_DEVICE: decimal digits only, below the device count (no atoi: "-1", "1x" or
+   * 2^32 must not become some other device). */
   const char *dev = getenv("TPF_CUDA_TEST_DEVICE");
-  int device = dev ? atoi(dev) : 0;
-  if (device < 0 || device >= count)
-    return tpf_set_error(TPF_EUNSUPPORTED, "no GPU %d (%d present)", device, count);
+  int device = 0;
+  if (dev != NULL && *dev != '\0') {
+    unsigned long long v = 0;
+    bool ok = true;
+    for (const char *p = dev; ok && *p; p++) {
+      ok = *p >= '0' && *p <= '9' && v < (unsigned long long)count;
+      v = v * 10 + (unsigned long long)(*p - '0');
+    }
+    if (!ok || v >= (unsigned long long)count)
+      return tpf_set_error(TPF_EINVAL,
+                           "TPF_CUDA_TEST_DEVICE='%s' is not a device index in [0, %d] (%d GPUs "
+                           "present)",
+                           dev, count - 1, count);
+    device = (int)v;
+  }
   cuda_env_state *st = calloc(1, sizeof *st);
   if (st == NULL) return tpf_set_error(TPF_ENOMEM, "cannot allocate the CUDA environment");
   st->device = device;

@@ -379,12 +379,19 @@ static tpf_status cal_cu_err(cudaError_t e, const char *what) {
     if (cal_e_ != cudaSuccess) return cal_cu_err(cal_e_, what);                                    \
   } while (0)
 
-static uint64_t cal_env_u64(const char *name, uint64_t dflt) {
+/* A knob the CUDA backend also reads (backend_cuda/cuda_param.c), parsed as strictly as every
+ * command-line number (cli_parse_u64: decimal, no sign, no wrap, in [lo, hi]); an invalid value
+ * is named in a warning and the default is used, as the backend does. */
+static uint64_t cal_env_u64(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi) {
   const char *v = getenv(name);
   if (!v || !*v) return dflt;
-  char *end = NULL;
-  unsigned long long x = strtoull(v, &end, 10);
-  return (end && *end == '\0') ? (uint64_t)x : dflt;
+  uint64_t x = 0;
+  if (cli_parse_u64(v, lo, hi, &x)) return x;
+  fprintf(stderr,
+          "tpflex calibrate: warning: %s='%s' is not a decimal number in [%llu, %llu]: using the "
+          "default %llu\n",
+          name, v, (unsigned long long)lo, (unsigned long long)hi, (unsigned long long)dflt);
+  return dflt;
 }
 
 static void cal_progress(cal_cu *c, const char *fmt, ...)
@@ -792,7 +799,8 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   void *ds = NULL;
   CAL_CU(cudaHostGetDevicePointer(&ds, hs, 0), "cudaHostGetDevicePointer");
   c->status_dev = ds;
-  c->ws_bytes = cal_env_u64("TPF_CUDA_WORKSPACE_BYTES", 32ull << 20); /* the backend's */
+  c->ws_bytes =
+      cal_env_u64("TPF_CUDA_WORKSPACE_BYTES", 32ull << 20, 0, 1ull << 40); /* the backend's */
   CAL_CU(cudaMalloc(&c->ws, c->ws_bytes), "cudaMalloc(workspace)");
   CAL_LT(cublasLtCreate(&c->lt), "cublasLtCreate");
 
@@ -887,7 +895,7 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   if (peer_dst) cudaFree(peer_dst);
 
   /* Reductions: count views of [rows, H] from A into D. */
-  rep->ctas = (int)cal_env_u64("TPF_CUDA_COMM_CTAS", 16);
+  rep->ctas = (int)cal_env_u64("TPF_CUDA_COMM_CTAS", 16, 1, 1024);
   if (rep->ctas < 1) rep->ctas = 1;
   if (rep->ctas > 1024) rep->ctas = 1024;
   int nr = 0;
