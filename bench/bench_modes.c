@@ -78,6 +78,21 @@ static void worker_argv(const bench_opts *o, int P, const char *exe, const char 
   w->argv[a] = NULL;
 }
 
+/* Appends "; " (when dst is not empty, and txt does not continue a "...: " label) and txt to dst
+ * (n bytes), cutting what does not fit. */
+static void append(char *dst, size_t n, const char *txt) {
+  size_t l = strlen(dst);
+  if (!txt[0] || l + 1 >= n) return;
+  if (l > 0 && (l < 2 || strcmp(dst + l - 2, ": ") != 0)) {
+    memcpy(dst + l, "; ", n - l >= 3 ? 2 : 0);
+    l += n - l >= 3 ? 2 : 0;
+  }
+  size_t t = strlen(txt);
+  if (t > n - 1 - l) t = n - 1 - l;
+  memcpy(dst + l, txt, t);
+  dst[l + t] = 0;
+}
+
 /* Runs the tp section's operations at P with every rank its own process; *res gets the result
  * rank 0 wrote (nops 0 and err[0] saying why when there is none). Returns 0, or 1 on failure. */
 static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
@@ -131,19 +146,19 @@ static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
     memset(res, 0, sizeof *res);
     res->P = P;
   }
-  if (launched && !why[0]) {
-    size_t cl = 0;
-    for (int r = 0; r < P && cl < sizeof why; r++)
-      if (codes[r] != 0)
-        cl += (size_t)snprintf(why + cl, sizeof why - cl, "%srank %d: %s %d", cl ? "; " : "", r,
-                               codes[r] > 128 ? "signal" : "exit status",
-                               codes[r] > 128 ? codes[r] - 128 : codes[r]);
-  }
-  if (!why[0] && have) return 0;
-  /* Keep rank 0's own setup message when it wrote one; else say how the workers ended. */
-  if (!res->setup_err[0])
-    snprintf(res->setup_err, sizeof res->setup_err, "%s%s%s", why, why[0] && !have ? "; " : "",
-             have ? "" : "no result written");
+  /* How every worker ended, whatever rank 0 wrote: a rank that failed before it could say why
+   * (a signal, an exit before the bootstrap) is named here. */
+  char ends[200] = "";
+  for (int r = 0, cl = 0; launched && r < P && cl < (int)sizeof ends; r++)
+    if (codes[r] != 0)
+      cl += snprintf(ends + cl, sizeof ends - (size_t)cl, "%srank %d: %s %d", cl ? ", " : "", r,
+                     codes[r] > 128 ? "signal" : "exit status",
+                     codes[r] > 128 ? codes[r] - 128 : codes[r]);
+  if (!why[0] && !ends[0] && have) return res->setup_err[0] ? 1 : 0;
+  append(res->setup_err, sizeof res->setup_err, why);
+  if (ends[0]) append(res->setup_err, sizeof res->setup_err, "workers ended: ");
+  append(res->setup_err, sizeof res->setup_err, ends);
+  if (!have) append(res->setup_err, sizeof res->setup_err, "no result written");
   return 1;
 }
 
