@@ -193,6 +193,25 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
   int best = 0;
   for (int i = 0; i < r.ncand; i++)
     if (r.cand[i].predicted_us <= fastest * 1.005) best = i;
+  /* prefer_margin: the anchors are no overlap and the communicator's own split count (what a
+   * fixed communicator runs). Another candidate replaces the better anchor only when predicted
+   * faster by more than the margin, so that points within run-to-run spread do not decide. */
+  bool anchored = false;
+  if (t->prefer_margin > 0) {
+    const int own = tpf__layout_splits(d);
+    int anchor = -1;
+    for (int i = 0; i < r.ncand; i++) {
+      const tpf_plan_candidate *c = &r.cand[i];
+      const bool is_anchor =
+          c->baseline || (c->num_splits == own && c->aggregate == (d->aggregate != 0));
+      if (is_anchor && (anchor < 0 || c->predicted_us < r.cand[anchor].predicted_us)) anchor = i;
+    }
+    if (anchor >= 0 && anchor != best &&
+        r.cand[best].predicted_us > r.cand[anchor].predicted_us * (1.0 - t->prefer_margin)) {
+      best = anchor;
+      anchored = true;
+    }
+  }
   r.chosen = best;
   int second = -1;
   for (int i = 0; i < r.ncand; i++)
@@ -203,10 +222,11 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
     snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), the only schedule", b->label, b->predicted_us,
              tpf_plan_source_name(b->source));
   else
-    snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), %.3fx the next best (%s, %.1f us, %s)",
+    snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), %.3fx the next best (%s, %.1f us, %s)%s",
              b->label, b->predicted_us, tpf_plan_source_name(b->source),
              b->predicted_us / r.cand[second].predicted_us, r.cand[second].label,
-             r.cand[second].predicted_us, tpf_plan_source_name(r.cand[second].source));
+             r.cand[second].predicted_us, tpf_plan_source_name(r.cand[second].source),
+             anchored ? "; kept: the faster one is within prefer_margin" : "");
   *out = r;
   return TPF_OK;
 }

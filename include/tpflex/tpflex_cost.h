@@ -20,6 +20,11 @@
  *   gemm <dtype> <m> <n> <k> <us>          a measured GEMM (dtype as tpf_dtype_name: bf16, ...)
  *   shared_device 1                        all P ranks share one GPU: their GEMMs run one at a
  *                                          time across ranks (default 0: a GPU per rank)
+ *   prefer_margin 0.05                     the planner keeps the better of the communicator's
+ *                                          own split count and no overlap unless another
+ *                                          candidate is predicted faster by more than this
+ *                                          fraction (default 0; [0, 0.5)): run-to-run spread
+ *                                          of measured points should not pick a schedule
  *   sched <device> <algo> <coll> <P> <splits> <aggregate> <dtype> <H> <N> <T> <us>
  *                                          a MEASURED schedule (tpflex calibrate --schedules):
  *                                          one whole operation, all P ranks, earliest start to
@@ -88,6 +93,9 @@ struct tpf_cost_table {
                       * time across ranks (default 0: one GPU per rank) */
   int nsched;        /* measured schedules, in the order of the file */
   tpf_cost_sched_point sched[TPF_COST_MAX_SCHED_POINTS];
+  double prefer_margin; /* "prefer_margin F": another candidate wins over the better of the
+                         * communicator's own split count and no overlap only when predicted
+                         * faster by more than the fraction F (default 0) */
 };
 
 /* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number

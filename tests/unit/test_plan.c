@@ -335,6 +335,62 @@ static void test_sched_overturns_model(void **state) {
   assert_true(chosen(&r)->baseline);
 }
 
+/* prefer_margin: RING AG P = 8 at T = 1024 with measured splits 8 (the communicator's own split
+ * count: desc leaves num_splits 0), aggregate 4 and baseline 1. The aggregate is 3 % faster than
+ * the better anchor (the baseline): it wins with no margin and with 2 %, not with 5 %; 10 %
+ * faster wins with 5 % too. */
+static void test_prefer_margin(void **state) {
+  (void)state;
+  char base[1024], text[2048];
+  for (int k = 0; k < 4; k++) {
+    static const double margin[] = {0, 0.02, 0.05, 0.05};
+    static const double aggr_us[] = {97, 97, 97, 90};
+    static const bool aggr_wins[] = {true, true, false, true};
+    snprintf(base, sizeof base, "%s%s", OVERLAP,
+             margin[k] > 0 ? (k == 1 ? "prefer_margin 0.02\n" : "prefer_margin 0.05\n") : "");
+    snprintf(text, sizeof text,
+             "sched dedicated ring ag 8 8 0 bf16 256 256 1024 120\n"
+             "sched dedicated ring ag 8 1 0 bf16 256 256 1024 100\n"
+             "sched dedicated ring ag 8 4 1 bf16 256 256 1024 %.1f\n",
+             aggr_us[k]);
+    tpf_cost_table t = with_points(base, text);
+    assert_true(t.prefer_margin == margin[k]);
+    tpf_plan_result r = predict_at(&t, 8, 1024);
+    print_message("margin %.2f, aggregate %.0f us: %s\n", margin[k], aggr_us[k], r.why);
+    if (aggr_wins[k]) {
+      assert_true(chosen(&r)->aggregate);
+    } else {
+      assert_true(chosen(&r)->baseline);
+      assert_non_null(strstr(r.why, "prefer_margin"));
+    }
+  }
+  /* The own split count is an anchor too: splits 8 at 99 us beats the baseline, and the
+   * aggregate at 97 us (2 % faster) does not displace it under a 5 % margin. */
+  snprintf(base, sizeof base, "%sprefer_margin 0.05\n", OVERLAP);
+  tpf_cost_table t = with_points(base, "sched dedicated ring ag 8 8 0 bf16 256 256 1024 99\n"
+                                       "sched dedicated ring ag 8 1 0 bf16 256 256 1024 100\n"
+                                       "sched dedicated ring ag 8 4 1 bf16 256 256 1024 97\n");
+  tpf_plan_result r = predict_at(&t, 8, 1024);
+  assert_int_equal(chosen(&r)->num_splits, 8);
+  assert_false(chosen(&r)->aggregate);
+  /* Refused values, and the hash: unchanged without the key, changed with it. */
+  static const char *const bad[] = {"prefer_margin 0.5\n", "prefer_margin -0.1\n",
+                                    "prefer_margin\n", "prefer_margin 0.1\nprefer_margin 0.1\n"};
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(bad); i++) {
+    tpf_cost_table out;
+    snprintf(text, sizeof text, "%s%s", OVERLAP, bad[i]);
+    assert_int_equal(tpf_cost_table_parse(text, &out), TPF_EINVAL);
+    assert_non_null(strstr(tpf_last_error(), "prefer_margin"));
+  }
+  tpf_cost_table plain = table_of(OVERLAP), zero, with;
+  snprintf(text, sizeof text, "%sprefer_margin 0\n", OVERLAP);
+  zero = table_of(text);
+  snprintf(text, sizeof text, "%sprefer_margin 0.05\n", OVERLAP);
+  with = table_of(text);
+  assert_true(tpf__cost_table_hash(&plain) == tpf__cost_table_hash(&zero));
+  assert_true(tpf__cost_table_hash(&plain) != tpf__cost_table_hash(&with));
+}
+
 /* An adaptive communicator on a table with points: choices equal tpf_plan_predict's, and
  * neither a miss (which may replay a second T for the scaling) nor a hit allocates. */
 static void test_sched_adaptive_no_alloc(void **state) {
@@ -470,6 +526,7 @@ int main(void) {
       cmocka_unit_test(test_adaptive_comm),
       cmocka_unit_test(test_sched_interpolation),
       cmocka_unit_test(test_sched_overturns_model),
+      cmocka_unit_test(test_prefer_margin),
       cmocka_unit_test(test_sched_adaptive_no_alloc),
       cmocka_unit_test(test_sched_same_on_sim_ranks),
   };
