@@ -65,6 +65,7 @@ typedef struct {
   int ps[BENCH_MAX_PS];
   unsigned modes;           /* BENCH_MODE_* of the tp section */
   uint64_t proc_timeout_ms; /* bound of one process group's run (procs mode) */
+  uint64_t arena_bytes;     /* --arena-mib: the simulator's arena (0: its default, 1 GiB) */
   /* the planner section */
   const tpf_cost_table *cost; /* the table of the adaptive communicators and the predictions */
   const char *cost_used;      /* the file it came from */
@@ -73,6 +74,9 @@ typedef struct {
   int pnns; /* N values */
   uint64_t pns[2];
 } bench_opts;
+
+/* --arena-mib as typed (default 1024): bench_note adds it to an arena failure's message. */
+extern uint64_t bench_sim_arena_mib;
 
 /* ---- rank groups (bench_group.c) ----------------------------------------------------------- */
 

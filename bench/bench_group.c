@@ -125,6 +125,7 @@ static tpf_status group_create(const bench_opts *o, int tp, const tpf_bootstrap 
       cfg.tp_size = tp;
       cfg.seed = 1;
       cfg.timeout_ms = 60000;
+      cfg.arena_bytes = o->arena_bytes;
       tpf_sim_world *w = NULL;
       st = tpf_sim_world_create(&cfg, &w);
       g->sim_world = w;

@@ -33,6 +33,7 @@ enum {
   B_TP_LIST,
   B_TIMEOUT,
   B_PROC_WORKER,
+  B_ARENA,
   B_NOPTS
 };
 static const cli_opt kBenchOpts[B_NOPTS] = {
@@ -98,6 +99,9 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                        "internal: one rank of the tp section's procs mode (the launcher starts "
                        "it)",
                        0, false},
+    [B_ARENA] = {"--arena-mib", CLI_U64, 1, 1u << 20, NULL, "MIB",
+                 "simulator: size of the shared arena all registrations live in (default 1024)", 0,
+                 false},
 };
 static const char kIntro[] = "usage: tpflex bench [options]   (every option is optional)";
 static const char kOutro[] =
@@ -111,10 +115,11 @@ static const char kOutro[] =
     "planner)  P = 2,4,8 and T = C/64 .. C: fixed split, no overlap and the T-adaptive planner\n"
     "side by side, adaptive / min(fixed, no overlap), and the cost model's prediction and error\n"
     "(N = 3584 and 1024 on cuda, 256 and 64 on sim, or --n; --iters default cuda 15, sim 3).\n"
-    "On the simulator every registration lives in one shared arena of 1 GiB (tpf_sim_config\n"
-    "arena_bytes; not an option here): about P x C x H x 2 bytes per communicator must fit, so\n"
-    "large --capacity x --hidden fail with a message naming the simulator arena; use tpflex demo\n"
-    "--arena-mib or the CUDA backend for larger shapes.\n";
+    "On the simulator every registration lives in one shared arena (--arena-mib, default\n"
+    "1024): about P x C x H x 2 bytes per communicator must fit; a shape that does not is\n"
+    "reported naming --arena-mib and its value. --capacity is checked up front against every\n"
+    "layout the sections use (P of --tp and the tp section, C/8 steps of section 1), and a bad\n"
+    "one is refused with the smallest capacity that fits.\n";
 
 /* An output file that cannot be opened fails the command before the benchmark runs. */
 static int check_writable(const cli_ctx *ctx, const char *opt, const char *path) {
@@ -153,6 +158,61 @@ static int parse_list(const cli_ctx *ctx, const char *opt, const char *text, uin
     if (!e) return n;
     p = e + 1;
   }
+}
+
+/* Whether every layout the sections use accepts capacity c: RING AG, RING RS and PIPELINE RS
+ * (their default split counts, bf16, H columns, 16-byte alignment as the CUDA backend and the
+ * simulator's default) for P = --tp and every P of the tp section, and, for section 1, C/8
+ * divisible by P (it cycles T over C/8, C/4, C/2, C). On failure `why` holds the first rule. */
+static bool capacity_fits(const bench_opts *o, uint64_t c, char *why, size_t len) {
+  int ps[BENCH_MAX_PS + 1], np = 0;
+  ps[np++] = o->tp;
+  for (int i = 0; i < o->nps; i++)
+    ps[np++] = o->ps[i];
+  static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_RING, TPF_ALGO_PIPELINE};
+  static const tpf_coll colls[] = {TPF_COLL_AG, TPF_COLL_RS, TPF_COLL_RS};
+  for (int i = 0; i < np; i++) {
+    const int P = ps[i];
+    if ((o->sections & BENCH_SEC_SETSHAPE) && (c % 8 != 0 || (c / 8) % (uint64_t)P != 0)) {
+      snprintf(why, len, "section 1 cycles T over C/8 .. C, so C/8 must be a multiple of P = %d",
+               P);
+      return false;
+    }
+    for (int k = 0; k < 3; k++) {
+      tpf_layout_desc d;
+      memset(&d, 0, sizeof d);
+      d.tp_size = P;
+      d.algo = algos[k];
+      d.coll = colls[k];
+      d.dtype = TPF_BF16;
+      d.capacity = (tpf_shape){c, o->hidden};
+      d.active = d.capacity;
+      if (tpf_layout_check(&d) != TPF_OK) {
+        snprintf(why, len, "P = %d %s %s: %s", P, tpf_algo_name(d.algo), tpf_coll_name(d.coll),
+                 tpf_last_error());
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+/* -1 when --capacity fits every layout; else 2 after naming the rule it breaks and the smallest
+ * capacity at or above it that fits (or saying there is none up to the option's maximum). */
+static int check_capacity(const cli_ctx *ctx, const bench_opts *o) {
+  char why[384];
+  if (capacity_fits(o, o->capacity, why, sizeof why)) return -1;
+  char scratch[384];
+  const uint64_t max = kBenchOpts[B_CAP].max;
+  for (uint64_t c = o->capacity + 1; c <= max; c++)
+    if (capacity_fits(o, c, scratch, sizeof scratch))
+      return cli_error(ctx,
+                       "--capacity %llu does not fit: %s; the smallest capacity >= %llu that every "
+                       "section accepts is %llu (or change --hidden, --tp, --tp-list, --section)",
+                       (unsigned long long)o->capacity, why, (unsigned long long)o->capacity,
+                       (unsigned long long)c);
+  return cli_error(ctx, "--capacity %llu does not fit: %s; no capacity up to %llu does",
+                   (unsigned long long)o->capacity, why, (unsigned long long)max);
 }
 
 int tpf_cmd_bench(int argc, char **argv) {
@@ -224,6 +284,9 @@ int tpf_cmd_bench(int argc, char **argv) {
     fprintf(stderr, "tpflex bench: allocator hooks refused (%s); allocation counts are void\n",
             tpf_last_error());
 
+  if (v[B_ARENA].set && o.cuda) return cli_error(&ctx, "--arena-mib applies to --backend sim only");
+  o.arena_bytes = v[B_ARENA].set ? v[B_ARENA].u << 20 : 0;
+  bench_sim_arena_mib = v[B_ARENA].set ? v[B_ARENA].u : 1024;
   o.tp = tp ? (int)tp : (o.cuda ? 8 : 4);
   o.capacity = cap ? cap : (o.cuda ? 32768 : 1024);
   o.hidden = hid ? hid : (o.cuda ? 8192 : 256);
@@ -263,6 +326,7 @@ int tpf_cmd_bench(int argc, char **argv) {
     for (int P = 2; P <= 8; P *= 2)
       if (P <= o.tp || P == 2) o.ps[o.nps++] = P;
   }
+  if (!v[B_PROC_WORKER].set && (prc = check_capacity(&ctx, &o)) >= 0) return prc;
   /* The tp section's T sweep: --tokens (C added), else GPU {1k, 2k, ..., C} (at most 32k steps of
    * 2), simulator C/8..C. */
   if (v[B_TOKENS].set) {

@@ -73,6 +73,11 @@ static void worker_argv(const bench_opts *o, int P, const char *exe, const char 
                             (unsigned long long)o->tps[i]);
   w->argv[a++] = "--tokens";
   w->argv[a++] = w->tokens;
+  if (!o->cuda && o->arena_bytes != 0) {
+    snprintf(w->num[n], sizeof w->num[n], "%llu", (unsigned long long)(o->arena_bytes >> 20));
+    w->argv[a++] = "--arena-mib";
+    w->argv[a++] = w->num[n++];
+  }
   w->argv[a++] = "--proc-worker";
   w->argv[a++] = (char *)path;
   w->argv[a] = NULL;

@@ -192,12 +192,21 @@ void bench_row_end(void) {
   ncells = 0;
 }
 
+uint64_t bench_sim_arena_mib = 1024;
+
 void bench_note(const char *fmt, ...) {
   char buf[512];
   va_list ap;
   va_start(ap, fmt);
   vsnprintf(buf, sizeof(buf), fmt, ap);
   va_end(ap);
+  /* The simulator names its own knob (tpf_sim_config.arena_bytes); bench's is --arena-mib. */
+  if (strstr(buf, "simulator arena") != NULL) {
+    const size_t used = strlen(buf);
+    snprintf(buf + used, sizeof(buf) - used,
+             " -- tpflex bench: raise it with --arena-mib, now %llu",
+             (unsigned long long)bench_sim_arena_mib);
+  }
   progress_clear();
   printf("# %s\n", buf);
   fflush(stdout);

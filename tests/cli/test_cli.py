@@ -45,6 +45,7 @@ NUMS = [
     ("bench", "--tp", 1, 64), ("bench", "--capacity", 1, 2**20), ("bench", "--hidden", 1, 2**16),
     ("bench", "--n", 1, 2**16), ("bench", "--iters", 1, 1000), ("bench", "--warmup", 0, 1000),
     ("bench", "--calls", 100, 1000000000), ("bench", "--timeout", 1, 86400),
+    ("bench", "--arena-mib", 1, 2**20),
     ("calibrate", "--device", 0, 63), ("calibrate", "--peer-device", 0, 63),
     ("calibrate", "--hidden", 64, 2**16), ("calibrate", "--n", 64, 2**16),
     ("calibrate", "--iters", 3, 1000),
@@ -397,6 +398,14 @@ for over, want in [({"--capacity": "33"}, 36), ({"--tp": "3", "--capacity": "100
          0, out="every check OK")
 case("demo hidden not a multiple", argv(D, {"--tp": "4", "--capacity": "32", "--hidden": "18"}),
      2, err="--hidden '18' is not a multiple of --tp 4")
+case("bench capacity checked up front", [TPF, "bench", "--capacity", "100", "--hidden", "64"], 2,
+     err=["--capacity 100 does not fit", "C/8 must be a multiple of P = 4",
+          "the smallest capacity >= 100 that every section accepts is 128"])
+case("bench capacity suggestion runs", [TPF, "bench", "--capacity", "128", "--hidden", "64",
+                                        "--section", "setshape", "--calls", "100", "--quick"], 0)
+case("bench arena too small names --arena-mib",
+     [TPF, "bench", "--section", "dynamic", "--capacity", "1024", "--hidden", "4096",
+      "--arena-mib", "1", "--quick"], "nonzero", out="raise it with --arena-mib, now 1")
 case("demo arena too small", argv(D, {"--arena-mib": "1", "--capacity": "4096",
                                       "--hidden": "1024"}), 1, out="--arena-mib")
 case("demo backend cuda without CUDA or GPU", argv(D, {"--backend": "cuda"}), "nonzero")
