@@ -39,29 +39,11 @@ SUMMARY=$OUT/summary.txt
 : >"$SUMMARY"
 note() { echo "$*" | tee -a "$SUMMARY"; }
 
-{
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
-  nvidia-smi -q 2>/dev/null | grep -i -E 'compute mode|mps' | head -4
-  nvcc --version | tail -2
-  date -u
-  echo "commit $(git -C "$ROOT" rev-parse HEAD 2>/dev/null), $(git -C "$ROOT" status --short 2>/dev/null | wc -l) changed files"
-} >"$OUT/env.txt" 2>&1
-note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
-
-if ! cmake --build "$BUILD" -j "$(nproc)" --target tpflex_cli >"$OUT/build.log" 2>&1; then
-  note "build of tpflex_cli in $BUILD FAILED (build.log)"; tail -30 "$OUT/build.log"; exit 1
-fi
+. "$ROOT/scripts/gpu_cli_lib.sh"
+gpu_cli_preamble
 T0=$(date +%s)
 
-# step NAME LIMIT CMD...: stdout to $OUT/NAME.txt and stderr to $OUT/NAME.err, both also shown.
-step() {
-  local name=$1 limit=$2; shift 2
-  local s0; s0=$(date +%s)
-  timeout --signal=KILL "$limit" "$@" 2> >(tee "$OUT/$name.err" >&2) | tee "$OUT/$name.txt"
-  local rc=${PIPESTATUS[0]}
-  note "$(printf '%-14s rc=%-3s %4s s' "$name" "$rc" "$(( $(date +%s) - s0 ))")"
-  return "$rc"
-}
+step() { gpu_step 14 "$@"; }
 
 # modes NAME LIMIT PLIST: both modes at the P values PLIST, within LIMIT seconds.
 modes() {
