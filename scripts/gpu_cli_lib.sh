@@ -1,6 +1,10 @@
 # Shared by the GPU scripts that run the tpflex CLI (scripts/gpu_planner.sh, scripts/gpu_modes.sh):
-# the environment record, the CLI build, and the bounded, logged step. Source it after setting
-# ROOT, BUILD, OUT and SUMMARY and defining note().
+# the summary file and note(), the environment record, the CLI build, and the bounded, logged
+# step. Source it after setting ROOT, BUILD and OUT (created); it starts $OUT/summary.txt empty.
+
+SUMMARY=$OUT/summary.txt
+: >"$SUMMARY"
+note() { echo "$*" | tee -a "$SUMMARY"; }
 
 # Writes $OUT/env.txt (GPU, compute mode and MPS, nvcc, date, commit), notes the GPU, and brings
 # the tpflex_cli target of $BUILD up to date (exits 1 if that fails).

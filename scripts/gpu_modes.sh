@@ -35,11 +35,7 @@ export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 # A bootstrap wait of a rank process (a peer that died or hangs) fails after 60 s, not 120 s.
 export TPF_BOOT_TIMEOUT_MS=${TPF_BOOT_TIMEOUT_MS:-60000}
 TPF=$BUILD/tpflex
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-
-. "$ROOT/scripts/gpu_cli_lib.sh"
+. "$ROOT/scripts/gpu_cli_lib.sh" # SUMMARY, note, gpu_cli_preamble, gpu_step
 gpu_cli_preamble
 T0=$(date +%s)
 

@@ -42,11 +42,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-32}
 TPF=$BUILD/tpflex
 SHIPPED=$ROOT/data/cost/h200.txt
-SUMMARY=$OUT/summary.txt
-: >"$SUMMARY"
-note() { echo "$*" | tee -a "$SUMMARY"; }
-
-. "$ROOT/scripts/gpu_cli_lib.sh"
+. "$ROOT/scripts/gpu_cli_lib.sh" # SUMMARY, note, gpu_cli_preamble, gpu_step
 gpu_cli_preamble
 T0=$(date +%s)
 
