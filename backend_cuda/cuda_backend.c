@@ -241,6 +241,27 @@ tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
   return TPF_OK;
 }
 
+tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stats *out) {
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
+                "tpf_cuda_backend_enqueue_stats: not a CUDA backend, or out is NULL");
+  const size_t size = out->size == 0 ? sizeof(*out) : out->size;
+  TPF_RETURN_IF(size > sizeof(*out) || size < sizeof(out->size), TPF_EINVAL,
+                "tpf_cuda_backend_enqueue_stats: size %zu outside %zu..%zu", size,
+                sizeof(out->size), sizeof(*out));
+  tpf_cuda_enqueue_stats s = tpf_cuda__of(be)->enq;
+  s.size = size;
+  memcpy(out, &s, size);
+  return TPF_OK;
+}
+
+const char *tpf_cuda_enq_kind_name(tpf_cuda_enq_kind k) {
+  static const char *const names[TPF_CUDA_ENQ_COUNT] = {
+      [TPF_CUDA_ENQ_GEMM] = "gemm",     [TPF_CUDA_ENQ_COPY] = "copy",
+      [TPF_CUDA_ENQ_SIGNAL] = "signal", [TPF_CUDA_ENQ_RECORD] = "record",
+      [TPF_CUDA_ENQ_WAIT] = "wait",     [TPF_CUDA_ENQ_PEER_WAIT] = "peer_wait"};
+  return (unsigned)k < TPF_CUDA_ENQ_COUNT ? names[k] : "?";
+}
+
 /* The configuration exchange of tpf_comm_create (tpf_backend_ops.allgather): over the bootstrap,
  * bounded by this backend's timeout where the bootstrap allows it (tpflex's threads and NCCL
  * bootstraps; a caller's own bootstrap waits as its allgather does: cuda_bootstrap.c). No device

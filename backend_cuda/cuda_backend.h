@@ -99,6 +99,10 @@ typedef struct {
    * host bounds them: sync polls (tpf_cuda__stream_wait_bounded) and releases on a timeout. */
   tpf_reg *memops_regs;        /* registrations on the memops transport */
   cudaStream_t release_stream; /* created with the first of them */
+  /* Host cost of execute (tpf_cuda_backend_enqueue_stats): the rank's thread only. */
+  tpf_cuda_enqueue_stats enq;
+  /* The lean enqueue of in-process groups (cuda_exec.c, TPF_CUDA_LEAN_ENQUEUE). */
+  bool lean;
 } tpf_cuda_backend;
 
 static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
@@ -109,6 +113,24 @@ static inline uint64_t tpf_cuda__now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+/* Counts one CUDA or cuBLASLt call of execute under kind k with the host time it took:
+ *   TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(ev, s)), "cudaEventRecord(x)");
+ * evaluates to the call's value. A GNU statement expression (gcc and clang, as the rest of the
+ * backend's host code is built). */
+#define TPF_CUDA_ENQ(b, k, call)                                                                   \
+  __extension__({                                                                                  \
+    const uint64_t tpf_enq_t0_ = tpf_cuda__now_ns();                                               \
+    __typeof__(call) tpf_enq_rv_ = (call);                                                         \
+    (b)->enq.calls[TPF_CUDA_ENQ_##k]++;                                                            \
+    (b)->enq.ns[TPF_CUDA_ENQ_##k] += tpf_cuda__now_ns() - tpf_enq_t0_;                             \
+    tpf_enq_rv_;                                                                                   \
+  })
+/* Adds a host wait for a peer that started at t0 (now_ns) to the PEER_WAIT kind. */
+static inline void tpf_cuda__enq_peer_wait(tpf_cuda_backend *b, uint64_t t0) {
+  b->enq.calls[TPF_CUDA_ENQ_PEER_WAIT]++;
+  b->enq.ns[TPF_CUDA_ENQ_PEER_WAIT] += tpf_cuda__now_ns() - t0;
 }
 
 /* ---- transports (cuda_transport*.c): what orders a rank's steps after its peers' ----

@@ -113,9 +113,10 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     tpf_cuda_epi e;
     tpf_cuda__step_epi(a, st, &vd, &e);
     /* Transposed operands: resolve gave the stored block's first element and the stored ld. */
-    return tpf_cuda__gemm_run_ex(b->gemm, va.ptr, va.dtype, va.ld, vw.ptr, vw.dtype, vw.ld, vd.ptr,
-                                 vd.dtype, vd.ld, st->m, st->n, st->k, st->flags, &e, sm_target, ws,
-                                 s);
+    return TPF_CUDA_ENQ(b, GEMM,
+                        tpf_cuda__gemm_run_ex(b->gemm, va.ptr, va.dtype, va.ld, vw.ptr, vw.dtype,
+                                              vw.ld, vd.ptr, vd.dtype, vd.ld, st->m, st->n, st->k,
+                                              st->flags, &e, sm_target, ws, s));
   }
   case TPF_STEP_SEND: {
     TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
@@ -124,12 +125,15 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     char *dst = r->peer_base[st->peer] + st->dst_off;
     const char *src = r->base + st->src_off;
     if (sc->algo == TPF_ALGO_BULK) {
-      TPF_CUDA_TRY(tpf_cuda__launch_copy(dst, src, st->bytes, b->status_dev, b->comm_ctas, s),
-                   "copy kernel launch");
+      TPF_CUDA_TRY(
+          TPF_CUDA_ENQ(b, COPY,
+                       tpf_cuda__launch_copy(dst, src, st->bytes, b->status_dev, b->comm_ctas, s)),
+          "copy kernel launch");
     } else {
       /* Copy engine: no SMs. Runs even after a failed handshake (cuda_status.c, Failures). */
-      TPF_CUDA_TRY(cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s),
-                   "cudaMemcpyAsync(send)");
+      TPF_CUDA_TRY(
+          TPF_CUDA_ENQ(b, COPY, cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s)),
+          "TPF_CUDA_ENQ(b, COPY, cudaMemcpyAsync(send))");
     }
     return r->peer_tp[st->peer]->send(b, r, a, idx, st, s);
   }
@@ -172,8 +176,9 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     ra.cols = st->n;
     ra.count = (int32_t)st->count;
     tpf_cuda__step_epi(a, st, &vd, &ra.epi);
-    TPF_CUDA_TRY(tpf_cuda__launch_reduce(&ra, b->status_dev, b->comm_ctas, s),
-                 "reduce kernel launch");
+    TPF_CUDA_TRY(
+        TPF_CUDA_ENQ(b, COPY, tpf_cuda__launch_reduce(&ra, b->status_dev, b->comm_ctas, s)),
+        "reduce kernel launch");
     return TPF_OK;
   }
   default:
@@ -208,7 +213,8 @@ static tpf_status tpf_cuda__wait_deps(tpf_cuda_backend *b, const tpf_schedule *s
   for (int k = 0; k < st->ndeps; k++) {
     const int d = st->deps[k];
     if (b->streams[sc->steps[d].stream] != s)
-      TPF_CUDA_TRY(cudaStreamWaitEvent(s, b->step_ev[d], 0), "cudaStreamWaitEvent(dep)");
+      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, b->step_ev[d], 0)),
+                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(dep))");
   }
   return TPF_OK;
 }
@@ -285,7 +291,9 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
         TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
         TPF_CHECK(tpf_cuda__step(b, r, a, i, st, s));
       }
-      if (b->need_ev[i]) TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
+      if (b->need_ev[i])
+        TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[i], s)),
+                     "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(step))");
       state[i] = 2;
       remaining--;
       progress = true;
@@ -295,6 +303,7 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
       next[k] = j;
     }
     if (progress) {
+      if (idle_since != 0) tpf_cuda__enq_peer_wait(b, idle_since);
       idle_since = 0;
       continue;
     }
@@ -322,7 +331,8 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
   return TPF_OK;
 }
 
-tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {
+static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a,
+                                         void *stream) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
   const tpf_schedule *sc = a->sched;
   TPF_RETURN_IF(sc->tp_size != be->tp_size || sc->rank != be->rank, TPF_EINVAL,
@@ -369,11 +379,13 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
   TPF_CUDA_TRACE(EXEC, be->rank, "'%s' operation %llu: %d steps, %s enqueuer", a->comm_name,
                  (unsigned long long)a->seq, n,
                  be->tp_size > 1 && r->tp->host_ordered ? "polling" : "schedule-order");
-  TPF_CUDA_TRY(cudaEventRecord(b->fork_ev, user), "cudaEventRecord(fork)");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->fork_ev, user)),
+               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(fork))");
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     /* Aliased compute streams are forked once. */
     if (used[k] && (k == 0 || b->streams[k] != b->streams[0] || !used[0]))
-      TPF_CUDA_TRY(cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0), "cudaStreamWaitEvent(fork)");
+      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0)),
+                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(fork))");
   }
   if (be->tp_size > 1 && r->tp->host_ordered) {
     TPF_CHECK(tpf_cuda__enqueue_local(b, r, a));
@@ -385,15 +397,28 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
       tpf_status rc = tpf_cuda__step(b, r, a, i, st, s);
       if (rc != TPF_OK)
         return rc; /* the enqueued prefix joins nothing: the caller's stream is not ordered */
-      if (b->need_ev[i]) TPF_CUDA_TRY(cudaEventRecord(b->step_ev[i], s), "cudaEventRecord(step)");
+      if (b->need_ev[i])
+        TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[i], s)),
+                     "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(step))");
     }
   }
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     if (!used[k] ||
         (k > 0 && k < TPF_MAX_COMPUTE_STREAMS && b->streams[k] == b->streams[0] && used[0]))
       continue;
-    TPF_CUDA_TRY(cudaEventRecord(b->join_ev[k], b->streams[k]), "cudaEventRecord(join)");
-    TPF_CUDA_TRY(cudaStreamWaitEvent(user, b->join_ev[k], 0), "cudaStreamWaitEvent(join)");
+    TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->join_ev[k], b->streams[k])),
+                 "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(join))");
+    TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(user, b->join_ev[k], 0)),
+                 "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(join))");
   }
   return TPF_OK;
+}
+
+tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {
+  tpf_cuda_backend *b = tpf_cuda__of(be);
+  const uint64_t t0 = tpf_cuda__now_ns();
+  tpf_status rc = tpf_cuda__execute_body(be, r, a, stream);
+  b->enq.ops++;
+  b->enq.host_ns += tpf_cuda__now_ns() - t0;
+  return rc;
 }

@@ -57,6 +57,7 @@ static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, tpf_reg *r, const tpf
   for (unsigned spins = 0;; spins++) {
     uint64_t w = atomic_load_explicit(&slot->word, memory_order_acquire);
     if (TPF_READY_SEQ(w) == (want & TPF_READY_SEQ_MASK)) {
+      if (spins > 0) tpf_cuda__enq_peer_wait(b, start);
       *seen = w;
       return TPF_OK;
     }
@@ -91,7 +92,8 @@ static tpf_status tpf_cuda__ev_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
   const int par = (int)(a->seq & 1u);
   const uint64_t rows = a->sched->rows;
   cudaEvent_t ev = r->ready_ev[par];
-  TPF_CUDA_TRY(cudaEventRecord(ev, s), "cudaEventRecord(handshake)");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(ev, s)),
+               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(handshake))");
   const uint64_t word = TPF_READY_WORD(a->seq, a->sched->op_key, rows);
   tpf_cuda__publish(&r->sync->ready[me * 2 + par], ev, word);
   int bad = -1;
@@ -117,8 +119,8 @@ static tpf_status tpf_cuda__ev_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
                 tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
   for (int q = 0; q < P; q++)
     if (q != me)
-      TPF_CUDA_TRY(cudaStreamWaitEvent(s, r->sync->ready[q * 2 + par].ev, 0),
-                   "cudaStreamWaitEvent(handshake)");
+      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, r->sync->ready[q * 2 + par].ev, 0)),
+                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(handshake))");
   return TPF_OK;
 }
 
@@ -126,7 +128,8 @@ static tpf_status tpf_cuda__ev_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
 static tpf_status tpf_cuda__ev_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   const int P = b->base.tp_size, me = b->base.rank;
-  TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(send)");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[idx], s)),
+               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(send))");
   tpf_cuda__publish(
       &r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS + st->tag],
       b->step_ev[idx], a->seq);
@@ -150,7 +153,8 @@ static tpf_status tpf_cuda__ev_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
   (void)a;
   (void)idx;
   tpf_cuda_slot *slot = tpf_cuda__ev_recv_slot(b, r, st);
-  TPF_CUDA_TRY(cudaStreamWaitEvent(s, slot->ev, 0), "cudaStreamWaitEvent(recv)");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, slot->ev, 0)),
+               "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(recv))");
   return TPF_OK;
 }
 
@@ -159,7 +163,8 @@ static tpf_status tpf_cuda__ev_barrier_arrive(tpf_cuda_backend *b, tpf_reg *r,
                                               const tpf_exec_args *a, int idx, const tpf_step *st,
                                               cudaStream_t s) {
   const int me = b->base.rank;
-  TPF_CUDA_TRY(cudaEventRecord(b->step_ev[idx], s), "cudaEventRecord(barrier)");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[idx], s)),
+               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(barrier))");
   tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[idx],
                     a->seq);
   return TPF_OK;
@@ -183,9 +188,10 @@ static tpf_status tpf_cuda__ev_barrier(tpf_cuda_backend *b, tpf_reg *r, const tp
   const int P = b->base.tp_size, me = b->base.rank;
   for (int q = 0; q < P; q++)
     if (q != me)
-      TPF_CUDA_TRY(
-          cudaStreamWaitEvent(s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0),
-          "cudaStreamWaitEvent(barrier)");
+      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT,
+                                cudaStreamWaitEvent(
+                                    s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0)),
+                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(barrier))");
   return TPF_OK;
 }
 

@@ -73,7 +73,7 @@ static tpf_status tpf_cuda__fl_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
     f.remote[q] = tpf_cuda__ready(r, q, me, a->seq);
     f.local[q] = tpf_cuda__ready(r, me, q, a->seq);
   }
-  return tpf_cuda__launch_flags_checked(&f, s);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
 }
 
 static tpf_status tpf_cuda__fl_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
@@ -83,7 +83,7 @@ static tpf_status tpf_cuda__fl_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
   tpf_cuda_flag_args f;
   tpf_cuda__flag_init(b, a, TPF_STEP_SEND, st->tag, &f);
   f.remote[st->peer] = tpf_cuda__flags(r, st->peer) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
-  return tpf_cuda__launch_flags_checked(&f, s);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
 }
 
 static tpf_status tpf_cuda__fl_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
@@ -93,7 +93,7 @@ static tpf_status tpf_cuda__fl_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
   tpf_cuda_flag_args f;
   tpf_cuda__flag_init(b, a, TPF_STEP_RECV, st->tag, &f);
   f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
-  return tpf_cuda__launch_flags_checked(&f, s);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
 }
 
 static tpf_status tpf_cuda__fl_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
@@ -107,7 +107,7 @@ static tpf_status tpf_cuda__fl_barrier(tpf_cuda_backend *b, tpf_reg *r, const tp
     f.remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
     f.local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
   }
-  return tpf_cuda__launch_flags_checked(&f, s);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
 }
 
 /* Ranks in other processes agree on the host before anything is enqueued (cuda_hostsync.c). */
@@ -126,9 +126,12 @@ static void tpf_cuda__fl_free(tpf_cuda_backend *b, tpf_reg *r) {
 static tpf_status tpf_cuda__fl_agree(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a) {
   const tpf_schedule *sc = a->sched;
   if (r->hostsync == NULL) return TPF_OK;
-  return tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq,
-                                  TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows)),
-                                  b->timeout_ns);
+  const uint64_t t0 = tpf_cuda__now_ns();
+  tpf_status rc = tpf_cuda__hostsync_agree(r->hostsync, a->comm_name, a->seq,
+                                           TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows)),
+                                           b->timeout_ns);
+  tpf_cuda__enq_peer_wait(b, t0);
+  return rc;
 }
 
 const tpf_cuda_transport tpf_cuda__transport_flags = {
@@ -258,25 +261,29 @@ static tpf_status tpf_cuda__mo_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
     remote[q] = tpf_cuda__hs_word(r, q, me);
     local[q] = tpf_cuda__hs_word(r, me, q);
   }
-  return tpf_cuda__mo_exchange(remote, local, P, a->seq, s, "cuStreamBatchMemOp(handshake)");
+  return TPF_CUDA_ENQ(
+      b, SIGNAL,
+      tpf_cuda__mo_exchange(remote, local, P, a->seq, s, "cuStreamBatchMemOp(handshake)"));
 }
 
 static tpf_status tpf_cuda__mo_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
   uint64_t *w = tpf_cuda__flags(r, st->peer) + (uint64_t)b->base.rank * TPF_MAX_TAGS + st->tag;
-  return tpf_cuda__cu(
-      tpf_cuda__mo.write64((CUstream)s, tpf_cuda__dptr(w), a->seq, CU_STREAM_WRITE_VALUE_DEFAULT),
-      "cuStreamWriteValue64(send)");
+  return TPF_CUDA_ENQ(b, SIGNAL,
+                      tpf_cuda__cu(tpf_cuda__mo.write64((CUstream)s, tpf_cuda__dptr(w), a->seq,
+                                                        CU_STREAM_WRITE_VALUE_DEFAULT),
+                                   "cuStreamWriteValue64(send)"));
 }
 
 static tpf_status tpf_cuda__mo_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
   uint64_t *w = tpf_cuda__flags(r, b->base.rank) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
-  return tpf_cuda__cu(
-      tpf_cuda__mo.wait64((CUstream)s, tpf_cuda__dptr(w), a->seq, CU_STREAM_WAIT_VALUE_GEQ),
-      "cuStreamWaitValue64(recv)");
+  return TPF_CUDA_ENQ(b, SIGNAL,
+                      tpf_cuda__cu(tpf_cuda__mo.wait64((CUstream)s, tpf_cuda__dptr(w), a->seq,
+                                                       CU_STREAM_WAIT_VALUE_GEQ),
+                                   "cuStreamWaitValue64(recv)"));
 }
 
 static tpf_status tpf_cuda__mo_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
@@ -290,7 +297,8 @@ static tpf_status tpf_cuda__mo_barrier(tpf_cuda_backend *b, tpf_reg *r, const tp
     remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
     local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
   }
-  return tpf_cuda__mo_exchange(remote, local, P, a->seq, s, "cuStreamBatchMemOp(barrier)");
+  return TPF_CUDA_ENQ(
+      b, SIGNAL, tpf_cuda__mo_exchange(remote, local, P, a->seq, s, "cuStreamBatchMemOp(barrier)"));
 }
 
 static tpf_status tpf_cuda__mo_connect(tpf_cuda_backend *b, tpf_reg *r,

@@ -43,6 +43,36 @@ typedef struct {
 } tpf_cuda_stats;
 TPF_API tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out);
 
+/* Where tpf_* calls of this rank spend host time (issue 13): cumulative since the backend was
+ * created; take differences around the operations you time. Every CUDA and cuBLASLt call an
+ * operation makes is counted in one kind, with the host time it took (CLOCK_MONOTONIC around the
+ * call); PEER_WAIT is host time spent waiting for a peer rank to reach the same point of its
+ * program (in-process handshake, the polling enqueuer's idle time, the host agreement of ranks in
+ * other processes), counted once per wait that had to wait. host_ns is the whole time inside the
+ * backend's execute, so host_ns minus the kinds' ns is the backend's own bookkeeping. Read it
+ * from the rank's own thread (the counters are the rank's, not atomic). */
+typedef enum {
+  TPF_CUDA_ENQ_GEMM,      /* cublasLtMatmul, fallback GEMM kernels */
+  TPF_CUDA_ENQ_COPY,      /* cudaMemcpyAsync, copy and reduction kernels */
+  TPF_CUDA_ENQ_SIGNAL,    /* flag kernels and stream memory operations (ranks in other processes) */
+  TPF_CUDA_ENQ_RECORD,    /* cudaEventRecord */
+  TPF_CUDA_ENQ_WAIT,      /* cudaStreamWaitEvent */
+  TPF_CUDA_ENQ_PEER_WAIT, /* host waits for a peer (no CUDA call) */
+  TPF_CUDA_ENQ_COUNT
+} tpf_cuda_enq_kind;
+typedef struct {
+  size_t size;      /* sizeof(tpf_cuda_enqueue_stats) as the caller compiled it; 0: this header's */
+  uint64_t ops;     /* operations executed (calls of the backend's execute) */
+  uint64_t host_ns; /* host time inside them */
+  uint64_t calls[TPF_CUDA_ENQ_COUNT];
+  uint64_t ns[TPF_CUDA_ENQ_COUNT];
+} tpf_cuda_enqueue_stats;
+/* Fills *out (up to out->size bytes). TPF_EINVAL for a non-CUDA backend, NULL out or a size
+ * larger than this header's; a smaller nonzero size gets the fields it has room for. */
+TPF_API tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stats *out);
+/* The kind's short name ("gemm", "copy", "signal", "record", "wait", "peer_wait"), or "?". */
+TPF_API const char *tpf_cuda_enq_kind_name(tpf_cuda_enq_kind k);
+
 /* In-process ranks (threads, possibly several on one GPU): one group object shared by the
  * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
 typedef struct tpf_cuda_threads tpf_cuda_threads;
