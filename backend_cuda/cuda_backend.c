@@ -110,6 +110,9 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
   tpf__free(b->step_ev);
   tpf__free(b->need_ev);
   tpf__free(b->step_state);
+  tpf__free(b->step_virt);
+  tpf__free(b->step_prev);
+  tpf__free(b->step_pev);
   for (int i = 0; i < TPF_NUM_STREAMS; i++) {
     if (b->join_ev[i] != NULL) cudaEventDestroy(b->join_ev[i]);
     if (b->streams[i] != NULL && (i < b->compute_streams || i >= TPF_STREAM_SEND))
@@ -198,6 +201,7 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   /* Clamped by the registry: 1..1024 CTAs, 1..TPF_MAX_COMPUTE_STREAMS streams. */
   b->comm_ctas = (int)tpf_cuda__param_u64(TPF_CUDA_PARAM_COMM_CTAS);
   b->compute_streams = (int)tpf_cuda__param_u64(TPF_CUDA_PARAM_COMPUTE_STREAMS);
+  b->lean = tpf_cuda__param_u64(TPF_CUDA_PARAM_LEAN_ENQUEUE) != 0;
   tpf_status rc = tpf_cuda__backend_init(b);
   if (rc != TPF_OK) {
     tpf_cuda__backend_free(b);
@@ -205,9 +209,9 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   }
   TPF_CUDA_INFO(INIT, b->base.rank,
                 "backend of %d ranks on device %d (%d SMs): %d compute streams, %d comm CTAs, "
-                "timeout %llu ms%s",
+                "timeout %llu ms, %s enqueue%s",
                 b->base.tp_size, b->device, b->num_sms, b->compute_streams, b->comm_ctas,
-                (unsigned long long)(b->timeout_ns / 1000000ull),
+                (unsigned long long)(b->timeout_ns / 1000000ull), b->lean ? "lean" : "full",
                 tpf_cuda__param_on(TPF_CUDA_PARAM_GEMM_FALLBACK) ? ", every GEMM by the fallback"
                                                                  : "");
   *out = &b->base;

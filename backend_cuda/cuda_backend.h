@@ -30,7 +30,17 @@ typedef struct {
 typedef struct {
   _Atomic uint64_t word; /* sequence number (SEND, BARRIER) or TPF_READY_WORD (HANDSHAKE) */
   cudaEvent_t ev;        /* recorded before word was stored (release) */
+  int32_t stream;        /* the publisher's schedule stream ev was recorded on */
+  uint32_t order;        /* the publisher's count of events published in this operation, from 1:
+                          * of two events on one stream, the larger order was recorded later */
 } tpf_cuda_slot;
+
+/* A virtual RECV's peer event as the lean enqueuer saw it published (cuda_exec.c). */
+typedef struct {
+  cudaEvent_t ev;
+  int32_t peer, stream;
+  uint32_t order;
+} tpf_cuda_peer_ev;
 
 /* The host table of an in-process group (cuda_transport_events.c). */
 typedef struct {
@@ -103,6 +113,17 @@ typedef struct {
   tpf_cuda_enqueue_stats enq;
   /* The lean enqueue of in-process groups (cuda_exec.c, TPF_CUDA_LEAN_ENQUEUE). */
   bool lean;
+  uint8_t *step_virt;         /* per step: 1 virtual RECV (no call of its own) */
+  int16_t *step_prev;         /* per step: the previous step on its stream, or -1 */
+  tpf_cuda_peer_ev *step_pev; /* per step: a virtual RECV's peer event */
+  uint64_t hs_peers;          /* peers whose start the handshake waits for on the device (bits) */
+  uint32_t pub_order;         /* events this rank published in the current operation */
+  /* Waits already enqueued in the current operation, per waiting stream (TPF_NUM_STREAMS: the
+   * caller's): on steps of each stream (the latest step index, -1: none), and on each peer's
+   * events of each of its streams (the latest order, 0: none). A wait on an earlier event of the
+   * same stream adds nothing and is skipped. */
+  int32_t waited_step[TPF_NUM_STREAMS + 1][TPF_NUM_STREAMS];
+  uint32_t waited_peer[TPF_NUM_STREAMS + 1][TPF_MAX_RANKS][TPF_NUM_STREAMS];
 } tpf_cuda_backend;
 
 static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
@@ -163,6 +184,9 @@ struct tpf_cuda_transport {
                      const tpf_step *st, cudaStream_t s);
   /* Host-ordered: whether the RECV st may be enqueued now. NULL: always. */
   bool (*recv_ready)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, const tpf_step *st);
+  /* Host-ordered, lean enqueue: once recv_ready, the peer's published event of the SEND that st
+   * receives (a virtual RECV: the steps that depend on st wait on it directly). NULL: none. */
+  void (*recv_event)(tpf_cuda_backend *b, tpf_reg *r, const tpf_step *st, tpf_cuda_peer_ev *out);
   /* Orders s after the SEND that st receives. */
   tpf_status (*recv)(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
                      const tpf_step *st, cudaStream_t s);

@@ -133,7 +133,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
       /* Copy engine: no SMs. Runs even after a failed handshake (cuda_status.c, Failures). */
       TPF_CUDA_TRY(
           TPF_CUDA_ENQ(b, COPY, cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s)),
-          "TPF_CUDA_ENQ(b, COPY, cudaMemcpyAsync(send))");
+          "cudaMemcpyAsync(send)");
     }
     return r->peer_tp[st->peer]->send(b, r, a, idx, st, s);
   }
@@ -203,19 +203,63 @@ static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
   uint8_t *state = tpf__realloc(b->step_state, (size_t)want);
   TPF_RETURN_IF(state == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
   b->step_state = state;
+  uint8_t *virt = tpf__realloc(b->step_virt, (size_t)want);
+  TPF_RETURN_IF(virt == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
+  b->step_virt = virt;
+  int16_t *prev = tpf__realloc(b->step_prev, (size_t)want * sizeof(*prev));
+  TPF_RETURN_IF(prev == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
+  b->step_prev = prev;
+  tpf_cuda_peer_ev *pev = tpf__realloc(b->step_pev, (size_t)want * sizeof(*pev));
+  TPF_RETURN_IF(pev == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
+  b->step_pev = pev;
   b->nneed_ev = want;
+  return TPF_OK;
+}
+
+/* Orders stream s (waiter w: its schedule stream, or TPF_NUM_STREAMS for the caller's stream)
+ * after step d. A real step on another CUDA stream: a wait on its event, skipped in the lean
+ * enqueue when s already waits on a later step of the same schedule stream (whose event was
+ * recorded after d's). A virtual RECV (lean, in-process groups): a wait on the peer's published
+ * event, skipped when s already waits on a later event of the same stream of that peer; then on
+ * what the RECV would have been ordered after on its own stream: its dependencies and the
+ * previous step of its stream. */
+static tpf_status tpf_cuda__wait_for(tpf_cuda_backend *b, const tpf_schedule *sc, int w,
+                                     cudaStream_t s, int d) {
+  const tpf_step *sd = &sc->steps[d];
+  if (b->lean && b->step_virt[d]) {
+    /* A stream of virtual RECVs has no events of its own: its waited_step entry says up to which
+     * RECV s is already ordered after (everything before it on the stream included). */
+    int32_t *covered = &b->waited_step[w][sd->stream];
+    if (*covered >= d) return TPF_OK;
+    *covered = d;
+    const tpf_cuda_peer_ev *pe = &b->step_pev[d];
+    uint32_t *seen = &b->waited_peer[w][pe->peer][pe->stream];
+    if (*seen < pe->order) {
+      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, pe->ev, 0)),
+                   "cudaStreamWaitEvent(recv)");
+      *seen = pe->order;
+    }
+    for (int k = 0; k < sd->ndeps; k++)
+      TPF_CHECK(tpf_cuda__wait_for(b, sc, w, s, sd->deps[k]));
+    if (b->step_prev[d] >= 0) TPF_CHECK(tpf_cuda__wait_for(b, sc, w, s, b->step_prev[d]));
+    return TPF_OK;
+  }
+  if (b->streams[sd->stream] == s) return TPF_OK; /* stream order */
+  if (b->lean) {
+    int32_t *seen = &b->waited_step[w][sd->stream];
+    if (*seen >= d) return TPF_OK;
+    *seen = d;
+  }
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, b->step_ev[d], 0)),
+               "cudaStreamWaitEvent(dep)");
   return TPF_OK;
 }
 
 static tpf_status tpf_cuda__wait_deps(tpf_cuda_backend *b, const tpf_schedule *sc, int i,
                                       cudaStream_t s) {
   const tpf_step *st = &sc->steps[i];
-  for (int k = 0; k < st->ndeps; k++) {
-    const int d = st->deps[k];
-    if (b->streams[sc->steps[d].stream] != s)
-      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, b->step_ev[d], 0)),
-                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(dep))");
-  }
+  for (int k = 0; k < st->ndeps; k++)
+    TPF_CHECK(tpf_cuda__wait_for(b, sc, (int)st->stream, s, st->deps[k]));
   return TPF_OK;
 }
 
@@ -270,8 +314,12 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
           blocked_peer = st->peer;
           continue;
         }
-        TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
-        TPF_CHECK(tp->recv(b, r, a, i, st, s));
+        if (b->step_virt[i]) {
+          tp->recv_event(b, r, st, &b->step_pev[i]); /* no call: dependents wait on it */
+        } else {
+          TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
+          TPF_CHECK(tp->recv(b, r, a, i, st, s));
+        }
       } else if (st->kind == TPF_STEP_BARRIER) {
         const tpf_cuda_transport *tp = r->tp;
         if (state[i] == 0) {
@@ -291,9 +339,12 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
         TPF_CHECK(tpf_cuda__wait_deps(b, sc, i, s));
         TPF_CHECK(tpf_cuda__step(b, r, a, i, st, s));
       }
-      if (b->need_ev[i])
+      /* A virtual RECV has no event of its own; a SEND's transport recorded step_ev[i] right
+       * after its bytes (the event it published), which is the same point of the stream. */
+      const bool recorded = b->lean && (b->step_virt[i] || st->kind == TPF_STEP_SEND);
+      if (b->need_ev[i] && !recorded)
         TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[i], s)),
-                     "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(step))");
+                     "cudaEventRecord(step)");
       state[i] = 2;
       remaining--;
       progress = true;
@@ -328,6 +379,43 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
       sched_yield();
     }
   }
+  return TPF_OK;
+}
+
+/* The lean enqueue's view of a schedule (Method): last[k] the last step of each schedule stream
+ * and step_prev each step's predecessor on its stream; virt[k] a stream that holds RECVs alone,
+ * has a CUDA stream of its own and whose transports publish their events (in-process groups):
+ * its RECVs are virtual; hs_peers the peers whose buffers the schedule writes (SEND), whose SENDs
+ * write into this rank's (RECV), or, with a PEER_REDUCE, a BARRIER or a BULK copy kernel, every
+ * peer. */
+static tpf_status tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r,
+                                         const tpf_schedule *sc, bool virt[TPF_NUM_STREAMS],
+                                         int last[TPF_NUM_STREAMS]) {
+  const int P = b->base.tp_size, n = sc->nsteps;
+  bool only_recv[TPF_NUM_STREAMS];
+  for (int k = 0; k < TPF_NUM_STREAMS; k++)
+    only_recv[k] = P > 1 && r->tp != NULL && r->tp->host_ordered;
+  bool all = sc->algo == TPF_ALGO_BULK;
+  for (int i = 0; i < n; i++) {
+    const tpf_step *st = &sc->steps[i];
+    const int k = (int)st->stream;
+    b->step_prev[i] = (int16_t)last[k];
+    last[k] = i;
+    const bool xfer = st->kind == TPF_STEP_SEND || st->kind == TPF_STEP_RECV;
+    if (xfer && st->peer >= 0 && st->peer < P) b->hs_peers |= 1ull << (unsigned)st->peer;
+    all = all || st->kind == TPF_STEP_PEER_REDUCE || st->kind == TPF_STEP_BARRIER;
+    only_recv[k] = only_recv[k] && st->kind == TPF_STEP_RECV && st->peer >= 0 && st->peer < P &&
+                   r->peer_tp[st->peer] != NULL && r->peer_tp[st->peer]->recv_event != NULL;
+  }
+  if (all) b->hs_peers = P >= 64 ? ~0ull : (1ull << (unsigned)P) - 1u;
+  for (int k = 0; k < TPF_NUM_STREAMS; k++) {
+    bool own = true;
+    for (int j = 0; j < TPF_NUM_STREAMS; j++)
+      own = own && (j == k || b->streams[j] != b->streams[k]);
+    virt[k] = last[k] >= 0 && only_recv[k] && own;
+  }
+  for (int i = 0; i < n; i++)
+    b->step_virt[i] = virt[sc->steps[i].stream] ? 1u : 0u;
   return TPF_OK;
 }
 
@@ -375,17 +463,29 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
       if (b->streams[sc->steps[d].stream] != b->streams[st->stream]) b->need_ev[d] = 1;
     }
   }
+  /* The lean enqueue's state of this operation (Method). */
+  bool virt[TPF_NUM_STREAMS] = {false};
+  int last[TPF_NUM_STREAMS];
+  for (int k = 0; k < TPF_NUM_STREAMS; k++)
+    last[k] = -1;
+  memset(b->step_virt, 0, (size_t)n);
+  b->pub_order = 0;
+  b->hs_peers = 0;
+  if (b->lean) {
+    memset(b->waited_step, 0xff, sizeof b->waited_step); /* -1: nothing waited */
+    memset(b->waited_peer, 0, sizeof b->waited_peer);
+    TPF_CHECK(tpf_cuda__lean_prepare(b, r, sc, virt, last));
+  }
   cudaStream_t user = (cudaStream_t)stream;
   TPF_CUDA_TRACE(EXEC, be->rank, "'%s' operation %llu: %d steps, %s enqueuer", a->comm_name,
                  (unsigned long long)a->seq, n,
                  be->tp_size > 1 && r->tp->host_ordered ? "polling" : "schedule-order");
-  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->fork_ev, user)),
-               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(fork))");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->fork_ev, user)), "cudaEventRecord(fork)");
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
-    /* Aliased compute streams are forked once. */
-    if (used[k] && (k == 0 || b->streams[k] != b->streams[0] || !used[0]))
+    /* Aliased compute streams are forked once; a stream of virtual RECVs runs nothing. */
+    if (used[k] && !virt[k] && (k == 0 || b->streams[k] != b->streams[0] || !used[0]))
       TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0)),
-                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(fork))");
+                   "cudaStreamWaitEvent(fork)");
   }
   if (be->tp_size > 1 && r->tp->host_ordered) {
     TPF_CHECK(tpf_cuda__enqueue_local(b, r, a));
@@ -399,17 +499,21 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
         return rc; /* the enqueued prefix joins nothing: the caller's stream is not ordered */
       if (b->need_ev[i])
         TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[i], s)),
-                     "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(step))");
+                     "cudaEventRecord(step)");
     }
   }
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     if (!used[k] ||
         (k > 0 && k < TPF_MAX_COMPUTE_STREAMS && b->streams[k] == b->streams[0] && used[0]))
       continue;
+    if (virt[k]) { /* the peers' events its RECVs stand for */
+      TPF_CHECK(tpf_cuda__wait_for(b, sc, TPF_NUM_STREAMS, user, last[k]));
+      continue;
+    }
     TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->join_ev[k], b->streams[k])),
-                 "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(join))");
+                 "cudaEventRecord(join)");
     TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(user, b->join_ev[k], 0)),
-                 "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(join))");
+                 "cudaStreamWaitEvent(join)");
   }
   return TPF_OK;
 }

@@ -39,6 +39,10 @@
     "in-process ranks use the device-flags transport, not host-ordered events (diagnostic)")       \
   X(MEMOPS, "TPF_CUDA_MEMOPS", FLAG, 0, 0, 1,                                                      \
     "ranks in other processes signal with stream memory operations, not spinning flag kernels")    \
+  X(LEAN_ENQUEUE, "TPF_CUDA_LEAN_ENQUEUE", U64, 1, 0, 1,                                           \
+    "1: in-process groups enqueue fewer calls (virtual RECVs, deduplicated waits, handshake "      \
+    "waits "                                                                                       \
+    "on the peers a schedule touches); 0: every step's own calls, for comparison")                 \
   X(BOOT_TIMEOUT_MS, "TPF_CUDA_BOOT_TIMEOUT_MS", U64, 120000, 1, UINT64_MAX,                       \
     "bound of the threads and NCCL bootstraps' collectives, ms")                                   \
   X(MAX_CONNECTIONS, "CUDA_DEVICE_MAX_CONNECTIONS", U64, 8, 0, UINT64_MAX,                         \

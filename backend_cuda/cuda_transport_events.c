@@ -78,8 +78,14 @@ static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, tpf_reg *r, const tpf
   }
 }
 
-static void tpf_cuda__publish(tpf_cuda_slot *slot, cudaEvent_t ev, uint64_t word) {
+/* Publishes ev, just recorded on this rank's schedule stream `stream`, with its order among this
+ * rank's publications of the operation (the receiver's lean enqueuer compares them: of two events
+ * of one stream, the later one implies the earlier). */
+static void tpf_cuda__publish(tpf_cuda_backend *b, tpf_cuda_slot *slot, cudaEvent_t ev, int stream,
+                              uint64_t word) {
   slot->ev = ev;
+  slot->stream = stream;
+  slot->order = ++b->pub_order;
   atomic_store_explicit(&slot->word, word, memory_order_release);
 }
 
@@ -92,10 +98,9 @@ static tpf_status tpf_cuda__ev_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
   const int par = (int)(a->seq & 1u);
   const uint64_t rows = a->sched->rows;
   cudaEvent_t ev = r->ready_ev[par];
-  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(ev, s)),
-               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(handshake))");
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(ev, s)), "cudaEventRecord(handshake)");
   const uint64_t word = TPF_READY_WORD(a->seq, a->sched->op_key, rows);
-  tpf_cuda__publish(&r->sync->ready[me * 2 + par], ev, word);
+  tpf_cuda__publish(b, &r->sync->ready[me * 2 + par], ev, TPF_STREAM_COMM, word);
   int bad = -1;
   uint64_t bad_body = 0;
   for (int q = 0; q < P; q++) {
@@ -117,10 +122,13 @@ static tpf_status tpf_cuda__ev_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
                 tpf_op_key_name(a->sched->op_key, mine, sizeof mine),
                 (unsigned long long)TPF_READY_ROWS(bad_body),
                 tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
+  /* Lean: only the peers whose buffers this schedule writes or reads, or who write into this
+   * rank's (b->hs_peers, cuda_exec.c); every other peer's earlier operation touches nothing of
+   * this one. The host waits above still cover every peer (agreement, event reuse). */
   for (int q = 0; q < P; q++)
-    if (q != me)
+    if (q != me && (!b->lean || (b->hs_peers >> q) & 1u))
       TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, r->sync->ready[q * 2 + par].ev, 0)),
-                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(handshake))");
+                   "cudaStreamWaitEvent(handshake)");
   return TPF_OK;
 }
 
@@ -129,10 +137,10 @@ static tpf_status tpf_cuda__ev_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
                                     int idx, const tpf_step *st, cudaStream_t s) {
   const int P = b->base.tp_size, me = b->base.rank;
   TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[idx], s)),
-               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(send))");
+               "cudaEventRecord(send)");
   tpf_cuda__publish(
-      &r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS + st->tag],
-      b->step_ev[idx], a->seq);
+      b, &r->sync->sent[((size_t)me * (size_t)P + (size_t)st->peer) * TPF_MAX_TAGS + st->tag],
+      b->step_ev[idx], (int)st->stream, a->seq);
   return TPF_OK;
 }
 
@@ -148,13 +156,22 @@ static bool tpf_cuda__ev_recv_ready(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
   return atomic_load_explicit(&slot->word, memory_order_acquire) >= a->seq;
 }
 
+static void tpf_cuda__ev_recv_event(tpf_cuda_backend *b, tpf_reg *r, const tpf_step *st,
+                                    tpf_cuda_peer_ev *out) {
+  const tpf_cuda_slot *slot = tpf_cuda__ev_recv_slot(b, r, st);
+  out->ev = slot->ev; /* read after recv_ready's acquire of the word */
+  out->peer = st->peer;
+  out->stream = slot->stream;
+  out->order = slot->order;
+}
+
 static tpf_status tpf_cuda__ev_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)a;
   (void)idx;
   tpf_cuda_slot *slot = tpf_cuda__ev_recv_slot(b, r, st);
   TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, slot->ev, 0)),
-               "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(recv))");
+               "cudaStreamWaitEvent(recv)");
   return TPF_OK;
 }
 
@@ -164,9 +181,9 @@ static tpf_status tpf_cuda__ev_barrier_arrive(tpf_cuda_backend *b, tpf_reg *r,
                                               cudaStream_t s) {
   const int me = b->base.rank;
   TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->step_ev[idx], s)),
-               "TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(barrier))");
-  tpf_cuda__publish(&r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[idx],
-                    a->seq);
+               "cudaEventRecord(barrier)");
+  tpf_cuda__publish(b, &r->sync->barrier[(size_t)me * TPF_MAX_TAGS + st->tag], b->step_ev[idx],
+                    (int)st->stream, a->seq);
   return TPF_OK;
 }
 
@@ -191,7 +208,7 @@ static tpf_status tpf_cuda__ev_barrier(tpf_cuda_backend *b, tpf_reg *r, const tp
       TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT,
                                 cudaStreamWaitEvent(
                                     s, r->sync->barrier[(size_t)q * TPF_MAX_TAGS + st->tag].ev, 0)),
-                   "TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(barrier))");
+                   "cudaStreamWaitEvent(barrier)");
   return TPF_OK;
 }
 
@@ -228,6 +245,7 @@ const tpf_cuda_transport tpf_cuda__transport_events = {
     .handshake = tpf_cuda__ev_handshake,
     .send = tpf_cuda__ev_send,
     .recv_ready = tpf_cuda__ev_recv_ready,
+    .recv_event = tpf_cuda__ev_recv_event,
     .recv = tpf_cuda__ev_recv,
     .barrier_arrive = tpf_cuda__ev_barrier_arrive,
     .barrier_missing = tpf_cuda__ev_barrier_missing,
