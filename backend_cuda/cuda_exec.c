@@ -10,6 +10,19 @@
  * host-ordered transport of in-process ranks waits on the host only for its peers to reach the
  * same point of their programs, cuda_transport_events.c).
  *
+ * The lean enqueue (b->lean, TPF_CUDA_LEAN_ENQUEUE=1, the default) issues fewer calls for the
+ * same order. (1) Virtual RECVs: with a transport that publishes its events (recv_event, the
+ * in-process one), a RECV on a schedule stream that holds RECVs alone and has a CUDA stream of
+ * its own makes no call; a step that depends on it waits on the sender's event, then on what the
+ * RECV stood behind (its deps and the previous RECV of its stream), and the join waits the same
+ * way; that stream is neither forked nor joined. (2) No repeated waits: per waiting stream, the
+ * latest step waited on per schedule stream (steps of one schedule stream are enqueued, and their
+ * events recorded, in index order) and the latest publication waited on per peer and peer stream
+ * (tpf_cuda_slot.order); a wait on an earlier one is implied and skipped. (3) A SEND's transport
+ * records step_ev[i] right after the bytes, so no second record. (4) The handshake's device
+ * waits cover b->hs_peers only (tpf_cuda__lean_prepare). Each operation's host cost is counted
+ * per kind of call (TPF_CUDA_ENQ, tpf_cuda_backend_enqueue_stats).
+ *
  * Step mapping (the signals are the registration's transports', cuda_transport*.c):
  *   HANDSHAKE   the transport's handshake with every peer: ready word (operation key: kind and
  *               split count; active rows) to every peer, wait for every peer's, compare.
