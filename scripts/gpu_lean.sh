@@ -15,7 +15,8 @@
 #               T = 1k .. 32k: TPF_CUDA_LEAN_ENQUEUE=0, then 1 (the same binary)
 #   modes       the same in both modes in one run, under MPS (CUDA_DEVICE_MAX_CONNECTIONS=8),
 #               with --adaptive rows on a cost table calibrated with --schedules first
-#   procs       process-mode conformance P = 2, 3, 4, 8 and the fault cases, under MPS
+#   procs       process-mode conformance P = 2, 3, 4, 8 under MPS; then without MPS the fault
+#               cases, compute-sanitizer on P = 4 processes, /dev/shm (scripts/gpu_proc.sh)
 # Knobs: ITERS (default 10), TOKENS (default 1024,...,32768), ADAPTIVE=0 (skip the adaptive rows).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -103,10 +104,11 @@ for s in "$@"; do
       step "conf-procs-p$P" 90 "$C --procs --quick --tp $P"; tail -1 "$LOGS/conf-procs-p$P.log" | tee -a "$S"
     done
     mps_off
+    # The fault cases, compute-sanitizer on P = 4 processes and the /dev/shm check, without MPS
+    # (as in session 4): scripts/gpu_proc.sh.
     export CUDA_DEVICE_MAX_CONNECTIONS=32
-    step proc-faults 240 "cd $BUILD && ctest -R 'proc_faults' --output-on-failure --timeout 120 -j 1"
-    grep -E "tests passed|Failed|\*\*\*|Passed" "$LOGS/proc-faults.log" | tee -a "$S"
-    ls /dev/shm | grep -i tpf | head | sed 's/^/dev-shm leftover: /' | tee -a "$S" ;;
+    step proc-faults-san 260 "SKIP_BUILD=1 SKIP_CONF=1 BUDGET=240 BUILD=$BUILD OUT=$LOGS/proc bash scripts/gpu_proc.sh"
+    cat "$LOGS/proc/summary.txt" | tee -a "$S" ;;
   *) note "unknown step $s" ;;
   esac
 done

@@ -12,7 +12,7 @@
 # after the build); each step gets at most its own cap and what is left after the time kept for
 # the later groups (faults, sanitizers); a step cut short is reported as a timeout (rc 137).
 # Knobs: BUDGET, FULL=1 (also the full-capacity sweep at P = 2 and 4 when time is left),
-# SKIP_SANITIZER=1, SKIP_BUILD=1.
+# SKIP_SANITIZER=1, SKIP_BUILD=1, SKIP_CONF=1 (no conformance steps).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-proc-logs}
@@ -95,11 +95,14 @@ NOOPT=""
 #    Time kept back: about 60 s for the fault cases and 90 s for the sanitizers.
 SAN_RESERVE=90
 [ "${SKIP_SANITIZER:-0}" = 1 ] && SAN_RESERVE=0
-step conf_procs_p2 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 2
-step conf_procs_p3 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 3
-step conf_procs_p4 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 4
-# P = 8: the options sweep ran at P = 2, 3, 4; here every variant, T and history.
-step conf_procs_p8 70 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 8 $NOOPT
+# SKIP_CONF=1 leaves them out (a caller that ran them under MPS already, scripts/gpu_lean.sh).
+if [ "${SKIP_CONF:-0}" != 1 ]; then
+  step conf_procs_p2 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 2
+  step conf_procs_p3 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 3
+  step conf_procs_p4 45 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 4
+  # P = 8: the options sweep ran at P = 2, 3, 4; here every variant, T and history.
+  step conf_procs_p8 70 $((SAN_RESERVE + 60)) "$CONF" --procs --quick --tp 8 $NOOPT
+fi
 
 # 2. Faults in process mode, one case per run (a case that needs a backend fix exits 77 and says
 #    which; that is SKIPPED, not passed).
