@@ -237,6 +237,16 @@ tpf_status tpf_cuda__reg_destroy(tpf_backend *be, tpf_reg *reg);
 /* The ops table's execute. */
 tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
 
+/* The lean enqueue's view of schedule sc for this rank (no CUDA call; tested on the CPU):
+ * last[k] the last step of each schedule stream (-1: none) and b->step_prev[i] each step's
+ * predecessor on its stream; virt[k] whether stream k holds RECVs alone, has a CUDA stream of its
+ * own (b->streams) and every one of its RECVs' peers has a transport that publishes its events
+ * (recv_event) in a host-ordered group: its RECVs are virtual (b->step_virt); b->hs_peers the
+ * peers the handshake's device wait covers: SEND and RECV peers, every peer with a PEER_REDUCE,
+ * a BARRIER or BULK. b->step_prev and b->step_virt must hold sc->nsteps entries. */
+void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_schedule *sc,
+                            bool virt[TPF_NUM_STREAMS], int last[TPF_NUM_STREAMS]);
+
 /* ---- cuda_status.c: the device status area, deferred errors, sync, abort ---- */
 /* Allocates the status area (mapped pinned memory) and its claim word; freed by status_free
  * (which accepts a partly initialised backend). */

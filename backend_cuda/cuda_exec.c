@@ -395,16 +395,13 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
   return TPF_OK;
 }
 
-/* The lean enqueue's view of a schedule (Method): last[k] the last step of each schedule stream
- * and step_prev each step's predecessor on its stream; virt[k] a stream that holds RECVs alone,
- * has a CUDA stream of its own and whose transports publish their events (in-process groups):
- * its RECVs are virtual; hs_peers the peers whose buffers the schedule writes (SEND), whose SENDs
- * write into this rank's (RECV), or, with a PEER_REDUCE, a BARRIER or a BULK copy kernel, every
- * peer. */
-static tpf_status tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r,
-                                         const tpf_schedule *sc, bool virt[TPF_NUM_STREAMS],
-                                         int last[TPF_NUM_STREAMS]) {
+/* The lean enqueue's view of a schedule (Method; the contract is in cuda_backend.h). */
+void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_schedule *sc,
+                            bool virt[TPF_NUM_STREAMS], int last[TPF_NUM_STREAMS]) {
   const int P = b->base.tp_size, n = sc->nsteps;
+  b->hs_peers = 0;
+  for (int k = 0; k < TPF_NUM_STREAMS; k++)
+    last[k] = -1;
   bool only_recv[TPF_NUM_STREAMS];
   for (int k = 0; k < TPF_NUM_STREAMS; k++)
     only_recv[k] = P > 1 && r->tp != NULL && r->tp->host_ordered;
@@ -429,7 +426,6 @@ static tpf_status tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r,
   }
   for (int i = 0; i < n; i++)
     b->step_virt[i] = virt[sc->steps[i].stream] ? 1u : 0u;
-  return TPF_OK;
 }
 
 static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a,
@@ -479,15 +475,17 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
   /* The lean enqueue's state of this operation (Method). */
   bool virt[TPF_NUM_STREAMS] = {false};
   int last[TPF_NUM_STREAMS];
-  for (int k = 0; k < TPF_NUM_STREAMS; k++)
-    last[k] = -1;
   memset(b->step_virt, 0, (size_t)n);
   b->pub_order = 0;
-  b->hs_peers = 0;
   if (b->lean) {
     memset(b->waited_step, 0xff, sizeof b->waited_step); /* -1: nothing waited */
     memset(b->waited_peer, 0, sizeof b->waited_peer);
-    TPF_CHECK(tpf_cuda__lean_prepare(b, r, sc, virt, last));
+  }
+  /* last[] is needed by the join in both modes; the rest only counts when lean. */
+  tpf_cuda__lean_prepare(b, r, sc, virt, last);
+  if (!b->lean) {
+    memset(virt, 0, sizeof virt);
+    memset(b->step_virt, 0, (size_t)n);
   }
   cudaStream_t user = (cudaStream_t)stream;
   TPF_CUDA_TRACE(EXEC, be->rank, "'%s' operation %llu: %d steps, %s enqueuer", a->comm_name,
