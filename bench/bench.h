@@ -66,6 +66,7 @@ typedef struct {
   unsigned modes;           /* BENCH_MODE_* of the tp section */
   uint64_t proc_timeout_ms; /* bound of one process group's run (procs mode) */
   uint64_t arena_bytes;     /* --arena-mib: the simulator's arena (0: its default, 1 GiB) */
+  unsigned tp_sel;          /* --ops: bit i set = bench_tp_sel_name(i) runs (all by default) */
   /* the planner section */
   const tpf_cost_table *cost; /* the table of the adaptive communicators and the predictions */
   const char *cost_used;      /* the file it came from */
@@ -247,6 +248,16 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 /* ---- the tp section's operations on one group (bench_ops.c; bench_modes.c) ---------------- */
 
 #define BENCH_TP_MAX_OPS 6
+/* The operations of the tp section that --ops can select (the serial baselines run whenever a
+ * selected operation needs one). */
+#define BENCH_TP_NSEL 4
+#define BENCH_TP_SEL_ALL ((1u << BENCH_TP_NSEL) - 1u)
+/* The name of selectable operation i (ring_ag+gemm, ring_ag_aggr+gemm, gemm+ring_rs,
+ * gemm+pipeline_rs), as the tables print it; NULL for i out of range. */
+const char *bench_tp_sel_name(int i);
+/* Operations (rows, serial baselines included) the tp section runs at P with o->tp_sel: 0 when
+ * none of the selected ones applies at P (ring_ag_aggr+gemm needs an even P >= 4). */
+int bench_tp_nops(const bench_opts *o, int P);
 /* What one P of the tp section measured in one mode. Written whole to a file by a process-mode
  * worker and read back by the launching process (the same executable: the same layout). */
 typedef struct {

@@ -34,6 +34,7 @@ enum {
   B_TIMEOUT,
   B_PROC_WORKER,
   B_ARENA,
+  B_OPS,
   B_NOPTS
 };
 static const cli_opt kBenchOpts[B_NOPTS] = {
@@ -102,6 +103,11 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_ARENA] = {"--arena-mib", CLI_U64, 1, 1u << 20, NULL, "MIB",
                  "simulator: size of the shared arena all registrations live in (default 1024)", 0,
                  false},
+    [B_OPS] = {"--ops", CLI_STR, 0, 0, NULL, "LIST",
+               "tp section: the operations to run, comma-separated, of ring_ag+gemm, "
+               "ring_ag_aggr+gemm, gemm+ring_rs, gemm+pipeline_rs (default all; the serial "
+               "baselines they need always run)",
+               0, false},
 };
 static const char kIntro[] = "usage: tpflex bench [options]   (every option is optional)";
 static const char kOutro[] =
@@ -156,6 +162,31 @@ static int parse_list(const cli_ctx *ctx, const char *opt, const char *text, uin
     }
     out[n++] = v;
     if (!e) return n;
+    p = e + 1;
+  }
+}
+
+/* --ops "a,b": names of bench_tp_sel_name, each at most once, into *sel. -1, or 2 after naming
+ * the bad item and the valid names. */
+static int parse_ops(const cli_ctx *ctx, const char *text, unsigned *sel) {
+  char valid[BENCH_TP_NSEL * 32] = "";
+  for (int i = 0, l = 0; i < BENCH_TP_NSEL; i++)
+    l += snprintf(valid + l, sizeof valid - (size_t)l, "%s%s", i ? ", " : "", bench_tp_sel_name(i));
+  *sel = 0;
+  for (const char *p = text;;) {
+    const char *e = strchr(p, ',');
+    const size_t len = e ? (size_t)(e - p) : strlen(p);
+    int found = -1;
+    for (int i = 0; i < BENCH_TP_NSEL && found < 0; i++)
+      if (strlen(bench_tp_sel_name(i)) == len && strncmp(bench_tp_sel_name(i), p, len) == 0)
+        found = i;
+    if (found < 0)
+      return cli_error(ctx, "--ops '%s': unknown operation '%.*s' (the operations: %s)", text,
+                       (int)(len > 40 ? 40 : len), p, valid);
+    if (*sel & (1u << found))
+      return cli_error(ctx, "--ops '%s': '%s' given twice", text, bench_tp_sel_name(found));
+    *sel |= 1u << found;
+    if (!e) return -1;
     p = e + 1;
   }
 }
@@ -251,9 +282,12 @@ int tpf_cmd_bench(int argc, char **argv) {
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
   const bool tp_sec = sections == 0 || (sections & BENCH_SEC_TP) != 0;
-  if (!tp_sec)
-    for (int k = B_MODE; k <= B_TIMEOUT; k++)
-      if (v[k].set) return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[k].name);
+  static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS};
+  for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++)
+    if (v[tp_only[i]].set)
+      return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[tp_only[i]].name);
+  o.tp_sel = BENCH_TP_SEL_ALL;
+  if (v[B_OPS].set && (prc = parse_ops(&ctx, v[B_OPS].s, &o.tp_sel)) >= 0) return prc;
   o.modes =
       v[B_MODE].set ? (unsigned)v[B_MODE].u + 1u : (o.cuda ? BENCH_MODE_BOTH : BENCH_MODE_THREADS);
   if (v[B_TIMEOUT].set && !(o.modes & BENCH_MODE_PROCS))
@@ -325,6 +359,17 @@ int tpf_cmd_bench(int argc, char **argv) {
   } else {
     for (int P = 2; P <= 8; P *= 2)
       if (P <= o.tp || P == 2) o.ps[o.nps++] = P;
+  }
+  if (v[B_OPS].set) {
+    int any = 0;
+    for (int i = 0; i < o.nps; i++)
+      any += bench_tp_nops(&o, o.ps[i]);
+    if (any == 0)
+      return cli_error(&ctx,
+                       "--ops '%s': no operation runs at any P of the tp section "
+                       "(ring_ag_aggr+gemm needs an even P >= 4; the P values: --tp-list, default "
+                       "2,4,8 up to --tp)",
+                       v[B_OPS].s);
   }
   if (!v[B_PROC_WORKER].set && (prc = check_capacity(&ctx, &o)) >= 0) return prc;
   /* The tp section's T sweep: --tokens (C added), else GPU {1k, 2k, ..., C} (at most 32k steps of
@@ -407,7 +452,12 @@ int tpf_cmd_bench(int argc, char **argv) {
       l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
                     (unsigned long long)o.tps[i]);
     static const char *const mode_names[] = {"", "threads", "procs", "both"};
-    printf("# tp section: mode=%s  P=%s  T=%s\n", mode_names[o.modes & 3u], ps, ts);
+    char ops[BENCH_TP_NSEL * 32] = "";
+    for (int i = 0, l = 0; i < BENCH_TP_NSEL && o.tp_sel != BENCH_TP_SEL_ALL; i++)
+      if (o.tp_sel & (1u << i))
+        l += snprintf(ops + l, sizeof ops - (size_t)l, "%s%s",
+                      l ? "," : "  ops=", bench_tp_sel_name(i));
+    printf("# tp section: mode=%s  P=%s  T=%s%s\n", mode_names[o.modes & 3u], ps, ts, ops);
   }
 
   int rc = 0;

@@ -40,7 +40,8 @@
 typedef struct {
   char num[8][24];
   char tokens[BENCH_MAX_TS * 21];
-  char *argv[32];
+  char ops[BENCH_TP_NSEL * 32];
+  char *argv[48];
 } worker_cmd;
 
 static void worker_argv(const bench_opts *o, int P, const char *exe, const char *path,
@@ -73,6 +74,14 @@ static void worker_argv(const bench_opts *o, int P, const char *exe, const char 
                             (unsigned long long)o->tps[i]);
   w->argv[a++] = "--tokens";
   w->argv[a++] = w->tokens;
+  len = 0;
+  w->ops[0] = 0;
+  for (int i = 0; i < BENCH_TP_NSEL; i++)
+    if (o->tp_sel & (1u << i))
+      len += (size_t)snprintf(w->ops + len, sizeof w->ops - len, "%s%s", len ? "," : "",
+                              bench_tp_sel_name(i));
+  w->argv[a++] = "--ops";
+  w->argv[a++] = w->ops;
   if (!o->cuda && o->arena_bytes != 0) {
     snprintf(w->num[n], sizeof w->num[n], "%llu", (unsigned long long)(o->arena_bytes >> 20));
     w->argv[a++] = "--arena-mib";
@@ -182,9 +191,10 @@ int bench_section_tp(const bench_opts *o) {
   }
   int rc = 0;
   if (thr_on) rc |= bench_tp_threads_table(o, thr);
-  if (prc_on)
-    for (int pi = 0; pi < o->nps; pi++)
-      rc |= procs_run(o, o->ps[pi], &prc[pi]);
+  for (int pi = 0; pi < o->nps && prc_on; pi++) {
+    prc[pi].P = o->ps[pi];
+    if (bench_tp_nops(o, o->ps[pi]) > 0) rc |= procs_run(o, o->ps[pi], &prc[pi]);
+  }
 
   static const char *const cols[] = {"op",          "mode",       "P",       "T",     "T/C",
                                      "time(us)",    "serial(us)", "speedup", "tT/tC", "tT/tC/(T/C)",
@@ -229,6 +239,11 @@ int bench_section_tp(const bench_opts *o) {
                "simulator cannot span processes), joined by the socket bootstrap: they check the "
                "process-mode path (launch, exec, agreements, gathers, result file), their times "
                "are not process-mode figures");
+  for (int pi = 0; pi < o->nps; pi++)
+    if (bench_tp_nops(o, o->ps[pi]) == 0)
+      bench_note("P=%d: no operation of --ops runs at this P (ring_ag_aggr+gemm needs an even "
+                 "P >= 4)",
+                 o->ps[pi]);
   if (!thr_on) bench_note("threads mode not run (--mode procs)");
   if (!prc_on) bench_note("procs mode not run (--mode threads)");
   free(thr);

@@ -887,23 +887,44 @@ int bench_section_dynamic(const bench_opts *o) {
 
 /* ---- section 4/5: TP emulation, serial baseline, whole-layer GEMM ------------------------- */
 
-/* The operations of the tp section at P, in table order. */
-static int tp_ops(int P, bench_op *ops) {
+/* What --ops selects, in bench_tp_sel_name order. */
+static const bench_op kSel[BENCH_TP_NSEL] = {BOP_RING_AG, BOP_RING_AG_AGGR, BOP_RING_RS,
+                                             BOP_PIPE_RS};
+
+const char *bench_tp_sel_name(int i) {
+  return i >= 0 && i < BENCH_TP_NSEL ? kOps[kSel[i]].name : NULL;
+}
+
+static bool selected(const bench_opts *o, bench_op op) {
+  for (int i = 0; i < BENCH_TP_NSEL; i++)
+    if (kSel[i] == op) return (o->tp_sel & (1u << i)) != 0;
+  return false;
+}
+
+/* The operations of the tp section at P, in table order: the selected ones, and the serial
+ * baseline of each collective that has one selected. */
+static int tp_ops(const bench_opts *o, int P, bench_op *ops) {
   int n = 0;
-  ops[n++] = BOP_RING_AG;
-  if (P % 2 == 0 && P > 2) ops[n++] = BOP_RING_AG_AGGR;
-  ops[n++] = BOP_RING_AG_SERIAL;
-  ops[n++] = BOP_RING_RS;
-  ops[n++] = BOP_PIPE_RS;
-  ops[n++] = BOP_PIPE_RS_SERIAL;
+  if (selected(o, BOP_RING_AG)) ops[n++] = BOP_RING_AG;
+  if (P % 2 == 0 && P > 2 && selected(o, BOP_RING_AG_AGGR)) ops[n++] = BOP_RING_AG_AGGR;
+  if (n > 0) ops[n++] = BOP_RING_AG_SERIAL;
+  const int nag = n;
+  if (selected(o, BOP_RING_RS)) ops[n++] = BOP_RING_RS;
+  if (selected(o, BOP_PIPE_RS)) ops[n++] = BOP_PIPE_RS;
+  if (n > nag) ops[n++] = BOP_PIPE_RS_SERIAL;
   return n;
+}
+
+int bench_tp_nops(const bench_opts *o, int P) {
+  bench_op ops[BOP_COUNT];
+  return tp_ops(o, P, ops);
 }
 
 tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res,
                         void (*done)(const bench_tp_result *res, void *arg), void *done_arg) {
   const int P = g->tp;
   bench_op ops[BOP_COUNT];
-  const int nops = tp_ops(P, ops);
+  const int nops = tp_ops(o, P, ops);
   bench_job *j = calloc(1, sizeof *j);
   if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
   /* Every operation's row exists from the start (n/a until it ran), so a result written after
@@ -913,7 +934,8 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
   res->bytes = (uint32_t)sizeof *res;
   res->P = P;
   res->nops = nops;
-  job_init(j, o, ops[0], P, o->ntps, o->tps); /* the T values P divides: the same for every op */
+  /* The T values P divides: the same for every op. */
+  job_init(j, o, BOP_RING_AG, P, o->ntps, o->tps);
   res->nts = j->nts;
   memcpy(res->ts, j->ts, sizeof res->ts);
   for (int k = 0; k < nops; k++) {
@@ -988,6 +1010,7 @@ int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
     bench_tp_result *rs = &res[pi];
     memset(rs, 0, sizeof *rs);
     rs->P = P;
+    if (bench_tp_nops(o, P) == 0) continue; /* none of --ops runs at P (bench_section_tp says) */
     bench_group *g = NULL;
     st = bench_group_create(o, P, &g);
     if (st != TPF_OK) {
@@ -1085,7 +1108,9 @@ int bench_tp_modes_rows(const bench_opts *o, const bench_tp_result *threads,
                         const bench_tp_result *procs) {
   int rc = 0;
   const bench_tp_result *ref = threads && threads->nops ? threads : procs;
-  if (!ref || ref->nops == 0) return 1; /* nothing ran: the notes say why */
+  const bench_tp_result *any = threads ? threads : procs;
+  if (any && bench_tp_nops(o, any->P) == 0) return 0; /* --ops: none at P (a note says) */
+  if (!ref || ref->nops == 0) return 1;               /* nothing ran: the notes say why */
   for (int i = 0; i < ref->nts; i++)
     for (int k = 0; k < ref->nops; k++) {
       if (threads && threads->nops) {

@@ -66,9 +66,9 @@ FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("d
 FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
 # Options that take a value (every non-flag option of every command).
 VALUED = [(c, o) for c, o, _, _ in NUMS] + [(c, o) for c, o, _ in CHOICES] + FILES + [
-    ("plan", "--cost"), ("bench", "--cost")]
+    ("plan", "--cost"), ("bench", "--cost"), ("bench", "--ops")]
 # Text options that must not be empty: (command, option).
-TEXTS = [("bench", "--tokens"), ("bench", "--tp-list")]
+TEXTS = [("bench", "--tokens"), ("bench", "--tp-list"), ("bench", "--ops")]
 
 
 def argv(cmd, over=None, drop=(), extra=()):
@@ -508,6 +508,40 @@ for val, msg in [("0", "'0' is not a decimal number in [1, 64]"), ("65", "[1, 64
          err=["--tp-list '%s'" % val, msg])
 case("bench --tokens not a multiple of a listed P", TPM[:6] + ["--tp-list", "2,4"] + TPM[8:] +
      ["--tokens", "6"], 2, err="6 is not a multiple of P = 4")
+# --ops: the operations of the tp section to run (names as the tables print them); the serial
+# baselines a selected row needs always run, the others do not; forwarded to procs-mode workers
+OPS = ["ring_ag+gemm", "ring_ag_aggr+gemm", "gemm+ring_rs", "gemm+pipeline_rs"]
+TPM4 = TPM[:6] + ["--tp-list", "2,4"] + TPM[8:] + ["--tokens", "32"]
+for name in OPS:  # each alone (the smallest list), threads and procs
+    serial = "serial_ag,gemm" if "ag" in name else "serial_gemm,rs"
+    other = "serial_gemm,rs" if "ag" in name else "serial_ag,gemm"
+    for mode in ["threads", "procs"]:
+        args = TPM4 + ["--mode", mode, "--ops", name]
+        count += 1
+        rc, so, se = run(args)
+        rows = [l.split()[0] for l in so.splitlines() if l and not l.startswith("#")]
+        want = {name, serial}
+        if rc != 0 or set(rows) != want or "ops=" + name not in so or \
+                "bench finished: all checks passed" not in so:
+            failures.append("bench --ops %s --mode %s: want exit 0 and rows of %s only; got exit "
+                            "%s, rows %s\n    stderr: %s" % (name, mode, sorted(want), rc,
+                                                            sorted(set(rows)), se[-300:]))
+        if name == "ring_ag_aggr+gemm" and "P=2: no operation of --ops runs at this P" not in so:
+            failures.append("bench --ops ring_ag_aggr+gemm --mode %s: no note for P=2" % mode)
+case("bench --ops all four (the largest list)", TPM4 + ["--mode", "both", "--ops", ",".join(OPS)],
+     0, out=["tp section: mode=both  P=2,4  T=32,64\n", "ring_ag_aggr+gemm", "gemm+ring_rs",
+             "serial_gemm,rs", "bench finished: all checks passed"])
+for val, msg in [("xyz", "unknown operation 'xyz'"), ("ring_ag+gemm,", "unknown operation ''"),
+                 (",ring_ag+gemm", "unknown operation ''"), ("serial_ag", "unknown operation"),
+                 ("RING_AG+GEMM", "unknown operation 'RING_AG+GEMM'"),
+                 ("ring_ag+gemm ", "unknown operation 'ring_ag+gemm '"),
+                 ("ring_ag+gemm,gemm+ring_rs,ring_ag+gemm", "'ring_ag+gemm' given twice")]:
+    case("bench --ops %r" % val, TPM + ["--ops", val], 2,
+         err=["--ops '%s'" % val, msg] + ([] if "twice" in msg else [", ".join(OPS)]))
+case("bench --ops none runs at any P", TPM + ["--ops", "ring_ag_aggr+gemm"], 2,
+     err=["--ops 'ring_ag_aggr+gemm': no operation runs at any P", "even P >= 4"])
+case("bench --ops without tp", argv(B, {"--ops": "ring_ag+gemm"}), 2,
+     err="--ops applies to --section tp only")
 case("bench --proc-worker outside the launcher", TPM + ["--proc-worker", "/tmp/tpflex_cli_w"], 1,
      err="only the tp section's procs mode starts it")
 if not HAVE_CUDA:
