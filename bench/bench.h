@@ -67,7 +67,8 @@ typedef struct {
   uint64_t proc_timeout_ms; /* bound of one process group's run (procs mode) */
   uint64_t arena_bytes;     /* --arena-mib: the simulator's arena (0: its default, 1 GiB) */
   unsigned tp_sel;          /* --ops: bit i set = bench_tp_sel_name(i) runs (all by default) */
-  /* the planner section */
+  bool adaptive; /* --adaptive: each tp operation also on a TPF_PLAN_ADAPTIVE communicator */
+  /* the planner section (and the tp section's --adaptive rows: cost, cost_used, dedicated) */
   const tpf_cost_table *cost; /* the table of the adaptive communicators and the predictions */
   const char *cost_used;      /* the file it came from */
   bool dedicated;             /* --model dedicated: the table as is (one device per rank) */
@@ -247,7 +248,7 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 
 /* ---- the tp section's operations on one group (bench_ops.c; bench_modes.c) ---------------- */
 
-#define BENCH_TP_MAX_OPS 6
+#define BENCH_TP_MAX_OPS 10 /* 4 operations, their 4 adaptive versions, 2 serial baselines */
 /* The operations of the tp section that --ops can select (the serial baselines run whenever a
  * selected operation needs one). */
 #define BENCH_TP_NSEL 4
@@ -258,6 +259,10 @@ const char *bench_tp_sel_name(int i);
 /* Operations (rows, serial baselines included) the tp section runs at P with o->tp_sel: 0 when
  * none of the selected ones applies at P (ring_ag_aggr+gemm needs an even P >= 4). */
 int bench_tp_nops(const bench_opts *o, int P);
+/* The table every adaptive communicator of the bench plans with: o->cost as it is (--model
+ * dedicated) or as P ranks sharing one device see it (the default, --model shared: shared_device
+ * 1, every rank's GEMMs take the device in turn, and the peer link is the device-local one). */
+void bench_cost_model(const bench_opts *o, tpf_cost_table *out);
 /* What one P of the tp section measured in one mode. Written whole to a file by a process-mode
  * worker and read back by the launching process (the same executable: the same layout). */
 typedef struct {
@@ -266,16 +271,19 @@ typedef struct {
   uint64_t ts[BENCH_MAX_TS];
   char op[BENCH_TP_MAX_OPS][32];
   bool ag[BENCH_TP_MAX_OPS];
-  int serial[BENCH_TP_MAX_OPS];                   /* index of the op's serial baseline */
-  double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* device events, median (NaN: not taken) */
-  double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* host wall, median */
-  double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* operation call to return, median */
+  bool adaptive[BENCH_TP_MAX_OPS];                 /* on a TPF_PLAN_ADAPTIVE communicator */
+  int chose[BENCH_TP_MAX_OPS][BENCH_MAX_TS];       /* adaptive: the planner's split count (0: ?) */
+  bool chose_aggr[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* and whether with aggregate */
+  int serial[BENCH_TP_MAX_OPS];                    /* index of the op's serial baseline */
+  double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* device events, median (NaN: not taken) */
+  double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* host wall, median */
+  double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* operation call to return, median */
   long long wrong[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   bool failed[BENCH_TP_MAX_OPS];
   char err[BENCH_TP_MAX_OPS][300];
   char setup_err[300]; /* the group, the bootstrap or the launch failed ("" when not) */
 } bench_tp_result;
-#define BENCH_TP_MAGIC 0x54504D31u /* "TPM1" */
+#define BENCH_TP_MAGIC 0x54504D32u /* "TPM2" */
 /* Runs every operation of the tp section at P = g->tp over the T values of o->tps that P divides,
  * each job o->warmup warm-up runs, then (events) o->iters device-event repetitions, then o->iters
  * host-wall repetitions, then the check. events is false in procs mode (no interprocess event

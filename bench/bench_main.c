@@ -35,6 +35,7 @@ enum {
   B_PROC_WORKER,
   B_ARENA,
   B_OPS,
+  B_ADAPTIVE,
   B_NOPTS
 };
 static const cli_opt kBenchOpts[B_NOPTS] = {
@@ -71,12 +72,12 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_IPC_PEER] = {"--ipc-peer", CLI_FLAG, 0, 0, NULL, NULL,
                     "internal: the peer process of the CUDA IPC check", 0, false},
     [B_COST] = {"--cost", CLI_STR, 0, 0, NULL, "FILE",
-                "planner: cost table of the adaptive communicators and the predictions (default "
-                "the shipped table: cuda data/cost/h200.txt, sim sim.txt)",
+                "planner and tp --adaptive: cost table of the adaptive communicators and the "
+                "predictions (default the shipped table: cuda data/cost/h200.txt, sim sim.txt)",
                 0, false},
     [B_MODEL] = {"--model", CLI_CHOICE, 0, 0, "shared|dedicated", NULL,
-                 "planner: shared (default: the table as P ranks sharing one device see it) or "
-                 "dedicated (the table as is)",
+                 "planner and tp --adaptive: shared (default: the table as P ranks sharing one "
+                 "device see it) or dedicated (the table as is)",
                  0, false},
     [B_MODE] = {"--mode", CLI_CHOICE, 0, 0, "threads|procs|both", NULL,
                 "tp section: ranks as threads of this process, as processes (each exec'd by the "
@@ -108,6 +109,10 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                "ring_ag_aggr+gemm, gemm+ring_rs, gemm+pipeline_rs (default all; the serial "
                "baselines they need always run)",
                0, false},
+    [B_ADAPTIVE] = {"--adaptive", CLI_FLAG, 0, 0, NULL, NULL,
+                    "tp section: also run each selected operation on a T-adaptive communicator "
+                    "(TPF_PLAN_ADAPTIVE; rows 'op[adaptive]'), planning with --cost and --model",
+                    0, false},
 };
 static const char kIntro[] = "usage: tpflex bench [options]   (every option is optional)";
 static const char kOutro[] =
@@ -272,17 +277,21 @@ int tpf_cmd_bench(int argc, char **argv) {
   for (unsigned b = 0; b < 7; b++)
     if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
   const bool planner = (sections & BENCH_SEC_PLANNER) != 0;
-  if (!planner)
+  o.adaptive = v[B_ADAPTIVE].set;
+  if (!planner && !o.adaptive)
     for (int k = B_COST; k <= B_MODEL; k++)
       if (v[k].set)
-        return cli_error(&ctx, "%s applies to --section planner only", kBenchOpts[k].name);
+        return cli_error(&ctx,
+                         "%s applies to --section planner only (or to the tp section with "
+                         "--adaptive)",
+                         kBenchOpts[k].name);
   if (planner && iters > BENCH_MAX_ITERS / BENCH_MAX_VARIANTS)
     return cli_error(&ctx,
                      "--iters '%s': the planner section times up to %d schedules per repetition, "
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
   const bool tp_sec = sections == 0 || (sections & BENCH_SEC_TP) != 0;
-  static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS};
+  static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS, B_ADAPTIVE};
   for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++)
     if (v[tp_only[i]].set)
       return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[tp_only[i]].name);
@@ -332,13 +341,15 @@ int tpf_cmd_bench(int argc, char **argv) {
   o.sections = sections ? sections : BENCH_SEC_ALL;
   static tpf_cost_table cost;
   static char cost_used[1024];
-  if (planner) {
+  if (planner || o.adaptive) {
     int lrc = cli_load_cost(&ctx, "--cost", v[B_COST].set ? v[B_COST].s : NULL,
                             o.cuda ? "h200.txt" : "sim.txt", &cost, cost_used, sizeof cost_used);
     if (lrc >= 0) return lrc;
     o.cost = &cost;
     o.cost_used = cost_used;
     o.dedicated = v[B_MODEL].set && v[B_MODEL].u == 1;
+  }
+  if (planner) {
     o.planner_iters = iters ? (int)iters : (o.cuda ? (o.quick ? 5 : 15) : (o.quick ? 2 : 3));
     o.planner_warmup = have_warm ? (int)warm : (o.cuda ? (o.quick ? 1 : 3) : 1);
     if (n) {
@@ -457,7 +468,11 @@ int tpf_cmd_bench(int argc, char **argv) {
       if (o.tp_sel & (1u << i))
         l += snprintf(ops + l, sizeof ops - (size_t)l, "%s%s",
                       l ? "," : "  ops=", bench_tp_sel_name(i));
-    printf("# tp section: mode=%s  P=%s  T=%s%s\n", mode_names[o.modes & 3u], ps, ts, ops);
+    printf("# tp section: mode=%s  P=%s  T=%s%s", mode_names[o.modes & 3u], ps, ts, ops);
+    if (o.adaptive)
+      printf("  adaptive: cost table %s, model %s", o.cost_used,
+             o.dedicated ? "dedicated" : "shared");
+    printf("\n");
   }
 
   int rc = 0;

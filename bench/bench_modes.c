@@ -82,6 +82,13 @@ static void worker_argv(const bench_opts *o, int P, const char *exe, const char 
                               bench_tp_sel_name(i));
   w->argv[a++] = "--ops";
   w->argv[a++] = w->ops;
+  if (o->adaptive) { /* the same table, resolved here: no default can differ */
+    w->argv[a++] = "--adaptive";
+    w->argv[a++] = "--cost";
+    w->argv[a++] = (char *)o->cost_used;
+    w->argv[a++] = "--model";
+    w->argv[a++] = o->dedicated ? "dedicated" : "shared";
+  }
   if (!o->cuda && o->arena_bytes != 0) {
     snprintf(w->num[n], sizeof w->num[n], "%llu", (unsigned long long)(o->arena_bytes >> 20));
     w->argv[a++] = "--arena-mib";
@@ -178,6 +185,22 @@ static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
 
 /* ---- the section -------------------------------------------------------------------------- */
 
+/* One note per adaptive row of rs: the split count its planner chose at each T. */
+static void chose_notes(const bench_tp_result *rs, const char *mode) {
+  for (int k = 0; k < rs->nops; k++) {
+    if (!rs->adaptive[k]) continue;
+    char line[BENCH_MAX_TS * 32] = "";
+    for (int i = 0, l = 0; i < rs->nts; i++) {
+      char lab[16] = "?";
+      if (rs->chose[k][i] > 0)
+        snprintf(lab, sizeof lab, "%d%s", rs->chose[k][i], rs->chose_aggr[k][i] ? "a" : "");
+      l += snprintf(line + l, sizeof line - (size_t)l, "%sT=%llu: %s", i ? ", " : "",
+                    (unsigned long long)rs->ts[i], lab);
+    }
+    bench_note("%s %s P=%d: planner chose splits %s", rs->op[k], mode, rs->P, line);
+  }
+}
+
 int bench_section_tp(const bench_opts *o) {
   const bool thr_on = (o->modes & BENCH_MODE_THREADS) != 0,
              prc_on = (o->modes & BENCH_MODE_PROCS) != 0;
@@ -239,6 +262,18 @@ int bench_section_tp(const bench_opts *o) {
                "simulator cannot span processes), joined by the socket bootstrap: they check the "
                "process-mode path (launch, exec, agreements, gathers, result file), their times "
                "are not process-mode figures");
+  if (o->adaptive) {
+    bench_note("[adaptive]: the operation on a TPF_PLAN_ADAPTIVE communicator (num_splits 0: per "
+               "T the planner picks an overlap schedule or no overlap), cost table %s, model %s; "
+               "speedup against the same serial baseline as the fixed rows; 'planner chose "
+               "splits': rank 0's tpf_comm_plan_info after its check run (1 = no overlap, 'a' = "
+               "aggregate, '?' = not run)",
+               o->cost_used, o->dedicated ? "dedicated" : "shared");
+    for (int pi = 0; pi < o->nps; pi++) {
+      if (thr_on) chose_notes(&thr[pi], "threads");
+      if (prc_on) chose_notes(&prc[pi], "procs");
+    }
+  }
   for (int pi = 0; pi < o->nps; pi++)
     if (bench_tp_nops(o, o->ps[pi]) == 0)
       bench_note("P=%d: no operation of --ops runs at this P (ring_ag_aggr+gemm needs an even "

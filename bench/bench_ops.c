@@ -70,14 +70,17 @@ typedef struct {
   int nts;
   uint64_t ts[BENCH_MAX_TS];
   int iters, warmup;
-  int host_iters;      /* host-wall repetitions after the `iters` timed ones (0: none) */
-  uint64_t margin;     /* rotation span of operand offsets, elements */
-  bench_variants *var; /* NULL: one schedule, the communicator's (no options) */
+  int host_iters;             /* host-wall repetitions after the `iters` timed ones (0: none) */
+  uint64_t margin;            /* rotation span of operand offsets, elements */
+  bench_variants *var;        /* NULL: one schedule, the communicator's (no options) */
+  const tpf_cost_table *cost; /* without var: an ADAPTIVE communicator planning with it */
   /* results */
   double us[BENCH_MAX_TS];
   double host_us[BENCH_MAX_TS], enq_us[BENCH_MAX_TS]; /* host wall, enqueue: medians */
   atomic_llong wrong[BENCH_MAX_TS];
   atomic_llong checked[BENCH_MAX_TS];
+  int chose[BENCH_MAX_TS]; /* with cost: rank 0's planner choice per T (0: none) */
+  bool chose_aggr[BENCH_MAX_TS];
   atomic_int failed;
   tpf_status st;
   char err[300];
@@ -331,7 +334,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   void *dmem = NULL;
   tpf_status st;
   char name[64];
-  snprintf(name, sizeof(name), "bench_%s", kOps[j->op].name);
+  snprintf(name, sizeof(name), "bench_%s%s", kOps[j->op].name, j->cost ? "_adaptive" : "");
   tpf_comm_config cfg = {.name = name,
                          .algo = kOps[j->op].algo,
                          .coll = kOps[j->op].coll,
@@ -340,9 +343,9 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
                          .num_splits = kOps[j->op].splits,
                          .aggregate = kOps[j->op].aggregate};
   bench_variants *var = j->var;
-  if (var && var->cost) {
+  if ((var && var->cost) || j->cost) {
     cfg.plan = TPF_PLAN_ADAPTIVE;
-    cfg.cost = var->cost;
+    cfg.cost = var ? var->cost : j->cost;
   }
   const int nv = var ? var->nvar : 1;
   st = tpf_comm_create(rk->be, &cfg, &c);
@@ -429,6 +432,12 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           } else if (var && var->cost && var->splits[v] == 0 && check && r == 0 &&
                      tpf_comm_plan_info(c, &var->plan[ti]) != TPF_OK) {
             var->plan[ti].ncand = 0; /* the decision just made: read before any other op */
+          } else if (!var && j->cost && check && r == 0) {
+            tpf_plan_result pr; /* the decision for this T (the same on every rank) */
+            if (tpf_comm_plan_info(c, &pr) == TPF_OK && pr.ncand > 0) {
+              j->chose[ti] = pr.cand[pr.chosen].num_splits;
+              j->chose_aggr[ti] = pr.cand[pr.chosen].aggregate;
+            }
           }
         }
         if (timed)
@@ -901,32 +910,68 @@ static bool selected(const bench_opts *o, bench_op op) {
   return false;
 }
 
-/* The operations of the tp section at P, in table order: the selected ones, and the serial
- * baseline of each collective that has one selected. */
-static int tp_ops(const bench_opts *o, int P, bench_op *ops) {
+/* One row of the tp section: an operation, on a FIXED or (adaptive) a TPF_PLAN_ADAPTIVE
+ * communicator. */
+typedef struct {
+  bench_op op;
+  bool adaptive;
+} tp_entry;
+
+/* Appends op (when selected) and, with --adaptive, its adaptive version right after it. Every
+ * selectable operation is one the planner handles (core/plan.c: RING AG, with or without
+ * aggregate, RING RS and PIPELINE RS), so each gets one. */
+static void tp_add(const bench_opts *o, bench_op op, tp_entry *ops, int *n) {
+  if (!selected(o, op)) return;
+  ops[(*n)++] = (tp_entry){op, false};
+  if (o->adaptive) ops[(*n)++] = (tp_entry){op, true};
+}
+
+/* The operations of the tp section at P, in table order: the selected ones (each followed by
+ * its adaptive version with --adaptive), and the serial baseline of each collective that has one
+ * selected. At most BENCH_TP_MAX_OPS. */
+static int tp_ops(const bench_opts *o, int P, tp_entry *ops) {
   int n = 0;
-  if (selected(o, BOP_RING_AG)) ops[n++] = BOP_RING_AG;
-  if (P % 2 == 0 && P > 2 && selected(o, BOP_RING_AG_AGGR)) ops[n++] = BOP_RING_AG_AGGR;
-  if (n > 0) ops[n++] = BOP_RING_AG_SERIAL;
+  tp_add(o, BOP_RING_AG, ops, &n);
+  if (P % 2 == 0 && P > 2) tp_add(o, BOP_RING_AG_AGGR, ops, &n);
+  if (n > 0) ops[n++] = (tp_entry){BOP_RING_AG_SERIAL, false};
   const int nag = n;
-  if (selected(o, BOP_RING_RS)) ops[n++] = BOP_RING_RS;
-  if (selected(o, BOP_PIPE_RS)) ops[n++] = BOP_PIPE_RS;
-  if (n > nag) ops[n++] = BOP_PIPE_RS_SERIAL;
+  tp_add(o, BOP_RING_RS, ops, &n);
+  tp_add(o, BOP_PIPE_RS, ops, &n);
+  if (n > nag) ops[n++] = (tp_entry){BOP_PIPE_RS_SERIAL, false};
   return n;
 }
 
 int bench_tp_nops(const bench_opts *o, int P) {
-  bench_op ops[BOP_COUNT];
+  tp_entry ops[BENCH_TP_MAX_OPS];
   return tp_ops(o, P, ops);
+}
+
+/* Shared (the default): one GEMM queue for all ranks (shared_device: their GEMMs take the device
+ * one at a time) and a peer copy that is a copy within the device. Replayed against the measured
+ * schedules of the H200 run of 2026-12-03 (bench/RESULTS.md section 6), this model's median error
+ * was 13 %, against 20-23 % for the earlier approximation (GEMM times x P, bandwidths / P). */
+void bench_cost_model(const bench_opts *o, tpf_cost_table *out) {
+  *out = *o->cost;
+  if (!o->dedicated) {
+    out->peer = o->cost->local;
+    out->shared_device = 1;
+  }
 }
 
 tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res,
                         void (*done)(const bench_tp_result *res, void *arg), void *done_arg) {
   const int P = g->tp;
-  bench_op ops[BOP_COUNT];
+  tp_entry ops[BENCH_TP_MAX_OPS];
   const int nops = tp_ops(o, P, ops);
   bench_job *j = calloc(1, sizeof *j);
-  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  /* The adaptive communicators' table: the one the planner section uses (bench_cost_model). */
+  tpf_cost_table *model = o->adaptive ? malloc(sizeof *model) : NULL;
+  if (!j || (o->adaptive && !model)) {
+    free(j);
+    free(model);
+    return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  }
+  if (model) bench_cost_model(o, model);
   /* Every operation's row exists from the start (n/a until it ran), so a result written after
    * each operation (done) is whole at every point. */
   memset(res, 0, sizeof *res);
@@ -939,23 +984,26 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
   res->nts = j->nts;
   memcpy(res->ts, j->ts, sizeof res->ts);
   for (int k = 0; k < nops; k++) {
-    snprintf(res->op[k], sizeof res->op[k], "%s", kOps[ops[k]].name);
-    res->ag[k] = is_ag(ops[k]);
+    snprintf(res->op[k], sizeof res->op[k], "%s%s", kOps[ops[k].op].name,
+             ops[k].adaptive ? "[adaptive]" : "");
+    res->ag[k] = is_ag(ops[k].op);
+    res->adaptive[k] = ops[k].adaptive;
     for (int m = 0; m < nops; m++)
-      if (ops[m] == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
+      if (ops[m].op == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
     for (int i = 0; i < BENCH_MAX_TS; i++)
       res->dev_us[k][i] = res->host_us[k][i] = res->enq_us[k][i] = NAN;
   }
   const bool chatty = !g->xboot || g->xboot->rank == 0;
   tpf_status first = TPF_OK;
   for (int k = 0; k < nops; k++) {
-    job_init(j, o, ops[k], P, o->ntps, o->tps);
+    job_init(j, o, ops[k].op, P, o->ntps, o->tps);
     j->iters = events ? o->iters : 0;
     j->host_iters = o->iters;
+    j->cost = ops[k].adaptive ? model : NULL;
     for (int i = 0; i < j->nts; i++)
       j->host_us[i] = j->enq_us[i] = NAN;
     if (chatty)
-      bench_progress("[4/4 tp] P=%d %s%s over %d values of T", P, kOps[ops[k]].name,
+      bench_progress("[4/4 tp] P=%d %s%s over %d values of T", P, res->op[k],
                      g->xboot ? " (processes)" : "", j->nts);
     tpf_status st = run_job(g, j);
     for (int i = 0; i < j->nts; i++) {
@@ -963,6 +1011,8 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
       res->host_us[k][i] = j->host_us[i];
       res->enq_us[k][i] = j->enq_us[i];
       res->wrong[k][i] = atomic_load(&j->wrong[i]);
+      res->chose[k][i] = j->chose[i];
+      res->chose_aggr[k][i] = j->chose_aggr[i];
     }
     if (st != TPF_OK) {
       res->failed[k] = true;
@@ -972,6 +1022,7 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
     if (done) done(res, done_arg);
   }
   free(j);
+  free(model);
   return first;
 }
 

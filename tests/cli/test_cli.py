@@ -62,7 +62,8 @@ CHOICES = [
     ("calibrate", "--backend", ["cuda", "sim"]), ("calibrate", "--dtype", ["bf16", "fp16", "fp32"]),
 ]
 FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
-         ("bench", "--quick"), ("calibrate", "--quick"), ("calibrate", "--schedules")]
+         ("bench", "--quick"), ("bench", "--adaptive"), ("calibrate", "--quick"),
+         ("calibrate", "--schedules")]
 FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
 # Options that take a value (every non-flag option of every command).
 VALUED = [(c, o) for c, o, _, _ in NUMS] + [(c, o) for c, o, _ in CHOICES] + FILES + [
@@ -542,6 +543,42 @@ case("bench --ops none runs at any P", TPM + ["--ops", "ring_ag_aggr+gemm"], 2,
      err=["--ops 'ring_ag_aggr+gemm': no operation runs at any P", "even P >= 4"])
 case("bench --ops without tp", argv(B, {"--ops": "ring_ag+gemm"}), 2,
      err="--ops applies to --section tp only")
+# --adaptive: every selected operation also on a TPF_PLAN_ADAPTIVE communicator, rows
+# 'op[adaptive]' in both modes with the planner's split count per T in a note; --cost/--model
+# apply to it (the workers get the same table)
+ADA = TPM4 + ["--mode", "both", "--adaptive"]
+count += 1
+rc, so, se = run(ADA)
+rows = [l.split()[:2] for l in so.splitlines() if l and not l.startswith("#")]
+for name in OPS:
+    for mode in ["threads", "procs"]:
+        if [name + "[adaptive]", mode] not in rows:
+            failures.append("bench --adaptive: no %s[adaptive] %s row" % (name, mode))
+for want in ["adaptive: cost table ", "model shared", "[adaptive]: the operation on a "
+             "TPF_PLAN_ADAPTIVE communicator", "ring_ag+gemm[adaptive] threads P=2: planner chose "
+             "splits T=32: ", "gemm+pipeline_rs[adaptive] procs P=4: planner chose splits T=32: ",
+             "ring_ag_aggr+gemm[adaptive] procs P=4", "bench finished: all checks passed"]:
+    if rc != 0 or want not in so:
+        failures.append("bench --adaptive: exit %s, stdout lacks %r\n    stderr: %s" %
+                        (rc, want, se[-300:]))
+case("bench --adaptive --ops --cost --model dedicated",
+     TPM + ["--mode", "procs", "--adaptive", "--ops", "gemm+ring_rs", "--cost", CAL_OUT, "--model",
+            "dedicated"], 0,
+     out=["adaptive: cost table " + CAL_OUT + ", model dedicated", "gemm+ring_rs[adaptive] ",
+          "gemm+ring_rs[adaptive] procs P=2: planner chose splits T=8: ",
+          "bench finished: all checks passed"])
+case("bench --adaptive --cost missing", TPM + ["--adaptive", "--cost", "/nonexistent/c.txt"], 2,
+     err="--cost '/nonexistent/c.txt' cannot be read")
+case("bench tp --cost without --adaptive", TPM + ["--cost", CAL_OUT], 2,
+     err="--cost applies to --section planner only (or to the tp section with --adaptive)")
+case("bench tp --model without --adaptive", TPM + ["--model", "dedicated"], 2,
+     err="--model applies to --section planner only")
+case("bench --adaptive without tp", argv(B, extra=["--adaptive"]), 2,
+     err="--adaptive applies to --section tp only")
+count += 1
+rc, so, _ = run(TPM + ["--mode", "threads"])
+if "[adaptive]" in so:
+    failures.append("bench tp without --adaptive printed adaptive rows")
 case("bench --proc-worker outside the launcher", TPM + ["--proc-worker", "/tmp/tpflex_cli_w"], 1,
      err="only the tp section's procs mode starts it")
 if not HAVE_CUDA:
