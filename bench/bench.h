@@ -205,6 +205,8 @@ tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us);
 tpf_status bench_cuda_sync(bench_rank *rk);
 /* The L2 flush of host-wall timing: rank 0's 1 GiB memset, then its stream synchronised. */
 tpf_status bench_cuda_flush(bench_rank *rk, int it);
+/* This rank's tpf_cuda_backend_enqueue_stats (cumulative), read on the rank's own thread. */
+tpf_status bench_cuda_enq_stats(bench_rank *rk, tpf_cuda_enqueue_stats *out);
 /* CUDA devices visible (0 without a usable GPU or without CUDA; why gets CUDA's text then). */
 int bench_cuda_device_count(char *why, size_t len);
 long long bench_cuda_dev_used(void); /* bytes in use on the device, -1 without CUDA */
@@ -248,6 +250,16 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 
 /* ---- the tp section's operations on one group (bench_ops.c; bench_modes.c) ---------------- */
 
+/* The enqueue breakdown of one operation (bench_tp_result.enq): from the differences of
+ * tpf_cuda_enqueue_stats over the host-wall repetitions, per operation: host us inside the
+ * backend's execute, CUDA calls (every kind but peer_wait), host us in each kind. */
+enum {
+  BENCH_ENQ_HOST = 0,
+  BENCH_ENQ_CALLS = 1,
+  BENCH_ENQ_KIND = 2, /* + tpf_cuda_enq_kind */
+  BENCH_ENQ_NF = 2 + TPF_CUDA_ENQ_COUNT
+};
+
 #define BENCH_TP_MAX_OPS 10 /* 4 operations, their 4 adaptive versions, 2 serial baselines */
 /* The operations of the tp section that --ops can select (the serial baselines run whenever a
  * selected operation needs one). */
@@ -278,12 +290,16 @@ typedef struct {
   double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* device events, median (NaN: not taken) */
   double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* host wall, median */
   double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* operation call to return, median */
+  /* The CUDA backend's enqueue breakdown (BENCH_ENQ_*), mean over ranks, and the largest rank's
+   * host us; NaN where not measured (the simulator, a failure). */
+  double enq[BENCH_TP_MAX_OPS][BENCH_MAX_TS][BENCH_ENQ_NF];
+  double enq_host_max[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   long long wrong[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   bool failed[BENCH_TP_MAX_OPS];
   char err[BENCH_TP_MAX_OPS][300];
   char setup_err[300]; /* the group, the bootstrap or the launch failed ("" when not) */
 } bench_tp_result;
-#define BENCH_TP_MAGIC 0x54504D32u /* "TPM2" */
+#define BENCH_TP_MAGIC 0x54504D33u /* "TPM3" */
 /* Runs every operation of the tp section at P = g->tp over the T values of o->tps that P divides,
  * each job o->warmup warm-up runs, then (events) o->iters device-event repetitions, then o->iters
  * host-wall repetitions, then the check. events is false in procs mode (no interprocess event

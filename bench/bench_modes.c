@@ -185,6 +185,54 @@ static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
 
 /* ---- the section -------------------------------------------------------------------------- */
 
+/* One row of the enqueue breakdown: operation k of rs at T index i. */
+static void enq_row(const bench_tp_result *rs, const char *mode, int k, int i) {
+  const double *e = rs->enq[k][i];
+  bench_cell_s(rs->op[k]);
+  bench_cell_s(mode);
+  bench_cell_i(rs->P);
+  bench_cell_i((long long)rs->ts[i]);
+  bench_cell_f(e[BENCH_ENQ_HOST], 1);
+  bench_cell_f(e[BENCH_ENQ_CALLS], 1);
+  for (int kind = 0; kind < TPF_CUDA_ENQ_COUNT; kind++)
+    bench_cell_f(e[BENCH_ENQ_KIND + kind], 2);
+  bench_cell_f(rs->enq_host_max[k][i], 1);
+  bench_row_end();
+}
+
+/* The CUDA backend's enqueue breakdown of every row of the modes table, in its order. */
+static void enq_table(const bench_opts *o, const bench_tp_result *thr, const bench_tp_result *prc) {
+  /* The kinds in tpf_cuda_enq_kind order (tpf_cuda_enq_kind_name's names). */
+  static const char *const cols[] = {"op",    "mode",      "P",           "T",      "host(us)",
+                                     "calls", "gemm",      "copy",        "signal", "record",
+                                     "wait",  "peer_wait", "host_max(us)"};
+  bench_table("tp_enqueue",
+              "Section 4/5 enqueue breakdown (CUDA backend, per operation, mean over ranks)", 13,
+              cols);
+  for (int pi = 0; pi < o->nps; pi++) {
+    const bench_tp_result *t = thr && thr[pi].nops ? &thr[pi] : NULL;
+    const bench_tp_result *p = prc && prc[pi].nops ? &prc[pi] : NULL;
+    const bench_tp_result *ref = t ? t : p;
+    for (int i = 0; ref && i < ref->nts; i++)
+      for (int k = 0; k < ref->nops; k++) {
+        if (t) enq_row(t, "threads", k, i);
+        if (p && k < p->nops && i < p->nts) enq_row(p, "procs", k, i);
+      }
+  }
+  bench_note("over the %d host-wall repetitions of the modes table: every rank reads "
+             "tpf_cuda_backend_enqueue_stats on its own thread before the first and after the "
+             "last; mean over ranks, host_max(us) = the largest rank's host(us)",
+             o->iters);
+  bench_note("per operation: host(us) = host time inside the backend's execute, calls = CUDA and "
+             "cuBLASLt calls (every kind but peer_wait), gemm .. wait = host us inside those "
+             "calls, peer_wait = host us waiting for a peer rank (in-process handshake, the "
+             "polling enqueuer's idle time, the host agreement of ranks in other processes)");
+  bench_note("host(us) - (gemm + copy + signal + record + wait + peer_wait) = the backend's own "
+             "bookkeeping; enqueue(us) of the modes table (the whole tpf_* call, a median) minus "
+             "host(us) is roughly the core's part (planning, checks, schedule); n/a: not read "
+             "(a failed operation or backend)");
+}
+
 /* One note per adaptive row of rs: the split count its planner chose at each T. */
 static void chose_notes(const bench_tp_result *rs, const char *mode) {
   for (int k = 0; k < rs->nops; k++) {
@@ -281,6 +329,11 @@ int bench_section_tp(const bench_opts *o) {
                  o->ps[pi]);
   if (!thr_on) bench_note("threads mode not run (--mode procs)");
   if (!prc_on) bench_note("procs mode not run (--mode threads)");
+  if (o->cuda)
+    enq_table(o, thr_on ? thr : NULL, prc_on ? prc : NULL);
+  else
+    bench_note("enqueue breakdown: not measured: it needs the CUDA backend's counters "
+               "(tpf_cuda_backend_enqueue_stats); run with --backend cuda");
   free(thr);
   free(prc);
   return rc;

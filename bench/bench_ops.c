@@ -80,6 +80,10 @@ typedef struct {
   atomic_llong wrong[BENCH_MAX_TS];
   atomic_llong checked[BENCH_MAX_TS];
   int chose[BENCH_MAX_TS]; /* with cost: rank 0's planner choice per T (0: none) */
+  /* The enqueue breakdown (BENCH_ENQ_*) over the host-wall repetitions: per global rank (NaN:
+   * not measured), then the mean over ranks and the largest host us (job_enq_reduce). */
+  double enq_rank[BENCH_MAX_TS][TPF_MAX_RANKS][BENCH_ENQ_NF];
+  double enq_mean[BENCH_MAX_TS][BENCH_ENQ_NF], enq_max[BENCH_MAX_TS];
   bool chose_aggr[BENCH_MAX_TS];
   atomic_int failed;
   tpf_status st;
@@ -325,6 +329,73 @@ static void job_gather(bench_rank *rk, bench_job *j) {
   pthread_barrier_wait(&g->bar);
 }
 
+/* The CUDA backend's cumulative enqueue statistics of this rank (its own thread), or false where
+ * there are none (the simulator). */
+static bool enq_snap(bench_rank *rk, tpf_cuda_enqueue_stats *s) {
+  return rk->g->cuda && bench_cuda_enq_stats(rk, s) == TPF_OK;
+}
+
+/* This rank's breakdown at T index ti: the statistics now minus s0, per operation. */
+static void enq_record(bench_rank *rk, bench_job *j, int ti, const tpf_cuda_enqueue_stats *s0) {
+  tpf_cuda_enqueue_stats s1;
+  if (!enq_snap(rk, &s1) || s1.ops <= s0->ops) return;
+  double *e = j->enq_rank[ti][rk->rank];
+  const double ops = (double)(s1.ops - s0->ops);
+  e[BENCH_ENQ_HOST] = (double)(s1.host_ns - s0->host_ns) / ops * 1e-3;
+  uint64_t calls = 0;
+  for (int k = 0; k < TPF_CUDA_ENQ_COUNT; k++) {
+    if (k != TPF_CUDA_ENQ_PEER_WAIT) calls += s1.calls[k] - s0->calls[k];
+    e[BENCH_ENQ_KIND + k] = (double)(s1.ns[k] - s0->ns[k]) / ops * 1e-3;
+  }
+  e[BENCH_ENQ_CALLS] = (double)calls / ops;
+}
+
+/* The breakdown over ranks: the first rank thread of each process sums its rank threads'
+ * figures (and takes the largest host us), the processes exchange the sums through the bootstrap
+ * (procs mode), and every process ends with the mean over the ranks that measured and the
+ * maximum in j->enq_mean / enq_max (NaN where none did). All rank threads call it, in every
+ * process, so the exchanges pair up. */
+static void job_enq_reduce(bench_rank *rk, bench_job *j) {
+  bench_group *g = rk->g;
+  pthread_barrier_wait(&g->bar);
+  if (rk->rank == g->rank0) {
+    typedef struct {
+      double sum[BENCH_MAX_TS][BENCH_ENQ_NF], max[BENCH_MAX_TS];
+      int n[BENCH_MAX_TS];
+    } part;
+    const int np = g->xboot ? g->xboot->tp_size : 1;
+    part mine, *all = calloc((size_t)np, sizeof(part));
+    memset(&mine, 0, sizeof mine);
+    for (int ti = 0; ti < j->nts; ti++) {
+      mine.max[ti] = -1;
+      for (int l = 0; l < g->nlocal; l++) {
+        const double *e = j->enq_rank[ti][g->rank0 + l];
+        if (isnan(e[BENCH_ENQ_HOST])) continue;
+        mine.n[ti]++;
+        for (int f = 0; f < BENCH_ENQ_NF; f++)
+          mine.sum[ti][f] += e[f];
+        if (e[BENCH_ENQ_HOST] > mine.max[ti]) mine.max[ti] = e[BENCH_ENQ_HOST];
+      }
+    }
+    const bool ok = all && bench_xallgather(g, &mine, all, sizeof mine) == TPF_OK;
+    for (int ti = 0; ti < j->nts; ti++) {
+      int n = 0;
+      double sum[BENCH_ENQ_NF] = {0}, max = -1;
+      for (int q = 0; ok && q < np; q++) {
+        n += all[q].n[ti];
+        for (int f = 0; f < BENCH_ENQ_NF; f++)
+          sum[f] += all[q].sum[ti][f];
+        if (all[q].max[ti] > max) max = all[q].max[ti];
+      }
+      for (int f = 0; f < BENCH_ENQ_NF; f++)
+        j->enq_mean[ti][f] = n > 0 ? sum[f] / n : NAN;
+      j->enq_max[ti] = n > 0 ? max : NAN;
+    }
+    free(all);
+  }
+  pthread_barrier_wait(&g->bar);
+}
+
 static tpf_status op_rank(bench_rank *rk, void *arg) {
   bench_job *j = arg;
   bench_group *g = rk->g;
@@ -378,6 +449,8 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
     }
     tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
     const int total = j->warmup + j->iters + j->host_iters + 1;
+    tpf_cuda_enqueue_stats enq0; /* before the first host-wall repetition */
+    bool have_enq0 = false;
     for (int it = 0; it < total; it++)
       for (int v = 0; v < nv; v++) {
         const bool timed = it >= j->warmup && it < j->warmup + j->iters;
@@ -414,6 +487,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           }
         }
         if (timed) bench_time_begin(rk, slot);
+        if (htimed && hslot == 0) have_enq0 = enq_snap(rk, &enq0);
         if (htimed) skip = bench_host_begin(rk, hslot, &j->failed) || skip;
         if (!skip && run) {
           const double e0 = bench_now_ns();
@@ -446,6 +520,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           bench_host_end(rk, hslot);
         else
           bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
+        if (htimed && hslot == j->host_iters - 1 && have_enq0) enq_record(rk, j, ti, &enq0);
         if (check && !skip && run) {
           st = bench_sync(rk);
           if (st != TPF_OK) {
@@ -487,6 +562,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   free(us);
   free(one);
   free(hus);
+  job_enq_reduce(rk, j);
   job_gather(rk, j);
   bench_barrier(rk);
   if (c) tpf_comm_destroy(c);
@@ -504,6 +580,12 @@ static tpf_status run_job(bench_group *g, bench_job *j) {
     j->us[i] = NAN;
     atomic_store(&j->wrong[i], 0);
     atomic_store(&j->checked[i], 0);
+    for (int r = 0; r < TPF_MAX_RANKS; r++)
+      for (int f = 0; f < BENCH_ENQ_NF; f++)
+        j->enq_rank[i][r][f] = NAN;
+    for (int f = 0; f < BENCH_ENQ_NF; f++)
+      j->enq_mean[i][f] = NAN;
+    j->enq_max[i] = NAN;
   }
   tpf_status st = bench_src_reserve(g, job_src_elems(j, g->tp));
   if (st == TPF_OK) st = bench_group_run(g, op_rank, j);
@@ -990,8 +1072,12 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
     res->adaptive[k] = ops[k].adaptive;
     for (int m = 0; m < nops; m++)
       if (ops[m].op == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
-    for (int i = 0; i < BENCH_MAX_TS; i++)
+    for (int i = 0; i < BENCH_MAX_TS; i++) {
       res->dev_us[k][i] = res->host_us[k][i] = res->enq_us[k][i] = NAN;
+      res->enq_host_max[k][i] = NAN;
+      for (int f = 0; f < BENCH_ENQ_NF; f++)
+        res->enq[k][i][f] = NAN;
+    }
   }
   const bool chatty = !g->xboot || g->xboot->rank == 0;
   tpf_status first = TPF_OK;
@@ -1012,6 +1098,8 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
       res->enq_us[k][i] = j->enq_us[i];
       res->wrong[k][i] = atomic_load(&j->wrong[i]);
       res->chose[k][i] = j->chose[i];
+      memcpy(res->enq[k][i], j->enq_mean[i], sizeof res->enq[k][i]);
+      res->enq_host_max[k][i] = j->enq_max[i];
       res->chose_aggr[k][i] = j->chose_aggr[i];
     }
     if (st != TPF_OK) {
