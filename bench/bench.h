@@ -66,7 +66,9 @@ typedef struct {
   unsigned modes;           /* BENCH_MODE_* of the tp section */
   uint64_t proc_timeout_ms; /* bound of one process group's run (procs mode) */
   uint64_t arena_bytes;     /* --arena-mib: the simulator's arena (0: its default, 1 GiB) */
-  /* the planner section */
+  unsigned tp_sel;          /* --ops: bit i set = bench_tp_sel_name(i) runs (all by default) */
+  bool adaptive; /* --adaptive: each tp operation also on a TPF_PLAN_ADAPTIVE communicator */
+  /* the planner section (and the tp section's --adaptive rows: cost, cost_used, dedicated) */
   const tpf_cost_table *cost; /* the table of the adaptive communicators and the predictions */
   const char *cost_used;      /* the file it came from */
   bool dedicated;             /* --model dedicated: the table as is (one device per rank) */
@@ -203,6 +205,8 @@ tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us);
 tpf_status bench_cuda_sync(bench_rank *rk);
 /* The L2 flush of host-wall timing: rank 0's 1 GiB memset, then its stream synchronised. */
 tpf_status bench_cuda_flush(bench_rank *rk, int it);
+/* This rank's tpf_cuda_backend_enqueue_stats (cumulative), read on the rank's own thread. */
+tpf_status bench_cuda_enq_stats(bench_rank *rk, tpf_cuda_enqueue_stats *out);
 /* CUDA devices visible (0 without a usable GPU or without CUDA; why gets CUDA's text then). */
 int bench_cuda_device_count(char *why, size_t len);
 long long bench_cuda_dev_used(void); /* bytes in use on the device, -1 without CUDA */
@@ -246,7 +250,31 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 
 /* ---- the tp section's operations on one group (bench_ops.c; bench_modes.c) ---------------- */
 
-#define BENCH_TP_MAX_OPS 6
+/* The enqueue breakdown of one operation (bench_tp_result.enq): from the differences of
+ * tpf_cuda_enqueue_stats over the host-wall repetitions, per operation: host us inside the
+ * backend's execute, CUDA calls (every kind but peer_wait), host us in each kind. */
+enum {
+  BENCH_ENQ_HOST = 0,
+  BENCH_ENQ_CALLS = 1,
+  BENCH_ENQ_KIND = 2, /* + tpf_cuda_enq_kind */
+  BENCH_ENQ_NF = 2 + TPF_CUDA_ENQ_COUNT
+};
+
+#define BENCH_TP_MAX_OPS 10 /* 4 operations, their 4 adaptive versions, 2 serial baselines */
+/* The operations of the tp section that --ops can select (the serial baselines run whenever a
+ * selected operation needs one). */
+#define BENCH_TP_NSEL 4
+#define BENCH_TP_SEL_ALL ((1u << BENCH_TP_NSEL) - 1u)
+/* The name of selectable operation i (ring_ag+gemm, ring_ag_aggr+gemm, gemm+ring_rs,
+ * gemm+pipeline_rs), as the tables print it; NULL for i out of range. */
+const char *bench_tp_sel_name(int i);
+/* Operations (rows, serial baselines included) the tp section runs at P with o->tp_sel: 0 when
+ * none of the selected ones applies at P (ring_ag_aggr+gemm needs an even P >= 4). */
+int bench_tp_nops(const bench_opts *o, int P);
+/* The table every adaptive communicator of the bench plans with: o->cost as it is (--model
+ * dedicated) or as P ranks sharing one device see it (the default, --model shared: shared_device
+ * 1, every rank's GEMMs take the device in turn, and the peer link is the device-local one). */
+void bench_cost_model(const bench_opts *o, tpf_cost_table *out);
 /* What one P of the tp section measured in one mode. Written whole to a file by a process-mode
  * worker and read back by the launching process (the same executable: the same layout). */
 typedef struct {
@@ -255,16 +283,23 @@ typedef struct {
   uint64_t ts[BENCH_MAX_TS];
   char op[BENCH_TP_MAX_OPS][32];
   bool ag[BENCH_TP_MAX_OPS];
-  int serial[BENCH_TP_MAX_OPS];                   /* index of the op's serial baseline */
-  double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* device events, median (NaN: not taken) */
-  double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* host wall, median */
-  double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* operation call to return, median */
+  bool adaptive[BENCH_TP_MAX_OPS];                 /* on a TPF_PLAN_ADAPTIVE communicator */
+  int chose[BENCH_TP_MAX_OPS][BENCH_MAX_TS];       /* adaptive: the planner's split count (0: ?) */
+  bool chose_aggr[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* and whether with aggregate */
+  int serial[BENCH_TP_MAX_OPS];                    /* index of the op's serial baseline */
+  double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* device events, median (NaN: not taken) */
+  double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* host wall, median */
+  double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* operation call to return, median */
+  /* The CUDA backend's enqueue breakdown (BENCH_ENQ_*), mean over ranks, and the largest rank's
+   * host us; NaN where not measured (the simulator, a failure). */
+  double enq[BENCH_TP_MAX_OPS][BENCH_MAX_TS][BENCH_ENQ_NF];
+  double enq_host_max[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   long long wrong[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   bool failed[BENCH_TP_MAX_OPS];
   char err[BENCH_TP_MAX_OPS][300];
   char setup_err[300]; /* the group, the bootstrap or the launch failed ("" when not) */
 } bench_tp_result;
-#define BENCH_TP_MAGIC 0x54504D31u /* "TPM1" */
+#define BENCH_TP_MAGIC 0x54504D33u /* "TPM3" */
 /* Runs every operation of the tp section at P = g->tp over the T values of o->tps that P divides,
  * each job o->warmup warm-up runs, then (events) o->iters device-event repetitions, then o->iters
  * host-wall repetitions, then the check. events is false in procs mode (no interprocess event

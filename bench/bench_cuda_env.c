@@ -298,6 +298,12 @@ tpf_status bench_cuda_flush(bench_rank *rk, int it) {
   return TPF_OK;
 }
 
+tpf_status bench_cuda_enq_stats(bench_rank *rk, tpf_cuda_enqueue_stats *out) {
+  memset(out, 0, sizeof *out);
+  out->size = sizeof *out;
+  return tpf_cuda_backend_enqueue_stats(rk->be, out);
+}
+
 int bench_cuda_device_count(char *why, size_t len) {
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
@@ -387,6 +393,11 @@ long long bench_cuda_dev_used(void) {
 tpf_status bench_cuda_flush(bench_rank *rk, int it) {
   (void)rk;
   (void)it;
+  return no_cuda();
+}
+tpf_status bench_cuda_enq_stats(bench_rank *rk, tpf_cuda_enqueue_stats *out) {
+  (void)rk;
+  (void)out;
   return no_cuda();
 }
 int bench_cuda_device_count(char *why, size_t len) {

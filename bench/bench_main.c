@@ -34,6 +34,8 @@ enum {
   B_TIMEOUT,
   B_PROC_WORKER,
   B_ARENA,
+  B_OPS,
+  B_ADAPTIVE,
   B_NOPTS
 };
 static const cli_opt kBenchOpts[B_NOPTS] = {
@@ -70,12 +72,12 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_IPC_PEER] = {"--ipc-peer", CLI_FLAG, 0, 0, NULL, NULL,
                     "internal: the peer process of the CUDA IPC check", 0, false},
     [B_COST] = {"--cost", CLI_STR, 0, 0, NULL, "FILE",
-                "planner: cost table of the adaptive communicators and the predictions (default "
-                "the shipped table: cuda data/cost/h200.txt, sim sim.txt)",
+                "planner and tp --adaptive: cost table of the adaptive communicators and the "
+                "predictions (default the shipped table: cuda data/cost/h200.txt, sim sim.txt)",
                 0, false},
     [B_MODEL] = {"--model", CLI_CHOICE, 0, 0, "shared|dedicated", NULL,
-                 "planner: shared (default: the table as P ranks sharing one device see it) or "
-                 "dedicated (the table as is)",
+                 "planner and tp --adaptive: shared (default: the table as P ranks sharing one "
+                 "device see it) or dedicated (the table as is)",
                  0, false},
     [B_MODE] = {"--mode", CLI_CHOICE, 0, 0, "threads|procs|both", NULL,
                 "tp section: ranks as threads of this process, as processes (each exec'd by the "
@@ -102,6 +104,15 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_ARENA] = {"--arena-mib", CLI_U64, 1, 1u << 20, NULL, "MIB",
                  "simulator: size of the shared arena all registrations live in (default 1024)", 0,
                  false},
+    [B_OPS] = {"--ops", CLI_STR, 0, 0, NULL, "LIST",
+               "tp section: the operations to run, comma-separated, of ring_ag+gemm, "
+               "ring_ag_aggr+gemm, gemm+ring_rs, gemm+pipeline_rs (default all; the serial "
+               "baselines they need always run)",
+               0, false},
+    [B_ADAPTIVE] = {"--adaptive", CLI_FLAG, 0, 0, NULL, NULL,
+                    "tp section: also run each selected operation on a T-adaptive communicator "
+                    "(TPF_PLAN_ADAPTIVE; rows 'op[adaptive]'), planning with --cost and --model",
+                    0, false},
 };
 static const char kIntro[] = "usage: tpflex bench [options]   (every option is optional)";
 static const char kOutro[] =
@@ -156,6 +167,31 @@ static int parse_list(const cli_ctx *ctx, const char *opt, const char *text, uin
     }
     out[n++] = v;
     if (!e) return n;
+    p = e + 1;
+  }
+}
+
+/* --ops "a,b": names of bench_tp_sel_name, each at most once, into *sel. -1, or 2 after naming
+ * the bad item and the valid names. */
+static int parse_ops(const cli_ctx *ctx, const char *text, unsigned *sel) {
+  char valid[BENCH_TP_NSEL * 32] = "";
+  for (int i = 0, l = 0; i < BENCH_TP_NSEL; i++)
+    l += snprintf(valid + l, sizeof valid - (size_t)l, "%s%s", i ? ", " : "", bench_tp_sel_name(i));
+  *sel = 0;
+  for (const char *p = text;;) {
+    const char *e = strchr(p, ',');
+    const size_t len = e ? (size_t)(e - p) : strlen(p);
+    int found = -1;
+    for (int i = 0; i < BENCH_TP_NSEL && found < 0; i++)
+      if (strlen(bench_tp_sel_name(i)) == len && strncmp(bench_tp_sel_name(i), p, len) == 0)
+        found = i;
+    if (found < 0)
+      return cli_error(ctx, "--ops '%s': unknown operation '%.*s' (the operations: %s)", text,
+                       (int)(len > 40 ? 40 : len), p, valid);
+    if (*sel & (1u << found))
+      return cli_error(ctx, "--ops '%s': '%s' given twice", text, bench_tp_sel_name(found));
+    *sel |= 1u << found;
+    if (!e) return -1;
     p = e + 1;
   }
 }
@@ -241,19 +277,26 @@ int tpf_cmd_bench(int argc, char **argv) {
   for (unsigned b = 0; b < 7; b++)
     if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
   const bool planner = (sections & BENCH_SEC_PLANNER) != 0;
-  if (!planner)
+  o.adaptive = v[B_ADAPTIVE].set;
+  if (!planner && !o.adaptive)
     for (int k = B_COST; k <= B_MODEL; k++)
       if (v[k].set)
-        return cli_error(&ctx, "%s applies to --section planner only", kBenchOpts[k].name);
+        return cli_error(&ctx,
+                         "%s applies to --section planner only (or to the tp section with "
+                         "--adaptive)",
+                         kBenchOpts[k].name);
   if (planner && iters > BENCH_MAX_ITERS / BENCH_MAX_VARIANTS)
     return cli_error(&ctx,
                      "--iters '%s': the planner section times up to %d schedules per repetition, "
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
   const bool tp_sec = sections == 0 || (sections & BENCH_SEC_TP) != 0;
-  if (!tp_sec)
-    for (int k = B_MODE; k <= B_TIMEOUT; k++)
-      if (v[k].set) return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[k].name);
+  static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS, B_ADAPTIVE};
+  for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++)
+    if (v[tp_only[i]].set)
+      return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[tp_only[i]].name);
+  o.tp_sel = BENCH_TP_SEL_ALL;
+  if (v[B_OPS].set && (prc = parse_ops(&ctx, v[B_OPS].s, &o.tp_sel)) >= 0) return prc;
   o.modes =
       v[B_MODE].set ? (unsigned)v[B_MODE].u + 1u : (o.cuda ? BENCH_MODE_BOTH : BENCH_MODE_THREADS);
   if (v[B_TIMEOUT].set && !(o.modes & BENCH_MODE_PROCS))
@@ -298,13 +341,15 @@ int tpf_cmd_bench(int argc, char **argv) {
   o.sections = sections ? sections : BENCH_SEC_ALL;
   static tpf_cost_table cost;
   static char cost_used[1024];
-  if (planner) {
+  if (planner || o.adaptive) {
     int lrc = cli_load_cost(&ctx, "--cost", v[B_COST].set ? v[B_COST].s : NULL,
                             o.cuda ? "h200.txt" : "sim.txt", &cost, cost_used, sizeof cost_used);
     if (lrc >= 0) return lrc;
     o.cost = &cost;
     o.cost_used = cost_used;
     o.dedicated = v[B_MODEL].set && v[B_MODEL].u == 1;
+  }
+  if (planner) {
     o.planner_iters = iters ? (int)iters : (o.cuda ? (o.quick ? 5 : 15) : (o.quick ? 2 : 3));
     o.planner_warmup = have_warm ? (int)warm : (o.cuda ? (o.quick ? 1 : 3) : 1);
     if (n) {
@@ -325,6 +370,17 @@ int tpf_cmd_bench(int argc, char **argv) {
   } else {
     for (int P = 2; P <= 8; P *= 2)
       if (P <= o.tp || P == 2) o.ps[o.nps++] = P;
+  }
+  if (v[B_OPS].set) {
+    int any = 0;
+    for (int i = 0; i < o.nps; i++)
+      any += bench_tp_nops(&o, o.ps[i]);
+    if (any == 0)
+      return cli_error(&ctx,
+                       "--ops '%s': no operation runs at any P of the tp section "
+                       "(ring_ag_aggr+gemm needs an even P >= 4; the P values: --tp-list, default "
+                       "2,4,8 up to --tp)",
+                       v[B_OPS].s);
   }
   if (!v[B_PROC_WORKER].set && (prc = check_capacity(&ctx, &o)) >= 0) return prc;
   /* The tp section's T sweep: --tokens (C added), else GPU {1k, 2k, ..., C} (at most 32k steps of
@@ -407,7 +463,16 @@ int tpf_cmd_bench(int argc, char **argv) {
       l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
                     (unsigned long long)o.tps[i]);
     static const char *const mode_names[] = {"", "threads", "procs", "both"};
-    printf("# tp section: mode=%s  P=%s  T=%s\n", mode_names[o.modes & 3u], ps, ts);
+    char ops[BENCH_TP_NSEL * 32] = "";
+    for (int i = 0, l = 0; i < BENCH_TP_NSEL && o.tp_sel != BENCH_TP_SEL_ALL; i++)
+      if (o.tp_sel & (1u << i))
+        l += snprintf(ops + l, sizeof ops - (size_t)l, "%s%s",
+                      l ? "," : "  ops=", bench_tp_sel_name(i));
+    printf("# tp section: mode=%s  P=%s  T=%s%s", mode_names[o.modes & 3u], ps, ts, ops);
+    if (o.adaptive)
+      printf("  adaptive: cost table %s, model %s", o.cost_used,
+             o.dedicated ? "dedicated" : "shared");
+    printf("\n");
   }
 
   int rc = 0;

@@ -40,7 +40,8 @@
 typedef struct {
   char num[8][24];
   char tokens[BENCH_MAX_TS * 21];
-  char *argv[32];
+  char ops[BENCH_TP_NSEL * 32];
+  char *argv[48];
 } worker_cmd;
 
 static void worker_argv(const bench_opts *o, int P, const char *exe, const char *path,
@@ -73,6 +74,21 @@ static void worker_argv(const bench_opts *o, int P, const char *exe, const char 
                             (unsigned long long)o->tps[i]);
   w->argv[a++] = "--tokens";
   w->argv[a++] = w->tokens;
+  len = 0;
+  w->ops[0] = 0;
+  for (int i = 0; i < BENCH_TP_NSEL; i++)
+    if (o->tp_sel & (1u << i))
+      len += (size_t)snprintf(w->ops + len, sizeof w->ops - len, "%s%s", len ? "," : "",
+                              bench_tp_sel_name(i));
+  w->argv[a++] = "--ops";
+  w->argv[a++] = w->ops;
+  if (o->adaptive) { /* the same table, resolved here: no default can differ */
+    w->argv[a++] = "--adaptive";
+    w->argv[a++] = "--cost";
+    w->argv[a++] = (char *)o->cost_used;
+    w->argv[a++] = "--model";
+    w->argv[a++] = o->dedicated ? "dedicated" : "shared";
+  }
   if (!o->cuda && o->arena_bytes != 0) {
     snprintf(w->num[n], sizeof w->num[n], "%llu", (unsigned long long)(o->arena_bytes >> 20));
     w->argv[a++] = "--arena-mib";
@@ -169,6 +185,70 @@ static int procs_run(const bench_opts *o, int P, bench_tp_result *res) {
 
 /* ---- the section -------------------------------------------------------------------------- */
 
+/* One row of the enqueue breakdown: operation k of rs at T index i. */
+static void enq_row(const bench_tp_result *rs, const char *mode, int k, int i) {
+  const double *e = rs->enq[k][i];
+  bench_cell_s(rs->op[k]);
+  bench_cell_s(mode);
+  bench_cell_i(rs->P);
+  bench_cell_i((long long)rs->ts[i]);
+  bench_cell_f(e[BENCH_ENQ_HOST], 1);
+  bench_cell_f(e[BENCH_ENQ_CALLS], 1);
+  for (int kind = 0; kind < TPF_CUDA_ENQ_COUNT; kind++)
+    bench_cell_f(e[BENCH_ENQ_KIND + kind], 2);
+  bench_cell_f(rs->enq_host_max[k][i], 1);
+  bench_row_end();
+}
+
+/* The CUDA backend's enqueue breakdown of every row of the modes table, in its order. */
+static void enq_table(const bench_opts *o, const bench_tp_result *thr, const bench_tp_result *prc) {
+  /* The kinds in tpf_cuda_enq_kind order (tpf_cuda_enq_kind_name's names). */
+  static const char *const cols[] = {"op",    "mode",      "P",           "T",      "host(us)",
+                                     "calls", "gemm",      "copy",        "signal", "record",
+                                     "wait",  "peer_wait", "host_max(us)"};
+  bench_table("tp_enqueue",
+              "Section 4/5 enqueue breakdown (CUDA backend, per operation, mean over ranks)", 13,
+              cols);
+  for (int pi = 0; pi < o->nps; pi++) {
+    const bench_tp_result *t = thr && thr[pi].nops ? &thr[pi] : NULL;
+    const bench_tp_result *p = prc && prc[pi].nops ? &prc[pi] : NULL;
+    const bench_tp_result *ref = t ? t : p;
+    for (int i = 0; ref && i < ref->nts; i++)
+      for (int k = 0; k < ref->nops; k++) {
+        if (t) enq_row(t, "threads", k, i);
+        if (p && k < p->nops && i < p->nts) enq_row(p, "procs", k, i);
+      }
+  }
+  bench_note("over the %d host-wall repetitions of the modes table: every rank reads "
+             "tpf_cuda_backend_enqueue_stats on its own thread before the first and after the "
+             "last; mean over ranks, host_max(us) = the largest rank's host(us)",
+             o->iters);
+  bench_note("per operation: host(us) = host time inside the backend's execute, calls = CUDA and "
+             "cuBLASLt calls (every kind but peer_wait), gemm .. wait = host us inside those "
+             "calls, peer_wait = host us waiting for a peer rank (in-process handshake, the "
+             "polling enqueuer's idle time, the host agreement of ranks in other processes)");
+  bench_note("host(us) - (gemm + copy + signal + record + wait + peer_wait) = the backend's own "
+             "bookkeeping; enqueue(us) of the modes table (the whole tpf_* call, a median) minus "
+             "host(us) is roughly the core's part (planning, checks, schedule); n/a: not read "
+             "(a failed operation or backend)");
+}
+
+/* One note per adaptive row of rs: the split count its planner chose at each T. */
+static void chose_notes(const bench_tp_result *rs, const char *mode) {
+  for (int k = 0; k < rs->nops; k++) {
+    if (!rs->adaptive[k]) continue;
+    char line[BENCH_MAX_TS * 32] = "";
+    for (int i = 0, l = 0; i < rs->nts; i++) {
+      char lab[16] = "?";
+      if (rs->chose[k][i] > 0)
+        snprintf(lab, sizeof lab, "%d%s", rs->chose[k][i], rs->chose_aggr[k][i] ? "a" : "");
+      l += snprintf(line + l, sizeof line - (size_t)l, "%sT=%llu: %s", i ? ", " : "",
+                    (unsigned long long)rs->ts[i], lab);
+    }
+    bench_note("%s %s P=%d: planner chose splits %s", rs->op[k], mode, rs->P, line);
+  }
+}
+
 int bench_section_tp(const bench_opts *o) {
   const bool thr_on = (o->modes & BENCH_MODE_THREADS) != 0,
              prc_on = (o->modes & BENCH_MODE_PROCS) != 0;
@@ -182,9 +262,10 @@ int bench_section_tp(const bench_opts *o) {
   }
   int rc = 0;
   if (thr_on) rc |= bench_tp_threads_table(o, thr);
-  if (prc_on)
-    for (int pi = 0; pi < o->nps; pi++)
-      rc |= procs_run(o, o->ps[pi], &prc[pi]);
+  for (int pi = 0; pi < o->nps && prc_on; pi++) {
+    prc[pi].P = o->ps[pi];
+    if (bench_tp_nops(o, o->ps[pi]) > 0) rc |= procs_run(o, o->ps[pi], &prc[pi]);
+  }
 
   static const char *const cols[] = {"op",          "mode",       "P",       "T",     "T/C",
                                      "time(us)",    "serial(us)", "speedup", "tT/tC", "tT/tC/(T/C)",
@@ -229,8 +310,30 @@ int bench_section_tp(const bench_opts *o) {
                "simulator cannot span processes), joined by the socket bootstrap: they check the "
                "process-mode path (launch, exec, agreements, gathers, result file), their times "
                "are not process-mode figures");
+  if (o->adaptive) {
+    bench_note("[adaptive]: the operation on a TPF_PLAN_ADAPTIVE communicator (num_splits 0: per "
+               "T the planner picks an overlap schedule or no overlap), cost table %s, model %s; "
+               "speedup against the same serial baseline as the fixed rows; 'planner chose "
+               "splits': rank 0's tpf_comm_plan_info after its check run (1 = no overlap, 'a' = "
+               "aggregate, '?' = not run)",
+               o->cost_used, o->dedicated ? "dedicated" : "shared");
+    for (int pi = 0; pi < o->nps; pi++) {
+      if (thr_on) chose_notes(&thr[pi], "threads");
+      if (prc_on) chose_notes(&prc[pi], "procs");
+    }
+  }
+  for (int pi = 0; pi < o->nps; pi++)
+    if (bench_tp_nops(o, o->ps[pi]) == 0)
+      bench_note("P=%d: no operation of --ops runs at this P (ring_ag_aggr+gemm needs an even "
+                 "P >= 4)",
+                 o->ps[pi]);
   if (!thr_on) bench_note("threads mode not run (--mode procs)");
   if (!prc_on) bench_note("procs mode not run (--mode threads)");
+  if (o->cuda)
+    enq_table(o, thr_on ? thr : NULL, prc_on ? prc : NULL);
+  else
+    bench_note("enqueue breakdown: not measured: it needs the CUDA backend's counters "
+               "(tpf_cuda_backend_enqueue_stats); run with --backend cuda");
   free(thr);
   free(prc);
   return rc;

@@ -70,14 +70,21 @@ typedef struct {
   int nts;
   uint64_t ts[BENCH_MAX_TS];
   int iters, warmup;
-  int host_iters;      /* host-wall repetitions after the `iters` timed ones (0: none) */
-  uint64_t margin;     /* rotation span of operand offsets, elements */
-  bench_variants *var; /* NULL: one schedule, the communicator's (no options) */
+  int host_iters;             /* host-wall repetitions after the `iters` timed ones (0: none) */
+  uint64_t margin;            /* rotation span of operand offsets, elements */
+  bench_variants *var;        /* NULL: one schedule, the communicator's (no options) */
+  const tpf_cost_table *cost; /* without var: an ADAPTIVE communicator planning with it */
   /* results */
   double us[BENCH_MAX_TS];
   double host_us[BENCH_MAX_TS], enq_us[BENCH_MAX_TS]; /* host wall, enqueue: medians */
   atomic_llong wrong[BENCH_MAX_TS];
   atomic_llong checked[BENCH_MAX_TS];
+  int chose[BENCH_MAX_TS]; /* with cost: rank 0's planner choice per T (0: none) */
+  /* The enqueue breakdown (BENCH_ENQ_*) over the host-wall repetitions: per global rank (NaN:
+   * not measured), then the mean over ranks and the largest host us (job_enq_reduce). */
+  double enq_rank[BENCH_MAX_TS][TPF_MAX_RANKS][BENCH_ENQ_NF];
+  double enq_mean[BENCH_MAX_TS][BENCH_ENQ_NF], enq_max[BENCH_MAX_TS];
+  bool chose_aggr[BENCH_MAX_TS];
   atomic_int failed;
   tpf_status st;
   char err[300];
@@ -322,6 +329,73 @@ static void job_gather(bench_rank *rk, bench_job *j) {
   pthread_barrier_wait(&g->bar);
 }
 
+/* The CUDA backend's cumulative enqueue statistics of this rank (its own thread), or false where
+ * there are none (the simulator). */
+static bool enq_snap(bench_rank *rk, tpf_cuda_enqueue_stats *s) {
+  return rk->g->cuda && bench_cuda_enq_stats(rk, s) == TPF_OK;
+}
+
+/* This rank's breakdown at T index ti: the statistics now minus s0, per operation. */
+static void enq_record(bench_rank *rk, bench_job *j, int ti, const tpf_cuda_enqueue_stats *s0) {
+  tpf_cuda_enqueue_stats s1;
+  if (!enq_snap(rk, &s1) || s1.ops <= s0->ops) return;
+  double *e = j->enq_rank[ti][rk->rank];
+  const double ops = (double)(s1.ops - s0->ops);
+  e[BENCH_ENQ_HOST] = (double)(s1.host_ns - s0->host_ns) / ops * 1e-3;
+  uint64_t calls = 0;
+  for (int k = 0; k < TPF_CUDA_ENQ_COUNT; k++) {
+    if (k != TPF_CUDA_ENQ_PEER_WAIT) calls += s1.calls[k] - s0->calls[k];
+    e[BENCH_ENQ_KIND + k] = (double)(s1.ns[k] - s0->ns[k]) / ops * 1e-3;
+  }
+  e[BENCH_ENQ_CALLS] = (double)calls / ops;
+}
+
+/* The breakdown over ranks: the first rank thread of each process sums its rank threads'
+ * figures (and takes the largest host us), the processes exchange the sums through the bootstrap
+ * (procs mode), and every process ends with the mean over the ranks that measured and the
+ * maximum in j->enq_mean / enq_max (NaN where none did). All rank threads call it, in every
+ * process, so the exchanges pair up. */
+static void job_enq_reduce(bench_rank *rk, bench_job *j) {
+  bench_group *g = rk->g;
+  pthread_barrier_wait(&g->bar);
+  if (rk->rank == g->rank0) {
+    typedef struct {
+      double sum[BENCH_MAX_TS][BENCH_ENQ_NF], max[BENCH_MAX_TS];
+      int n[BENCH_MAX_TS];
+    } part;
+    const int np = g->xboot ? g->xboot->tp_size : 1;
+    part mine, *all = calloc((size_t)np, sizeof(part));
+    memset(&mine, 0, sizeof mine);
+    for (int ti = 0; ti < j->nts; ti++) {
+      mine.max[ti] = -1;
+      for (int l = 0; l < g->nlocal; l++) {
+        const double *e = j->enq_rank[ti][g->rank0 + l];
+        if (isnan(e[BENCH_ENQ_HOST])) continue;
+        mine.n[ti]++;
+        for (int f = 0; f < BENCH_ENQ_NF; f++)
+          mine.sum[ti][f] += e[f];
+        if (e[BENCH_ENQ_HOST] > mine.max[ti]) mine.max[ti] = e[BENCH_ENQ_HOST];
+      }
+    }
+    const bool ok = all && bench_xallgather(g, &mine, all, sizeof mine) == TPF_OK;
+    for (int ti = 0; ti < j->nts; ti++) {
+      int n = 0;
+      double sum[BENCH_ENQ_NF] = {0}, max = -1;
+      for (int q = 0; ok && q < np; q++) {
+        n += all[q].n[ti];
+        for (int f = 0; f < BENCH_ENQ_NF; f++)
+          sum[f] += all[q].sum[ti][f];
+        if (all[q].max[ti] > max) max = all[q].max[ti];
+      }
+      for (int f = 0; f < BENCH_ENQ_NF; f++)
+        j->enq_mean[ti][f] = n > 0 ? sum[f] / n : NAN;
+      j->enq_max[ti] = n > 0 ? max : NAN;
+    }
+    free(all);
+  }
+  pthread_barrier_wait(&g->bar);
+}
+
 static tpf_status op_rank(bench_rank *rk, void *arg) {
   bench_job *j = arg;
   bench_group *g = rk->g;
@@ -331,7 +405,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   void *dmem = NULL;
   tpf_status st;
   char name[64];
-  snprintf(name, sizeof(name), "bench_%s", kOps[j->op].name);
+  snprintf(name, sizeof(name), "bench_%s%s", kOps[j->op].name, j->cost ? "_adaptive" : "");
   tpf_comm_config cfg = {.name = name,
                          .algo = kOps[j->op].algo,
                          .coll = kOps[j->op].coll,
@@ -340,9 +414,9 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
                          .num_splits = kOps[j->op].splits,
                          .aggregate = kOps[j->op].aggregate};
   bench_variants *var = j->var;
-  if (var && var->cost) {
+  if ((var && var->cost) || j->cost) {
     cfg.plan = TPF_PLAN_ADAPTIVE;
-    cfg.cost = var->cost;
+    cfg.cost = var ? var->cost : j->cost;
   }
   const int nv = var ? var->nvar : 1;
   st = tpf_comm_create(rk->be, &cfg, &c);
@@ -375,6 +449,8 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
     }
     tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
     const int total = j->warmup + j->iters + j->host_iters + 1;
+    tpf_cuda_enqueue_stats enq0; /* before the first host-wall repetition */
+    bool have_enq0 = false;
     for (int it = 0; it < total; it++)
       for (int v = 0; v < nv; v++) {
         const bool timed = it >= j->warmup && it < j->warmup + j->iters;
@@ -411,6 +487,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           }
         }
         if (timed) bench_time_begin(rk, slot);
+        if (htimed && hslot == 0) have_enq0 = enq_snap(rk, &enq0);
         if (htimed) skip = bench_host_begin(rk, hslot, &j->failed) || skip;
         if (!skip && run) {
           const double e0 = bench_now_ns();
@@ -429,6 +506,12 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           } else if (var && var->cost && var->splits[v] == 0 && check && r == 0 &&
                      tpf_comm_plan_info(c, &var->plan[ti]) != TPF_OK) {
             var->plan[ti].ncand = 0; /* the decision just made: read before any other op */
+          } else if (!var && j->cost && check && r == 0) {
+            tpf_plan_result pr; /* the decision for this T (the same on every rank) */
+            if (tpf_comm_plan_info(c, &pr) == TPF_OK && pr.ncand > 0) {
+              j->chose[ti] = pr.cand[pr.chosen].num_splits;
+              j->chose_aggr[ti] = pr.cand[pr.chosen].aggregate;
+            }
           }
         }
         if (timed)
@@ -437,6 +520,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           bench_host_end(rk, hslot);
         else
           bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
+        if (htimed && hslot == j->host_iters - 1 && have_enq0) enq_record(rk, j, ti, &enq0);
         if (check && !skip && run) {
           st = bench_sync(rk);
           if (st != TPF_OK) {
@@ -478,6 +562,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   free(us);
   free(one);
   free(hus);
+  job_enq_reduce(rk, j);
   job_gather(rk, j);
   bench_barrier(rk);
   if (c) tpf_comm_destroy(c);
@@ -495,6 +580,12 @@ static tpf_status run_job(bench_group *g, bench_job *j) {
     j->us[i] = NAN;
     atomic_store(&j->wrong[i], 0);
     atomic_store(&j->checked[i], 0);
+    for (int r = 0; r < TPF_MAX_RANKS; r++)
+      for (int f = 0; f < BENCH_ENQ_NF; f++)
+        j->enq_rank[i][r][f] = NAN;
+    for (int f = 0; f < BENCH_ENQ_NF; f++)
+      j->enq_mean[i][f] = NAN;
+    j->enq_max[i] = NAN;
   }
   tpf_status st = bench_src_reserve(g, job_src_elems(j, g->tp));
   if (st == TPF_OK) st = bench_group_run(g, op_rank, j);
@@ -887,25 +978,82 @@ int bench_section_dynamic(const bench_opts *o) {
 
 /* ---- section 4/5: TP emulation, serial baseline, whole-layer GEMM ------------------------- */
 
-/* The operations of the tp section at P, in table order. */
-static int tp_ops(int P, bench_op *ops) {
+/* What --ops selects, in bench_tp_sel_name order. */
+static const bench_op kSel[BENCH_TP_NSEL] = {BOP_RING_AG, BOP_RING_AG_AGGR, BOP_RING_RS,
+                                             BOP_PIPE_RS};
+
+const char *bench_tp_sel_name(int i) {
+  return i >= 0 && i < BENCH_TP_NSEL ? kOps[kSel[i]].name : NULL;
+}
+
+static bool selected(const bench_opts *o, bench_op op) {
+  for (int i = 0; i < BENCH_TP_NSEL; i++)
+    if (kSel[i] == op) return (o->tp_sel & (1u << i)) != 0;
+  return false;
+}
+
+/* One row of the tp section: an operation, on a FIXED or (adaptive) a TPF_PLAN_ADAPTIVE
+ * communicator. */
+typedef struct {
+  bench_op op;
+  bool adaptive;
+} tp_entry;
+
+/* Appends op (when selected) and, with --adaptive, its adaptive version right after it. Every
+ * selectable operation is one the planner handles (core/plan.c: RING AG, with or without
+ * aggregate, RING RS and PIPELINE RS), so each gets one. */
+static void tp_add(const bench_opts *o, bench_op op, tp_entry *ops, int *n) {
+  if (!selected(o, op)) return;
+  ops[(*n)++] = (tp_entry){op, false};
+  if (o->adaptive) ops[(*n)++] = (tp_entry){op, true};
+}
+
+/* The operations of the tp section at P, in table order: the selected ones (each followed by
+ * its adaptive version with --adaptive), and the serial baseline of each collective that has one
+ * selected. At most BENCH_TP_MAX_OPS. */
+static int tp_ops(const bench_opts *o, int P, tp_entry *ops) {
   int n = 0;
-  ops[n++] = BOP_RING_AG;
-  if (P % 2 == 0 && P > 2) ops[n++] = BOP_RING_AG_AGGR;
-  ops[n++] = BOP_RING_AG_SERIAL;
-  ops[n++] = BOP_RING_RS;
-  ops[n++] = BOP_PIPE_RS;
-  ops[n++] = BOP_PIPE_RS_SERIAL;
+  tp_add(o, BOP_RING_AG, ops, &n);
+  if (P % 2 == 0 && P > 2) tp_add(o, BOP_RING_AG_AGGR, ops, &n);
+  if (n > 0) ops[n++] = (tp_entry){BOP_RING_AG_SERIAL, false};
+  const int nag = n;
+  tp_add(o, BOP_RING_RS, ops, &n);
+  tp_add(o, BOP_PIPE_RS, ops, &n);
+  if (n > nag) ops[n++] = (tp_entry){BOP_PIPE_RS_SERIAL, false};
   return n;
+}
+
+int bench_tp_nops(const bench_opts *o, int P) {
+  tp_entry ops[BENCH_TP_MAX_OPS];
+  return tp_ops(o, P, ops);
+}
+
+/* Shared (the default): one GEMM queue for all ranks (shared_device: their GEMMs take the device
+ * one at a time) and a peer copy that is a copy within the device. Replayed against the measured
+ * schedules of the H200 run of 2026-12-03 (bench/RESULTS.md section 6), this model's median error
+ * was 13 %, against 20-23 % for the earlier approximation (GEMM times x P, bandwidths / P). */
+void bench_cost_model(const bench_opts *o, tpf_cost_table *out) {
+  *out = *o->cost;
+  if (!o->dedicated) {
+    out->peer = o->cost->local;
+    out->shared_device = 1;
+  }
 }
 
 tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_tp_result *res,
                         void (*done)(const bench_tp_result *res, void *arg), void *done_arg) {
   const int P = g->tp;
-  bench_op ops[BOP_COUNT];
-  const int nops = tp_ops(P, ops);
+  tp_entry ops[BENCH_TP_MAX_OPS];
+  const int nops = tp_ops(o, P, ops);
   bench_job *j = calloc(1, sizeof *j);
-  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  /* The adaptive communicators' table: the one the planner section uses (bench_cost_model). */
+  tpf_cost_table *model = o->adaptive ? malloc(sizeof *model) : NULL;
+  if (!j || (o->adaptive && !model)) {
+    free(j);
+    free(model);
+    return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  }
+  if (model) bench_cost_model(o, model);
   /* Every operation's row exists from the start (n/a until it ran), so a result written after
    * each operation (done) is whole at every point. */
   memset(res, 0, sizeof *res);
@@ -913,27 +1061,35 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
   res->bytes = (uint32_t)sizeof *res;
   res->P = P;
   res->nops = nops;
-  job_init(j, o, ops[0], P, o->ntps, o->tps); /* the T values P divides: the same for every op */
+  /* The T values P divides: the same for every op. */
+  job_init(j, o, BOP_RING_AG, P, o->ntps, o->tps);
   res->nts = j->nts;
   memcpy(res->ts, j->ts, sizeof res->ts);
   for (int k = 0; k < nops; k++) {
-    snprintf(res->op[k], sizeof res->op[k], "%s", kOps[ops[k]].name);
-    res->ag[k] = is_ag(ops[k]);
+    snprintf(res->op[k], sizeof res->op[k], "%s%s", kOps[ops[k].op].name,
+             ops[k].adaptive ? "[adaptive]" : "");
+    res->ag[k] = is_ag(ops[k].op);
+    res->adaptive[k] = ops[k].adaptive;
     for (int m = 0; m < nops; m++)
-      if (ops[m] == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
-    for (int i = 0; i < BENCH_MAX_TS; i++)
+      if (ops[m].op == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
+    for (int i = 0; i < BENCH_MAX_TS; i++) {
       res->dev_us[k][i] = res->host_us[k][i] = res->enq_us[k][i] = NAN;
+      res->enq_host_max[k][i] = NAN;
+      for (int f = 0; f < BENCH_ENQ_NF; f++)
+        res->enq[k][i][f] = NAN;
+    }
   }
   const bool chatty = !g->xboot || g->xboot->rank == 0;
   tpf_status first = TPF_OK;
   for (int k = 0; k < nops; k++) {
-    job_init(j, o, ops[k], P, o->ntps, o->tps);
+    job_init(j, o, ops[k].op, P, o->ntps, o->tps);
     j->iters = events ? o->iters : 0;
     j->host_iters = o->iters;
+    j->cost = ops[k].adaptive ? model : NULL;
     for (int i = 0; i < j->nts; i++)
       j->host_us[i] = j->enq_us[i] = NAN;
     if (chatty)
-      bench_progress("[4/4 tp] P=%d %s%s over %d values of T", P, kOps[ops[k]].name,
+      bench_progress("[4/4 tp] P=%d %s%s over %d values of T", P, res->op[k],
                      g->xboot ? " (processes)" : "", j->nts);
     tpf_status st = run_job(g, j);
     for (int i = 0; i < j->nts; i++) {
@@ -941,6 +1097,10 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
       res->host_us[k][i] = j->host_us[i];
       res->enq_us[k][i] = j->enq_us[i];
       res->wrong[k][i] = atomic_load(&j->wrong[i]);
+      res->chose[k][i] = j->chose[i];
+      memcpy(res->enq[k][i], j->enq_mean[i], sizeof res->enq[k][i]);
+      res->enq_host_max[k][i] = j->enq_max[i];
+      res->chose_aggr[k][i] = j->chose_aggr[i];
     }
     if (st != TPF_OK) {
       res->failed[k] = true;
@@ -950,6 +1110,7 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
     if (done) done(res, done_arg);
   }
   free(j);
+  free(model);
   return first;
 }
 
@@ -988,6 +1149,7 @@ int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
     bench_tp_result *rs = &res[pi];
     memset(rs, 0, sizeof *rs);
     rs->P = P;
+    if (bench_tp_nops(o, P) == 0) continue; /* none of --ops runs at P (bench_section_tp says) */
     bench_group *g = NULL;
     st = bench_group_create(o, P, &g);
     if (st != TPF_OK) {
@@ -1085,7 +1247,9 @@ int bench_tp_modes_rows(const bench_opts *o, const bench_tp_result *threads,
                         const bench_tp_result *procs) {
   int rc = 0;
   const bench_tp_result *ref = threads && threads->nops ? threads : procs;
-  if (!ref || ref->nops == 0) return 1; /* nothing ran: the notes say why */
+  const bench_tp_result *any = threads ? threads : procs;
+  if (any && bench_tp_nops(o, any->P) == 0) return 0; /* --ops: none at P (a note says) */
+  if (!ref || ref->nops == 0) return 1;               /* nothing ran: the notes say why */
   for (int i = 0; i < ref->nts; i++)
     for (int k = 0; k < ref->nops; k++) {
       if (threads && threads->nops) {

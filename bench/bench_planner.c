@@ -44,18 +44,6 @@ typedef struct {
   tpf_plan_source src;
 } pl_entry;
 
-/* The table each of P ranks sharing one device sees (see the file comment): one GEMM queue for
- * all ranks (shared_device: their GEMMs take the device one at a time) and a peer copy that is a
- * copy within the device. Replayed against the measured schedules of the H200 run of 2026-12-03
- * (bench/RESULTS.md section 6), this model's median error was 13 %, against 20-23 % for the
- * earlier approximation (GEMM times x P, bandwidths / P). */
-static void shared_table(const tpf_cost_table *in, int P, tpf_cost_table *out) {
-  (void)P;
-  *out = *in;
-  out->peer = in->local;
-  out->shared_device = 1;
-}
-
 /* "8", "4a" (aggregate), "1"; "?" for none. */
 static void splits_label(char *buf, size_t len, int splits, bool aggregate) {
   if (splits <= 0)
@@ -201,10 +189,7 @@ int bench_section_planner(const bench_opts *o) {
   for (size_t pi = 0; pi < 3; pi++) {
     const int P = Ps[pi];
     if (P > o->tp && P > 2) continue;
-    if (o->dedicated)
-      *model = *o->cost;
-    else
-      shared_table(o->cost, P, model);
+    bench_cost_model(o, model); /* --model shared: as P ranks on one device see it */
     /* The group's timing storage: every variant of every repetition. */
     bench_opts og = *o;
     og.iters = o->planner_iters * BENCH_MAX_VARIANTS;

@@ -62,13 +62,14 @@ CHOICES = [
     ("calibrate", "--backend", ["cuda", "sim"]), ("calibrate", "--dtype", ["bf16", "fp16", "fp32"]),
 ]
 FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
-         ("bench", "--quick"), ("calibrate", "--quick"), ("calibrate", "--schedules")]
+         ("bench", "--quick"), ("bench", "--adaptive"), ("calibrate", "--quick"),
+         ("calibrate", "--schedules")]
 FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
 # Options that take a value (every non-flag option of every command).
 VALUED = [(c, o) for c, o, _, _ in NUMS] + [(c, o) for c, o, _ in CHOICES] + FILES + [
-    ("plan", "--cost"), ("bench", "--cost")]
+    ("plan", "--cost"), ("bench", "--cost"), ("bench", "--ops")]
 # Text options that must not be empty: (command, option).
-TEXTS = [("bench", "--tokens"), ("bench", "--tp-list")]
+TEXTS = [("bench", "--tokens"), ("bench", "--tp-list"), ("bench", "--ops")]
 
 
 def argv(cmd, over=None, drop=(), extra=()):
@@ -478,7 +479,9 @@ TPM = [TPF, "bench", "--backend", "sim", "--section", "tp", "--tp-list", "2", "-
        "--hidden", "16", "--n", "16", "--iters", "1", "--warmup", "0"]
 for mode in ["threads", "procs", "both"]:
     want = ["Section 4/5 modes", "tT/tC/(T/C)", "enqueue(us)", "tp section: mode=" + mode,
-            "T=16,64", "bench finished: all checks passed"]
+            "T=16,64", "bench finished: all checks passed",
+            # the simulator has no enqueue counters: a note instead of the breakdown table
+            "# enqueue breakdown: not measured: it needs the CUDA backend"]
     want += [" procs "] if mode != "threads" else []
     want += [" threads "] if mode != "procs" else []
     case("bench tp --mode %s" % mode, TPM + ["--mode", mode, "--tokens", "16"], 0, out=want)
@@ -508,6 +511,88 @@ for val, msg in [("0", "'0' is not a decimal number in [1, 64]"), ("65", "[1, 64
          err=["--tp-list '%s'" % val, msg])
 case("bench --tokens not a multiple of a listed P", TPM[:6] + ["--tp-list", "2,4"] + TPM[8:] +
      ["--tokens", "6"], 2, err="6 is not a multiple of P = 4")
+# --ops: the operations of the tp section to run (names as the tables print them); the serial
+# baselines a selected row needs always run, the others do not; forwarded to procs-mode workers
+OPS = ["ring_ag+gemm", "ring_ag_aggr+gemm", "gemm+ring_rs", "gemm+pipeline_rs"]
+TPM4 = TPM[:6] + ["--tp-list", "2,4"] + TPM[8:] + ["--tokens", "32"]
+for name in OPS:  # each alone (the smallest list), threads and procs
+    serial = "serial_ag,gemm" if "ag" in name else "serial_gemm,rs"
+    other = "serial_gemm,rs" if "ag" in name else "serial_ag,gemm"
+    for mode in ["threads", "procs"]:
+        args = TPM4 + ["--mode", mode, "--ops", name]
+        count += 1
+        rc, so, se = run(args)
+        rows = [l.split()[0] for l in so.splitlines() if l and not l.startswith("#")]
+        want = {name, serial}
+        if rc != 0 or set(rows) != want or "ops=" + name not in so or \
+                "bench finished: all checks passed" not in so:
+            failures.append("bench --ops %s --mode %s: want exit 0 and rows of %s only; got exit "
+                            "%s, rows %s\n    stderr: %s" % (name, mode, sorted(want), rc,
+                                                            sorted(set(rows)), se[-300:]))
+        if name == "ring_ag_aggr+gemm" and "P=2: no operation of --ops runs at this P" not in so:
+            failures.append("bench --ops ring_ag_aggr+gemm --mode %s: no note for P=2" % mode)
+case("bench --ops all four (the largest list)", TPM4 + ["--mode", "both", "--ops", ",".join(OPS)],
+     0, out=["tp section: mode=both  P=2,4  T=32,64\n", "ring_ag_aggr+gemm", "gemm+ring_rs",
+             "serial_gemm,rs", "bench finished: all checks passed"])
+for val, msg in [("xyz", "unknown operation 'xyz'"), ("ring_ag+gemm,", "unknown operation ''"),
+                 (",ring_ag+gemm", "unknown operation ''"), ("serial_ag", "unknown operation"),
+                 ("RING_AG+GEMM", "unknown operation 'RING_AG+GEMM'"),
+                 ("ring_ag+gemm ", "unknown operation 'ring_ag+gemm '"),
+                 ("ring_ag+gemm,gemm+ring_rs,ring_ag+gemm", "'ring_ag+gemm' given twice")]:
+    case("bench --ops %r" % val, TPM + ["--ops", val], 2,
+         err=["--ops '%s'" % val, msg] + ([] if "twice" in msg else [", ".join(OPS)]))
+case("bench --ops none runs at any P", TPM + ["--ops", "ring_ag_aggr+gemm"], 2,
+     err=["--ops 'ring_ag_aggr+gemm': no operation runs at any P", "even P >= 4"])
+case("bench --ops without tp", argv(B, {"--ops": "ring_ag+gemm"}), 2,
+     err="--ops applies to --section tp only")
+# --adaptive: every selected operation also on a TPF_PLAN_ADAPTIVE communicator, rows
+# 'op[adaptive]' in both modes with the planner's split count per T in a note; --cost/--model
+# apply to it (the workers get the same table)
+ADA = TPM4 + ["--mode", "both", "--adaptive"]
+count += 1
+rc, so, se = run(ADA)
+rows = [l.split()[:2] for l in so.splitlines() if l and not l.startswith("#")]
+for name in OPS:
+    for mode in ["threads", "procs"]:
+        if [name + "[adaptive]", mode] not in rows:
+            failures.append("bench --adaptive: no %s[adaptive] %s row" % (name, mode))
+for want in ["adaptive: cost table ", "model shared", "[adaptive]: the operation on a "
+             "TPF_PLAN_ADAPTIVE communicator", "ring_ag+gemm[adaptive] threads P=2: planner chose "
+             "splits T=32: ", "gemm+pipeline_rs[adaptive] procs P=4: planner chose splits T=32: ",
+             "ring_ag_aggr+gemm[adaptive] procs P=4", "bench finished: all checks passed"]:
+    if rc != 0 or want not in so:
+        failures.append("bench --adaptive: exit %s, stdout lacks %r\n    stderr: %s" %
+                        (rc, want, se[-300:]))
+case("bench --adaptive --ops --cost --model dedicated",
+     TPM + ["--mode", "procs", "--adaptive", "--ops", "gemm+ring_rs", "--cost", CAL_OUT, "--model",
+            "dedicated"], 0,
+     out=["adaptive: cost table " + CAL_OUT + ", model dedicated", "gemm+ring_rs[adaptive] ",
+          "gemm+ring_rs[adaptive] procs P=2: planner chose splits T=8: ",
+          "bench finished: all checks passed"])
+case("bench --adaptive --cost missing", TPM + ["--adaptive", "--cost", "/nonexistent/c.txt"], 2,
+     err="--cost '/nonexistent/c.txt' cannot be read")
+case("bench tp --cost without --adaptive", TPM + ["--cost", CAL_OUT], 2,
+     err="--cost applies to --section planner only (or to the tp section with --adaptive)")
+case("bench tp --model without --adaptive", TPM + ["--model", "dedicated"], 2,
+     err="--model applies to --section planner only")
+case("bench --adaptive without tp", argv(B, extra=["--adaptive"]), 2,
+     err="--adaptive applies to --section tp only")
+count += 1
+rc, so, _ = run(TPM + ["--mode", "threads"])
+if "[adaptive]" in so:
+    failures.append("bench tp without --adaptive printed adaptive rows")
+# never a breakdown table (nor its CSV/JSON rows) on the simulator: nothing measured it
+count += 1
+J = "/tmp/tpflex_cli_tp_enq.json"
+rc, so, _ = run(TPM + ["--mode", "both", "--json", J])
+try:
+    with open(J) as f:
+        jt = f.read()
+except OSError:
+    jt = ""
+if rc != 0 or "enqueue breakdown (CUDA backend" in so or "tp_enqueue" in jt or "tp_modes" not in jt:
+    failures.append("bench tp sim: want no enqueue breakdown table (stdout or JSON) and the "
+                    "tp_modes table in the JSON; exit %s" % rc)
 case("bench --proc-worker outside the launcher", TPM + ["--proc-worker", "/tmp/tpflex_cli_w"], 1,
      err="only the tp section's procs mode starts it")
 if not HAVE_CUDA:
