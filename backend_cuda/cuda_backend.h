@@ -62,6 +62,9 @@ typedef struct {
 
 typedef struct tpf_cuda_transport tpf_cuda_transport;
 
+/* The most events one dependency can need waits on (tpf_cuda__wait_plan). */
+#define TPF_CUDA_WAIT_MAX 1024
+
 struct tpf_reg {
   char name[64];
   uint64_t data_bytes, alloc_bytes, flags_off, ready_off;
@@ -124,6 +127,7 @@ typedef struct {
    * same stream adds nothing and is skipped. */
   int32_t waited_step[TPF_NUM_STREAMS + 1][TPF_NUM_STREAMS];
   uint32_t waited_peer[TPF_NUM_STREAMS + 1][TPF_MAX_RANKS][TPF_NUM_STREAMS];
+  cudaEvent_t wait_buf[TPF_CUDA_WAIT_MAX]; /* tpf_cuda__wait_plan's output */
 } tpf_cuda_backend;
 
 static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
@@ -246,6 +250,17 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args 
  * a BARRIER or BULK. b->step_prev and b->step_virt must hold sc->nsteps entries. */
 void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_schedule *sc,
                             bool virt[TPF_NUM_STREAMS], int last[TPF_NUM_STREAMS]);
+
+/* The events stream s (the waiter: schedule stream w, or TPF_NUM_STREAMS for the caller's
+ * stream) must wait on to be ordered after step d of the current operation, appended to out[n..]
+ * (no CUDA call; tested on the CPU): a real step on another CUDA stream, its step event (lean:
+ * unless s already waits on a later step of that schedule stream); a virtual RECV, the sender's
+ * published event (lean: unless s already waits on a later publication of the same peer stream),
+ * then the RECV's deps and the previous step of its stream, recursively. Updates the lean
+ * enqueue's record of what s waits on as if the events were waited. Returns the new count, or
+ * -1 when more than cap would be needed. */
+int tpf_cuda__wait_plan(tpf_cuda_backend *b, const tpf_schedule *sc, int w, cudaStream_t s, int d,
+                        cudaEvent_t *out, int n, int cap);
 
 /* ---- cuda_status.c: the device status area, deferred errors, sync, abort ---- */
 /* Allocates the status area (mapped pinned memory) and its claim word; freed by status_free

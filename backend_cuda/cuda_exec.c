@@ -236,35 +236,48 @@ static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
  * event, skipped when s already waits on a later event of the same stream of that peer; then on
  * what the RECV would have been ordered after on its own stream: its dependencies and the
  * previous step of its stream. */
-static tpf_status tpf_cuda__wait_for(tpf_cuda_backend *b, const tpf_schedule *sc, int w,
-                                     cudaStream_t s, int d) {
+int tpf_cuda__wait_plan(tpf_cuda_backend *b, const tpf_schedule *sc, int w, cudaStream_t s, int d,
+                        cudaEvent_t *out, int n, int cap) {
   const tpf_step *sd = &sc->steps[d];
   if (b->lean && b->step_virt[d]) {
     /* A stream of virtual RECVs has no events of its own: its waited_step entry says up to which
-     * RECV s is already ordered after (everything before it on the stream included). */
+     * RECV s is already ordered after (everything before it on the stream included); it is set
+     * once the whole chain below d is planned. */
     int32_t *covered = &b->waited_step[w][sd->stream];
-    if (*covered >= d) return TPF_OK;
-    *covered = d;
+    if (*covered >= d) return n;
     const tpf_cuda_peer_ev *pe = &b->step_pev[d];
     uint32_t *seen = &b->waited_peer[w][pe->peer][pe->stream];
     if (*seen < pe->order) {
-      TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, pe->ev, 0)),
-                   "cudaStreamWaitEvent(recv)");
+      if (n >= cap) return -1;
+      out[n++] = pe->ev;
       *seen = pe->order;
     }
-    for (int k = 0; k < sd->ndeps; k++)
-      TPF_CHECK(tpf_cuda__wait_for(b, sc, w, s, sd->deps[k]));
-    if (b->step_prev[d] >= 0) TPF_CHECK(tpf_cuda__wait_for(b, sc, w, s, b->step_prev[d]));
-    return TPF_OK;
+    for (int k = 0; k < sd->ndeps && n >= 0; k++)
+      n = tpf_cuda__wait_plan(b, sc, w, s, sd->deps[k], out, n, cap);
+    if (n >= 0 && b->step_prev[d] >= 0)
+      n = tpf_cuda__wait_plan(b, sc, w, s, b->step_prev[d], out, n, cap);
+    if (n >= 0) *covered = d;
+    return n;
   }
-  if (b->streams[sd->stream] == s) return TPF_OK; /* stream order */
+  if (b->streams[sd->stream] == s) return n; /* stream order */
   if (b->lean) {
     int32_t *seen = &b->waited_step[w][sd->stream];
-    if (*seen >= d) return TPF_OK;
+    if (*seen >= d) return n;
     *seen = d;
   }
-  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, b->step_ev[d], 0)),
-               "cudaStreamWaitEvent(dep)");
+  if (n >= cap) return -1;
+  out[n++] = b->step_ev[d];
+  return n;
+}
+
+static tpf_status tpf_cuda__wait_for(tpf_cuda_backend *b, const tpf_schedule *sc, int w,
+                                     cudaStream_t s, int d) {
+  const int n = tpf_cuda__wait_plan(b, sc, w, s, d, b->wait_buf, 0, TPF_CUDA_WAIT_MAX);
+  TPF_RETURN_IF(n < 0, TPF_ESTATE, "rank %d: more than %d events to wait for before step %d",
+                b->base.rank, TPF_CUDA_WAIT_MAX, d);
+  for (int k = 0; k < n; k++)
+    TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(s, b->wait_buf[k], 0)),
+                 "cudaStreamWaitEvent(dep)");
   return TPF_OK;
 }
 

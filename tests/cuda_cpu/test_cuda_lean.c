@@ -209,6 +209,105 @@ static void test_not_virtual(void **state) {
   free_case(&c);
 }
 
+/* Stand-in events: the address of an entry (never passed to CUDA). */
+static char fake_ev[4096];
+
+/* Prepares the wait plan's state of an operation: every virtual RECV's peer event (a stand-in per
+ * step, its sender's order in the step order, the sender's COMM stream), step events, nothing
+ * waited yet. */
+static void plan_setup(lean_case *c, cudaEvent_t *step_ev, tpf_cuda_peer_ev *pev) {
+  memset(c->b.waited_step, 0xff, sizeof c->b.waited_step);
+  memset(c->b.waited_peer, 0, sizeof c->b.waited_peer);
+  c->b.lean = true;
+  c->b.step_ev = step_ev;
+  c->b.step_pev = pev;
+  for (int i = 0; i < c->s.nsteps; i++) {
+    step_ev[i] = (cudaEvent_t)(void *)&fake_ev[i];
+    pev[i] = (tpf_cuda_peer_ev){(cudaEvent_t)(void *)&fake_ev[2048 + i], c->s.steps[i].peer,
+                                TPF_STREAM_COMM, (uint32_t)(i + 1)};
+  }
+}
+
+static bool planned(const cudaEvent_t *ev, int n, cudaEvent_t want) {
+  for (int k = 0; k < n; k++)
+    if (ev[k] == want) return true;
+  return false;
+}
+
+/* The step a RING RS REDUCE (the last step) waits for: every RECV's peer event, though it names
+ * only the last RECV (the stream order of the RECV stream stands behind the others), each once.
+ * A regression test: a first version marked the chain covered before walking it and waited for
+ * the last RECV's sender only (wrong sums on the H200, session 5 round 3). */
+static void test_plan_ring_rs(void **state) {
+  (void)state;
+  static cudaEvent_t step_ev[512], out[TPF_CUDA_WAIT_MAX];
+  static tpf_cuda_peer_ev pev[512];
+  for (int P = 2; P <= 8; P++)
+    for (int r = 0; r < P; r++) {
+      lean_case c;
+      run_case(&c, TPF_ALGO_RING, TPF_COLL_RS, 0, false, P, r, &tpf_cuda__transport_events, 1);
+      plan_setup(&c, step_ev, pev);
+      const int red = c.s.nsteps - 1;
+      const tpf_step *st = &c.s.steps[red];
+      assert_int_equal(st->kind, TPF_STEP_REDUCE);
+      int n = 0;
+      for (int k = 0; k < st->ndeps; k++)
+        n = tpf_cuda__wait_plan(&c.b, &c.s, (int)st->stream, c.b.streams[st->stream], st->deps[k],
+                                out, n, TPF_CUDA_WAIT_MAX);
+      int recvs = 0;
+      for (int i = 0; i < c.s.nsteps; i++)
+        if (c.b.step_virt[i]) {
+          recvs++;
+          assert_true(planned(out, n, pev[i].ev));
+        }
+      assert_int_equal(recvs, P - 1);
+      /* the peers' events and the handshake's (a dependency of the first RECV) */
+      assert_true(n >= recvs && n <= recvs + 1);
+      for (int a = 0; a < n; a++)
+        for (int b2 = a + 1; b2 < n; b2++)
+          assert_ptr_not_equal(out[a], out[b2]);
+      /* Planned once: asking again adds nothing. */
+      assert_int_equal(tpf_cuda__wait_plan(&c.b, &c.s, (int)st->stream, c.b.streams[st->stream],
+                                           st->deps[st->ndeps - 1], out, 0, TPF_CUDA_WAIT_MAX),
+                       0);
+      /* Too small an output: refused, not cut. */
+      memset(c.b.waited_step, 0xff, sizeof c.b.waited_step);
+      memset(c.b.waited_peer, 0, sizeof c.b.waited_peer);
+      if (P > 2)
+        assert_int_equal(tpf_cuda__wait_plan(&c.b, &c.s, (int)st->stream, c.b.streams[st->stream],
+                                             st->deps[st->ndeps - 1], out, 0, 1),
+                         -1);
+      free_case(&c);
+    }
+}
+
+/* RING AG: every RECV from the same peer's COMM stream; the last GEMM's wait needs the latest
+ * publication only (it implies the earlier ones), and a later wait on an earlier RECV adds
+ * nothing. Without the lean enqueue every RECV would be a real step: no virtual events. */
+static void test_plan_ring_ag(void **state) {
+  (void)state;
+  static cudaEvent_t step_ev[512], out[TPF_CUDA_WAIT_MAX];
+  static tpf_cuda_peer_ev pev[512];
+  lean_case c;
+  run_case(&c, TPF_ALGO_RING, TPF_COLL_AG, 0, false, 8, 3, &tpf_cuda__transport_events, 1);
+  plan_setup(&c, step_ev, pev);
+  int last_recv = -1, first_recv = -1;
+  for (int i = 0; i < c.s.nsteps; i++)
+    if (c.b.step_virt[i]) {
+      if (first_recv < 0) first_recv = i;
+      last_recv = i;
+    }
+  cudaStream_t cs = c.b.streams[TPF_STREAM_COMPUTE0];
+  int n = tpf_cuda__wait_plan(&c.b, &c.s, TPF_STREAM_COMPUTE0, cs, last_recv, out, 0,
+                              TPF_CUDA_WAIT_MAX);
+  assert_true(planned(out, n, pev[last_recv].ev));
+  for (int i = first_recv; i < last_recv; i++)
+    if (c.b.step_virt[i]) assert_false(planned(out, n, pev[i].ev));
+  assert_int_equal(tpf_cuda__wait_plan(&c.b, &c.s, TPF_STREAM_COMPUTE0, cs, first_recv, out, 0, 8),
+                   0);
+  free_case(&c);
+}
+
 /* tpf_cuda_backend_enqueue_stats refuses what is not a CUDA backend and bad sizes; the kind
  * names. */
 static void test_stats_api(void **state) {
@@ -228,9 +327,10 @@ static void test_stats_api(void **state) {
 
 int main(void) {
   const struct CMUnitTest tests[] = {
-      cmocka_unit_test(test_ring_ag),     cmocka_unit_test(test_ring_ag_aggregate),
-      cmocka_unit_test(test_ring_rs),     cmocka_unit_test(test_every_peer),
-      cmocka_unit_test(test_not_virtual), cmocka_unit_test(test_stats_api),
+      cmocka_unit_test(test_ring_ag),      cmocka_unit_test(test_ring_ag_aggregate),
+      cmocka_unit_test(test_ring_rs),      cmocka_unit_test(test_every_peer),
+      cmocka_unit_test(test_not_virtual),  cmocka_unit_test(test_plan_ring_rs),
+      cmocka_unit_test(test_plan_ring_ag), cmocka_unit_test(test_stats_api),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
