@@ -26,18 +26,8 @@ static char handles[TPF_NUM_STREAMS];
 static void run_case(lean_case *c, tpf_algo algo, tpf_coll coll, int splits, bool aggregate, int P,
                      int r, const tpf_cuda_transport *tp, int compute_streams) {
   memset(c, 0, sizeof *c);
-  tpf_layout_desc d;
-  memset(&d, 0, sizeof d);
-  d.tp_size = P;
-  d.rank = r;
-  d.algo = algo;
-  d.coll = coll;
-  d.dtype = TPF_FP32;
-  d.capacity.rows = 64 * (uint64_t)P;
-  d.capacity.cols = d.active.cols = 16;
-  d.active.rows = 32 * (uint64_t)P;
-  d.num_splits = splits;
-  d.aggregate = aggregate;
+  tpf_layout_desc d =
+      tpf_test_layout_desc(algo, coll, P, r, 32 * (uint64_t)P, 16, splits, aggregate);
   tpf_gemm_dims g = {d.active.rows, 16, 16};
   if (algo == TPF_ALGO_BULK)
     g = (tpf_gemm_dims){24, 40, 56};

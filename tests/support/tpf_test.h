@@ -27,6 +27,26 @@
   } while (0)
 #define TPF_ASSERT_OK(expr) TPF_ASSERT_STATUS(expr, TPF_OK)
 
+/* Rank r's layout description of P ranks: fp32, capacity 64 * P rows, T active rows, H columns,
+ * the given split count and aggregate flag, everything else zero (schedule tests). */
+static inline tpf_layout_desc tpf_test_layout_desc(tpf_algo algo, tpf_coll coll, int P, int r,
+                                                   uint64_t T, uint64_t H, int splits,
+                                                   bool aggregate) {
+  tpf_layout_desc d;
+  memset(&d, 0, sizeof d);
+  d.tp_size = P;
+  d.rank = r;
+  d.algo = algo;
+  d.coll = coll;
+  d.dtype = TPF_FP32;
+  d.capacity.rows = 64 * (uint64_t)P;
+  d.capacity.cols = d.active.cols = H;
+  d.active.rows = T;
+  d.num_splits = splits;
+  d.aggregate = aggregate;
+  return d;
+}
+
 /* A communicator configuration with the given fields and everything else zero. */
 static inline tpf_comm_config tpf_test_config(const char *name, tpf_algo algo, tpf_coll coll,
                                               tpf_dtype dtype, uint64_t rows, uint64_t cols) {

@@ -10,17 +10,7 @@ static int g_p;
 static void build(tpf_algo algo, tpf_coll coll, int P, uint64_t T, uint64_t H, int splits) {
   g_p = P;
   for (int r = 0; r < P; r++) {
-    tpf_layout_desc d;
-    memset(&d, 0, sizeof d);
-    d.tp_size = P;
-    d.rank = r;
-    d.algo = algo;
-    d.coll = coll;
-    d.dtype = TPF_FP32;
-    d.capacity.rows = 64 * (uint64_t)P;
-    d.capacity.cols = d.active.cols = H;
-    d.active.rows = T;
-    d.num_splits = splits;
+    tpf_layout_desc d = tpf_test_layout_desc(algo, coll, P, r, T, H, splits, false);
     tpf_gemm_dims g = {T, H, H};
     if (algo == TPF_ALGO_BULK) g = (tpf_gemm_dims){8, 8, 8};
     TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &g_s[r]));
