@@ -220,26 +220,22 @@ static long long check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, 
   tpf_matrix mg = {got, (uint64_t)nr, nc, nc, TPF_BF16};
   tpf_matrix mwant = {want, (uint64_t)nr, nc, nc, TPF_FP32};
   tpf_ref_result res;
-  if (tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res) != TPF_OK) {
+  /* RS: each partial is rounded to the bf16 buffer before the sum. A backend whose fp32
+   * accumulation order differs from the reference's may round a partial to the other bf16
+   * neighbour, an error of one ulp of that partial, which the per-element test of SPEC §7 cannot
+   * see past when the sum is much smaller than its partials. So an RS element is wrong only when
+   * its error exceeds the SPEC §7 tolerance and that rounding slack (one ulp per partial and of
+   * the sum), and the verdict is that no element is wrong (tpf_ref_compare_slack). Until
+   * 2026-12-03 the verdict was SPEC §7's at the max-diff element even for RS, so an element
+   * inside its slack but 2.5 % off a cancelling sum counted as one wrong element. */
+  const tpf_status cst = ag ? tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res)
+                            : tpf_ref_compare_slack(&mg, &mwant, slack, tpf_ref_tolerance(TPF_BF16),
+                                                    &res);
+  if (cst != TPF_OK) {
     wrong = -1;
     goto out;
   }
-  if (ag) {
-    wrong += (long long)res.wrong;
-  } else {
-    /* RS: each partial is rounded to the bf16 buffer before the sum. A backend whose fp32
-     * accumulation order differs from the reference's may round a partial to the other bf16
-     * neighbour, an error of one ulp of that partial, which the per-element test of SPEC §7 cannot
-     * see past when the sum is much smaller than its partials. An element is wrong when its error
-     * exceeds the SPEC §7 tolerance and that rounding slack (one ulp per partial and of the sum).
-     */
-    tpf_ref_tol tol = tpf_ref_tolerance(TPF_BF16);
-    for (uint64_t e = 0; e < (uint64_t)nr * nc; e++) {
-      double gv = tpf_ref_bf16_to_float(got[e]), wv = want[e];
-      double lim = fmax(fmax(tol.atol, tol.rtol * fabs(wv)), slack[e] + ulp_bf16(want[e]));
-      if (!(fabs(gv - wv) <= lim)) wrong++;
-    }
-  }
+  wrong += (long long)res.wrong;
   *checked += (long long)res.compared;
   if (!res.pass && wrong == 0)
     wrong++; /* a NaN mismatch or the max-diff verdict without a single failing element */

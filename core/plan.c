@@ -50,13 +50,15 @@ static tpf_status ws_alloc(workspace *w, const tpf_layout_desc *d) {
   return TPF_OK;
 }
 
-/* Replays candidate (splits, aggregate) of d in w; TPF_OK with *us, or the build/replay status. */
+/* Replays candidate (algo, splits, aggregate) of d in w; TPF_OK with *us, or the build/replay
+ * status. algo is d's own, or PIPELINE for the pull baseline of a RING RS communicator. */
 static tpf_status predict_schedule(const tpf_cost_table *t, const tpf_layout_desc *d,
-                                   const tpf_gemm_dims *g, int splits, bool aggregate, workspace *w,
-                                   double *us) {
+                                   const tpf_gemm_dims *g, tpf_algo algo, int splits,
+                                   bool aggregate, workspace *w, double *us) {
   for (int q = 0; q < w->p; q++) {
     tpf_layout_desc dq = *d;
     dq.rank = q;
+    dq.algo = algo;
     dq.num_splits = splits;
     dq.aggregate = aggregate;
     TPF_CHECK(tpf__schedule_build_into(&dq, g, w->steps + (size_t)q * (size_t)w->max_steps,
@@ -83,15 +85,15 @@ const char *tpf_plan_source_name(tpf_plan_source s) {
  * nearest measured T) or MODEL (no point; BULK; or the nearest T is no layout of d, e.g. beyond
  * its capacity, so there is nothing to scale by). Never fails: the model is always there. */
 static void refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                   int splits, bool aggregate, double model_us, workspace *w, double *us,
-                   tpf_plan_source *src) {
+                   tpf_algo algo, int splits, bool aggregate, double model_us, workspace *w,
+                   double *us, tpf_plan_source *src) {
   *us = model_us;
   *src = TPF_PLAN_SRC_MODEL;
-  if (t->nsched == 0 || d->algo == TPF_ALGO_BULK) return; /* BULK: nothing to choose */
+  if (t->nsched == 0 || algo == TPF_ALGO_BULK) return; /* BULK: nothing to choose */
   tpf_cost_sched_point key;
   memset(&key, 0, sizeof key);
   key.shared = t->shared_device != 0;
-  key.algo = d->algo;
+  key.algo = algo; /* the schedule's: a pull baseline takes PIPELINE points */
   key.coll = d->coll;
   key.tp_size = d->tp_size;
   key.num_splits = splits;
@@ -118,25 +120,26 @@ static void refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_
   tpf_gemm_dims gn = *g;
   gn.m = near->rows;
   double model_near = 0; /* > 0: every schedule has a GEMM, and gemm points have us > 0 */
-  if (predict_schedule(t, &dn, &gn, splits, aggregate, w, &model_near) != TPF_OK) return;
+  if (predict_schedule(t, &dn, &gn, algo, splits, aggregate, w, &model_near) != TPF_OK) return;
   *us = model_us * near->us / model_near;
   *src = TPF_PLAN_SRC_SCALED;
 }
 
-/* Adds candidate (splits, aggregate) with model time model_us, refined by the sched points. */
+/* Adds candidate (algo, splits, aggregate) with model time model_us, refined by the sched
+ * points. */
 static void add(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                workspace *w, tpf_plan_result *r, int splits, bool aggregate, bool baseline,
-                double model_us, const char *label) {
+                workspace *w, tpf_plan_result *r, tpf_algo algo, int splits, bool aggregate,
+                bool baseline, double model_us, const char *label) {
   tpf_plan_candidate *c = &r->cand[r->ncand++];
   memset(c, 0, sizeof *c);
-  c->algo = d->algo;
+  c->algo = algo;
   c->num_splits = splits;
   c->aggregate = aggregate;
   c->baseline = baseline;
   c->model_us = model_us;
   c->runnable = true;
   snprintf(c->label, sizeof c->label, "%s", label);
-  refine(t, d, g, splits, aggregate, model_us, w, &c->predicted_us, &c->source);
+  refine(t, d, g, algo, splits, aggregate, model_us, w, &c->predicted_us, &c->source);
 }
 
 static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
@@ -147,43 +150,60 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
   int p = d->tp_size;
   double us = 0;
   char label[40];
-  if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
-    TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
+  const tpf_algo own = d->algo;
+  if (own == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
+    TPF_CHECK(predict_schedule(t, d, g, own, p, false, w, &us));
     snprintf(label, sizeof label, "ring ag splits %d", p);
-    add(t, d, g, w, &r, p, false, false, us, label);
+    add(t, d, g, w, &r, own, p, false, false, us, label);
     if (p % 2 == 0 && p >= 4) {
-      TPF_CHECK(predict_schedule(t, d, g, p / 2, true, w, &us));
+      TPF_CHECK(predict_schedule(t, d, g, own, p / 2, true, w, &us));
       snprintf(label, sizeof label, "ring ag aggregate splits %d", p / 2);
-      add(t, d, g, w, &r, p / 2, true, false, us, label);
+      add(t, d, g, w, &r, own, p / 2, true, false, us, label);
     }
-    TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
+    TPF_CHECK(predict_schedule(t, d, g, own, 1, false, w, &us));
     r.baseline = r.ncand;
-    add(t, d, g, w, &r, 1, false, true, us, "baseline: ag, then one gemm");
-  } else if (d->algo == TPF_ALGO_RING) {
-    TPF_CHECK(predict_schedule(t, d, g, p, false, w, &us));
+    add(t, d, g, w, &r, own, 1, false, true, us, "baseline: ag, then one gemm");
+  } else if (own == TPF_ALGO_RING) {
+    TPF_CHECK(predict_schedule(t, d, g, own, p, false, w, &us));
     snprintf(label, sizeof label, "ring rs splits %d", p);
-    add(t, d, g, w, &r, p, false, false, us, label);
+    add(t, d, g, w, &r, own, p, false, false, us, label);
     if (p > 1) { /* the no-overlap ring: every partial in one GEMM, then the exchange */
-      TPF_CHECK(predict_schedule(t, d, g, 1, false, w, &us));
+      TPF_CHECK(predict_schedule(t, d, g, own, 1, false, w, &us));
       r.baseline = r.ncand;
-      add(t, d, g, w, &r, 1, false, true, us, "baseline: one gemm, then rs");
+      add(t, d, g, w, &r, own, 1, false, true, us, "baseline: one gemm, then ring rs");
+      /* The other no-overlap reduce-scatter: the one GEMM of all rows into the buffer, then
+       * every rank pulls and sums its rows from all peers (PIPELINE with one block). Its bytes
+       * (T x H) lie inside the RING RS layout's ((2P - 1) chunks of T/P rows), so a RING RS
+       * communicator runs it on its own registration. Where it is the faster of the two, it is
+       * the baseline that "never slower than no overlap" is measured against. */
+      tpf_layout_desc dp = *d;
+      dp.algo = TPF_ALGO_PIPELINE;
+      dp.num_splits = 1;
+      dp.aggregate = false;
+      if (tpf_layout_check(&dp) == TPF_OK) {
+        TPF_CHECK(predict_schedule(t, d, g, TPF_ALGO_PIPELINE, 1, false, w, &us));
+        add(t, d, g, w, &r, TPF_ALGO_PIPELINE, 1, false, true, us,
+            "baseline: one gemm, then pull rs");
+        if (r.cand[r.ncand - 1].predicted_us <= r.cand[r.baseline].predicted_us)
+          r.baseline = r.ncand - 1;
+      }
     }
-  } else if (d->algo == TPF_ALGO_PIPELINE) {
+  } else if (own == TPF_ALGO_PIPELINE) {
     static const int S[] = {8, 4, 2, 1}; /* most split first: later = simpler */
     for (size_t i = 0; i < sizeof S / sizeof *S; i++) {
       tpf_layout_desc ds = *d;
       ds.num_splits = S[i];
       if (tpf_layout_check(&ds) != TPF_OK) continue; /* H % S or alignment: not a candidate */
-      TPF_CHECK(predict_schedule(t, d, g, S[i], false, w, &us));
+      TPF_CHECK(predict_schedule(t, d, g, own, S[i], false, w, &us));
       snprintf(label, sizeof label,
                S[i] == 1 ? "baseline: pipeline splits 1" : "pipeline rs splits %d", S[i]);
       if (S[i] == 1) r.baseline = r.ncand; /* one block: the GEMM, then the pull RS */
-      add(t, d, g, w, &r, S[i], false, S[i] == 1, us, label);
+      add(t, d, g, w, &r, own, S[i], false, S[i] == 1, us, label);
     }
   } else {
-    TPF_CHECK(predict_schedule(t, d, g, d->num_splits, false, w, &us));
+    TPF_CHECK(predict_schedule(t, d, g, own, d->num_splits, false, w, &us));
     snprintf(label, sizeof label, "bulk %s", tpf_coll_name(d->coll));
-    add(t, d, g, w, &r, 0, false, false, us, label);
+    add(t, d, g, w, &r, own, 0, false, false, us, label);
   }
   /* The fastest wins; of those within 0.5 % of it, the last listed (the simplest). Every
    * candidate is runnable. */
@@ -198,12 +218,12 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
    * faster by more than the margin, so that points within run-to-run spread do not decide. */
   bool anchored = false;
   if (t->prefer_margin > 0) {
-    const int own = tpf__layout_splits(d);
+    const int own_splits = tpf__layout_splits(d);
     int anchor = -1;
     for (int i = 0; i < r.ncand; i++) {
       const tpf_plan_candidate *c = &r.cand[i];
-      const bool is_anchor =
-          c->baseline || (c->num_splits == own && c->aggregate == (d->aggregate != 0));
+      const bool is_anchor = c->baseline || (c->algo == own && c->num_splits == own_splits &&
+                                             c->aggregate == (d->aggregate != 0));
       if (is_anchor && (anchor < 0 || c->predicted_us < r.cand[anchor].predicted_us)) anchor = i;
     }
     if (anchor >= 0 && anchor != best &&
@@ -304,6 +324,7 @@ tpf_status tpf__planner_apply(tpf_planner *p, tpf_layout_desc *d, const tpf_gemm
     p->next = (p->next + 1) % TPF_PLAN_CACHE;
   }
   const tpf_plan_candidate *c = &p->cache[hit].r.cand[p->cache[hit].r.chosen];
+  d->algo = c->algo; /* a RING RS communicator may run the pull baseline (PIPELINE, 1 block) */
   d->num_splits = c->num_splits;
   d->aggregate = c->aggregate;
   p->last = hit;

@@ -634,7 +634,8 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
   printf(
       "gemm = the no-overlap schedule's one GEMM of all T rows (AG [T,H]x[N,H]^T, RS "
       "[T,N]x[H,N]^T: K = N); serial = the no-overlap schedule (RING AG: splits 1, the exchange, "
-      "then the GEMM; RING RS: splits 1, the GEMM of all rows, then the ring exchange; "
+      "then the GEMM; RING RS: the faster of splits 1 (the GEMM of all rows, then the ring "
+      "exchange) and the pull (the GEMM, then each rank sums its rows from every peer); "
       "PIPELINE RS: splits 1, the GEMM, then the pull reduce-scatter); comm = serial - gemm "
       "(handshake, launches, copies, reduction);\n");
   printf("planned = the planner's choice; fixed = the default split count (RING P, PIPELINE 4); "

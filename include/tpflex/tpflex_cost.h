@@ -130,7 +130,12 @@ TPF_API tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule 
  * and the no-overlap baseline, each with its predicted time:
  *   RING AG:  splits P (a GEMM per chunk), P/2 with aggregate (even P >= 4), and splits 1, which
  *             is the baseline itself (the whole exchange, then one GEMM);
- *   RING RS:  splits P, and the baseline splits 1 (every partial in one GEMM, then the exchange);
+ *   RING RS:  splits P; splits 1 (every partial in one GEMM, then the ring exchange); and, where
+ *             the layout admits PIPELINE with one block, the pull baseline: the one GEMM of all
+ *             rows into the buffer, then each rank pulls and sums its rows from every peer
+ *             (algo PIPELINE, splits 1; its T x H bytes lie inside the RING RS registration, so
+ *             the communicator runs it as is). Both no-overlap schedules are baselines (flag
+ *             `baseline`); the result's `baseline` index is the faster predicted of the two;
  *   PIPELINE: S in {8, 4, 2, 1} where H and the alignment allow; S = 1 is the baseline (the
  *             GEMM, then the pull reduce-scatter);
  *   BULK:     its one schedule (the GEMM is independent of the collective: nothing to choose).
@@ -163,7 +168,8 @@ typedef enum {
 TPF_API const char *tpf_plan_source_name(tpf_plan_source s);
 
 typedef struct {
-  tpf_algo algo;       /* the schedule's algorithm (the communicator's) */
+  tpf_algo algo;       /* the schedule's algorithm: the communicator's, or PIPELINE for the
+                        * pull baseline of a RING RS communicator */
   int num_splits;      /* its split count; the baseline has 1 */
   bool aggregate;      /* RING AG 2-chunk messages */
   bool baseline;       /* the no-overlap baseline */
@@ -178,7 +184,8 @@ typedef struct {
   int ncand;
   tpf_plan_candidate cand[TPF_PLAN_MAX_CANDIDATES];
   int chosen;    /* index into cand */
-  int baseline;  /* index of the baseline candidate, -1 for BULK */
+  int baseline;  /* index of the baseline candidate (RING RS: the faster predicted of its two
+                  * no-overlap schedules), -1 for BULK */
   char why[200]; /* one line: the winner, its time, and its margin over the runner-up */
 } tpf_plan_result;
 

@@ -64,20 +64,25 @@ static void test_each_candidate_wins(void **state) {
   assert_true(chosen(&r)->aggregate);
   assert_int_equal(chosen(&r)->num_splits, 4);
 
-  /* RS: overlap wins with slow links and no tax; the baseline with huge launches. */
+  /* RS: overlap wins with slow links, a slow reduction and no tax; a baseline with huge
+   * launches. */
   tpf_gemm_dims grs = {1024, 256, 256};
   tpf_layout_desc rs = desc(4, TPF_ALGO_RING, TPF_COLL_RS, 1024, 256);
   t = table_of(OVERLAP);
+  t.barrier_us = 1e5; /* the pull baseline's two barriers; its bytes equal the ring's reduction */
   TPF_ASSERT_OK(tpf_plan_predict(&t, &rs, &grs, &r));
-  print_message("ring rs, overlap table: %s\n", r.why);
+  print_message("ring rs, overlap table, slow barrier: %s\n", r.why);
   assert_false(chosen(&r)->baseline);
+  assert_int_equal(chosen(&r)->algo, TPF_ALGO_RING);
   t = table_of(FEWEST);
   TPF_ASSERT_OK(tpf_plan_predict(&t, &rs, &grs, &r));
   print_message("ring rs, fewest-steps table: %s\n", r.why);
-  /* 0.2: the RS baseline is a runnable schedule (RING RS with num_splits 1), and it wins. */
+  /* 0.2: the RS baselines are runnable schedules, and one of them wins: with one launch per
+   * step, the pull (GEMM, barrier, pull, barrier) beats the ring's 2 (P - 1) transfers. */
   assert_true(chosen(&r)->baseline);
   assert_true(chosen(&r)->runnable);
   assert_int_equal(chosen(&r)->num_splits, 1);
+  assert_int_equal(chosen(&r)->algo, TPF_ALGO_PIPELINE);
   assert_int_equal(r.chosen, r.baseline);
   tpf_layout_desc pl = desc(4, TPF_ALGO_PIPELINE, TPF_COLL_RS, 1024, 256);
   t = table_of(OVERLAP);
@@ -191,6 +196,70 @@ static void test_adaptive_comm(void **state) {
   assert_non_null(strstr(tpf_last_error(), "TPF_PLAN_FIXED"));
   TPF_ASSERT_STATUS(tpf_comm_plan_info(NULL, &r), TPF_EINVAL);
   TPF_ASSERT_OK(tpf_comm_destroy(c));
+  assert_int_equal(be.reg_live, 0);
+}
+
+/* RING RS has two no-overlap schedules: the ring exchange after one GEMM (RING, splits 1) and
+ * the pull (PIPELINE, one block, on the RING RS registration). Both are candidates and
+ * baselines; the result's baseline is the faster predicted; an adaptive RING RS communicator
+ * hands the backend the pull schedule when it wins, and the ring one when the copies are the
+ * cheaper. */
+static void test_ring_rs_two_baselines(void **state) {
+  (void)state;
+  enum { P = 4, C = 4096, H = 256, K = 256 };
+  tpf_gemm_dims g = {1024, H, K};
+  tpf_layout_desc d = desc(P, TPF_ALGO_RING, TPF_COLL_RS, 1024, H);
+  tpf_cost_table pull = table_of(FEWEST), ring = table_of(FEWEST);
+  /* The pull reads the same bytes through the reduction as the ring's final sum, so only its
+   * two barriers can make it the slower. */
+  ring.barrier_us = 1e5;
+  tpf_plan_result r;
+  TPF_ASSERT_OK(tpf_plan_predict(&pull, &d, &g, &r));
+  assert_int_equal(r.ncand, 3);
+  assert_int_equal(r.cand[0].algo, TPF_ALGO_RING);
+  assert_int_equal(r.cand[0].num_splits, P);
+  assert_false(r.cand[0].baseline);
+  assert_int_equal(r.cand[1].algo, TPF_ALGO_RING);
+  assert_int_equal(r.cand[1].num_splits, 1);
+  assert_true(r.cand[1].baseline);
+  assert_int_equal(r.cand[2].algo, TPF_ALGO_PIPELINE);
+  assert_int_equal(r.cand[2].num_splits, 1);
+  assert_true(r.cand[2].baseline);
+  assert_non_null(strstr(r.cand[2].label, "pull"));
+  assert_int_equal(r.baseline, 2);
+  assert_int_equal(r.chosen, 2);
+  TPF_ASSERT_OK(tpf_plan_predict(&ring, &d, &g, &r));
+  print_message("ring rs, slow barrier: %s\n", r.why);
+  assert_int_equal(r.baseline, 1);
+  assert_int_equal(r.chosen, 1);
+  assert_int_equal(chosen(&r)->algo, TPF_ALGO_RING);
+  /* P = 1: no exchange at all, so no baseline to add. */
+  tpf_layout_desc one = desc(1, TPF_ALGO_RING, TPF_COLL_RS, 1024, H);
+  TPF_ASSERT_OK(tpf_plan_predict(&pull, &one, &g, &r));
+  assert_int_equal(r.ncand, 1);
+
+  /* An adaptive communicator runs what the planner chose, on its own registration. */
+  static uint16_t xbuf[C * K], wbuf[H * K], obuf[C / P * H];
+  tpf_mock_backend be;
+  tpf_mock_init(&be, P, 1);
+  tpf_comm_config cfg = tpf_test_config("fc2_fprop", TPF_ALGO_RING, TPF_COLL_RS, TPF_BF16, C, H);
+  cfg.plan = TPF_PLAN_ADAPTIVE;
+  const tpf_cost_table *tables[2] = {&pull, &ring};
+  const tpf_algo want[2] = {TPF_ALGO_PIPELINE, TPF_ALGO_RING};
+  for (int i = 0; i < 2; i++) {
+    cfg.cost = tables[i];
+    tpf_comm *c = NULL;
+    TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+    TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){1024, H}));
+    tpf_matrix x = {xbuf, 1024, K, K, TPF_BF16}, w = {wbuf, H, K, K, TPF_BF16};
+    tpf_matrix o = {obuf, 1024 / P, H, H, TPF_BF16};
+    tpf__alloc_set_budget(0);
+    TPF_ASSERT_OK(tpf_gemm_rs(c, &x, &w, &o, NULL));
+    tpf__alloc_set_budget(-1);
+    assert_int_equal(be.last_sched.algo, want[i]);
+    assert_int_equal(be.last_sched.num_splits, 1);
+    TPF_ASSERT_OK(tpf_comm_destroy(c));
+  }
   assert_int_equal(be.reg_live, 0);
 }
 
@@ -524,6 +593,7 @@ int main(void) {
       cmocka_unit_test(test_same_on_every_rank),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_adaptive_comm),
+      cmocka_unit_test(test_ring_rs_two_baselines),
       cmocka_unit_test(test_sched_interpolation),
       cmocka_unit_test(test_sched_overturns_model),
       cmocka_unit_test(test_prefer_margin),
