@@ -185,6 +185,9 @@ tpf_status bench_sync(bench_rank *rk);
 bool bench_host_begin(bench_rank *rk, int it, atomic_int *failed);
 void bench_host_end(bench_rank *rk, int it);
 tpf_status bench_host_collect(bench_rank *rk, int n, double *us, double *enq_us);
+/* The same over slots [first, first + n) (first + n <= BENCH_MAX_ITERS): a second series of
+ * repetitions timed alternately with the first (the paired serial baseline of the tp section). */
+tpf_status bench_host_collect_at(bench_rank *rk, int first, int n, double *us, double *enq_us);
 
 /* ---- CUDA primitives (bench_cuda_env.c; stubs returning TPF_EUNSUPPORTED without CUDA) ------- */
 /* What the timing flush writes before each timed repetition: more than the L2 holds. */
@@ -229,7 +232,8 @@ int bench_cuda_ipc_peer(void);
  * variant once, in order, each timed on its own (so drift spreads over all of them), with the
  * operation's num_splits set per variant (tpf_op_options; 0 = the planner's choice). */
 typedef struct {
-  tpf_algo algo;    /* TPF_ALGO_RING: RING AG; TPF_ALGO_PIPELINE: PIPELINE RS */
+  tpf_algo algo;    /* TPF_ALGO_RING: RING AG or RING RS (coll); TPF_ALGO_PIPELINE: PIPELINE RS */
+  tpf_coll coll;
   uint64_t C, H, N; /* as bench_job: AG buffer [C, H], w [N, H]; RS x [C, N], w [H, N] */
   int nts;
   uint64_t ts[BENCH_MAX_TS];
@@ -286,10 +290,18 @@ typedef struct {
   bool adaptive[BENCH_TP_MAX_OPS];                 /* on a TPF_PLAN_ADAPTIVE communicator */
   int chose[BENCH_TP_MAX_OPS][BENCH_MAX_TS];       /* adaptive: the planner's split count (0: ?) */
   bool chose_aggr[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* and whether with aggregate */
+  bool chose_pull[BENCH_TP_MAX_OPS][BENCH_MAX_TS]; /* RING RS: the pull baseline (PIPELINE) */
   int serial[BENCH_TP_MAX_OPS];                    /* index of the op's serial baseline */
   double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* device events, median (NaN: not taken) */
   double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* host wall, median */
   double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* operation call to return, median */
+  /* The paired serial baseline: in every host-wall repetition the operation, then the serial
+   * baseline on its own communicator, each timed alike (the serial rows pair with themselves:
+   * an A/A control of the method). pair_us: the baseline's median; spd: the median over
+   * repetitions of serial_i / op_i, and its quartiles. NaN where not measured. */
+  double pair_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
+  double spd[BENCH_TP_MAX_OPS][BENCH_MAX_TS], spd_q1[BENCH_TP_MAX_OPS][BENCH_MAX_TS],
+      spd_q3[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   /* The CUDA backend's enqueue breakdown (BENCH_ENQ_*), mean over ranks, and the largest rank's
    * host us; NaN where not measured (the simulator, a failure). */
   double enq[BENCH_TP_MAX_OPS][BENCH_MAX_TS][BENCH_ENQ_NF];
@@ -299,7 +311,7 @@ typedef struct {
   char err[BENCH_TP_MAX_OPS][300];
   char setup_err[300]; /* the group, the bootstrap or the launch failed ("" when not) */
 } bench_tp_result;
-#define BENCH_TP_MAGIC 0x54504D33u /* "TPM3" */
+#define BENCH_TP_MAGIC 0x54504D34u /* "TPM4" */
 /* Runs every operation of the tp section at P = g->tp over the T values of o->tps that P divides,
  * each job o->warmup warm-up runs, then (events) o->iters device-event repetitions, then o->iters
  * host-wall repetitions, then the check. events is false in procs mode (no interprocess event

@@ -305,6 +305,10 @@ void bench_host_end(bench_rank *rk, int it) {
 }
 
 tpf_status bench_host_collect(bench_rank *rk, int n, double *us, double *enq_us) {
+  return bench_host_collect_at(rk, 0, n, us, enq_us);
+}
+
+tpf_status bench_host_collect_at(bench_rank *rk, int first, int n, double *us, double *enq_us) {
   bench_group *g = rk->g;
   tpf_status st = TPF_OK;
   pthread_barrier_wait(&g->bar); /* every rank thread here has written its slots */
@@ -320,10 +324,11 @@ tpf_status bench_host_collect(bench_rank *rk, int n, double *us, double *enq_us)
       double a = INFINITY, b = -INFINITY;
       for (int l = 0; l < nl; l++) {
         const int r = g->rank0 + l;
-        const double x = g->h0[r * BENCH_MAX_ITERS + it], y = g->h1[r * BENCH_MAX_ITERS + it];
+        const int slot = r * BENCH_MAX_ITERS + first + it;
+        const double x = g->h0[slot], y = g->h1[slot];
         a = x < a ? x : a;
         b = y > b ? y : b;
-        mine[(size_t)(2 + l) * (size_t)n + (size_t)it] = g->enq[r * BENCH_MAX_ITERS + it];
+        mine[(size_t)(2 + l) * (size_t)n + (size_t)it] = g->enq[slot];
       }
       mine[it] = a;
       mine[n + it] = b;

@@ -241,7 +241,8 @@ static void chose_notes(const bench_tp_result *rs, const char *mode) {
     for (int i = 0, l = 0; i < rs->nts; i++) {
       char lab[16] = "?";
       if (rs->chose[k][i] > 0)
-        snprintf(lab, sizeof lab, "%d%s", rs->chose[k][i], rs->chose_aggr[k][i] ? "a" : "");
+        snprintf(lab, sizeof lab, "%d%s", rs->chose[k][i],
+                 rs->chose_aggr[k][i] ? "a" : rs->chose_pull[k][i] ? "p" : "");
       l += snprintf(line + l, sizeof line - (size_t)l, "%sT=%llu: %s", i ? ", " : "",
                     (unsigned long long)rs->ts[i], lab);
     }
@@ -267,8 +268,9 @@ int bench_section_tp(const bench_opts *o) {
     if (bench_tp_nops(o, o->ps[pi]) > 0) rc |= procs_run(o, o->ps[pi], &prc[pi]);
   }
 
-  static const char *const cols[] = {"op",          "mode",       "P",       "T",     "T/C",
-                                     "time(us)",    "serial(us)", "speedup", "tT/tC", "tT/tC/(T/C)",
+  static const char *const cols[] = {"op",          "mode",       "P",         "T",
+                                     "T/C",         "time(us)",   "serial(us)", "speedup",
+                                     "spd_q1",      "spd_q3",     "tT/tC",      "tT/tC/(T/C)",
                                      "enqueue(us)", "vs_threads", "#wrong"};
   char title[300];
   snprintf(title, sizeof title,
@@ -276,7 +278,7 @@ int bench_section_tp(const bench_opts *o) {
            "(C=%llu H=%llu N=%llu)",
            o->cuda ? "GPU" : "host", (unsigned long long)o->capacity, (unsigned long long)o->hidden,
            (unsigned long long)o->n);
-  bench_table("tp_modes", title, 13, cols);
+  bench_table("tp_modes", title, 15, cols);
   for (int pi = 0; pi < o->nps; pi++) {
     const bench_tp_result *t = thr_on ? &thr[pi] : NULL, *p = prc_on ? &prc[pi] : NULL;
     rc |= bench_tp_modes_rows(o, t, p);
@@ -295,9 +297,13 @@ int bench_section_tp(const bench_opts *o) {
              o->iters, o->cuda ? "rank 0's 1 GiB memset synchronised (L2 eviction), " : "",
              o->cuda ? "cudaStreamSynchronize"
                      : "(the simulator returns with the operation complete)");
-  bench_note("serial(us): the serial baseline in the same mode and measure (serial_ag,gemm for AG, "
-             "serial_gemm,rs for RS); speedup = serial / time; tT/tC = time / time at T = C; "
-             "tT/tC/(T/C) = 1 when the time scales with T");
+  bench_note("serial(us): the serial baseline (serial_ag,gemm for AG, serial_gemm,rs for RS) on its "
+             "own communicator, PAIRED: in every repetition the operation, then the baseline on "
+             "the same operands, each timed as above; serial(us) is the baseline's median; "
+             "speedup = the median over repetitions of serial_i / time_i, spd_q1 and spd_q3 its "
+             "quartiles; the serial rows pair with themselves (an A/A control: their speedup "
+             "spread is the method's own); tT/tC = time / time at T = C; tT/tC/(T/C) = 1 when the "
+             "time scales with T");
   bench_note("enqueue(us): host time of the tpf_* call itself (call to return), median over ranks "
              "and repetitions; vs_threads = time / the threads row's time");
   if (o->cuda)
@@ -315,7 +321,7 @@ int bench_section_tp(const bench_opts *o) {
                "T the planner picks an overlap schedule or no overlap), cost table %s, model %s; "
                "speedup against the same serial baseline as the fixed rows; 'planner chose "
                "splits': rank 0's tpf_comm_plan_info after its check run (1 = no overlap, 'a' = "
-               "aggregate, '?' = not run)",
+               "aggregate, '1p' = the pull baseline on a RING RS communicator, '?' = not run)",
                o->cost_used, o->dedicated ? "dedicated" : "shared");
     for (int pi = 0; pi < o->nps; pi++) {
       if (thr_on) chose_notes(&thr[pi], "threads");

@@ -74,9 +74,11 @@ typedef struct {
   uint64_t margin;            /* rotation span of operand offsets, elements */
   bench_variants *var;        /* NULL: one schedule, the communicator's (no options) */
   const tpf_cost_table *cost; /* without var: an ADAPTIVE communicator planning with it */
+  bool pair; /* without var, host_iters > 0: the serial baseline alternated with the op */
   /* results */
   double us[BENCH_MAX_TS];
   double host_us[BENCH_MAX_TS], enq_us[BENCH_MAX_TS]; /* host wall, enqueue: medians */
+  double pair_us[BENCH_MAX_TS], spd[BENCH_MAX_TS], spd_q1[BENCH_MAX_TS], spd_q3[BENCH_MAX_TS];
   atomic_llong wrong[BENCH_MAX_TS];
   atomic_llong checked[BENCH_MAX_TS];
   int chose[BENCH_MAX_TS]; /* with cost: rank 0's planner choice per T (0: none) */
@@ -85,6 +87,7 @@ typedef struct {
   double enq_rank[BENCH_MAX_TS][TPF_MAX_RANKS][BENCH_ENQ_NF];
   double enq_mean[BENCH_MAX_TS][BENCH_ENQ_NF], enq_max[BENCH_MAX_TS];
   bool chose_aggr[BENCH_MAX_TS];
+  bool chose_pull[BENCH_MAX_TS]; /* RING RS: the planner chose the pull baseline (PIPELINE) */
   atomic_int failed;
   tpf_status st;
   char err[300];
@@ -331,17 +334,31 @@ static bool enq_snap(bench_rank *rk, tpf_cuda_enqueue_stats *s) {
   return rk->g->cuda && bench_cuda_enq_stats(rk, s) == TPF_OK;
 }
 
-/* This rank's breakdown at T index ti: the statistics now minus s0, per operation. */
-static void enq_record(bench_rank *rk, bench_job *j, int ti, const tpf_cuda_enqueue_stats *s0) {
+/* *acc += b - a: what happened between snapshots a and b (the paired baseline's calls, which
+ * the operation's breakdown leaves out). */
+static void enq_add(tpf_cuda_enqueue_stats *acc, const tpf_cuda_enqueue_stats *a,
+                    const tpf_cuda_enqueue_stats *b) {
+  acc->ops += b->ops - a->ops;
+  acc->host_ns += b->host_ns - a->host_ns;
+  for (int k = 0; k < TPF_CUDA_ENQ_COUNT; k++) {
+    acc->calls[k] += b->calls[k] - a->calls[k];
+    acc->ns[k] += b->ns[k] - a->ns[k];
+  }
+}
+
+/* This rank's breakdown at T index ti: the statistics now minus s0 minus ex (the paired
+ * baseline's share, zero without it), per operation. */
+static void enq_record(bench_rank *rk, bench_job *j, int ti, const tpf_cuda_enqueue_stats *s0,
+                       const tpf_cuda_enqueue_stats *ex) {
   tpf_cuda_enqueue_stats s1;
-  if (!enq_snap(rk, &s1) || s1.ops <= s0->ops) return;
+  if (!enq_snap(rk, &s1) || s1.ops <= s0->ops + ex->ops) return;
   double *e = j->enq_rank[ti][rk->rank];
-  const double ops = (double)(s1.ops - s0->ops);
-  e[BENCH_ENQ_HOST] = (double)(s1.host_ns - s0->host_ns) / ops * 1e-3;
+  const double ops = (double)(s1.ops - s0->ops - ex->ops);
+  e[BENCH_ENQ_HOST] = (double)(s1.host_ns - s0->host_ns - ex->host_ns) / ops * 1e-3;
   uint64_t calls = 0;
   for (int k = 0; k < TPF_CUDA_ENQ_COUNT; k++) {
-    if (k != TPF_CUDA_ENQ_PEER_WAIT) calls += s1.calls[k] - s0->calls[k];
-    e[BENCH_ENQ_KIND + k] = (double)(s1.ns[k] - s0->ns[k]) / ops * 1e-3;
+    if (k != TPF_CUDA_ENQ_PEER_WAIT) calls += s1.calls[k] - s0->calls[k] - ex->calls[k];
+    e[BENCH_ENQ_KIND + k] = (double)(s1.ns[k] - s0->ns[k] - ex->ns[k]) / ops * 1e-3;
   }
   e[BENCH_ENQ_CALLS] = (double)calls / ops;
 }
@@ -423,10 +440,30 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
     dmem = bench_mem_alloc(g, drows * dcols * 2);
     if (!dmem) job_fail(j, TPF_ENOMEM, "output allocation");
   }
+  /* The paired serial baseline: its own FIXED communicator, run after the operation in every
+   * host-wall repetition on the same operands and output, timed alike. pair is the same on
+   * every rank (the options), so the repetitions' agreements pair up even where pc failed. */
+  const bool pair =
+      j->pair && !var && j->host_iters > 0 && 2 * j->host_iters <= BENCH_MAX_ITERS;
+  tpf_comm *pc = NULL;
+  if (pair && st == TPF_OK) {
+    const bench_op sop = ag ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL;
+    tpf_comm_config pcfg = {.name = "bench_paired_serial",
+                            .algo = kOps[sop].algo,
+                            .coll = kOps[sop].coll,
+                            .dtype = TPF_BF16,
+                            .capacity = {j->C, j->H},
+                            .num_splits = kOps[sop].splits};
+    st = tpf_comm_create(rk->be, &pcfg, &pc);
+    if (st != TPF_OK) job_fail(j, st, "tpf_comm_create (the paired serial baseline)");
+  }
+  tpf_cuda_enqueue_stats excl; /* the paired baseline's share of the enqueue statistics */
   double *us = calloc((size_t)j->iters * (size_t)nv + 1, sizeof(double));
   double *one = calloc((size_t)j->iters + 1, sizeof(double));
   double *hus = calloc((size_t)j->host_iters + 1, sizeof(double));
-  if (!us || !one || !hus) job_fail(j, TPF_ENOMEM, "timing arrays");
+  double *pus = calloc((size_t)j->host_iters + 1, sizeof(double));
+  double *ratio = calloc((size_t)j->host_iters + 1, sizeof(double));
+  if (!us || !one || !hus || !pus || !ratio) job_fail(j, TPF_ENOMEM, "timing arrays");
   for (int ti = 0; ti < j->nts; ti++) {
     const uint64_t T = j->ts[ti], R = T / (uint64_t)P;
     bool skip = bench_agree_failed(rk, &j->failed);
@@ -443,10 +480,18 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
       job_fail(j, st, "tpf_comm_buffer");
       skip = true;
     }
+    tpf_matrix plocal = {0};
+    if (!skip && pc &&
+        ((st = tpf_comm_set_active_shape(pc, (tpf_shape){T, j->H})) != TPF_OK ||
+         (ag && (st = tpf_comm_local_chunk(pc, &plocal)) != TPF_OK))) {
+      job_fail(j, st, "the paired serial baseline's shape");
+      skip = true;
+    }
     tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
     const int total = j->warmup + j->iters + j->host_iters + 1;
     tpf_cuda_enqueue_stats enq0; /* before the first host-wall repetition */
     bool have_enq0 = false;
+    memset(&excl, 0, sizeof excl);
     for (int it = 0; it < total; it++)
       for (int v = 0; v < nv; v++) {
         const bool timed = it >= j->warmup && it < j->warmup + j->iters;
@@ -507,6 +552,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
             if (tpf_comm_plan_info(c, &pr) == TPF_OK && pr.ncand > 0) {
               j->chose[ti] = pr.cand[pr.chosen].num_splits;
               j->chose_aggr[ti] = pr.cand[pr.chosen].aggregate;
+              j->chose_pull[ti] = pr.cand[pr.chosen].algo != kOps[j->op].algo;
             }
           }
         }
@@ -516,7 +562,32 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           bench_host_end(rk, hslot);
         else
           bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
-        if (htimed && hslot == j->host_iters - 1 && have_enq0) enq_record(rk, j, ti, &enq0);
+        if (htimed && hslot == j->host_iters - 1 && have_enq0)
+          enq_record(rk, j, ti, &enq0, &excl);
+        if (htimed && pair) { /* the paired serial baseline, on the same operands */
+          const int pslot = j->host_iters + hslot;
+          const bool prun = !skip && pc != NULL;
+          if (prun && ag &&
+              (st = bench_mem_copy(rk, plocal.ptr, g->src + operand_off(j, r, it, 0),
+                                   R * j->H * 2)) != TPF_OK) {
+            job_fail(j, st, "input copy (the paired serial baseline)");
+            skip = true;
+          }
+          tpf_cuda_enqueue_stats x0, x1;
+          const bool snap = have_enq0 && enq_snap(rk, &x0);
+          skip = bench_host_begin(rk, pslot, &j->failed) || skip;
+          if (!skip && pc) {
+            const double e0 = bench_now_ns();
+            st = ag ? tpf_ag_gemm(pc, &w, &d, rk->stream) : tpf_gemm_rs(pc, &x, &w, &d, rk->stream);
+            g->enq[r * BENCH_MAX_ITERS + pslot] = bench_now_ns() - e0;
+            if (st != TPF_OK) {
+              job_fail(j, st, "the paired serial baseline");
+              skip = true;
+            }
+          }
+          bench_host_end(rk, pslot);
+          if (snap && enq_snap(rk, &x1)) enq_add(&excl, &x0, &x1);
+        }
         if (check && !skip && run) {
           st = bench_sync(rk);
           if (st != TPF_OK) {
@@ -538,9 +609,21 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
     double enq = NAN;
     if (j->host_iters > 0 && bench_host_collect(rk, j->host_iters, hus, &enq) != TPF_OK)
       job_fail(j, TPF_ETIMEOUT, "host timing exchange");
+    double penq = NAN;
+    if (pair && bench_host_collect_at(rk, j->host_iters, j->host_iters, pus, &penq) != TPF_OK)
+      job_fail(j, TPF_ETIMEOUT, "host timing exchange (the paired serial baseline)");
     if (r == g->rank0 && j->host_iters > 0) {
-      const bool bad = atomic_load(&j->failed) || !hus;
-      j->host_us[ti] = bad ? NAN : bench_median(hus, j->host_iters);
+      const bool bad = atomic_load(&j->failed) || !hus || !pus || !ratio;
+      const int n = j->host_iters;
+      if (pair && !bad) { /* before the medians sort hus and pus */
+        for (int i = 0; i < n; i++)
+          ratio[i] = pus[i] / hus[i];
+        j->spd[ti] = bench_median(ratio, n); /* sorts ratio */
+        j->spd_q1[ti] = bench_quantile(ratio, n, 0.25);
+        j->spd_q3[ti] = bench_quantile(ratio, n, 0.75);
+        j->pair_us[ti] = bench_median(pus, n);
+      }
+      j->host_us[ti] = bad ? NAN : bench_median(hus, n);
       j->enq_us[ti] = bad ? NAN : enq;
     }
     if (r == 0 && j->iters > 0)
@@ -558,10 +641,13 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   free(us);
   free(one);
   free(hus);
+  free(pus);
+  free(ratio);
   job_enq_reduce(rk, j);
   job_gather(rk, j);
   bench_barrier(rk);
   if (c) tpf_comm_destroy(c);
+  if (pc) tpf_comm_destroy(pc);
   if (dmem) bench_mem_free(g, dmem);
   return TPF_OK;
 }
@@ -574,6 +660,7 @@ static tpf_status run_job(bench_group *g, bench_job *j) {
   j->err[0] = 0;
   for (int i = 0; i < j->nts; i++) {
     j->us[i] = NAN;
+    j->pair_us[i] = j->spd[i] = j->spd_q1[i] = j->spd_q3[i] = NAN;
     atomic_store(&j->wrong[i], 0);
     atomic_store(&j->checked[i], 0);
     for (int r = 0; r < TPF_MAX_RANKS; r++)
@@ -612,7 +699,9 @@ static void job_init(bench_job *j, const bench_opts *o, bench_op op, int P, int 
 tpf_status bench_run_variants(bench_group *g, bench_variants *v) {
   bench_job *j = calloc(1, sizeof(*j));
   if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
-  j->op = v->algo == TPF_ALGO_RING ? BOP_RING_AG : BOP_PIPE_RS;
+  j->op = v->algo == TPF_ALGO_PIPELINE ? BOP_PIPE_RS
+          : v->coll == TPF_COLL_RS     ? BOP_RING_RS
+                                       : BOP_RING_AG;
   j->C = v->C;
   j->H = v->H;
   j->N = v->N;
@@ -1070,6 +1159,7 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
       if (ops[m].op == (res->ag[k] ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL)) res->serial[k] = m;
     for (int i = 0; i < BENCH_MAX_TS; i++) {
       res->dev_us[k][i] = res->host_us[k][i] = res->enq_us[k][i] = NAN;
+      res->pair_us[k][i] = res->spd[k][i] = res->spd_q1[k][i] = res->spd_q3[k][i] = NAN;
       res->enq_host_max[k][i] = NAN;
       for (int f = 0; f < BENCH_ENQ_NF; f++)
         res->enq[k][i][f] = NAN;
@@ -1082,6 +1172,7 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
     j->iters = events ? o->iters : 0;
     j->host_iters = o->iters;
     j->cost = ops[k].adaptive ? model : NULL;
+    j->pair = true;
     for (int i = 0; i < j->nts; i++)
       j->host_us[i] = j->enq_us[i] = NAN;
     if (chatty)
@@ -1092,11 +1183,16 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
       res->dev_us[k][i] = events ? j->us[i] : NAN;
       res->host_us[k][i] = j->host_us[i];
       res->enq_us[k][i] = j->enq_us[i];
+      res->pair_us[k][i] = j->pair_us[i];
+      res->spd[k][i] = j->spd[i];
+      res->spd_q1[k][i] = j->spd_q1[i];
+      res->spd_q3[k][i] = j->spd_q3[i];
       res->wrong[k][i] = atomic_load(&j->wrong[i]);
       res->chose[k][i] = j->chose[i];
       memcpy(res->enq[k][i], j->enq_mean[i], sizeof res->enq[k][i]);
       res->enq_host_max[k][i] = j->enq_max[i];
       res->chose_aggr[k][i] = j->chose_aggr[i];
+      res->chose_pull[k][i] = j->chose_pull[i];
     }
     if (st != TPF_OK) {
       res->failed[k] = true;
@@ -1212,7 +1308,7 @@ int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
 static void modes_row(const bench_opts *o, const char *mode, const bench_tp_result *rs, int k,
                       int i, const bench_tp_result *threads) {
   const uint64_t T = rs->ts[i], C = o->capacity;
-  const double t = rs->host_us[k][i], ser = rs->host_us[rs->serial[k]][i];
+  const double t = rs->host_us[k][i], ser = rs->pair_us[k][i];
   double tc = NAN; /* the same operation at T = C */
   for (int q = 0; q < rs->nts; q++)
     if (rs->ts[q] == C) tc = rs->host_us[k][q];
@@ -1230,7 +1326,9 @@ static void modes_row(const bench_opts *o, const char *mode, const bench_tp_resu
   bench_cell_f(tok, 3);
   bench_cell_f(t, 1);
   bench_cell_f(ser, 1);
-  bench_cell_f(ser / t, 3);
+  bench_cell_f(rs->spd[k][i], 3);
+  bench_cell_f(rs->spd_q1[k][i], 3);
+  bench_cell_f(rs->spd_q3[k][i], 3);
   bench_cell_f(tc_ratio, 3);
   bench_cell_f(tc_ratio / tok, 3);
   bench_cell_f(rs->enq_us[k][i], 1);

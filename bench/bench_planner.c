@@ -1,9 +1,11 @@
 /* `tpflex bench --section planner`: the proof of the T-adaptive planner (issue 14). For P = 2, 4,
  * 8 ranks, N in {3584, 1024} (or --n) and T = C/64 .. C, one adaptive communicator per
  * (operation, P, N) runs, in every repetition, the fixed split count (RING AG: P; PIPELINE RS:
- * 4), the other candidates (RING AG: P/2 with aggregate; PIPELINE RS: 2 and 8), no overlap
- * (splits 1: RING AG the exchange, then one GEMM; PIPELINE RS one GEMM, then the
- * reduce-scatter) and the planner's own choice (num_splits 0), each timed on its own. The first
+ * 4; RING RS: P), the other candidates (RING AG: P/2 with aggregate; PIPELINE RS: 2 and 8), no
+ * overlap (splits 1: RING AG the exchange, then one GEMM; PIPELINE RS one GEMM, then the pull
+ * reduce-scatter; RING RS one GEMM, then the ring exchange) and the planner's own choice
+ * (num_splits 0), each timed on its own. (RING RS's third candidate, the pull baseline, is
+ * PIPELINE RS's no overlap: measured there.) The first
  * table gives, per (operation, P, N, T), the medians, adaptive / min(fixed, no overlap), the best
  * measured schedule, and the model's prediction for the adaptive choice with its error; the
  * second gives the prediction and its error for every schedule.
@@ -32,7 +34,14 @@
 
 typedef unsigned long long ull;
 
-enum { PL_AG = 0, PL_PIPE = 1 };
+enum { PL_AG = 0, PL_PIPE = 1, PL_RING_RS = 2, PL_NOPS = 3 };
+
+static tpf_algo op_algo(int op) {
+  return op == PL_PIPE ? TPF_ALGO_PIPELINE : TPF_ALGO_RING;
+}
+static tpf_coll op_coll(int op) {
+  return op == PL_AG ? TPF_COLL_AG : TPF_COLL_RS;
+}
 
 /* One measured schedule, for the model table printed at the end. */
 typedef struct {
@@ -62,8 +71,8 @@ static tpf_layout_desc layout_of(int op, int P, uint64_t C, uint64_t H, uint64_t
   memset(&d, 0, sizeof d);
   d.tp_size = P;
   d.rank = 0;
-  d.algo = op == PL_AG ? TPF_ALGO_RING : TPF_ALGO_PIPELINE;
-  d.coll = op == PL_AG ? TPF_COLL_AG : TPF_COLL_RS;
+  d.algo = op_algo(op);
+  d.coll = op_coll(op);
   d.dtype = TPF_BF16;
   d.capacity = (tpf_shape){C, H};
   d.active = (tpf_shape){T, H};
@@ -102,13 +111,14 @@ static int t_sweep(const bench_opts *o, uint64_t *ts) {
 static int variants_of(const bench_opts *o, int op, int P, uint64_t N, const uint64_t *ts, int nts,
                        bool adaptive, bench_variants *v, const char **names) {
   const uint64_t C = o->capacity, H = o->hidden;
-  v->algo = op == PL_AG ? TPF_ALGO_RING : TPF_ALGO_PIPELINE;
+  v->algo = op_algo(op);
+  v->coll = op_coll(op);
   v->C = C;
   v->H = H;
   v->N = N;
   v->iters = o->planner_iters;
   v->warmup = o->planner_warmup;
-  v->splits[v->nvar] = op == PL_AG ? P : 4;
+  v->splits[v->nvar] = op == PL_PIPE ? 4 : P;
   names[v->nvar++] = "fixed";
   v->splits[v->nvar] = 1;
   names[v->nvar++] = "no overlap";
@@ -142,7 +152,12 @@ static int variants_of(const bench_opts *o, int op, int P, uint64_t N, const uin
 }
 
 static const char *op_name(int op) {
-  return op == PL_AG ? "ring_ag" : "pipeline_rs";
+  return op == PL_AG ? "ring_ag" : op == PL_PIPE ? "pipeline_rs" : "ring_rs";
+}
+
+/* The operation's name in the tables. */
+static const char *op_row(int op) {
+  return op == PL_AG ? "ring_ag+gemm" : op == PL_PIPE ? "gemm+pipeline_rs" : "gemm+ring_rs";
 }
 
 int bench_section_planner(const bench_opts *o) {
@@ -174,7 +189,7 @@ int bench_section_planner(const bench_opts *o) {
   const uint64_t C = o->capacity, H = o->hidden;
   uint64_t ts[BENCH_MAX_TS];
   const int nts = t_sweep(o, ts);
-  pl_entry *ents = calloc(3 * 2 * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS, sizeof *ents);
+  pl_entry *ents = calloc(3 * PL_NOPS * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS, sizeof *ents);
   int nent = 0, rc = 0, rows = 0, within = 0, beat = 0, nsrc[3] = {0, 0, 0};
   double worst = 0, lsum = 0;
   char worst_at[96] = "";
@@ -200,7 +215,7 @@ int bench_section_planner(const bench_opts *o) {
       rc = 1;
       continue;
     }
-    for (int op = 0; op < 2; op++)
+    for (int op = 0; op < PL_NOPS; op++)
       for (int ni = 0; ni < o->pnns; ni++) {
         const uint64_t N = o->pns[ni];
         bench_variants *v = calloc(1, sizeof *v);
@@ -232,6 +247,8 @@ int bench_section_planner(const bench_opts *o) {
           bool ca = cc ? cc->aggregate : false;
           char chose[16];
           splits_label(chose, sizeof chose, cs, ca);
+          if (cc && cc->algo != op_algo(op)) /* RING RS: the pull baseline (PIPELINE, 1 block) */
+            snprintf(chose, sizeof chose, "%dp", cs);
           /* pa: the MODEL's time of the choice; plan: the time the decision used. */
           double pa = cc ? cc->model_us : NAN, plan = cc ? cc->predicted_us : NAN;
           if (cc) nsrc[cc->source <= TPF_PLAN_SRC_SCALED ? cc->source : 0]++;
@@ -250,7 +267,7 @@ int bench_section_planner(const bench_opts *o) {
             }
           char bl[16] = "-";
           if (bi >= 0) splits_label(bl, sizeof bl, v->splits[bi], is_aggr(op, P, v->splits[bi]));
-          bench_cell_s(op == PL_AG ? "ring_ag+gemm" : "gemm+pipeline_rs");
+          bench_cell_s(op_row(op));
           bench_cell_i(P);
           bench_cell_i((long long)N);
           bench_cell_i((long long)T);
@@ -309,10 +326,12 @@ int bench_section_planner(const bench_opts *o) {
     bench_group_destroy(g);
   }
   free(model);
-  bench_note("fixed: the communicator's default split count (RING AG P, PIPELINE RS 4); no_ovl: "
-             "splits 1 (RING AG: the whole exchange, then one GEMM; PIPELINE RS: one GEMM, then "
-             "the reduce-scatter); adaptive: num_splits 0 on a TPF_PLAN_ADAPTIVE communicator, "
-             "chose = its decision (tpf_comm_plan_info; 'a' = aggregate)");
+  bench_note("fixed: the communicator's default split count (RING AG P, PIPELINE RS 4, RING RS "
+             "P); no_ovl: splits 1 (RING AG: the whole exchange, then one GEMM; PIPELINE RS: one "
+             "GEMM, then the pull reduce-scatter; RING RS: one GEMM, then the ring exchange); "
+             "adaptive: num_splits 0 on a TPF_PLAN_ADAPTIVE communicator, chose = its decision "
+             "(tpf_comm_plan_info; 'a' = aggregate; '1p' = RING RS running the pull baseline, "
+             "whose measured time is PIPELINE RS's no_ovl)");
   bench_note("adapt/min = adaptive / min(fixed, no_ovl); best = the fastest measured schedule "
              "(including the other candidates: RING AG P/2 aggregate, PIPELINE RS 2 and 8); "
              "pred = the MODEL's time of the adaptive choice (without sched points), err = (pred "
@@ -353,7 +372,7 @@ int bench_section_planner(const bench_opts *o) {
   static double errs[NE], errs2k[NE], terrs[NE];
   for (int i = 0; i < nent; i++) {
     const pl_entry *e = &ents[i];
-    bench_cell_s(e->op == PL_AG ? "ring_ag+gemm" : "gemm+pipeline_rs");
+    bench_cell_s(op_row(e->op));
     bench_cell_i(e->P);
     bench_cell_i((long long)e->N);
     bench_cell_i((long long)e->T);
@@ -409,7 +428,7 @@ int bench_planner_sched(const bench_opts *o, tpf_cost_table *t, char *err, size_
       snprintf(err, errlen, "group of %d ranks: %s (%s)", P, tpf_status_name(st), tpf_last_error());
       return 1;
     }
-    for (int op = 0; op < 2; op++)
+    for (int op = 0; op < PL_NOPS; op++)
       for (int ni = 0; ni < o->pnns; ni++) {
         const uint64_t N = o->pns[ni];
         bench_variants *v = calloc(1, sizeof *v);
@@ -451,7 +470,7 @@ int bench_planner_sched(const bench_opts *o, tpf_cost_table *t, char *err, size_
             memset(p, 0, sizeof *p);
             p->shared = true; /* bench groups run every rank on the one device */
             p->algo = v->algo;
-            p->coll = op == PL_AG ? TPF_COLL_AG : TPF_COLL_RS;
+            p->coll = op_coll(op);
             p->tp_size = P;
             p->num_splits = v->splits[k];
             p->aggregate = is_aggr(op, P, v->splits[k]);

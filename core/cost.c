@@ -55,7 +55,18 @@ static bool dtype_of(const char *name, size_t len, tpf_dtype *out) {
   return false;
 }
 
-enum { K_LAUNCH, K_HANDSHAKE, K_BARRIER, K_PEER, K_LOCAL, K_REDUCE, K_SHARED, K_MARGIN, K_COUNT };
+enum {
+  K_LAUNCH,
+  K_HANDSHAKE,
+  K_BARRIER,
+  K_PEER,
+  K_LOCAL,
+  K_REDUCE,
+  K_SHARED,
+  K_MARGIN,
+  K_BASE_MARGIN,
+  K_COUNT
+};
 
 /* The parser's scratch: the table and, per sched point, its line (for the duplicate message). */
 typedef struct {
@@ -183,7 +194,7 @@ static tpf_status parse_line(parse_state *ps, const char *line, int lineno) {
   bool *seen = ps->seen;
   static const char *const keys[K_COUNT] = {"launch_us",     "handshake_us", "barrier_us",
                                             "copy peer",     "copy local",   "reduce",
-                                            "shared_device", "prefer_margin"};
+                                            "shared_device", "prefer_margin", "baseline_margin"};
   double v[4];
   for (int k = 0; k < K_COUNT; k++) {
     size_t n = strlen(keys[k]);
@@ -208,6 +219,12 @@ static tpf_status parse_line(parse_state *ps, const char *line, int lineno) {
                     "cost table line %d: 'prefer_margin' is a fraction in [0, 0.5): '%s'", lineno,
                     line);
       t->prefer_margin = v[0];
+    }
+    if (k == K_BASE_MARGIN) {
+      TPF_RETURN_IF(!(v[0] < 0.5), TPF_EINVAL,
+                    "cost table line %d: 'baseline_margin' is a fraction in [0, 0.5): '%s'",
+                    lineno, line);
+      t->baseline_margin = v[0];
     }
     if (link) {
       TPF_RETURN_IF(v[1] <= 0, TPF_EINVAL, "cost table line %d: '%s' bandwidth must be > 0: '%s'",
@@ -304,6 +321,7 @@ uint64_t tpf__cost_table_hash(const tpf_cost_table *t) {
   }
   /* Only when set: a table without it hashes as it did before the key existed. */
   if (t->prefer_margin != 0) h = fnv(h, &t->prefer_margin, sizeof t->prefer_margin);
+  if (t->baseline_margin != 0) h = fnv(fnv(h, "bm", 2), &t->baseline_margin, sizeof t->baseline_margin);
   /* Field by field (no padding bytes), and only when there are points: a table without sched
    * lines hashes as it did before they existed. */
   for (int i = 0; i < t->nsched && i < TPF_COST_MAX_SCHED_POINTS; i++) {

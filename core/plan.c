@@ -232,6 +232,19 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       anchored = true;
     }
   }
+  /* baseline_margin: leaving no overlap needs a predicted gain larger than the margin. */
+  bool held = false;
+  if (t->baseline_margin > 0 && !r.cand[best].baseline) {
+    int bb = -1;
+    for (int i = 0; i < r.ncand; i++)
+      if (r.cand[i].baseline && (bb < 0 || r.cand[i].predicted_us < r.cand[bb].predicted_us))
+        bb = i;
+    if (bb >= 0 &&
+        r.cand[best].predicted_us > r.cand[bb].predicted_us * (1.0 - t->baseline_margin)) {
+      best = bb;
+      held = true;
+    }
+  }
   r.chosen = best;
   int second = -1;
   for (int i = 0; i < r.ncand; i++)
@@ -246,7 +259,9 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
              b->label, b->predicted_us, tpf_plan_source_name(b->source),
              b->predicted_us / r.cand[second].predicted_us, r.cand[second].label,
              r.cand[second].predicted_us, tpf_plan_source_name(r.cand[second].source),
-             anchored ? "; kept: the faster one is within prefer_margin" : "");
+             held       ? "; no overlap kept: the faster one is within baseline_margin"
+             : anchored ? "; kept: the faster one is within prefer_margin"
+                        : "");
   *out = r;
   return TPF_OK;
 }

@@ -25,6 +25,11 @@
  *                                          candidate is predicted faster by more than this
  *                                          fraction (default 0; [0, 0.5)): run-to-run spread
  *                                          of measured points should not pick a schedule
+ *   baseline_margin 0.05                   an overlap schedule replaces the fastest no-overlap
+ *                                          baseline only when predicted faster than it by more
+ *                                          than this fraction (default 0; [0, 0.5)), applied
+ *                                          after prefer_margin: "never slower than no overlap"
+ *                                          holds within the points' run-to-run spread
  *   sched <device> <algo> <coll> <P> <splits> <aggregate> <dtype> <H> <N> <T> <us>
  *                                          a MEASURED schedule (tpflex calibrate --schedules):
  *                                          one whole operation, all P ranks, earliest start to
@@ -57,7 +62,7 @@ extern "C" {
 #endif
 
 #define TPF_COST_MAX_GEMM_POINTS 512
-#define TPF_COST_MAX_SCHED_POINTS 512 /* the default --schedules grid writes at most 280 */
+#define TPF_COST_MAX_SCHED_POINTS 512 /* the default --schedules grid writes at most 364 */
 
 typedef struct {
   tpf_dtype dtype;
@@ -96,6 +101,9 @@ struct tpf_cost_table {
   double prefer_margin; /* "prefer_margin F": another candidate wins over the better of the
                          * communicator's own split count and no overlap only when predicted
                          * faster by more than the fraction F (default 0) */
+  double baseline_margin; /* "baseline_margin F": an overlap candidate wins over the fastest
+                           * no-overlap baseline only when predicted faster by more than F
+                           * (default 0), after prefer_margin */
 };
 
 /* Parses the text format into *out (which needs no freeing). TPF_EINVAL with the line number
