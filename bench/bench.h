@@ -295,8 +295,8 @@ typedef struct {
   double dev_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* device events, median (NaN: not taken) */
   double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* host wall, median */
   double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* operation call to return, median */
-  /* The paired serial baseline: in every host-wall repetition the operation, then the serial
-   * baseline on its own communicator, each timed alike (the serial rows pair with themselves:
+  /* The paired serial baseline: every host-wall repetition runs the operation and the serial
+   * baseline on its own communicator, in alternating order, each timed alike (the serial rows pair with themselves:
    * an A/A control of the method). pair_us: the baseline's median; spd: the median over
    * repetitions of serial_i / op_i, and its quartiles. NaN where not measured. */
   double pair_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];

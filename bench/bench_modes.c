@@ -298,8 +298,9 @@ int bench_section_tp(const bench_opts *o) {
              o->cuda ? "cudaStreamSynchronize"
                      : "(the simulator returns with the operation complete)");
   bench_note("serial(us): the serial baseline (serial_ag,gemm for AG, serial_gemm,rs for RS) on its "
-             "own communicator, PAIRED: in every repetition the operation, then the baseline on "
-             "the same operands, each timed as above; serial(us) is the baseline's median; "
+             "own communicator, PAIRED: every repetition runs the operation and the baseline on "
+             "the same operands, in alternating order (even repetitions the operation first), "
+             "each timed as above; serial(us) is the baseline's median; "
              "speedup = the median over repetitions of serial_i / time_i, spd_q1 and spd_q3 its "
              "quartiles; the serial rows pair with themselves (an A/A control: their speedup "
              "spread is the method's own); tT/tC = time / time at T = C; tT/tC/(T/C) = 1 when the "

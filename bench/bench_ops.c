@@ -409,6 +409,42 @@ static void job_enq_reduce(bench_rank *rk, bench_job *j) {
   pthread_barrier_wait(&g->bar);
 }
 
+/* One repetition of the paired serial baseline (communicator pc, FIXED) on the operation's
+ * operands w, x and output d, timed in host-wall slot pslot like the operation; every rank
+ * calls it (the timing's agreements pair up), pc NULL or an earlier failure only skip the call.
+ * The CUDA enqueue statistics it causes go into *excl (after the first snapshot), which the
+ * operation's breakdown leaves out. Returns true when this rank must skip from here on. */
+static bool pair_rep(bench_rank *rk, bench_job *j, tpf_comm *pc, const tpf_matrix *plocal, int it,
+                     int pslot, const tpf_matrix *w, const tpf_matrix *x, tpf_matrix *d,
+                     bool have_enq0, tpf_cuda_enqueue_stats *excl) {
+  bench_group *g = rk->g;
+  const bool ag = is_ag(j->op);
+  const uint64_t R = d->rows / (ag ? (uint64_t)rk->tp : 1u);
+  bool skip = atomic_load(&j->failed) != 0 || pc == NULL;
+  tpf_status st;
+  if (!skip && ag &&
+      (st = bench_mem_copy(rk, plocal->ptr, g->src + operand_off(j, rk->rank, it, 0),
+                           R * j->H * 2)) != TPF_OK) {
+    job_fail(j, st, "input copy (the paired serial baseline)");
+    skip = true;
+  }
+  tpf_cuda_enqueue_stats x0, x1;
+  const bool snap = have_enq0 && enq_snap(rk, &x0);
+  skip = bench_host_begin(rk, pslot, &j->failed) || skip;
+  if (!skip) {
+    const double e0 = bench_now_ns();
+    st = ag ? tpf_ag_gemm(pc, w, d, rk->stream) : tpf_gemm_rs(pc, x, w, d, rk->stream);
+    g->enq[rk->rank * BENCH_MAX_ITERS + pslot] = bench_now_ns() - e0;
+    if (st != TPF_OK) {
+      job_fail(j, st, "the paired serial baseline");
+      skip = true;
+    }
+  }
+  bench_host_end(rk, pslot);
+  if (snap && enq_snap(rk, &x1)) enq_add(excl, &x0, &x1);
+  return skip;
+}
+
 static tpf_status op_rank(bench_rank *rk, void *arg) {
   bench_job *j = arg;
   bench_group *g = rk->g;
@@ -529,6 +565,9 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
         }
         if (timed) bench_time_begin(rk, slot);
         if (htimed && hslot == 0) have_enq0 = enq_snap(rk, &enq0);
+        if (htimed && pair && hslot % 2 == 1) /* odd repetitions: the baseline first */
+          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d,
+                          have_enq0, &excl) || skip;
         if (htimed) skip = bench_host_begin(rk, hslot, &j->failed) || skip;
         if (!skip && run) {
           const double e0 = bench_now_ns();
@@ -564,30 +603,9 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
         if (htimed && hslot == j->host_iters - 1 && have_enq0)
           enq_record(rk, j, ti, &enq0, &excl);
-        if (htimed && pair) { /* the paired serial baseline, on the same operands */
-          const int pslot = j->host_iters + hslot;
-          const bool prun = !skip && pc != NULL;
-          if (prun && ag &&
-              (st = bench_mem_copy(rk, plocal.ptr, g->src + operand_off(j, r, it, 0),
-                                   R * j->H * 2)) != TPF_OK) {
-            job_fail(j, st, "input copy (the paired serial baseline)");
-            skip = true;
-          }
-          tpf_cuda_enqueue_stats x0, x1;
-          const bool snap = have_enq0 && enq_snap(rk, &x0);
-          skip = bench_host_begin(rk, pslot, &j->failed) || skip;
-          if (!skip && pc) {
-            const double e0 = bench_now_ns();
-            st = ag ? tpf_ag_gemm(pc, &w, &d, rk->stream) : tpf_gemm_rs(pc, &x, &w, &d, rk->stream);
-            g->enq[r * BENCH_MAX_ITERS + pslot] = bench_now_ns() - e0;
-            if (st != TPF_OK) {
-              job_fail(j, st, "the paired serial baseline");
-              skip = true;
-            }
-          }
-          bench_host_end(rk, pslot);
-          if (snap && enq_snap(rk, &x1)) enq_add(&excl, &x0, &x1);
-        }
+        if (htimed && pair && hslot % 2 == 0) /* even repetitions: the operation first */
+          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d,
+                          have_enq0, &excl) || skip;
         if (check && !skip && run) {
           st = bench_sync(rk);
           if (st != TPF_OK) {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Issue 13, session 5: the lean enqueue of in-process groups on one GPU. Builds the working tree
+# Issue 13, sessions 5-6: the lean enqueue of in-process groups on one GPU. Builds the working tree
 # (CMocka from .deps/root when the system has none), then runs the steps named on the command
 # line, each bounded by `timeout --signal=KILL`, each logged to $LOGS/<step>.log, one line per
 # step in $OUT/summary.txt; at the end every log goes into $OUT/logs.tgz (the device tool returns
@@ -15,6 +15,8 @@
 #               T = 1k .. 32k: TPF_CUDA_LEAN_ENQUEUE=0, then 1 (the same binary)
 #   modes       the same in both modes in one run, under MPS (CUDA_DEVICE_MAX_CONNECTIONS=8),
 #               with --adaptive rows on a cost table calibrated with --schedules first
+#   planner     tpflex bench --section planner on the modes step's calibrated table (session 6:
+#               RING RS beside RING AG and PIPELINE RS)
 #   procs       process-mode conformance P = 2, 3, 4, 8 under MPS; then without MPS the fault
 #               cases, compute-sanitizer on P = 4 processes, /dev/shm (scripts/gpu_proc.sh)
 # Knobs: ITERS (default 10), TOKENS (default 1024,...,32768), ADAPTIVE=0 (skip the adaptive rows).
@@ -96,6 +98,15 @@ for s in "$@"; do
     cp "$LOGS/modes-p8.log" "$OUT/" 2>/dev/null
     sed -n '/^# Section 4\/5 modes/,/^$/p' "$LOGS/modes-p8.log" | tee -a "$S"
     sed -n '/enqueue breakdown/,/^$/p' "$LOGS/modes-p8.log" | tee -a "$S" ;;
+  planner)
+    # The planner section (adaptive vs fixed vs no overlap, every schedule timed in turn) on the
+    # table the modes step calibrated (or a fresh one), rank threads, no MPS.
+    export CUDA_DEVICE_MAX_CONNECTIONS=32
+    [ -f "$LOGS/tuned.txt" ] ||
+      step calibrate 150 "$TPF calibrate --backend cuda --schedules --out $LOGS/tuned.txt"
+    step planner 240 "$TPF bench --backend cuda --section planner --cost $LOGS/tuned.txt --csv $LOGS/planner.csv"
+    cp "$LOGS/planner.log" "$OUT/" 2>/dev/null
+    grep -E '^# (adaptive|decisions by source|bench finished)' "$LOGS/planner.log" | tee -a "$S" ;;
   procs)
     export CUDA_DEVICE_MAX_CONNECTIONS=8
     mps_on
