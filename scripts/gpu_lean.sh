@@ -15,6 +15,9 @@
 #               T = 1k .. 32k: TPF_CUDA_LEAN_ENQUEUE=0, then 1 (the same binary)
 #   modes       the same in both modes in one run, under MPS (CUDA_DEVICE_MAX_CONNECTIONS=8),
 #               with --adaptive rows on a cost table calibrated with --schedules first
+#   procs-adaptive  process-mode conformance --adaptive, P = 2, 4, 8, under MPS
+#   flags       threads with TPF_CUDA_DEVICE_FLAGS=1 (device flags) against 0 (events):
+#               conformance --quick, then the tp bench of each (threads only)
 #   planner     tpflex bench --section planner on the modes step's calibrated table (session 6:
 #               RING RS beside RING AG and PIPELINE RS)
 #   procs       process-mode conformance P = 2, 3, 4, 8 under MPS; then without MPS the fault
@@ -98,6 +101,31 @@ for s in "$@"; do
     cp "$LOGS/modes-p8.log" "$OUT/" 2>/dev/null
     sed -n '/^# Section 4\/5 modes/,/^$/p' "$LOGS/modes-p8.log" | tee -a "$S"
     sed -n '/enqueue breakdown/,/^$/p' "$LOGS/modes-p8.log" | tee -a "$S" ;;
+  procs-adaptive)
+    # Process-mode conformance on adaptive communicators (a RING RS one runs the pull baseline
+    # where its synthetic table says so), under MPS.
+    export CUDA_DEVICE_MAX_CONNECTIONS=8
+    mps_on
+    C=$BUILD/tests/conformance/conformance_cuda
+    for P in 2 4 8; do
+      step "conf-procs-adaptive-p$P" 120 "$C --procs --quick --adaptive --tp $P"
+      tail -1 "$LOGS/conf-procs-adaptive-p$P.log" | tee -a "$S"
+    done
+    mps_off ;;
+  flags)
+    # Ranks as threads with the device flags (TPF_CUDA_DEVICE_FLAGS set: signal kernels, as in
+    # process mode) against the default host-ordered events (unset): conformance, then the tp bench
+    # of each, threads only, the same binary, one after the other.
+    export CUDA_DEVICE_MAX_CONNECTIONS=32
+    C=$BUILD/tests/conformance/conformance_cuda
+    step conf-quick-flags 120 "TPF_CUDA_DEVICE_FLAGS=1 $C --quick"
+    tail -1 "$LOGS/conf-quick-flags.log" | tee -a "$S"
+    for fl in 0 1; do # a FLAG parameter: its presence is the setting, so 0 = unset
+      FE=""; [ "$fl" = 1 ] && FE="TPF_CUDA_DEVICE_FLAGS=1"
+      step "bench-threads-flags$fl" 200 "$FE $TPF ${BENCH[*]} --mode threads"
+      sed -n '/^# Section 4\/5 modes/,/^$/p' "$LOGS/bench-threads-flags$fl.log" | tee -a "$S"
+      cp "$LOGS/bench-threads-flags$fl.log" "$OUT/" 2>/dev/null
+    done ;;
   planner)
     # The planner section (adaptive vs fixed vs no overlap, every schedule timed in turn) on the
     # table the modes step calibrated (or a fresh one), rank threads, no MPS.
