@@ -34,7 +34,7 @@
  *   4  cuda_transport.c                                  -> transport_events, transport_flags,
  *                                                           param, log
  *      cuda_status.c                                     -> transport_flags (memops release),
- *                                                           error
+ *                                                           hostsync (a peer that exited), error
  *   5  cuda_exec.c                                       -> gemm, kernels, status, log, error
  *      cuda_reg.c                                        -> transport, status, log, error
  *   6  cuda_backend.c                                    -> reg, exec, status, gemm, bootstrap,
@@ -70,14 +70,18 @@
 #include <unistd.h>
 
 /* Host name hash and pid: equal exactly for ranks of one process (fork gives a new pid). */
-static uint64_t tpf_cuda__proc_token(void) {
+static uint64_t tpf_cuda__host_hash(void) {
   char host[256];
   memset(host, 0, sizeof(host));
   if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
   uint64_t h = 1469598103934665603ull;
   for (const char *p = host; *p; p++)
     h = (h ^ (unsigned char)*p) * 1099511628211ull;
-  return (h << 20) ^ (uint64_t)getpid();
+  return h;
+}
+
+static uint64_t tpf_cuda__proc_token(void) {
+  return (tpf_cuda__host_hash() << 20) ^ (uint64_t)getpid();
 }
 
 /* ---- backend lifetime ---- */
@@ -136,6 +140,8 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   me.proc_token = tpf_cuda__proc_token();
   me.device = boot->device;
   me.rank = boot->rank;
+  me.host = tpf_cuda__host_hash();
+  me.pid = (int64_t)getpid();
   TPF_CHECK(boot->allgather(boot->ctx, &me, b->peers, sizeof(me)));
   for (int q = 0; q < boot->tp_size; q++)
     TPF_RETURN_IF(b->peers[q].rank != q, TPF_EINVAL,

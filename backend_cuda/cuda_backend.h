@@ -20,12 +20,6 @@
 #define TPF_CUDA_GUARD_BYTES 4096ull
 #define TPF_CUDA_READY_STRIDE 1024ull
 
-typedef struct {
-  uint64_t proc_token; /* identifies the process (host and pid) */
-  int32_t device;      /* CUDA ordinal in that process */
-  int32_t rank;
-} tpf_cuda_peer_info;
-
 /* One published event: the sequence number (or ready word) it was recorded for, and the event. */
 typedef struct {
   _Atomic uint64_t word; /* sequence number (SEND, BARRIER) or TPF_READY_WORD (HANDSHAKE) */

@@ -25,6 +25,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sched.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -172,4 +173,47 @@ tpf_status tpf_cuda__hostsync_agree(tpf_cuda_hostsync *h, const char *name, uint
                 (unsigned long long)TPF_READY_ROWS(bad_body),
                 tpf_op_key_name((uint8_t)TPF_READY_KEY(bad_body), theirs, sizeof theirs), bad);
   return TPF_OK;
+}
+
+/* ---- naming a peer that exited ---- */
+
+/* True when pid is no running process: gone (ESRCH), or a zombie (killed, not yet reaped by its
+ * parent: kill(pid, 0) still succeeds on it). */
+static bool tpf_cuda__pid_gone(int64_t pid) {
+  if (pid <= 0) return false;
+  if (kill((pid_t)pid, 0) != 0) return errno == ESRCH;
+  char path[64], buf[256];
+  snprintf(path, sizeof path, "/proc/%lld/stat", (long long)pid);
+  FILE *f = fopen(path, "r");
+  if (f == NULL) return false; /* no /proc: only ESRCH can tell */
+  const size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  /* "pid (comm) S ...": the state follows the last ')' (comm may hold spaces and parens). */
+  const char *p = strrchr(buf, ')');
+  return p != NULL && p[1] == ' ' && (p[2] == 'Z' || p[2] == 'X');
+}
+
+int tpf_cuda__peer_gone(const tpf_cuda_peer_info *peers, int P, int me, int64_t *pid) {
+  if (peers == NULL || me < 0 || me >= P || P > TPF_MAX_RANKS) return -1;
+  const tpf_cuda_peer_info *mine = &peers[me];
+  for (int q = 0; q < P; q++) {
+    const tpf_cuda_peer_info *p = &peers[q];
+    if (q == me || p->host != mine->host || p->pid == mine->pid) continue;
+    if (tpf_cuda__pid_gone(p->pid)) {
+      if (pid != NULL) *pid = p->pid;
+      return q;
+    }
+  }
+  return -1;
+}
+
+tpf_status tpf_cuda__blame_gone(const tpf_cuda_peer_info *peers, int P, int me, tpf_status rc) {
+  if (rc != TPF_ETIMEOUT) return rc;
+  int64_t pid = 0;
+  const int q = tpf_cuda__peer_gone(peers, P, me, &pid);
+  if (q < 0) return rc;
+  char msg[512]; /* the detail is formatted into the buffer it is read from: copy it first */
+  snprintf(msg, sizeof msg, "%s", tpf_last_error());
+  return tpf_set_error(rc, "%s; rank %d's process (pid %lld) has exited", msg, q, (long long)pid);
 }

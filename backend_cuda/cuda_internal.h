@@ -105,6 +105,24 @@ cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, 
                                            const tpf_cuda_epi *e, cudaStream_t s);
 
 /* ---- cuda_hostsync.c: host agreement of ranks in different processes (no CUDA calls) ---- */
+/* Who is where, one record per rank (the backend's peers[], exchanged at creation). */
+typedef struct {
+  uint64_t proc_token; /* identifies the process (host and pid) */
+  int32_t device;      /* CUDA ordinal in that process */
+  int32_t rank;
+  uint64_t host; /* hash of the host name */
+  int64_t pid;   /* the process, for naming a peer that exited (tpf_cuda__peer_gone) */
+} tpf_cuda_peer_info;
+/* A peer whose process has exited: the lowest rank q != me of peers[0..P) that is on me's host
+ * and in another process, and whose pid no longer runs (kill(pid, 0) fails with ESRCH) or is a
+ * zombie (/proc/<pid>/stat state Z or X: killed, not yet reaped). Its pid in *pid (when not
+ * NULL). -1 when every such peer runs, or me is outside 0..P-1. */
+int tpf_cuda__peer_gone(const tpf_cuda_peer_info *peers, int P, int me, int64_t *pid);
+/* rc unchanged, except that a TPF_ETIMEOUT gets "; rank q's process (pid N) has exited" appended
+ * to the current detail when tpf_cuda__peer_gone finds such a peer. A device wait sees only the
+ * peer it waits on, which may be a survivor stuck behind the dead rank (a ring's waits cascade);
+ * the liveness check names the one that is gone. */
+tpf_status tpf_cuda__blame_gone(const tpf_cuda_peer_info *peers, int P, int me, tpf_status rc);
 #define TPF_CUDA_HOSTSYNC_NAME 48
 typedef struct tpf_cuda_hostsync tpf_cuda_hostsync;
 /* Collective over the bootstrap. *out is NULL (and TPF_OK) when some rank could not set the

@@ -60,14 +60,16 @@ tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
         (unsigned long long)TPF_READY_ROWS(st->theirs),
         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->theirs), theirs, sizeof theirs), (int)st->peer);
   }
-  return tpf_set_error(TPF_ETIMEOUT,
-                       "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
-                       "(wanted %llu, saw %llu at %p)",
-                       b->base.rank, (unsigned long long)st->seq, kind ? kind : "?", (int)st->peer,
-                       (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
-                       (unsigned long long)st->mine, (unsigned long long)st->theirs,
-                       (void *)(uintptr_t)st->addr);
+  tpf_set_error(TPF_ETIMEOUT,
+                "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
+                "(wanted %llu, saw %llu at %p)",
+                b->base.rank, (unsigned long long)st->seq, kind ? kind : "?", (int)st->peer,
+                (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
+                (unsigned long long)st->mine, (unsigned long long)st->theirs,
+                (void *)(uintptr_t)st->addr);
+  return tpf_cuda__blame_gone(b->peers, b->base.tp_size, b->base.rank, TPF_ETIMEOUT);
 }
+
 
 /* Clears the status after everything that could write it has finished. */
 static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b) {
@@ -109,11 +111,12 @@ tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s) {
     if (r->deferred == TPF_OK) r->deferred = TPF_ETIMEOUT;
   }
   const bool drained = tpf_cuda__poll_until(s, tpf_cuda__now_ns() + b->timeout_ns, &e);
-  return tpf_set_error(TPF_ETIMEOUT,
-                       "rank %d: the operations enqueued did not complete within %llu ms: a peer "
-                       "never signalled (stream-memory waits released%s)",
-                       b->base.rank, (unsigned long long)(b->timeout_ns / 1000000ull),
-                       drained ? "" : "; the stream still did not drain");
+  tpf_set_error(TPF_ETIMEOUT,
+                "rank %d: the operations enqueued did not complete within %llu ms: a peer never "
+                "signalled (stream-memory waits released%s)",
+                b->base.rank, (unsigned long long)(b->timeout_ns / 1000000ull),
+                drained ? "" : "; the stream still did not drain");
+  return tpf_cuda__blame_gone(b->peers, b->base.tp_size, b->base.rank, TPF_ETIMEOUT);
 }
 
 tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {

@@ -131,7 +131,7 @@ static tpf_status tpf_cuda__fl_agree(tpf_cuda_backend *b, tpf_reg *r, const tpf_
                                            TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows)),
                                            b->timeout_ns);
   tpf_cuda__enq_peer_wait(b, t0);
-  return rc;
+  return tpf_cuda__blame_gone(b->peers, b->base.tp_size, b->base.rank, rc);
 }
 
 const tpf_cuda_transport tpf_cuda__transport_flags = {
@@ -163,8 +163,10 @@ const tpf_cuda_transport tpf_cuda__transport_flags = {
  * ranks in other processes sharing one GPU, does not keep the waiting process's time slice busy
  * as a spinning kernel does (docs/GPU_RUNS.md, session 4). The cost: the device does not bound
  * these waits. The host does: sync, reg_sync and destroy poll with the backend's timeout and on
- * expiry release every wait of this rank (tpf_cuda__memops_release); a peer that died is also
- * named by the next operation's host agreement. Opt-in (TPF_CUDA_MEMOPS=1) while it is measured. */
+ * expiry release every wait of this rank (tpf_cuda__memops_release). A wait cannot see which
+ * peer stopped, and a ring's waits cascade behind a dead rank, so every timeout also checks the
+ * peers' processes and names one that exited (tpf_cuda__blame_gone, cuda_hostsync.c); the next
+ * operation's host agreement names it too. Opt-in (TPF_CUDA_MEMOPS=1) while it is measured. */
 
 typedef CUresult (*tpf_cuda_wait64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);
 typedef CUresult (*tpf_cuda_write64_fn)(CUstream, CUdeviceptr, cuuint64_t, unsigned int);

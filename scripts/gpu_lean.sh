@@ -18,6 +18,7 @@
 #   procs-adaptive  process-mode conformance --adaptive, P = 2, 4, 8, under MPS
 #   flags       threads with TPF_CUDA_DEVICE_FLAGS=1 (device flags) against 0 (events):
 #               conformance --quick, then the tp bench of each (threads only)
+#   faults-memops  the 9 process-mode fault cases with TPF_CUDA_MEMOPS=1, then without
 #   planner     tpflex bench --section planner on the modes step's calibrated table (session 6:
 #               RING RS beside RING AG and PIPELINE RS)
 #   procs       process-mode conformance P = 2, 3, 4, 8 under MPS; then without MPS the fault
@@ -126,6 +127,20 @@ for s in "$@"; do
       sed -n '/^# Section 4\/5 modes/,/^$/p' "$LOGS/bench-threads-flags$fl.log" | tee -a "$S"
       cp "$LOGS/bench-threads-flags$fl.log" "$OUT/" 2>/dev/null
     done ;;
+  faults-memops)
+    # The process-mode fault cases with stream-memory waits (TPF_CUDA_MEMOPS=1, 3 s timeout),
+    # then with the default flag kernels: a survivor must name the dead rank even where its own
+    # wait blamed a live peer stuck behind it (session 6: tpf_cuda__blame_gone). No MPS.
+    export CUDA_DEVICE_MAX_CONNECTIONS=32
+    F=$BUILD/tests/proc/test_proc_faults_gpu
+    for mo in 1 0; do # a FLAG parameter: presence is the setting, so 0 = unset
+      ME=""; [ "$mo" = 1 ] && ME="TPF_CUDA_MEMOPS=1"
+      for c in kill-host kill-hub kill-inflight kill-in-create exit-early exit-before-be capacity mismatch absent; do
+        step "faults-memops$mo-$c" 60 "$ME TPF_CUDA_TIMEOUT_MS=3000 $F $c"
+        tail -2 "$LOGS/faults-memops$mo-$c.log" | tee -a "$S"
+      done
+    done
+    ls /dev/shm | grep -c tpflex | sed 's/^/dev-shm tpflex entries: /' | tee -a "$S" ;;
   planner)
     # The planner section (adaptive vs fixed vs no overlap, every schedule timed in turn) on the
     # table the modes step calibrated (or a fresh one), rank threads, no MPS.
