@@ -58,11 +58,16 @@ tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active) {
   return d;
 }
 
-/* Prefixes the current detail with the communicator's name, keeping the status. */
+/* Prefixes the current detail with the communicator's name, keeping the status; a detail that
+ * already starts with it (a backend that names its registration, as CUDA's reg_sync does) is
+ * left as it is, so the name never appears twice. */
 static tpf_status named(const tpf_comm *c, tpf_status s) {
-  char detail[400];
+  char detail[400], prefix[264]; /* names are at most 255 bytes (check_config) */
   strncpy(detail, tpf_last_error(), sizeof detail - 1);
   detail[sizeof detail - 1] = '\0';
+  const int n = snprintf(prefix, sizeof prefix, "'%s': ", c->cfg.name);
+  if (n > 0 && (size_t)n < sizeof prefix && strncmp(detail, prefix, (size_t)n) == 0)
+    return tpf_set_error(s, "%s", detail);
   return tpf_set_error(s, "'%s': %s", c->cfg.name, detail);
 }
 

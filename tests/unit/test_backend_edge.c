@@ -154,6 +154,38 @@ static void test_backend__abi1_table(void **state) {
   assert_null(tpf_comm_backend_name(NULL));
 }
 
+/* A reg_sync whose detail already names the registration (as CUDA's does). */
+static tpf_status naming_reg_sync(tpf_backend *be, tpf_reg *reg) {
+  (void)be;
+  (void)reg;
+  return tpf_set_error(TPF_ETIMEOUT, "'fc1': rank 0: a peer never signalled");
+}
+static tpf_status plain_reg_sync(tpf_backend *be, tpf_reg *reg) {
+  (void)be;
+  (void)reg;
+  return tpf_set_error(TPF_ETIMEOUT, "rank 0: a peer never signalled");
+}
+
+/* tpf_comm_sync names the communicator once: it prefixes a backend's detail with it unless the
+ * detail already starts with it (until session 6 the CUDA backend's read "'fc1': 'fc1': ..."). */
+static void test_backend__sync_names_once(void **state) {
+  (void)state;
+  tpf_status (*fns[2])(tpf_backend *, tpf_reg *) = {naming_reg_sync, plain_reg_sync};
+  for (int i = 0; i < 2; i++) {
+    tpf_mock_backend m;
+    tpf_mock_init(&m, 1, 0);
+    tpf_backend_ops o = tpf_mock_ops;
+    o.reg_sync = fns[i];
+    m.hdr.ops = &o;
+    tpf_comm_config cfg = tpf_test_config("fc1", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, 16, 32);
+    tpf_comm *c = NULL;
+    TPF_ASSERT_OK(tpf_comm_create(&m.hdr, &cfg, &c));
+    TPF_ASSERT_STATUS(tpf_comm_sync(c), TPF_ETIMEOUT);
+    assert_string_equal(tpf_last_error(), "'fc1': rank 0: a peer never signalled");
+    TPF_ASSERT_OK(tpf_comm_destroy(c));
+  }
+}
+
 static void test_backend__wrappers_check_arguments(void **state) {
   (void)state;
   tpf_backend_ops o = full_ops();
@@ -291,6 +323,7 @@ int main(void) {
       cmocka_unit_test(test_backend__validate_refuses_malformed_tables),
       cmocka_unit_test(test_backend__wrappers_check_arguments),
       cmocka_unit_test(test_backend__abi1_table),
+      cmocka_unit_test(test_backend__sync_names_once),
       cmocka_unit_test(test_alloc__hooks_all_or_none),
       cmocka_unit_test(test_alloc__failures_are_not_counted),
   };
