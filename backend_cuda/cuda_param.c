@@ -15,6 +15,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 
 static tpf_cuda_param tpf_cuda__params[TPF_CUDA_PARAM_COUNT] = {
 #define TPF_CUDA_PARAM_INIT_(id_, var_, kind_, dflt_, lo_, hi_, what_)                             \
@@ -70,6 +71,14 @@ static void tpf_cuda__param_parse(tpf_cuda_param *p, char *warn, size_t nwarn) {
     return;
   case TPF_CUDA_PARAM_FLAG:
     p->value = v != NULL;
+    /* Presence is the setting, so "=0" turns the feature ON: say so (session 6: a script that
+     * set TPF_CUDA_DEVICE_FLAGS=0 to compare against the default measured the flags twice). */
+    if (v != NULL && (strcmp(v, "0") == 0 || strcasecmp(v, "off") == 0 ||
+                      strcasecmp(v, "false") == 0 || strcasecmp(v, "no") == 0))
+      snprintf(warn, nwarn,
+               "%s='%s' turns it ON: a flag is set by its presence; unset the variable to turn "
+               "it off",
+               p->name, p->raw);
     return;
   case TPF_CUDA_PARAM_LEVEL: {
     if (v == NULL || *v == '\0') return;

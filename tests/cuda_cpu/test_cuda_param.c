@@ -101,12 +101,26 @@ static void test_cuda_param__overrides(void **state) {
   assert_false(tpf_cuda__param_is_set(TPF_CUDA_PARAM_DEBUG_LEVEL));
   assert_string_equal(drain(), "");
 
-  /* BOOL: "0" and empty are off, anything else on; FLAG: any value, "0" included, is on. */
+  /* BOOL: "0" and empty are off, anything else on; FLAG: any value, "0" included, is on, and
+   * a value that reads as "off" is warned about. */
   setenv("TPF_CUDA_GEMM_FALLBACK", "0", 1);
   setenv("TPF_CUDA_DEVICE_FLAGS", "0", 1);
   tpf_cuda__param_reload(0);
   assert_false(tpf_cuda__param_on(TPF_CUDA_PARAM_GEMM_FALLBACK));
   assert_true(tpf_cuda__param_on(TPF_CUDA_PARAM_DEVICE_FLAGS));
+  expect_line(drain(), "WARN ENV TPF_CUDA_DEVICE_FLAGS='0' turns it ON: a flag is set by its "
+                       "presence; unset the variable to turn it off\n");
+  setenv("TPF_CUDA_DEVICE_FLAGS", "Off", 1);
+  tpf_cuda__param_reload(0);
+  assert_true(tpf_cuda__param_on(TPF_CUDA_PARAM_DEVICE_FLAGS));
+  expect_line(drain(), "TPF_CUDA_DEVICE_FLAGS='Off' turns it ON");
+  setenv("TPF_CUDA_DEVICE_FLAGS", "1", 1);
+  tpf_cuda__param_reload(0);
+  assert_string_equal(drain(), "");
+  setenv("TPF_CUDA_DEVICE_FLAGS", "", 1); /* set, quietly */
+  tpf_cuda__param_reload(0);
+  assert_true(tpf_cuda__param_on(TPF_CUDA_PARAM_DEVICE_FLAGS));
+  assert_string_equal(drain(), "");
   setenv("TPF_CUDA_GEMM_FALLBACK", "", 1);
   tpf_cuda__param_reload(0);
   assert_false(tpf_cuda__param_on(TPF_CUDA_PARAM_GEMM_FALLBACK));
