@@ -70,7 +70,6 @@ tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
   return tpf_cuda__blame_gone(b->peers, b->base.tp_size, b->base.rank, TPF_ETIMEOUT);
 }
 
-
 /* Clears the status after everything that could write it has finished. */
 static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b) {
   cudaStream_t s = b->streams[TPF_STREAM_SEND];

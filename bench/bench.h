@@ -232,7 +232,7 @@ int bench_cuda_ipc_peer(void);
  * variant once, in order, each timed on its own (so drift spreads over all of them), with the
  * operation's num_splits set per variant (tpf_op_options; 0 = the planner's choice). */
 typedef struct {
-  tpf_algo algo;    /* TPF_ALGO_RING: RING AG or RING RS (coll); TPF_ALGO_PIPELINE: PIPELINE RS */
+  tpf_algo algo; /* TPF_ALGO_RING: RING AG or RING RS (coll); TPF_ALGO_PIPELINE: PIPELINE RS */
   tpf_coll coll;
   uint64_t C, H, N; /* as bench_job: AG buffer [C, H], w [N, H]; RS x [C, N], w [H, N] */
   int nts;
@@ -296,9 +296,9 @@ typedef struct {
   double host_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];  /* host wall, median */
   double enq_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];   /* operation call to return, median */
   /* The paired serial baseline: every host-wall repetition runs the operation and the serial
-   * baseline on its own communicator, in alternating order, each timed alike (the serial rows pair with themselves:
-   * an A/A control of the method). pair_us: the baseline's median; spd: the median over
-   * repetitions of serial_i / op_i, and its quartiles. NaN where not measured. */
+   * baseline on its own communicator, in alternating order, each timed alike (the serial rows pair
+   * with themselves: an A/A control of the method). pair_us: the baseline's median; spd: the median
+   * over repetitions of serial_i / op_i, and its quartiles. NaN where not measured. */
   double pair_us[BENCH_TP_MAX_OPS][BENCH_MAX_TS];
   double spd[BENCH_TP_MAX_OPS][BENCH_MAX_TS], spd_q1[BENCH_TP_MAX_OPS][BENCH_MAX_TS],
       spd_q3[BENCH_TP_MAX_OPS][BENCH_MAX_TS];

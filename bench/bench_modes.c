@@ -242,7 +242,9 @@ static void chose_notes(const bench_tp_result *rs, const char *mode) {
       char lab[16] = "?";
       if (rs->chose[k][i] > 0)
         snprintf(lab, sizeof lab, "%d%s", rs->chose[k][i],
-                 rs->chose_aggr[k][i] ? "a" : rs->chose_pull[k][i] ? "p" : "");
+                 rs->chose_aggr[k][i]   ? "a"
+                 : rs->chose_pull[k][i] ? "p"
+                                        : "");
       l += snprintf(line + l, sizeof line - (size_t)l, "%sT=%llu: %s", i ? ", " : "",
                     (unsigned long long)rs->ts[i], lab);
     }
@@ -268,7 +270,7 @@ int bench_section_tp(const bench_opts *o) {
     if (bench_tp_nops(o, o->ps[pi]) > 0) rc |= procs_run(o, o->ps[pi], &prc[pi]);
   }
 
-  static const char *const cols[] = {"op",          "mode",       "P",         "T",
+  static const char *const cols[] = {"op",          "mode",       "P",          "T",
                                      "T/C",         "time(us)",   "serial(us)", "speedup",
                                      "spd_q1",      "spd_q3",     "tT/tC",      "tT/tC/(T/C)",
                                      "enqueue(us)", "vs_threads", "#wrong"};
@@ -297,14 +299,15 @@ int bench_section_tp(const bench_opts *o) {
              o->iters, o->cuda ? "rank 0's 1 GiB memset synchronised (L2 eviction), " : "",
              o->cuda ? "cudaStreamSynchronize"
                      : "(the simulator returns with the operation complete)");
-  bench_note("serial(us): the serial baseline (serial_ag,gemm for AG, serial_gemm,rs for RS) on its "
-             "own communicator, PAIRED: every repetition runs the operation and the baseline on "
-             "the same operands, in alternating order (even repetitions the operation first), "
-             "each timed as above; serial(us) is the baseline's median; "
-             "speedup = the median over repetitions of serial_i / time_i, spd_q1 and spd_q3 its "
-             "quartiles; the serial rows pair with themselves (an A/A control: their speedup "
-             "spread is the method's own); tT/tC = time / time at T = C; tT/tC/(T/C) = 1 when the "
-             "time scales with T");
+  bench_note(
+      "serial(us): the serial baseline (serial_ag,gemm for AG, serial_gemm,rs for RS) on its "
+      "own communicator, PAIRED: every repetition runs the operation and the baseline on "
+      "the same operands, in alternating order (even repetitions the operation first), "
+      "each timed as above; serial(us) is the baseline's median; "
+      "speedup = the median over repetitions of serial_i / time_i, spd_q1 and spd_q3 its "
+      "quartiles; the serial rows pair with themselves (an A/A control: their speedup "
+      "spread is the method's own); tT/tC = time / time at T = C; tT/tC/(T/C) = 1 when the "
+      "time scales with T");
   bench_note("enqueue(us): host time of the tpf_* call itself (call to return), median over ranks "
              "and repetitions; vs_threads = time / the threads row's time");
   if (o->cuda)

@@ -231,9 +231,9 @@ static long long check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, 
    * the sum), and the verdict is that no element is wrong (tpf_ref_compare_slack). Until
    * 2026-12-03 the verdict was SPEC §7's at the max-diff element even for RS, so an element
    * inside its slack but 2.5 % off a cancelling sum counted as one wrong element. */
-  const tpf_status cst = ag ? tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res)
-                            : tpf_ref_compare_slack(&mg, &mwant, slack, tpf_ref_tolerance(TPF_BF16),
-                                                    &res);
+  const tpf_status cst =
+      ag ? tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res)
+         : tpf_ref_compare_slack(&mg, &mwant, slack, tpf_ref_tolerance(TPF_BF16), &res);
   if (cst != TPF_OK) {
     wrong = -1;
     goto out;
@@ -479,8 +479,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   /* The paired serial baseline: its own FIXED communicator, run after the operation in every
    * host-wall repetition on the same operands and output, timed alike. pair is the same on
    * every rank (the options), so the repetitions' agreements pair up even where pc failed. */
-  const bool pair =
-      j->pair && !var && j->host_iters > 0 && 2 * j->host_iters <= BENCH_MAX_ITERS;
+  const bool pair = j->pair && !var && j->host_iters > 0 && 2 * j->host_iters <= BENCH_MAX_ITERS;
   tpf_comm *pc = NULL;
   if (pair && st == TPF_OK) {
     const bench_op sop = ag ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL;
@@ -566,8 +565,9 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
         if (timed) bench_time_begin(rk, slot);
         if (htimed && hslot == 0) have_enq0 = enq_snap(rk, &enq0);
         if (htimed && pair && hslot % 2 == 1) /* odd repetitions: the baseline first */
-          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d,
-                          have_enq0, &excl) || skip;
+          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d, have_enq0,
+                          &excl) ||
+                 skip;
         if (htimed) skip = bench_host_begin(rk, hslot, &j->failed) || skip;
         if (!skip && run) {
           const double e0 = bench_now_ns();
@@ -601,11 +601,11 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
           bench_host_end(rk, hslot);
         else
           bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
-        if (htimed && hslot == j->host_iters - 1 && have_enq0)
-          enq_record(rk, j, ti, &enq0, &excl);
+        if (htimed && hslot == j->host_iters - 1 && have_enq0) enq_record(rk, j, ti, &enq0, &excl);
         if (htimed && pair && hslot % 2 == 0) /* even repetitions: the operation first */
-          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d,
-                          have_enq0, &excl) || skip;
+          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d, have_enq0,
+                          &excl) ||
+                 skip;
         if (check && !skip && run) {
           st = bench_sync(rk);
           if (st != TPF_OK) {

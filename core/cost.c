@@ -192,8 +192,8 @@ static tpf_status parse_sched(parse_state *ps, const char *p, const char *line, 
 static tpf_status parse_line(parse_state *ps, const char *line, int lineno) {
   tpf_cost_table *t = &ps->t;
   bool *seen = ps->seen;
-  static const char *const keys[K_COUNT] = {"launch_us",     "handshake_us", "barrier_us",
-                                            "copy peer",     "copy local",   "reduce",
+  static const char *const keys[K_COUNT] = {"launch_us",     "handshake_us",  "barrier_us",
+                                            "copy peer",     "copy local",    "reduce",
                                             "shared_device", "prefer_margin", "baseline_margin"};
   double v[4];
   for (int k = 0; k < K_COUNT; k++) {
@@ -222,8 +222,8 @@ static tpf_status parse_line(parse_state *ps, const char *line, int lineno) {
     }
     if (k == K_BASE_MARGIN) {
       TPF_RETURN_IF(!(v[0] < 0.5), TPF_EINVAL,
-                    "cost table line %d: 'baseline_margin' is a fraction in [0, 0.5): '%s'",
-                    lineno, line);
+                    "cost table line %d: 'baseline_margin' is a fraction in [0, 0.5): '%s'", lineno,
+                    line);
       t->baseline_margin = v[0];
     }
     if (link) {
@@ -321,7 +321,8 @@ uint64_t tpf__cost_table_hash(const tpf_cost_table *t) {
   }
   /* Only when set: a table without it hashes as it did before the key existed. */
   if (t->prefer_margin != 0) h = fnv(h, &t->prefer_margin, sizeof t->prefer_margin);
-  if (t->baseline_margin != 0) h = fnv(fnv(h, "bm", 2), &t->baseline_margin, sizeof t->baseline_margin);
+  if (t->baseline_margin != 0)
+    h = fnv(fnv(h, "bm", 2), &t->baseline_margin, sizeof t->baseline_margin);
   /* Field by field (no padding bytes), and only when there are points: a table without sched
    * lines hashes as it did before they existed. */
   for (int i = 0; i < t->nsched && i < TPF_COST_MAX_SCHED_POINTS; i++) {

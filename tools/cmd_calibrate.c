@@ -102,11 +102,12 @@ static const cli_opt kCalOpts[C_NOPTS] = {
                  "optional: timed repetitions per point, medians reported (default 25, quick 7; "
                  "--schedules: per schedule, at most 166, default cuda 15, quick 5, sim 3)",
                  0, false},
-    [C_SCHED] = {"--schedules", CLI_FLAG, 0, 0, NULL, NULL,
-                 "optional: also measure the planner's candidate schedules (RING AG, PIPELINE RS, RING RS; "
-                 "P = 2, 4, 8 ranks sharing the device, T = C/64 .. C) as sched lines (cuda: "
-                 "~100 s at the default grid)",
-                 0, false},
+    [C_SCHED] =
+        {"--schedules", CLI_FLAG, 0, 0, NULL, NULL,
+         "optional: also measure the planner's candidate schedules (RING AG, PIPELINE RS, RING RS; "
+         "P = 2, 4, 8 ranks sharing the device, T = C/64 .. C) as sched lines (cuda: "
+         "~100 s at the default grid)",
+         0, false},
     [C_CAP] = {"--capacity", CLI_U64, 64, 1u << 20, NULL, "C",
                "optional, --schedules: the grid's capacity C (default cuda 32768, sim 1024)", 0,
                false},

@@ -98,9 +98,9 @@ struct tpf_cost_table {
                       * time across ranks (default 0: one GPU per rank) */
   int nsched;        /* measured schedules, in the order of the file */
   tpf_cost_sched_point sched[TPF_COST_MAX_SCHED_POINTS];
-  double prefer_margin; /* "prefer_margin F": another candidate wins over the better of the
-                         * communicator's own split count and no overlap only when predicted
-                         * faster by more than the fraction F (default 0) */
+  double prefer_margin;   /* "prefer_margin F": another candidate wins over the better of the
+                           * communicator's own split count and no overlap only when predicted
+                           * faster by more than the fraction F (default 0) */
   double baseline_margin; /* "baseline_margin F": an overlap candidate wins over the fastest
                            * no-overlap baseline only when predicted faster by more than F
                            * (default 0), after prefer_margin */

@@ -43,7 +43,8 @@ static void test_running_peers_not_named(void **state) {
   assert_int_equal(tpf_cuda__peer_gone(b.peers, b.base.tp_size, b.base.rank, &pid), -1);
   assert_int_equal(pid, -5);
   tpf_set_error(TPF_ETIMEOUT, "rank 0: RECV waiting for rank 3 exceeded 10 ms");
-  TPF_ASSERT_STATUS(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_ETIMEOUT), TPF_ETIMEOUT);
+  TPF_ASSERT_STATUS(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_ETIMEOUT),
+                    TPF_ETIMEOUT);
   assert_string_equal(tpf_last_error(), "rank 0: RECV waiting for rank 3 exceeded 10 ms");
   for (int i = 0; i < 3; i++) {
     kill(p[i], SIGKILL);
@@ -71,7 +72,8 @@ static void test_killed_peer_named(void **state) {
   assert_int_equal(pid, (int64_t)p[1]);
   /* The detail of a timeout that blamed a live peer (a cascade) gets the dead one. */
   tpf_set_error(TPF_ETIMEOUT, "rank 0: RECV waiting for rank 3 exceeded 10 ms");
-  TPF_ASSERT_STATUS(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_ETIMEOUT), TPF_ETIMEOUT);
+  TPF_ASSERT_STATUS(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_ETIMEOUT),
+                    TPF_ETIMEOUT);
   char want[160];
   snprintf(want, sizeof want,
            "rank 0: RECV waiting for rank 3 exceeded 10 ms; rank 2's process (pid %lld) has "
@@ -80,7 +82,8 @@ static void test_killed_peer_named(void **state) {
   assert_string_equal(tpf_last_error(), want);
   /* Other statuses are left alone. */
   tpf_set_error(TPF_EMISMATCH, "rows differ");
-  TPF_ASSERT_STATUS(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_EMISMATCH), TPF_EMISMATCH);
+  TPF_ASSERT_STATUS(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_EMISMATCH),
+                    TPF_EMISMATCH);
   assert_string_equal(tpf_last_error(), "rows differ");
   TPF_ASSERT_OK(tpf_cuda__blame_gone(b.peers, b.base.tp_size, b.base.rank, TPF_OK));
   /* Reaped: still named (ESRCH). */

@@ -472,9 +472,12 @@ static void test_prefer_margin(void **state) {
     }
   }
   /* Refused values, and the hash: unchanged without the key, changed with it. */
-  static const char *const bad[] = {"prefer_margin 0.5\n", "prefer_margin -0.1\n",
-                                    "prefer_margin\n", "prefer_margin 0.1\nprefer_margin 0.1\n",
-                                    "baseline_margin 0.5\n", "baseline_margin -1\n",
+  static const char *const bad[] = {"prefer_margin 0.5\n",
+                                    "prefer_margin -0.1\n",
+                                    "prefer_margin\n",
+                                    "prefer_margin 0.1\nprefer_margin 0.1\n",
+                                    "baseline_margin 0.5\n",
+                                    "baseline_margin -1\n",
                                     "baseline_margin 0.1\nbaseline_margin 0.2\n"};
   for (size_t i = 0; i < TPF_ARRAY_SIZE(bad); i++) {
     tpf_cost_table out;
