@@ -26,6 +26,15 @@ tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r,
                 "tpf_set_allocator needs all four functions or none (got malloc=%s calloc=%s "
                 "realloc=%s free=%s)",
                 m ? "set" : "NULL", c ? "set" : "NULL", r ? "set" : "NULL", f ? "set" : "NULL");
+  /* A block from the old hooks freed by the new ones is undefined behaviour ("free(): invalid
+   * pointer"): refuse while any allocation is live (issue 22 item 6). Setting the same four
+   * hooks again changes nothing and is allowed at any time. */
+  const long live = atomic_load(&tpf_alloc_live);
+  const bool same = m == tpf_alloc_m && c == tpf_alloc_c && r == tpf_alloc_r && f == tpf_alloc_f;
+  TPF_RETURN_IF(live != 0 && !same, TPF_ESTATE,
+                "tpf_set_allocator: %ld allocations of the current allocator are still live; "
+                "destroy every tpflex object (communicators, managers, worlds) first",
+                live);
   tpf_alloc_m = m;
   tpf_alloc_c = c;
   tpf_alloc_r = r;

@@ -82,7 +82,9 @@ TPF_API const char *tpf_strerror(tpf_status s);
 TPF_API const char *tpf_last_error(void);
 
 /* Allocator hooks (libuv style). All four NULL restores the C library's. Must be called before
- * any object exists. Returns TPF_EINVAL if only some are given. */
+ * any object exists: while allocations of the current hooks are live (any communicator, manager
+ * or world), a change is refused with TPF_ESTATE naming the live count (setting the same four
+ * hooks again is allowed). Returns TPF_EINVAL if only some are given. */
 typedef void *(*tpf_malloc_fn)(size_t);
 typedef void *(*tpf_calloc_fn)(size_t, size_t);
 typedef void *(*tpf_realloc_fn)(void *, size_t);

@@ -318,6 +318,38 @@ static void test_alloc__failures_are_not_counted(void **state) {
   assert_int_equal(tpf__alloc_live_count(), live);
 }
 
+/* Issue 22 item 6: changing the hooks while objects are live is refused (a block of the old
+ * allocator freed by the new one aborted with "free(): invalid pointer"), and nothing changes. */
+static void test_alloc__refused_while_objects_live(void **state) {
+  (void)state;
+  assert_int_equal(tpf__alloc_live_count(), 0);
+  tpf_mock_backend be;
+  tpf_mock_init(&be, 1, 0);
+  tpf_comm_config cfg = tpf_test_config("fc1_fprop", TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16, 64, 8);
+  tpf_comm *c = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  const long live = tpf__alloc_live_count();
+  assert_true(live > 0);
+  hook_calls = 0;
+  TPF_ASSERT_STATUS(tpf_set_allocator(hook_malloc, hook_calloc, hook_realloc, hook_free),
+                    TPF_ESTATE);
+  char want[32];
+  snprintf(want, sizeof want, "%ld allocations", live);
+  assert_non_null(strstr(tpf_last_error(), want));
+  assert_non_null(strstr(tpf_last_error(), "live"));
+  /* The hooks did not change: an allocation does not reach hook_malloc. */
+  void *p = tpf__malloc(8);
+  assert_non_null(p);
+  assert_int_equal(hook_calls, 0);
+  tpf__free(p);
+  /* Setting the hooks already in place (here the C library's) is harmless and allowed. */
+  TPF_ASSERT_OK(tpf_set_allocator(NULL, NULL, NULL, NULL));
+  TPF_ASSERT_OK(tpf_comm_destroy(c)); /* freed by the allocator that made it */
+  assert_int_equal(tpf__alloc_live_count(), 0);
+  TPF_ASSERT_OK(tpf_set_allocator(hook_malloc, hook_calloc, hook_realloc, hook_free));
+  TPF_ASSERT_OK(tpf_set_allocator(NULL, NULL, NULL, NULL));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_backend__validate_refuses_malformed_tables),
@@ -326,6 +358,7 @@ int main(void) {
       cmocka_unit_test(test_backend__sync_names_once),
       cmocka_unit_test(test_alloc__hooks_all_or_none),
       cmocka_unit_test(test_alloc__failures_are_not_counted),
+      cmocka_unit_test(test_alloc__refused_while_objects_live),
   };
   return cmocka_run_group_tests_name("backend_edge", tests, NULL, NULL);
 }
