@@ -254,10 +254,11 @@ tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
 tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stats *out) {
   TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
                 "tpf_cuda_backend_enqueue_stats: not a CUDA backend, or out is NULL");
+  static const size_t released[] = {sizeof(*out)}; /* 0.2 (issue 22 item 12) */
+  TPF_CHECK(tpf__check_struct_size("tpf_cuda_backend_enqueue_stats", "stats",
+                                   "tpf_cuda_enqueue_stats", out->size, released,
+                                   TPF_ARRAY_SIZE(released)));
   const size_t size = out->size == 0 ? sizeof(*out) : out->size;
-  TPF_RETURN_IF(size > sizeof(*out) || size < sizeof(out->size), TPF_EINVAL,
-                "tpf_cuda_backend_enqueue_stats: size %zu outside %zu..%zu", size,
-                sizeof(out->size), sizeof(*out));
   tpf_cuda_enqueue_stats s = tpf_cuda__of(be)->enq;
   s.size = size;
   memcpy(out, &s, size);

@@ -118,12 +118,9 @@ static void world_free(tpf_sim_world *w) {
 tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) {
   if (!cfg || !out)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
-  if (cfg->size > sizeof(tpf_sim_config) ||
-      (cfg->size != 0 && cfg->size < offsetof(tpf_sim_config, arena_bytes)))
-    return tpf_set_error(TPF_EINVAL,
-                         "tpf_sim_world_create: config size %zu; this library knows %zu bytes "
-                         "(use TPF_SIM_CONFIG_INIT, or 0)",
-                         cfg->size, sizeof(tpf_sim_config));
+  static const size_t released[] = {sizeof(tpf_sim_config)}; /* 0.2 (issue 22 item 12) */
+  TPF_CHECK(tpf__check_struct_size("tpf_sim_world_create", "config", "tpf_sim_config", cfg->size,
+                                   released, TPF_ARRAY_SIZE(released)));
   tpf_sim_config norm = TPF_SIM_CONFIG_INIT;
   memcpy(&norm, cfg, cfg->size ? cfg->size : sizeof norm);
   cfg = &norm;

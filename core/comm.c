@@ -73,13 +73,11 @@ static tpf_status named(const tpf_comm *c, tpf_status s) {
 
 static tpf_status check_config(const tpf_comm_config *cfg) {
   TPF_RETURN_IF(!cfg, TPF_EINVAL, "communicator config is NULL");
-  TPF_RETURN_IF(cfg->size > sizeof(tpf_comm_config) ||
-                    (cfg->size != 0 && cfg->size < offsetof(tpf_comm_config, num_splits)),
-                TPF_EINVAL,
-                "communicator config size %zu: this library (%d.%d.%d) knows %zu bytes (set size "
-                "with TPF_COMM_CONFIG_INIT, or 0)",
-                cfg->size, TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH,
-                sizeof(tpf_comm_config));
+  /* Released layouts, oldest first: 0.2 (the size field's first release). A field appended later
+   * adds the new sizeof here and keeps the old entries. */
+  static const size_t released[] = {sizeof(tpf_comm_config)};
+  TPF_CHECK(tpf__check_struct_size("tpf_comm_create", "communicator config", "tpf_comm_config",
+                                   cfg->size, released, TPF_ARRAY_SIZE(released)));
   TPF_RETURN_IF(!cfg->name || !cfg->name[0], TPF_EINVAL, "communicator config has no name");
   TPF_RETURN_IF(strlen(cfg->name) > 255, TPF_EINVAL, "communicator name longer than 255 bytes");
   TPF_RETURN_IF((unsigned)cfg->algo >= TPF_ALGO_COUNT, TPF_EINVAL,
@@ -438,12 +436,14 @@ static tpf_status op_options(const tpf_comm *c, const char *op, const tpf_op_opt
   *o = def;
   if (!in) return TPF_OK;
   const char *n = c->cfg.name;
-  TPF_RETURN_IF(in->size > sizeof *o ||
-                    (in->size != 0 && in->size < offsetof(tpf_op_options, alpha)),
-                TPF_EINVAL,
-                "'%s' %s: options size %zu: this library knows %zu bytes (start from "
-                "TPF_OP_OPTIONS_INIT)",
-                n, op, in->size, sizeof *o);
+  static const size_t released[] = {sizeof(tpf_op_options)}; /* 0.2; see check_config */
+  if (tpf__check_struct_size(op, "options", "tpf_op_options", in->size, released,
+                             TPF_ARRAY_SIZE(released)) != TPF_OK) {
+    char detail[400];
+    strncpy(detail, tpf_last_error(), sizeof detail - 1);
+    detail[sizeof detail - 1] = '\0';
+    return tpf_set_error(TPF_EINVAL, "'%s' %s", n, detail);
+  }
   memcpy(o, in, in->size ? in->size : sizeof *o);
   o->size = sizeof *o;
   TPF_RETURN_IF(!isfinite(o->alpha) || !isfinite(o->beta), TPF_EINVAL,

@@ -151,9 +151,9 @@ static tpf_status w_allgather(tpf_backend *be, const void *mine, void *all, size
 static tpf_status take_plan(fault_be *f, const tpf_fault_plan *plan) {
   tpf_fault_plan p = TPF_FAULT_PLAN_INIT;
   if (plan) {
-    TPF_RETURN_IF(plan->size > sizeof p || (plan->size != 0 && plan->size < sizeof p), TPF_EINVAL,
-                  "fault plan size %zu; this library knows %zu bytes (use TPF_FAULT_PLAN_INIT)",
-                  plan->size, sizeof p);
+    static const size_t released[] = {sizeof(tpf_fault_plan)}; /* 0.2 */
+    TPF_CHECK(tpf__check_struct_size("fault backend", "fault plan", "tpf_fault_plan",
+                                     plan->size, released, TPF_ARRAY_SIZE(released)));
     p = *plan;
     p.size = sizeof p;
   }

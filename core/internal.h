@@ -63,6 +63,14 @@ static inline bool tpf__mul3_u64(uint64_t a, uint64_t b, uint64_t c, uint64_t *o
 /* Clears the calling thread's detail. */
 void tpf__clear_error(void);
 
+/* Versioned structs (issue 22 item 12): `size` must be 0 (the caller's header is this one) or
+ * one of the `n` sizes of released layouts in `released` (oldest first, the last is this
+ * header's); a size that ends inside a field, or belongs to no release, is TPF_EINVAL naming
+ * the size and the accepted ones. `who` names the call, `what` the argument ("options"), `type` its struct
+ * ("tpf_op_options"). */
+tpf_status tpf__check_struct_size(const char *who, const char *what, const char *type, size_t size,
+                                  const size_t *released, size_t n);
+
 /* ---- layout.c ---- */
 /* tpf_layout_check with an explicit alignment (the backend's); 0 means 1. */
 tpf_status tpf__layout_check_align(const tpf_layout_desc *d, uint64_t align_bytes);

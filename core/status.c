@@ -51,3 +51,21 @@ tpf_status tpf_set_error(tpf_status s, const char *fmt, ...) {
   va_end(ap);
   return s;
 }
+
+tpf_status tpf__check_struct_size(const char *who, const char *what, const char *type, size_t size,
+                                  const size_t *released, size_t n) {
+  if (size == 0) return TPF_OK;
+  for (size_t i = 0; i < n; i++)
+    if (size == released[i]) return TPF_OK;
+  char list[160];
+  size_t used = 0;
+  for (size_t i = 0; i < n && used < sizeof list; i++) {
+    int k = snprintf(list + used, sizeof list - used, "%s%zu", i ? ", " : "", released[i]);
+    if (k < 0) break;
+    used += (size_t)k;
+  }
+  return tpf_set_error(TPF_EINVAL,
+                       "%s: %s size %zu is not the size of a released %s layout; accepted sizes: "
+                       "0 (this header's layout) or %s (start from the _INIT macro)",
+                       who, what, size, type, list);
+}

@@ -181,11 +181,14 @@ typedef struct tpf_cost_table tpf_cost_table; /* tpflex_cost.h */
  * candidate the cost model predicts (tpflex_cost.h: tpf_plan_predict, tpf_comm_plan_info). */
 typedef enum { TPF_PLAN_FIXED = 0, TPF_PLAN_ADAPTIVE = 1 } tpf_plan_mode;
 
-/* Versioned (NCCL's ncclConfig_t style): start from TPF_COMM_CONFIG_INIT, which sets size. A
- * caller built against an older header passes its smaller size and gets the defaults of the
- * fields it does not know; size 0 means "this header's layout" (code written for 0.1, whose
- * struct had no size field, keeps compiling and working with designated initializers). A size
- * larger than this library's struct is refused with TPF_EINVAL. */
+/* Versioned (NCCL's ncclConfig_t style): start from TPF_COMM_CONFIG_INIT, which sets size.
+ * Only the sizes of released layouts are accepted (today 0.2's, sizeof(tpf_comm_config)); a
+ * caller built against an older released header passes its smaller size and gets the defaults
+ * of the fields it does not know; size 0 means "this header's layout" (code written for 0.1,
+ * whose struct had no size field, keeps compiling and working with designated initializers).
+ * Any other size (one that ends inside a field, or a newer library's) is refused with
+ * TPF_EINVAL naming the size and the accepted ones. The same holds for every versioned struct
+ * (tpf_op_options, tpf_sim_config, tpf_fault_plan, tpf_cuda_enqueue_stats). */
 typedef struct {
   size_t size;                /* sizeof(tpf_comm_config), or 0 (see above) */
   const char *name;           /* site name ("fc1_fprop"); copied; unique within a manager */
@@ -288,7 +291,7 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
  * output dtype is D's own dtype field (the buffer's dtype or fp32): a second field could only
  * contradict the matrix. */
 typedef struct {
-  size_t size;      /* sizeof(tpf_op_options), or 0 for this header's layout; larger: TPF_EINVAL */
+  size_t size;      /* sizeof(tpf_op_options) or 0 (this header's); others: TPF_EINVAL */
   bool trans_a;     /* a is stored [K, M] and used transposed (gemm_rs x, bulk a; not ag_gemm) */
   bool trans_w;     /* w is stored [K, N] and used as is: dgrad dY*W, wgrad dY^T*X (trans_a too) */
   float alpha;      /* scales the product; default 1 */

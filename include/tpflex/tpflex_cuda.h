@@ -68,7 +68,7 @@ typedef struct {
   uint64_t ns[TPF_CUDA_ENQ_COUNT];
 } tpf_cuda_enqueue_stats;
 /* Fills *out (up to out->size bytes). TPF_EINVAL for a non-CUDA backend, NULL out or a size
- * larger than this header's; a smaller nonzero size gets the fields it has room for. */
+ * that is not 0 or a released layout's (today only sizeof(tpf_cuda_enqueue_stats)). */
 TPF_API tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stats *out);
 /* The kind's short name ("gemm", "copy", "signal", "record", "wait", "peer_wait"), or "?". */
 TPF_API const char *tpf_cuda_enq_kind_name(tpf_cuda_enq_kind k);

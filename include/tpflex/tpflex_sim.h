@@ -11,9 +11,9 @@ extern "C" {
 
 typedef struct tpf_sim_world tpf_sim_world;
 
-/* Versioned like tpf_comm_config: size is sizeof(tpf_sim_config) (TPF_SIM_CONFIG_INIT), a
- * smaller size from an older header (fields it lacks take their defaults) or 0 for this
- * header's layout; larger is TPF_EINVAL. */
+/* Versioned like tpf_comm_config: size is sizeof(tpf_sim_config) (TPF_SIM_CONFIG_INIT), the
+ * size of an older released layout (fields it lacks take their defaults; none yet) or 0 for
+ * this header's layout; any other size is TPF_EINVAL. */
 typedef struct {
   size_t size;           /* see above */
   int tp_size;           /* P, 1..64 */

@@ -9,7 +9,9 @@
  * sentinel) and the communicator must stay usable.
  */
 #include "tpf_test.h"
+#include "comm_internal.h"
 #include "tpflex/tpflex_cost.h"
+#include "tpflex/tpflex_fault.h"
 #include "tpflex/tpflex_sim.h"
 
 #include <math.h>
@@ -385,18 +387,16 @@ static void test_agreement__versioned_structs(void **state) {
   TPF_ASSERT_OK(tpf_sim_run(w, sz_create, &s));
   TPF_ASSERT_STATUS(s.st[0], TPF_EINVAL);
   TPF_ASSERT_STATUS(s.st[1], TPF_EINVAL);
-  /* An older, smaller struct: the fields it lacks take their defaults, whatever the bytes the
-   * caller's memory holds there (here ADAPTIVE with no table, which would be refused). */
+  /* A size that is no released layout (here the old window's offsetof(plan), which used to be
+   * accepted with the later fields defaulted) is refused on both ranks; nothing is created. */
   memset(&s, 0, sizeof s);
   s.cfg = base();
   s.cfg.size = offsetof(tpf_comm_config, plan);
-  s.cfg.plan = TPF_PLAN_ADAPTIVE;
-  s.cfg.cost = NULL;
   TPF_ASSERT_OK(tpf_sim_run(w, sz_create, &s));
-  TPF_ASSERT_OK(s.st[0]);
-  TPF_ASSERT_OK(s.st[1]);
-  assert_int_equal(s.plan[0], TPF_PLAN_FIXED);
-  TPF_ASSERT_OK(tpf_sim_run(w, sz_destroy, &s));
+  TPF_ASSERT_STATUS(s.st[0], TPF_EINVAL);
+  TPF_ASSERT_STATUS(s.st[1], TPF_EINVAL);
+  assert_null(s.c[0]);
+  assert_null(s.c[1]);
   /* size 0: this header's layout (0.1-style designated initializers). */
   memset(&s, 0, sizeof s);
   s.cfg = base();
@@ -405,6 +405,96 @@ static void test_agreement__versioned_structs(void **state) {
   TPF_ASSERT_OK(s.st[0]);
   TPF_ASSERT_OK(tpf_sim_run(w, sz_destroy, &s));
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
+}
+
+/* Issue 22 item 12: every size that is not 0 or a released layout's is refused, naming the size
+ * and the accepted ones, and changes nothing; a size that ends inside a field (options size 13
+ * ended inside alpha and silently ignored it) included. */
+static void expect_size_refused(tpf_status st, size_t size, size_t accepted, const char *type) {
+  char want[64];
+  TPF_ASSERT_STATUS(st, TPF_EINVAL);
+  snprintf(want, sizeof want, "size %zu ", size);
+  if (!strstr(tpf_last_error(), want)) fail_msg("%s size %zu: %s", type, size, tpf_last_error());
+  snprintf(want, sizeof want, "0 (this header's layout) or %zu", accepted);
+  if (!strstr(tpf_last_error(), want) || !strstr(tpf_last_error(), type))
+    fail_msg("%s size %zu: %s", type, size, tpf_last_error());
+}
+
+static void test_agreement__only_released_sizes(void **state) {
+  (void)state;
+  tpf_mock_backend be;
+  tpf_mock_init(&be, 1, 0);
+  const long live = tpf__alloc_live_count();
+  long refused = 0;
+  /* Options: a RING AG communicator refuses before anything runs; epoch and seq unchanged. */
+  tpf_comm_config cfg = tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, 16, 4);
+  tpf_comm *c = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  static float wbuf[4 * 4], dbuf[16 * 4];
+  tpf_matrix w = {wbuf, 4, 4, 4, TPF_FP32}, d = {dbuf, 16, 4, 4, TPF_FP32};
+  const uint64_t seq0 = c->seq;
+  for (size_t size = 1; size <= sizeof(tpf_op_options) + 8; size++) {
+    if (size == sizeof(tpf_op_options)) continue;
+    tpf_op_options o = TPF_OP_OPTIONS_INIT;
+    o.size = size;
+    expect_size_refused(tpf_ag_gemm_ex(c, &w, &d, &o, NULL), size, sizeof(tpf_op_options),
+                        "tpf_op_options");
+    assert_non_null(strstr(tpf_last_error(), "'fc1_fprop'"));
+    refused++;
+  }
+  assert_int_equal(c->seq, seq0);
+  tpf_op_options o13 = TPF_OP_OPTIONS_INIT;
+  o13.size = 13; /* the issue's case: ends inside alpha */
+  TPF_ASSERT_STATUS(tpf_ag_gemm_ex(c, &w, &d, &o13, NULL), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "size 13"));
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+  /* Communicator config. */
+  for (size_t size = 1; size <= sizeof(tpf_comm_config) + 8; size++) {
+    if (size == sizeof(tpf_comm_config)) continue;
+    tpf_comm_config k = cfg;
+    k.size = size;
+    c = NULL;
+    expect_size_refused(tpf_comm_create(&be.hdr, &k, &c), size, sizeof(tpf_comm_config),
+                        "tpf_comm_config");
+    assert_null(c);
+    refused++;
+  }
+  /* Simulator config. */
+  for (size_t size = 1; size <= sizeof(tpf_sim_config) + 8; size++) {
+    if (size == sizeof(tpf_sim_config)) continue;
+    tpf_sim_config sc = TPF_SIM_CONFIG_INIT;
+    sc.size = size;
+    sc.tp_size = 2;
+    tpf_sim_world *wd = NULL;
+    expect_size_refused(tpf_sim_world_create(&sc, &wd), size, sizeof(tpf_sim_config),
+                        "tpf_sim_config");
+    assert_null(wd);
+    refused++;
+  }
+  /* Fault plan. */
+  for (size_t size = 1; size <= sizeof(tpf_fault_plan) + 8; size++) {
+    if (size == sizeof(tpf_fault_plan)) continue;
+    tpf_fault_plan fp = TPF_FAULT_PLAN_INIT;
+    fp.size = size;
+    tpf_backend *fb = NULL;
+    expect_size_refused(tpf_fault_backend_create(&be.hdr, &fp, &fb), size, sizeof(tpf_fault_plan),
+                        "tpf_fault_plan");
+    assert_null(fb);
+    refused++;
+  }
+  assert_int_equal(tpf__alloc_live_count(), live);
+  /* The released sizes and 0 are accepted. */
+  tpf_sim_config sc = TPF_SIM_CONFIG_INIT;
+  tpf_sim_world *wd = NULL;
+  TPF_ASSERT_OK(tpf_sim_world_create(&sc, &wd));
+  TPF_ASSERT_OK(tpf_sim_world_destroy(wd));
+  sc.size = 0;
+  TPF_ASSERT_OK(tpf_sim_world_create(&sc, &wd));
+  TPF_ASSERT_OK(tpf_sim_world_destroy(wd));
+  cfg.size = sizeof cfg;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+  print_message("%ld unreleased struct sizes refused\n", refused);
 }
 
 static int setup(void **state) {
@@ -424,6 +514,7 @@ int main(void) {
       cmocka_unit_test(test_agreement__per_op_splits_differ),
       cmocka_unit_test(test_agreement__refused_options_change_nothing),
       cmocka_unit_test(test_agreement__versioned_structs),
+      cmocka_unit_test(test_agreement__only_released_sizes),
   };
   return cmocka_run_group_tests(tests, setup, NULL);
 }
