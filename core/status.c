@@ -65,7 +65,8 @@ tpf_status tpf__check_struct_size(const char *who, const char *what, const char 
     used += (size_t)k;
   }
   return tpf_set_error(TPF_EINVAL,
-                       "%s: %s size %zu is not the size of a released %s layout; accepted sizes: "
-                       "0 (this header's layout) or %s (start from the _INIT macro)",
-                       who, what, size, type, list);
+                       "%s: %s size %zu is not the size of a released %s layout (this library "
+                       "knows %zu bytes); accepted sizes: 0 (this header's layout) or %s (start "
+                       "from the _INIT macro)",
+                       who, what, size, type, n ? released[n - 1] : (size_t)0, list);
 }
