@@ -10,7 +10,7 @@ try:
     import torch  # noqa: F401
 except ImportError as e:
     print(f"tpflex python tests: FAIL: torch is not importable ({e}).\n"
-          "Install it: python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu",
+          f"Install it for this interpreter: {sys.executable} -m pip install torch (or: make pydeps)",
           file=sys.stderr)
     sys.exit(1)
 
