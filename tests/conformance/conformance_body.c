@@ -10,8 +10,9 @@
  * operand memory goes through the environment (harness/staging.h over env->mem_alloc, upload,
  * download) and streams through env->stream.
  *
- * Checked per case: the GEMM output against the reference with SPEC §7's rule (tolerance of the
- * buffer dtype, the coarser of the two), gathered buffers byte for byte (a transfer must not
+ * Checked per case: the GEMM output against the reference with SPEC §7's per-element rule (one
+ * element out of tolerance fails the case; tolerance of the buffer dtype or the output dtype,
+ * the coarser of the two), gathered buffers byte for byte (a transfer must not
  * change a bit), reduced chunks against the fp32 sum of the partials rounded as the buffer
  * stores them. The backend checks its canary itself after every operation. Shape histories
  * (capacity, shrink, grow, shrink, repeat, back to capacity) on one communicator must give
