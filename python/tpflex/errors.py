@@ -66,6 +66,11 @@ class TpflexBackendError(TpflexError):
     status, status_name = 12, "TPF_EBACKEND"
 
 
+class TpflexConfigWarning(UserWarning):
+    """A configuration value tpflex accepts but does not act on (e.g. TE's ub_cfgs 'num_sm');
+    the message names it."""
+
+
 STATUS_CLASSES: Dict[int, Type[TpflexError]] = {
     c.status: c
     for c in (TpflexInvalidError, TpflexShapeError, TpflexCapacityError, TpflexDivisibleError,
@@ -81,4 +86,5 @@ def error_for(status: int, detail: str, call: str = "") -> TpflexError:
         e.status = status
         return e
     return cls(detail, call)
-__all__ = [c.__name__ for c in STATUS_CLASSES.values()] + ["TpflexError", "error_for", "STATUS_CLASSES"]
+__all__ = [c.__name__ for c in STATUS_CLASSES.values()] + [
+    "TpflexError", "TpflexConfigWarning", "error_for", "STATUS_CLASSES"]

@@ -21,6 +21,7 @@ import torch.nn.functional as Fn  # noqa: E402
 
 import tpflex  # noqa: E402
 import tpflex.torch as tt  # noqa: E402
+from tpflex._te import current_manager  # noqa: E402
 from tpflex import errors as E  # noqa: E402
 
 H = 32
@@ -539,7 +540,7 @@ def init_config(rank: int, env: Env, which: str) -> Any:
             dtype = torch.float32
     env.init(shape, dtype, cfgs)
     try:
-        return len(tt._manager())
+        return len(current_manager())
     finally:
         tt.destroy_ub()
 

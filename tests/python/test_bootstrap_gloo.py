@@ -18,6 +18,7 @@ import torch.distributed as dist  # noqa: E402
 
 import tpflex._lib as L  # noqa: E402
 import tpflex.torch as tt  # noqa: E402
+from tpflex._bootstrap import agree, gloo_group  # noqa: E402
 from tpflex import errors as E  # noqa: E402
 
 failures = []
@@ -37,7 +38,7 @@ def as_c(fn_type, cb):
 def main() -> int:
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
     rank, P = dist.get_rank(), dist.get_world_size()
-    g = tt._gloo_group(None)
+    g = gloo_group(None)
     check(g == dist.group.WORLD or g is dist.group.WORLD, "a gloo world group is used as is")
     boot = tt.GlooBootstrap(g, timeout_ms=1000)
     st = boot.struct(device=0)
@@ -62,12 +63,12 @@ def main() -> int:
     check(boot.allgather_object({"r": rank}) == [{"r": q} for q in range(P)], "allgather_object")
     same = [("tp_size", P), ("shape", [64, 32]), ("fc2_fprop.num_splits", 0)]
     try:
-        tt._agree(boot, same)
+        agree(boot, same)
     except E.TpflexError as e:
         check(False, f"agreeing arguments raised {e!r}")
     differ = [("tp_size", P), ("shape", [64, 32]), ("fc2_fprop.num_splits", 2 if rank == 1 else 0)]
     try:
-        tt._agree(boot, differ)
+        agree(boot, differ)
         check(False, "differing arguments did not raise")
     except E.TpflexMismatchError as e:
         check("fc2_fprop.num_splits is 0 on rank 0, 2 on rank 1" in str(e), f"mismatch text: {e}")

@@ -16,6 +16,7 @@ import torch  # noqa: E402
 import torch._dynamo  # noqa: E402
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode  # noqa: E402
 
+import tpflex._lib as L  # noqa: E402
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as tt  # noqa: E402
 from tpflex import errors as E  # noqa: E402
@@ -23,7 +24,7 @@ from tpflex import errors as E  # noqa: E402
 C, H = 64, 32
 RING_RS = {"ring_rs": {"method": "ring", "coll": "rs"}}
 F32 = torch.float32
-OPS = [getattr(torch.ops.tpflex, n).default for n in tt._OP_NAMES]
+OPS = [getattr(torch.ops.tpflex, n).default for n in tt.OP_NAMES]
 C_OPS = ("tpf_ag_gemm", "tpf_ag_gemm_ex", "tpf_gemm_rs", "tpf_gemm_rs_ex", "tpf_bulk_overlap",
          "tpf_bulk_overlap_ex")
 C_QUERIES = ("tpf_comm_active_shape", "tpf_comm_epoch", "tpf_comm_buffer",
@@ -34,7 +35,7 @@ C_QUERIES = ("tpf_comm_active_shape", "tpf_comm_epoch", "tpf_comm_buffer",
 def counting_c_calls(names=C_OPS + C_QUERIES):
     """Counts calls of the C entry points `names` per calling thread."""
     counts = {}
-    saved = {n: getattr(tt.lib, n) for n in names}
+    saved = {n: getattr(L.lib, n) for n in names}
 
     def wrap(n, f):
         def g(*a):
@@ -43,12 +44,12 @@ def counting_c_calls(names=C_OPS + C_QUERIES):
             return f(*a)
         return g
     for n, f in saved.items():
-        setattr(tt.lib, n, wrap(n, f))
+        setattr(L.lib, n, wrap(n, f))
     try:
         yield counts
     finally:
         for n, f in saved.items():
-            setattr(tt.lib, n, f)
+            setattr(L.lib, n, f)
 
 
 def mine(counts, names=C_OPS):
@@ -108,7 +109,7 @@ class Registered(unittest.TestCase):
         """Six ops: the functional ones return a tensor, the _out ones nothing; `buffer` is
         mutated by all, `out` by the _out ones, nothing else is."""
         self.assertEqual(len(OPS), 6)
-        for name, op in zip(tt._OP_NAMES, OPS):
+        for name, op in zip(tt.OP_NAMES, OPS):
             s = op._schema
             mutated = {a.name for a in s.arguments
                        if a.alias_info is not None and a.alias_info.is_write}

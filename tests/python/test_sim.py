@@ -18,6 +18,8 @@ import tpflex  # noqa: E402
 import tpflex._lib as L  # noqa: E402
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as tt  # noqa: E402
+from tpflex._options import parse_options  # noqa: E402
+from tpflex._te import current_manager  # noqa: E402
 from tpflex import errors as E  # noqa: E402
 
 import cases  # noqa: E402
@@ -210,7 +212,7 @@ class SimOnly(unittest.TestCase):
             opt_known = L.last_error()
             cfg = L.CommConfig(size=ctypes.sizeof(L.CommConfig) + 8, name=b"x", capacity=L.Shape(C, H))
             h = ctypes.c_void_p()
-            rc2 = L.lib.tpf_manager_add(tt._manager()._h, ctypes.byref(cfg), ctypes.byref(h))
+            rc2 = L.lib.tpf_manager_add(current_manager()._h, ctypes.byref(cfg), ctypes.byref(h))
             return rc, opt_known, rc2, L.last_error()
         rc, opt_known, rc2, cfg_known = sim_run_ranks(1, with_ub(f))[0]
         self.assertEqual(rc, 1, opt_known)
@@ -223,7 +225,7 @@ class SimOnly(unittest.TestCase):
         self.assertIn(f"knows {ctypes.sizeof(L.SimConfig)} bytes", L.last_error())
 
     def test_option_parsing(self):
-        p = tt._parse_options
+        p = parse_options
         self.assertTrue(p("t", {}).is_default)
         self.assertEqual(p("t", {"accumulate": True}).beta, 1.0)
         self.assertEqual(p("t", {"splits": 2}).num_splits, 2)

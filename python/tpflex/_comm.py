@@ -1,0 +1,332 @@
+"""A communicator: one registered site (tpf_comm) of a manager, with its zero-copy views and its
+operations (the custom ops of _ops.py)."""
+from __future__ import annotations
+
+import ctypes
+from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+
+import torch
+
+from . import _lib, _ops
+from ._checks import U64_MAX, as_shape, int_arg, beta_needs_out, dims, need_tensor, plan_ag_gemm, plan_bulk, \
+    plan_gemm_rs, shape_str
+from ._dlpack import dlpack_view
+from ._lib import Matrix, check, lib
+from ._options import DEFAULT_OPTS, Opts, parse_options
+from ._state import register_comm
+from ._types import ALGO_NAME, COLL_NAME, TPF_TO_TORCH
+from .errors import (TpflexError, TpflexInvalidError, TpflexStateError, TpflexUnsupportedError,
+                     error_for)
+
+if TYPE_CHECKING:
+    from ._manager import Manager
+
+
+class Communicator:
+    """One registered site (tpf_comm). Its operations are the custom ops torch.ops.tpflex.*
+    (usable under torch.compile); the methods parse the options and call them."""
+
+    def __init__(self, manager: "Manager", handle: int, name: str) -> None:
+        self._mgr = manager
+        self._h = handle
+        self.name = name
+        cfg = lib.tpf_comm_config_of(handle).contents
+        self.algo = ALGO_NAME[cfg.algo]
+        self.coll = COLL_NAME[cfg.coll]
+        self.external = bool(cfg.external)
+        self.dtype: torch.dtype = TPF_TO_TORCH[cfg.dtype]
+        self.tp_size = manager.tp_size
+        self.rank = manager.rank
+        self.device: torch.device = manager.device
+        # The views of the current shape epoch are as_strided views of one tensor over the whole
+        # registration (one storage: torch sees that local_chunk() and buffer() alias), cached
+        # eagerly and re-taken by every set_active_shape made through this package. Code under
+        # torch.compile builds them in the graph from that tensor and their geometry (Python
+        # ints), so the graph has one input per registration and calls no C.
+        self._vepoch = -1
+        self._vbuf: Optional[torch.Tensor] = None
+        self._vchunk: Optional[torch.Tensor] = None
+        self._reg: Optional[torch.Tensor] = None
+        self._reg_ptr = 0
+        self._gbuf: Tuple[int, int, int, int] = (0, 0, 0, 0)  # rows, cols, ld, offset (elements)
+        self._gchunk: Tuple[int, int, int, int] = (0, 0, 0, 0)
+        if _lib.HAVE_BACKEND_CAPS:
+            self.backend_caps: Optional[int] = int(lib.tpf_comm_backend_caps(handle))
+            self.backend_name: str = (lib.tpf_comm_backend_name(handle) or b"?").decode()
+        else:  # an older libtpflex: caps unknown
+            self.backend_caps, self.backend_name = None, manager.backend
+        if self.backend_caps is not None:
+            host = bool(self.backend_caps & _lib.CAP_HOST_MEMORY)
+            if host != (self.device.type == "cpu"):
+                raise TpflexInvalidError(
+                    f"'{name}': backend '{self.backend_name}' registrations are "
+                    f"{'host' if host else 'device'} memory but tensors are on {self.device}",
+                    "initialize_ub")
+        self.key = register_comm(self)
+        self._refresh_views()
+
+    @property
+    def supports_options(self) -> Optional[bool]:
+        """Whether the backend honours transposes and epilogues (TPF_BE_CAP_OPTIONS); without
+        them the C library refuses those options with TpflexUnsupportedError. None when the
+        library cannot tell."""
+        return None if self.backend_caps is None else bool(self.backend_caps & _lib.CAP_OPTIONS)
+
+    def _handle(self) -> int:
+        if self._mgr._h is None:
+            raise TpflexStateError(f"communicator '{self.name}' used after destroy_ub()", self.name)
+        return self._h
+
+    @property
+    def active_shape(self) -> Tuple[int, int]:
+        s = lib.tpf_comm_active_shape(self._handle())
+        return (int(s.rows), int(s.cols))
+
+    @property
+    def capacity_shape(self) -> Tuple[int, int]:
+        s = lib.tpf_comm_capacity_shape(self._handle())
+        return (int(s.rows), int(s.cols))
+
+    @property
+    def epoch(self) -> int:
+        return int(lib.tpf_comm_epoch(self._handle()))
+
+    def legal_rows(self, rows: int) -> int:
+        """The smallest legal active row count >= rows for this communicator alone (pad a
+        microbatch to the manager's legal_rows, which every communicator accepts)."""
+        where = f"legal_rows on '{self.name}'"
+        n = int_arg(where, "rows", rows, 0, U64_MAX)
+        out = ctypes.c_uint64()
+        check(lib.tpf_comm_legal_rows(self._handle(), n, ctypes.byref(out)), where)
+        return int(out.value)
+
+    def registration(self) -> Tuple[int, int]:
+        """(address, bytes) of the whole registration: fixed from creation to destroy."""
+        base, n = ctypes.c_void_p(), ctypes.c_uint64()
+        check(lib.tpf_comm_registration(self._handle(), ctypes.byref(base), ctypes.byref(n)),
+              f"{self.name}.registration")
+        return int(base.value or 0), int(n.value)
+
+    def set_active_shape(self, shape: Sequence[int]) -> None:
+        check(lib.tpf_comm_set_active_shape(self._handle(), as_shape(self.name, "shape", shape)), self.name)
+        self._refresh_views()
+
+    # ---- zero-copy views ----
+    def _geometry(self, m: Matrix) -> Tuple[int, int, int, int]:
+        if self._reg is None:
+            base, nbytes = self.registration()
+            esz = torch.empty((), dtype=self.dtype).element_size()
+            self._reg = dlpack_view(base, 1, nbytes // esz, nbytes // esz, self.dtype,
+                                    self.device)[0]
+            self._reg_ptr = base
+        esz = self._reg.element_size()
+        off = int(m.ptr or 0) - self._reg_ptr
+        if TPF_TO_TORCH[m.dtype] != self.dtype or off < 0 or off % esz:
+            raise TpflexStateError(f"'{self.name}': a view at offset {off} bytes of dtype "
+                                   f"{TPF_TO_TORCH[m.dtype]} is not an element of the "
+                                   f"registration ({self.dtype})", self.name)
+        return int(m.rows), int(m.cols), int(m.ld), off // esz
+
+    def _refresh_views(self) -> None:
+        """Takes the views again when the shape epoch changed (one C call when it did not)."""
+        h = self._handle()
+        epoch = int(lib.tpf_comm_epoch(h))
+        if epoch == self._vepoch:
+            return
+        mb, mc = Matrix(), Matrix()
+        check(lib.tpf_comm_buffer(h, ctypes.byref(mb)), f"{self.name}.buffer")
+        check(lib.tpf_comm_local_chunk(h, ctypes.byref(mc)), f"{self.name}.local_chunk")
+        self._gbuf, self._gchunk = self._geometry(mb), self._geometry(mc)
+        self._vbuf = self._vchunk = None  # made on first use (set_ub_active_shape stays cheap)
+        self._vepoch = epoch
+
+    def _strided(self, g: Tuple[int, int, int, int]) -> torch.Tensor:
+        rows, cols, ld, off = g
+        return self._reg.as_strided((rows, cols), (ld, 1), off)  # type: ignore[union-attr]
+
+    def _views(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        if torch.compiler.is_compiling():
+            # Traced: views of the registration tensor, from the geometry of the last
+            # set_active_shape (a C call cannot be traced; the ops check the buffer they get
+            # against the live one when they run).
+            return self._strided(self._gbuf), self._strided(self._gchunk)
+        self._refresh_views()
+        if self._vbuf is None:
+            self._vbuf, self._vchunk = self._strided(self._gbuf), self._strided(self._gchunk)
+        return self._vbuf, self._vchunk  # type: ignore[return-value]
+
+    def buffer(self) -> torch.Tensor:
+        """The active buffer [T, H] (RING RS: all 2P-1 slots) as a zero-copy tensor view."""
+        return self._views()[0]
+
+    def local_chunk(self) -> torch.Tensor:
+        """This rank's [T/P, H] shard of the buffer as a zero-copy tensor view."""
+        return self._views()[1]
+
+    # ---- what the ops' real implementations use ----
+    def _registration_arg(self, where: str, buffer: torch.Tensor) -> Optional[torch.Tensor]:
+        """The ops take the active buffer as their mutated argument. Eagerly it is the live view
+        (None is returned: nothing to copy); under torch.compile's functionalisation it may be
+        a copy holding the buffer's value, and the live view is returned so that the op copies
+        that value in before the C call and the result out after it."""
+        live = self._views()[0]
+        if buffer is live:
+            return None
+        if buffer.dtype != live.dtype or buffer.device != live.device or \
+                tuple(buffer.shape) != tuple(live.shape):
+            raise TpflexStateError(
+                f"the registration buffer passed is {shape_str(buffer.shape)} {buffer.dtype} on "
+                f"{buffer.device}; the active buffer is {shape_str(live.shape)} {live.dtype} "
+                f"on {live.device} (a view from before set_ub_active_shape? take buffer() again)",
+                where)
+        if buffer.data_ptr() == live.data_ptr() and buffer.stride() == live.stride():
+            return None
+        return live
+
+    def _stream_arg(self, where: str, o: Opts) -> Optional[int]:
+        """The stream option as the ops' `stream` argument: None (the current stream when the
+        op runs) or a cudaStream_t."""
+        s = o.stream
+        if s is None or (isinstance(s, int) and not isinstance(s, bool)):
+            return s
+        if hasattr(s, "cuda_stream"):
+            if self.device.type == "cuda" and getattr(s, "device", self.device) != self.device:
+                raise TpflexInvalidError(f"stream is on {s.device}, expected {self.device}", where)
+            return int(s.cuda_stream)
+        if self.device.type != "cuda":
+            raise TpflexInvalidError("the simulator completes operations before returning: "
+                                     "stream must be None", where)
+        raise TpflexInvalidError(f"stream must be a torch.cuda.Stream, an int or None, got "
+                                 f"{type(s).__name__}", where)
+
+    def _stream_ptr(self, where: str, stream: Optional[int]) -> Optional[int]:
+        if self.device.type != "cuda":
+            if stream is not None:
+                raise TpflexInvalidError("the simulator completes operations before returning: "
+                                         "stream must be None", where)
+            return None
+        if stream is None:
+            return torch.cuda.current_stream(self.device).cuda_stream
+        return stream
+
+    def _call(self, where: str, fn_plain: Any, fn_ex: Any, mats: Tuple[Matrix, ...], o: Opts,
+              bias: Optional[torch.Tensor], stream: Optional[int],
+              buffer: torch.Tensor, live: Optional[torch.Tensor]) -> None:
+        """The C operation: every tpf_status raised with tpf_last_error(). `live` (from
+        _registration_arg): copy the buffer argument's value in first and the result out."""
+        s = self._stream_ptr(where, stream)
+        refs = [ctypes.byref(m) for m in mats]
+        if live is not None:
+            live.copy_(buffer)
+        if o.is_default:
+            rc = fn_plain(self._handle(), *refs, s)
+        else:
+            opt = o.struct(None if bias is None else bias.data_ptr())
+            rc = fn_ex(self._handle(), *refs, ctypes.byref(opt), s)
+        check(rc, where)
+        if live is not None:
+            buffer.copy_(live)
+
+    # ---- operations: parse the options, call torch.ops.tpflex.* ----
+    def ag_gemm(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
+                **options: Any) -> torch.Tensor:
+        """RING AG: the local shard is already in local_chunk(); returns
+        act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
+        [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
+        AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
+        where = f"ag_gemm on '{self.name}'"
+        o = parse_options(where, options) if options else DEFAULT_OPTS
+        if o.trans_a:
+            raise TpflexUnsupportedError("ag_gemm's activation is the gathered buffer [T, H]; "
+                                         "trans_a is not available (trans_w is)", where)
+        stream = self._stream_arg(where, o) if o.stream is not None else None
+        buf = self._views()[0]
+        if out is None:
+            if o.beta != 0.0:
+                T, H = buf.shape
+                N = plan_ag_gemm(where, self.device, self.dtype, T, H, weight, None, None,
+                                  o.trans_w)[0]
+                raise beta_needs_out(where, o.beta, (T, N))
+            dims(where, "weight", weight)
+            return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w, o.alpha,
+                               o.gelu, o.num_splits, stream)
+        dims(where, "weight", weight)
+        need_tensor(where, "out", out)
+        _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
+                        o.beta, o.gelu, o.num_splits, stream)
+        return out
+
+    def gemm_rs(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
+                **options: Any) -> torch.Tensor:
+        """RING/PIPELINE RS: returns rows [r*T/P, (r+1)*T/P) of
+        act(alpha sum_ranks op(x) op(weight) + beta out + bias), [T/P, H]. op(x) = x [T, K] (x
+        [K, T] with trans_a); op(weight) = weight.T for weight [H, K] (weight [K, H] with
+        trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
+        where = f"gemm_rs on '{self.name}'"
+        o = parse_options(where, options) if options else DEFAULT_OPTS
+        stream = self._stream_arg(where, o) if o.stream is not None else None
+        buf, chunk = self._views()
+        dims(where, "x", x)
+        need_tensor(where, "weight", weight)
+        if out is None:
+            if o.beta != 0.0:
+                T, H = chunk.shape[0] * self.tp_size, chunk.shape[1]
+                rows = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x,
+                                     weight, None, None, o.trans_a, o.trans_w)[0]
+                raise beta_needs_out(where, o.beta, (rows, H))
+            return _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
+                               o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
+        need_tensor(where, "out", out)
+        _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
+                        o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
+        return out
+
+    def bulk_overlap(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
+                     **options: Any) -> torch.Tensor:
+        """BULK: the collective runs on the buffer in place (AG: local chunk in, [T, H] out; RS:
+        [T, H] partials in, local_chunk() reduced) while out = act(alpha op(a) op(b) + beta out
+        + bias) runs beside it. op(a) = a [M, K] (a [K, M] with trans_a); op(b) = b.T for b
+        [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer.
+        torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
+        where = f"bulk_overlap on '{self.name}'"
+        o = parse_options(where, options) if options else DEFAULT_OPTS
+        stream = self._stream_arg(where, o) if o.stream is not None else None
+        buf = self._views()[0]
+        dims(where, "a", a)
+        dims(where, "b", b)
+        if out is None:
+            if o.beta != 0.0:
+                M, N = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w)[:2]
+                raise beta_needs_out(where, o.beta, (M, N))
+            return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a, o.trans_w,
+                                    o.alpha, o.gelu, o.num_splits, stream)
+        need_tensor(where, "out", out)
+        _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
+                             o.alpha, o.beta, o.gelu, o.num_splits, stream)
+        return out
+
+    # Bound only when the loaded libtpflex has them (tpf_comm_sync / _async_error / _abort).
+    if _lib.HAVE_COMM_SYNC:
+        def sync(self) -> None:
+            """Waits for this communicator's enqueued operations; raises their deferred failure."""
+            check(lib.tpf_comm_sync(self._handle()), f"sync on '{self.name}'")
+
+    if _lib.HAVE_COMM_ASYNC_ERROR:
+        def async_error(self) -> Optional[TpflexError]:
+            """The deferred failure of the operations enqueued so far (not raised), or None."""
+            st = ctypes.c_int(0)
+            check(lib.tpf_comm_async_error(self._handle(), ctypes.byref(st)),
+                  f"async_error on '{self.name}'")
+            return None if st.value == 0 else error_for(st.value, _lib.last_error(),
+                                                         f"async_error on '{self.name}'")
+
+    if _lib.HAVE_COMM_ABORT:
+        def abort(self) -> None:
+            """Unblocks waits on this communicator; afterwards its calls raise TpflexStateError.
+            Thread-safe (usable from a watchdog thread)."""
+            check(lib.tpf_comm_abort(self._handle()), f"abort on '{self.name}'")
+
+    def __repr__(self) -> str:
+        return (f"<tpflex.Communicator '{self.name}' {self.algo} {self.coll} rank {self.rank}/"
+                f"{self.tp_size} on {self.device} active {list(self.active_shape)} capacity "
+                f"{list(self.capacity_shape)} epoch {self.epoch}>")

@@ -1,0 +1,142 @@
+"""The manager: a tpf_manager holding one rank's named communicators, which share one active
+shape (set all-or-nothing), and legal_rows over all of them."""
+from __future__ import annotations
+
+import ctypes
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from ._bootstrap import CudaBackend
+from ._checks import U64_MAX, as_shape, int_arg
+from ._comm import Communicator
+from ._lib import CommConfig, Shape, check, lib
+from ._types import ALGO, COLL, TORCH_TO_TPF
+from .errors import (TpflexAlignError, TpflexDivisibleError, TpflexError, TpflexInvalidError,
+                     TpflexStateError)
+
+
+class Manager:
+    """A tpf_manager holding TE's communicators; returned by initialize_ub."""
+
+    def __init__(self, backend_handle: int, tp_size: int, rank: int, device: torch.device,
+                 owner: Optional[CudaBackend] = None) -> None:
+        h = ctypes.c_void_p()
+        check(lib.tpf_manager_create(backend_handle, ctypes.byref(h)), "tpf_manager_create")
+        self._h: Optional[int] = h.value
+        self.tp_size = tp_size
+        self.rank = rank
+        self.device = device
+        self.backend = "cuda" if owner is not None else "sim"
+        self._owner = owner
+        self._comms: Dict[str, Communicator] = {}
+
+    def add(self, name: str, method: str, coll: str, dtype: torch.dtype, capacity: Shape,
+            external: bool = False, num_splits: int = 0, aggregate: bool = False) -> Communicator:
+        """Registers one communicator at `capacity` (collective: every rank adds the same ones
+        in the same order). method: "bulk", "pipeline" or "ring"; coll: "ag" or "rs"."""
+        if self._h is None:
+            raise TpflexStateError("manager destroyed", "add")
+        if method not in ALGO or coll not in COLL:
+            raise TpflexInvalidError(f"'{name}': method '{method}' / coll '{coll}' (methods: "
+                                     f"{', '.join(ALGO)}; colls: {', '.join(COLL)})", "add")
+        if dtype not in TORCH_TO_TPF:
+            raise TpflexInvalidError(f"'{name}': dtype {dtype} not supported (bf16, fp16, fp32)",
+                                     "add")
+        cfg = CommConfig(size=ctypes.sizeof(CommConfig), name=name.encode(), algo=ALGO[method],
+                         coll=COLL[coll], dtype=TORCH_TO_TPF[dtype], capacity=capacity,
+                         num_splits=num_splits, aggregate=aggregate, external=external)
+        c = ctypes.c_void_p()
+        check(lib.tpf_manager_add(self._h, ctypes.byref(cfg), ctypes.byref(c)), f"add '{name}'")
+        comm = Communicator(self, c.value, name)  # type: ignore[arg-type]
+        self._comms[name] = comm
+        return comm
+
+    def _eligible(self) -> List[Communicator]:
+        """The communicators set_active_shape changes (the others stay at capacity)."""
+        return [c for c in self._comms.values() if not c.external]
+
+    def legal_rows(self, tokens: int) -> int:
+        """The smallest T >= tokens that every communicator the active shape applies to accepts
+        (pad a microbatch to it): a fixpoint over the communicators' legal_rows, each of which
+        only grows T, bounded by the capacity (beyond it: TpflexCapacityError)."""
+        where = "legal_rows"
+        if self._h is None:
+            raise TpflexStateError("manager destroyed", where)
+        t = int_arg(where, "tokens", tokens, 0, U64_MAX)
+        comms = self._eligible()
+        stable = False
+        while not stable:
+            stable = True
+            for c in comms:
+                t2 = c.legal_rows(t)
+                if t2 != t:
+                    t, stable = t2, False
+        return t
+
+    def set_active_shape(self, shape: Sequence[int]) -> None:
+        where = "set_ub_active_shape"
+        if self._h is None:
+            raise TpflexStateError("manager destroyed", where)
+        s = as_shape(where, "shape", shape)
+        try:
+            check(lib.tpf_manager_set_active_shape(self._h, s), where)
+        except (TpflexDivisibleError, TpflexAlignError) as e:
+            raise self._shape_hint(e, s) from None
+        for c in self._comms.values():  # the views code under torch.compile reads
+            c._refresh_views()
+
+    def _shape_hint(self, e: TpflexError, s: Shape) -> TpflexError:
+        """The refusal of a row count, naming the communicator that refused it and the row count
+        to pad to (legal_rows)."""
+        T = int(s.rows)
+        refusing = None
+        for c in self._eligible():
+            try:
+                if c.legal_rows(T) != T:
+                    refusing = c
+                    break
+            except TpflexError:
+                continue
+        try:
+            hint = f"pad to legal_rows({T}) = {self.legal_rows(T)}"
+        except TpflexError as e2:
+            hint = f"no T >= {T} is legal for every communicator ({e2.detail})"
+        who = (f"'{refusing.name}' ({refusing.algo} {refusing.coll}) refuses {T} rows"
+               if refusing is not None else f"{T} rows refused")
+        return type(e)(f"{who}: {e.detail}; {hint}", e.call)
+
+    def get(self, name: str) -> Communicator:
+        if self._h is None:
+            raise TpflexStateError("manager destroyed", "get_ub")
+        c = self._comms.get(name) if isinstance(name, str) else None
+        if c is None:
+            raise TpflexInvalidError(f"no communicator named {name!r} (have: "
+                                     f"{', '.join(self._comms)})", "get_ub")
+        return c
+
+    @property
+    def names(self) -> List[str]:
+        return list(self._comms)
+
+    def __len__(self) -> int:
+        return 0 if self._h is None else int(lib.tpf_manager_count(self._h))
+
+    def destroy(self) -> None:
+        """Collective: destroys every communicator, then (CUDA) the backend."""
+        try:
+            if self._h is not None:
+                h, self._h = self._h, None
+                if self.device.type == "cuda":
+                    torch.cuda.current_stream(self.device).synchronize()
+                check(lib.tpf_manager_destroy(h), "destroy_ub")
+        finally:
+            if self._owner is not None:
+                owner, self._owner = self._owner, None
+                owner.destroy()
+
+    def __repr__(self) -> str:
+        state = "destroyed" if self._h is None else f"{len(self._comms)} communicators"
+        return (f"<tpflex.Manager {self.backend} rank {self.rank}/{self.tp_size} on "
+                f"{self.device}: {state}>")
+

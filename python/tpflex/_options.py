@@ -1,0 +1,140 @@
+"""Per-operation keyword options -> tpf_op_options: the single mapping point.
+
+    trans_w=True     the weight is stored [K, N] and used as is (dgrad: dY W)
+    trans_a=True     gemm_rs x / bulk_overlap a stored [K, M] and used transposed (wgrad: dY^T X)
+    alpha, beta      D = alpha op(a) op(w) + beta D (beta != 0 reads ``out``); accumulate=True
+                     is beta=1 (TE's name)
+    bias             1-D tensor of N elements, D's dtype, on the communicator's device
+    gelu=True        D = gelu_tanh(...) after the bias
+    num_splits       this operation's split count (alias ``splits``; 0/None = the communicator's)
+    stream           CUDA stream (torch.cuda.Stream or a cudaStream_t int); sim: must be None
+"""
+from __future__ import annotations
+
+import ctypes
+import math
+from typing import Any, Dict, Optional
+
+import torch
+
+from ._checks import I32_MAX, bool_arg, int_arg
+from ._lib import OpOptions
+from .errors import TpflexInvalidError, TpflexUnsupportedError
+
+OPTION_NAMES = ("trans_a", "trans_w", "alpha", "beta", "accumulate", "bias", "gelu", "num_splits",
+                "splits", "stream")
+_TRANS = ("tpflex names the transposes by operand: trans_a (gemm_rs x / bulk_overlap a stored "
+          "[K, M]) and trans_w (the weight stored [K, N]); BLAS-style transa/transb would be "
+          "ambiguous (the default already uses the weight transposed)")
+RENAMED: Dict[str, str] = {
+    "transa": _TRANS,
+    "transb": _TRANS,
+    "gelu_out": "the pre-activation output (TE's gelu_out) is not produced by the C library: run "
+                "with gelu=False and apply torch.nn.functional.gelu(approximate='tanh') to keep it",
+}
+FLOAT_MAX = 3.4028234663852886e38  # the largest finite float (alpha and beta are C floats)
+
+
+class Opts:
+    """Parsed options of one call (plain attributes, cheap to build)."""
+    __slots__ = ("trans_a", "trans_w", "alpha", "beta", "bias", "gelu", "num_splits", "stream")
+
+    def __init__(self) -> None:
+        self.trans_a = False
+        self.trans_w = False
+        self.alpha = 1.0
+        self.beta = 0.0
+        self.bias: Optional[torch.Tensor] = None
+        self.gelu = False
+        self.num_splits = 0
+        self.stream: Any = None
+
+    def struct(self, bias_ptr: Optional[int]) -> OpOptions:
+        return OpOptions(size=ctypes.sizeof(OpOptions), trans_a=self.trans_a,
+                         trans_w=self.trans_w, alpha=self.alpha, beta=self.beta, bias=bias_ptr,
+                         gelu=self.gelu, num_splits=self.num_splits)
+
+    @property
+    def is_default(self) -> bool:
+        return (not self.trans_a and not self.trans_w and self.alpha == 1.0 and self.beta == 0.0
+                and self.bias is None and not self.gelu and self.num_splits == 0)
+
+
+DEFAULT_OPTS = Opts()
+
+
+def _number(where: str, k: str, v: Any) -> float:
+    if isinstance(v, bool):
+        raise TpflexInvalidError(f"option {k}={v!r} must be a number, not a bool", where)
+    try:
+        f = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise TpflexInvalidError(f"option {k}={v!r} must be a number", where) from None
+    if not math.isfinite(f) or abs(f) > FLOAT_MAX:
+        raise TpflexInvalidError(f"option {k}={v!r} must be a finite float32 value "
+                                 f"(|{k}| <= {FLOAT_MAX:.6g})", where)
+    return f
+
+
+def _splits(where: str, k: str, v: Any) -> int:
+    if v is None:
+        return 0
+    return int_arg(where, f"option {k}", v, 0, I32_MAX, ctype="int")
+
+
+def make_opts(trans_a: bool, trans_w: bool, alpha: float, beta: float,
+              bias: Optional[torch.Tensor], gelu: bool, num_splits: int) -> Opts:
+    """Opts from the custom ops' arguments (already typed by their schema)."""
+    o = Opts()
+    o.trans_a, o.trans_w, o.alpha, o.beta = bool(trans_a), bool(trans_w), float(alpha), float(beta)
+    o.bias, o.gelu, o.num_splits = bias, bool(gelu), int(num_splits)
+    return o
+
+
+def parse_options(where: str, options: Dict[str, Any]) -> Opts:
+    """The single mapping point from keyword options to tpf_op_options fields."""
+    o = Opts()
+    accumulate = None
+    splits = None
+    for k, v in options.items():
+        if k in RENAMED:
+            if k == "gelu_out" and v is None:
+                continue
+            raise (TpflexUnsupportedError if k == "gelu_out" else TpflexInvalidError)(
+                f"option '{k}': {RENAMED[k]}", where)
+        if k == "trans_a":
+            o.trans_a = bool_arg(where, f"option {k}", v)
+        elif k == "trans_w":
+            o.trans_w = bool_arg(where, f"option {k}", v)
+        elif k == "alpha":
+            o.alpha = _number(where, k, v)
+        elif k == "beta":
+            o.beta = _number(where, k, v)
+        elif k == "accumulate":
+            accumulate = bool_arg(where, f"option {k}", v)
+        elif k == "bias":
+            if v is not None and not isinstance(v, torch.Tensor):
+                raise TpflexInvalidError(f"bias must be a torch.Tensor or None, got "
+                                         f"{type(v).__name__}", where)
+            o.bias = v
+        elif k == "gelu":
+            o.gelu = bool_arg(where, f"option {k}", v)
+        elif k in ("num_splits", "splits"):
+            n = _splits(where, k, v)
+            if splits is not None and n != splits:
+                raise TpflexInvalidError(f"num_splits and splits disagree ({splits} and {n})",
+                                         where)
+            splits = n
+        elif k == "stream":
+            o.stream = v
+        else:
+            raise TpflexInvalidError(f"unknown option '{k}' (known: {', '.join(OPTION_NAMES)})",
+                                     where)
+    if accumulate is not None:
+        if "beta" in options and (o.beta != 0.0) != accumulate:
+            raise TpflexInvalidError(f"accumulate={accumulate} and beta={o.beta} disagree", where)
+        if accumulate and "beta" not in options:
+            o.beta = 1.0
+    if splits is not None:
+        o.num_splits = splits
+    return o

@@ -1,0 +1,350 @@
+"""TransformerEngine's module functions over tpflex: initialize_ub (TE's signature, positional
+order included; the keyword-only tail is tpflex's), set_ub_active_shape, get_ub, destroy_ub and
+legal_rows, and the translation of TE's ub_cfgs.
+
+TE's ub_cfgs keys, and what tpflex does with each:
+
+    method            honoured: "ring_exchange" (or "ring"), "pipeline", "bulk"
+    is_reduce_scatter honoured: the collective (True: RS, False: AG); tpflex's "coll" ("ag"/"rs")
+                      is accepted too
+    num_splits        honoured: the communicator's default split count (0: the library's default)
+    aggregate         honoured (RING AG, even P)
+    fp8_buf           honoured as TE does: it only matters with use_fp8 (refused for now)
+    use_ce            True is what tpflex always does (peer copies on the copy engine); False is
+                      ignored with a warning
+    atomic_gemm       False accepted; True refused (TpflexUnsupportedError)
+    num_sm, cga_size, set_sm_margin, comm_priority, gemm_priority, pipeline_rs_overlap_first_gemm
+                      ignored with one warning per key (TpflexConfigWarning) naming the key and the
+                      sites that set it: tpflex moves data on the copy engine and does not take
+                      SM counts or stream priorities per communicator
+    external          tpflex's: the site is managed outside tpflex and stays at capacity
+
+As in TE, giving qkv_dgrad or fc1_dgrad a method other than "bulk" makes it a reduce-scatter site
+and drops the matching *_wgrad site (which must then not be configured)."""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+
+from . import _lib, sim
+from ._bootstrap import CudaBackend, GlooBootstrap, agree, gloo_group
+from ._checks import I32_MAX, U32_MAX, as_shape, bool_arg, int_arg
+from ._comm import Communicator
+from ._lib import Shape
+from ._manager import Manager
+from ._state import state
+from ._types import TORCH_TO_TPF
+from .errors import (TpflexConfigWarning, TpflexInvalidError, TpflexStateError,
+                     TpflexUnsupportedError)
+
+# TE's default configuration, in registration order (the same table as `tpflex demo`,
+# tools/cmd_demo.c kSites). proj_wgrad and fc2_wgrad are tpflex's: external sites.
+DEFAULT_UB_CFGS: Dict[str, Dict[str, Any]] = {
+    "qkv_fprop": {"method": "ring_exchange", "is_reduce_scatter": False},
+    "proj_fprop": {"method": "pipeline", "is_reduce_scatter": True},
+    "fc1_fprop": {"method": "ring_exchange", "is_reduce_scatter": False},
+    "fc2_fprop": {"method": "pipeline", "is_reduce_scatter": True},
+    "qkv_dgrad": {"method": "bulk", "is_reduce_scatter": False},
+    "qkv_wgrad": {"method": "bulk", "is_reduce_scatter": True},
+    "fc1_dgrad": {"method": "bulk", "is_reduce_scatter": False},
+    "fc1_wgrad": {"method": "bulk", "is_reduce_scatter": True},
+    "proj_dgrad": {"method": "ring_exchange", "is_reduce_scatter": False},
+    "fc2_dgrad": {"method": "ring_exchange", "is_reduce_scatter": False},
+    "proj_wgrad": {"method": "bulk", "is_reduce_scatter": False, "external": True},
+    "fc2_wgrad": {"method": "bulk", "is_reduce_scatter": False, "external": True},
+}
+METHODS: Dict[str, str] = {"ring_exchange": "ring", "ring": "ring", "pipeline": "pipeline",
+                           "bulk": "bulk"}
+TE_KEYS: Tuple[str, ...] = ("method", "num_sm", "cga_size", "num_splits", "set_sm_margin",
+                            "atomic_gemm", "aggregate", "is_reduce_scatter", "use_ce", "fp8_buf",
+                            "comm_priority", "gemm_priority", "pipeline_rs_overlap_first_gemm")
+TPFLEX_KEYS: Tuple[str, ...] = ("coll", "external")
+IGNORED_KEYS: Dict[str, str] = {
+    "num_sm": "tpflex moves peer data on the copy engine (no communication SMs to count)",
+    "cga_size": "tpflex launches no communication kernels with a cluster size",
+    "set_sm_margin": "tpflex's GEMMs do not reserve SMs for communication kernels",
+    "comm_priority": "tpflex enqueues on the caller's stream (no stream priorities)",
+    "gemm_priority": "tpflex enqueues on the caller's stream (no stream priorities)",
+    "pipeline_rs_overlap_first_gemm": "tpflex's PIPELINE RS schedule is fixed by the library",
+}
+BOOTSTRAP_BACKENDS: Tuple[str, ...] = ("gloo", "mpi", "nccl")
+_DGRAD_RS = ("qkv_dgrad", "fc1_dgrad")
+
+
+class SiteConfig(NamedTuple):
+    """One communicator's configuration in tpflex's terms."""
+    method: str      # "bulk", "pipeline", "ring"
+    coll: str        # "ag", "rs"
+    external: bool
+    num_splits: int
+    aggregate: bool
+
+
+def _method(where: str, site: str, v: Any) -> str:
+    m = METHODS.get(v) if isinstance(v, str) else None
+    if m is None:
+        raise TpflexInvalidError(f"ub_cfgs['{site}']['method']={v!r}: methods are "
+                                 f"{', '.join(repr(k) for k in METHODS)}", where)
+    return m
+
+
+def resolve_cfgs(ub_cfgs: Any, where: str = "initialize_ub") -> Dict[str, SiteConfig]:
+    """TE's defaults updated by `ub_cfgs` ({site: {key: value}}), as SiteConfigs in registration
+    order. Emits one TpflexConfigWarning per ignored key; raises on an unknown key, a bad value
+    or a feature tpflex lacks."""
+    if ub_cfgs is None:
+        ub_cfgs = {}
+    if not isinstance(ub_cfgs, dict):
+        raise TpflexInvalidError(f"ub_cfgs must be a dict {{site: {{key: value}}}} or None, got "
+                                 f"{type(ub_cfgs).__name__}", where)
+    cfgs: Dict[str, Dict[str, Any]] = {k: dict(v) for k, v in DEFAULT_UB_CFGS.items()}
+    for site, user in ub_cfgs.items():
+        if not isinstance(site, str) or not site:
+            raise TpflexInvalidError(f"ub_cfgs key {site!r} must be a site name (a non-empty str)",
+                                     where)
+        if not isinstance(user, dict):
+            raise TpflexInvalidError(f"ub_cfgs['{site}'] must be a dict, got "
+                                     f"{type(user).__name__}", where)
+        unknown = [k for k in user if k not in TE_KEYS + TPFLEX_KEYS]
+        if unknown:
+            raise TpflexInvalidError(f"ub_cfgs['{site}']: unknown keys {unknown} (TE's: "
+                                     f"{', '.join(TE_KEYS)}; tpflex's: {', '.join(TPFLEX_KEYS)})",
+                                     where)
+    # TE: a dgrad site given a non-bulk method overlaps a reduce-scatter and its wgrad site goes.
+    for site in _DGRAD_RS:
+        user = ub_cfgs.get(site, {})
+        if "method" in user and _method(where, site, user["method"]) != "bulk":
+            wgrad = site.replace("dgrad", "wgrad")
+            if wgrad in ub_cfgs:
+                raise TpflexInvalidError(
+                    f"ub_cfgs['{site}']['method']={user['method']!r} makes {site} the "
+                    f"reduce-scatter site in place of {wgrad} (as TE does): {wgrad} must not be "
+                    f"configured too", where)
+            cfgs.pop(wgrad, None)
+            cfgs[site]["is_reduce_scatter"] = True
+    ignored: Dict[str, List[str]] = {}
+    out: Dict[str, SiteConfig] = {}
+    for site, user in ub_cfgs.items():
+        cfgs.setdefault(site, {}).update(user)
+    for site, c in cfgs.items():
+        user = ub_cfgs.get(site, {})
+        if "method" not in c:
+            raise TpflexInvalidError(f"ub_cfgs['{site}'] is a new site: give its 'method'", where)
+        method = _method(where, site, c["method"])
+        coll = None
+        if "is_reduce_scatter" in c:
+            coll = "rs" if bool_arg(where, f"ub_cfgs['{site}']['is_reduce_scatter']",
+                                    c["is_reduce_scatter"]) else "ag"
+        if "coll" in user:
+            v = user["coll"]
+            if v not in ("ag", "rs"):
+                raise TpflexInvalidError(f"ub_cfgs['{site}']['coll']={v!r}: 'ag' or 'rs'", where)
+            if "is_reduce_scatter" in user and v != coll:
+                raise TpflexInvalidError(
+                    f"ub_cfgs['{site}']: coll={v!r} and is_reduce_scatter="
+                    f"{user['is_reduce_scatter']!r} disagree", where)
+            coll = v
+        if coll is None:
+            raise TpflexInvalidError(f"ub_cfgs['{site}'] is a new site: give "
+                                     f"'is_reduce_scatter' (or tpflex's 'coll')", where)
+        num_splits = int_arg(where, f"ub_cfgs['{site}']['num_splits']", c.get("num_splits", 0),
+                             0, I32_MAX, ctype="int")
+        aggregate = bool_arg(where, f"ub_cfgs['{site}']['aggregate']", c.get("aggregate", False))
+        external = bool_arg(where, f"ub_cfgs['{site}']['external']", c.get("external", False))
+        if bool_arg(where, f"ub_cfgs['{site}']['atomic_gemm']", c.get("atomic_gemm", False)):
+            raise TpflexUnsupportedError(
+                f"ub_cfgs['{site}']['atomic_gemm']=True: tpflex has no atomic GEMM overlap "
+                f"(TE's beta cuBLAS API, FP8 only); leave it False", where)
+        bool_arg(where, f"ub_cfgs['{site}']['fp8_buf']", c.get("fp8_buf", False))
+        if not bool_arg(where, f"ub_cfgs['{site}']['use_ce']", c.get("use_ce", True)):
+            ignored.setdefault("use_ce", []).append(site)
+        for k in IGNORED_KEYS:
+            if k in user:
+                ignored.setdefault(k, []).append(site)
+        out[site] = SiteConfig(method, coll, external, num_splits, aggregate)
+    for k, sites in ignored.items():
+        why = (IGNORED_KEYS[k] if k != "use_ce" else
+               "tpflex always moves peer data on the copy engine")
+        warnings.warn(TpflexConfigWarning(
+            f"initialize_ub: ub_cfgs key '{k}' (set for {', '.join(sites)}) is ignored: {why}"),
+            stacklevel=3)
+    return out
+
+
+def _quantization(where: str, use_fp8: Any, quantization_modes: Any) -> None:
+    """TE's use_fp8 / quantization_modes: only unquantized buffers for now."""
+    if bool_arg(where, "use_fp8", use_fp8):
+        raise TpflexUnsupportedError("use_fp8=True: FP8 communicators are not implemented yet "
+                                     "(docs/SPEC.md §11); register unquantized buffers", where)
+    if quantization_modes is None:
+        return
+    modes = quantization_modes if isinstance(quantization_modes, (list, tuple)) else \
+        [quantization_modes]
+    for m in modes:
+        name = str(getattr(m, "name", m)).lower()
+        if name.endswith("fp8"):
+            raise TpflexUnsupportedError(f"quantization_modes={quantization_modes!r}: FP8 "
+                                         "communicators are not implemented yet", where)
+        if not name.endswith("none"):
+            raise TpflexInvalidError(f"quantization_modes: unknown mode {m!r} (NONE or FP8)",
+                                     where)
+
+
+def _bootstrap_backend(where: str, v: Any, backend: str) -> None:
+    """TE's bootstrap_backend: accepted; tpflex bootstraps the CUDA backend over gloo."""
+    if v is None:
+        return
+    name = str(v).lower() if isinstance(v, str) else None
+    if name not in BOOTSTRAP_BACKENDS:
+        raise TpflexInvalidError(f"bootstrap_backend={v!r}: TE's values are "
+                                 f"{', '.join(BOOTSTRAP_BACKENDS)} (or None)", where)
+    if backend == "sim":
+        warnings.warn(TpflexConfigWarning(f"initialize_ub: bootstrap_backend={name!r} is ignored "
+                                          "on the simulator (its ranks share memory)"),
+                      stacklevel=3)
+    elif name != "gloo":
+        warnings.warn(TpflexConfigWarning(
+            f"initialize_ub: bootstrap_backend={name!r} is ignored: tpflex bootstraps over a "
+            "gloo group of the same ranks (several processes may then share one GPU)"),
+            stacklevel=3)
+
+
+def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
+                  quantization_modes: Any = None, dtype: torch.dtype = torch.bfloat16,
+                  ub_cfgs: Optional[Dict[str, Dict[str, Any]]] = None,
+                  bootstrap_backend: Any = None, *, group: Any = None,
+                  backend: Optional[str] = None, device: Any = None,
+                  timeout_ms: Optional[int] = None) -> Manager:
+    """Registers TE's default communicators (DEFAULT_UB_CFGS updated by ub_cfgs: see this
+    module's docstring for every key) at capacity `shape` = [max_tokens, hidden], once.
+    Collective over the tp group. Returns the manager (also the module's current one).
+
+    TE's arguments: use_fp8=True and FP8 quantization_modes raise TpflexUnsupportedError (FP8
+    communicators come later); bootstrap_backend takes TE's values ("gloo", "mpi", "nccl") and
+    tpflex bootstraps over gloo whatever it says (a warning names what is ignored).
+    tpflex's: backend "sim" (inside tpflex.sim.run), "cuda" (torch.distributed initialised;
+    `group` is the tp group, default the world; `device` default torch.cuda.current_device();
+    timeout_ms bounds every device-side wait, default 30 s or TPF_CUDA_TIMEOUT_MS), or None for
+    "sim" inside tpflex.sim.run and "cuda" otherwise."""
+    where = "initialize_ub"
+    if not isinstance(dtype, torch.dtype) or dtype not in TORCH_TO_TPF:
+        raise TpflexInvalidError(f"dtype={dtype!r} not supported (torch.bfloat16, torch.float16, "
+                                 "torch.float32)", where)
+    cap = as_shape(where, "shape", shape)
+    P = int_arg(where, "tp_size", tp_size, 1, I32_MAX, ctype="int")
+    _quantization(where, use_fp8, quantization_modes)
+    if timeout_ms is not None:
+        timeout_ms = int_arg(where, "timeout_ms", timeout_ms, 1, U32_MAX, ctype="unsigned")
+    if backend is None:
+        backend = "sim" if sim.current() is not None else "cuda"
+    if backend not in ("sim", "cuda"):
+        raise TpflexInvalidError(f"backend={backend!r}: 'sim' or 'cuda' (or None)", where)
+    _bootstrap_backend(where, bootstrap_backend, backend)
+    cfgs = resolve_cfgs(ub_cfgs, where)
+    st = state()
+    if st.get("manager") is not None:
+        raise TpflexStateError("initialize_ub called twice without destroy_ub", where)
+    if backend == "sim":
+        ctx = sim.current()
+        if ctx is None:
+            raise TpflexStateError("backend='sim' must be called from a rank of tpflex.sim.run",
+                                   where)
+        if ctx.tp_size != P:
+            raise TpflexInvalidError(f"tp_size={P} but the simulator world has {ctx.tp_size} "
+                                     "ranks", where)
+        if group is not None or device is not None or timeout_ms is not None:
+            raise TpflexInvalidError("group, device and timeout_ms are CUDA-backend arguments "
+                                     "(the simulator world has its own timeout)", where)
+        mgr = Manager(ctx.backend, P, ctx.rank, torch.device("cpu"))
+    else:
+        mgr = _cuda_manager(cap, P, dtype, cfgs, group, device, timeout_ms)
+    try:
+        for name, c in cfgs.items():
+            mgr.add(name, c.method, c.coll, dtype, cap, external=c.external,
+                    num_splits=c.num_splits, aggregate=c.aggregate)
+    except BaseException:
+        mgr.destroy()
+        raise
+    st["manager"] = mgr
+    st.setdefault(sim.ON_CLOSE, {})["tpflex.torch"] = destroy_ub
+    return mgr
+
+
+def _cuda_manager(cap: Shape, tp_size: int, dtype: torch.dtype, cfgs: Dict[str, SiteConfig],
+                  group: Any, device: Any, timeout_ms: Optional[int]) -> Manager:
+    where = "initialize_ub"
+    if not _lib.HAVE_CUDA:
+        raise TpflexUnsupportedError(f"the loaded libtpflex ({_lib.LIBRARY_PATH}) has no CUDA "
+                                     "backend: build with -DTPF_WITH_CUDA=ON", where)
+    if not torch.cuda.is_available():
+        raise TpflexUnsupportedError("backend='cuda' needs torch with CUDA and a GPU "
+                                     "(torch.cuda.is_available() is False)", where)
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise TpflexStateError("backend='cuda' bootstraps over torch.distributed: call "
+                               "torch.distributed.init_process_group first (torchrun sets its "
+                               "environment); on one GPU shared by several processes use gloo",
+                               where)
+    g = group if group is not None else dist.group.WORLD
+    size = dist.get_world_size(g)
+    if size != tp_size:
+        raise TpflexInvalidError(f"tp_size={tp_size} but the process group has {size} ranks "
+                                 "(pass the tp group as group=)", where)
+    try:
+        dev = torch.device("cuda", torch.cuda.current_device()) if device is None else \
+            torch.device(device)
+    except (RuntimeError, TypeError, ValueError) as e:
+        raise TpflexInvalidError(f"device={device!r} is not a device ({e})", where) from None
+    if dev.type != "cuda":
+        raise TpflexInvalidError(f"device={dev} is not a CUDA device", where)
+    if dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
+    torch.cuda.set_device(dev)
+    torch.cuda.init()
+    boot = GlooBootstrap(gloo_group(group))
+    # Every rank's arguments agree before the backend or any registration exists.
+    desc: List[Tuple[str, Any]] = [("tp_size", tp_size), ("shape", [int(cap.rows), int(cap.cols)]),
+                                   ("dtype", str(dtype)), ("communicators", list(cfgs))]
+    for name, c in cfgs.items():
+        for k, v in c._asdict().items():
+            desc.append((f"{name}.{k}", v))
+    agree(boot, desc)
+    be = CudaBackend(boot, dev, timeout_ms)
+    try:
+        return Manager(be.handle, tp_size, boot.rank, dev, owner=be)  # type: ignore[arg-type]
+    except BaseException:
+        be.destroy()
+        raise
+
+
+def current_manager() -> Manager:
+    m = state().get("manager")
+    if m is None:
+        raise TpflexStateError("initialize_ub has not been called on this rank", "tpflex.torch")
+    return m
+
+
+def set_ub_active_shape(shape: Sequence[int]) -> None:
+    """Applies [T, H] to every eligible communicator, all-or-nothing (local: no communication).
+    A T some communicator refuses names it and the T to pad to (legal_rows)."""
+    current_manager().set_active_shape(shape)
+
+
+def get_ub(name: str) -> Communicator:
+    return current_manager().get(name)
+
+
+def legal_rows(tokens: int) -> int:
+    """The smallest T >= tokens that every registered communicator accepts."""
+    return current_manager().legal_rows(tokens)
+
+
+def destroy_ub() -> None:
+    """Collective: destroys the communicators (and the CUDA backend)."""
+    st = state()
+    st.get(sim.ON_CLOSE, {}).pop("tpflex.torch", None)
+    m = st.pop("manager", None)
+    if m is not None:
+        m.destroy()
