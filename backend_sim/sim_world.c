@@ -171,6 +171,11 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
       return tpf_set_error(st, "%s", msg);
     }
   }
+  tpf_status hs = tpf__handle_add(w, TPF_HANDLE_WORLD);
+  if (hs != TPF_OK) {
+    world_free(w);
+    return hs;
+  }
   *out = w;
   return TPF_OK;
 }
@@ -185,7 +190,8 @@ static void *run_main(void *arg) {
 
 tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int rank, void *arg),
                        void *arg) {
-  if (!w || !fn) return tpf_set_error(TPF_EINVAL, "tpf_sim_run: NULL %s", w ? "function" : "world");
+  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_run"));
+  if (!fn) return tpf_set_error(TPF_EINVAL, "tpf_sim_run: NULL function");
   int started = 0;
   tpf_status st = TPF_OK;
   for (int r = 0; r < w->tp_size; r++) {
@@ -215,21 +221,22 @@ tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int r
 }
 
 tpf_status tpf_sim_world_destroy(tpf_sim_world *w) {
-  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_world_destroy: NULL world");
+  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_world_destroy"));
+  tpf__handle_remove(w, NULL); /* issue 22 item 2: later calls on w are refused */
   world_free(w);
   return TPF_OK;
 }
 
 tpf_status tpf_sim_set_trace(tpf_sim_world *w, tpf_sim_trace_fn fn, void *ctx) {
-  if (!w) return tpf_set_error(TPF_EINVAL, "tpf_sim_set_trace: NULL world");
+  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_trace"));
   w->trace_fn = fn;
   w->trace_ctx = ctx;
   return TPF_OK;
 }
 
 tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out) {
-  if (!w || !out)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_get_stats: NULL %s", w ? "out" : "world");
+  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_get_stats"));
+  if (!out) return tpf_set_error(TPF_EINVAL, "tpf_sim_get_stats: NULL out");
   tpf_sim_world *mw = (tpf_sim_world *)w; /* atomics are read through a non-const lvalue */
   tpf_sim_stats s;
   s.ops = atomic_load(&mw->ops);
@@ -244,12 +251,12 @@ tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out) {
 }
 
 uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w) {
-  return w ? tpf_sim__now_ns() - w->t0_ns : 0;
+  return tpf__handle_live(w, TPF_HANDLE_WORLD) ? tpf_sim__now_ns() - w->t0_ns : 0;
 }
 
 tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out) {
-  if (!w || !out)
-    return tpf_set_error(TPF_EINVAL, "tpf_sim_get_fault_report: NULL %s", w ? "out" : "world");
+  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_get_fault_report"));
+  if (!out) return tpf_set_error(TPF_EINVAL, "tpf_sim_get_fault_report: NULL out");
   tpf_sim_world *mw = (tpf_sim_world *)w; /* atomics and the mutex need a non-const lvalue */
   tpf_sim_fault_report r;
   memset(&r, 0, sizeof r);

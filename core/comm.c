@@ -34,6 +34,14 @@ static comm_full *full_of(const tpf_comm *c) {
   return (comm_full *)(void *)(uintptr_t)c;
 }
 
+/* The handle check of every public call (core/handle.c): reads nothing of a destroyed c. */
+#define TPF_CHECK_COMM(c, call) TPF_CHECK(tpf__handle_check((c), TPF_HANDLE_COMM, (call)))
+/* For the calls that return a value, not a status: false (and the detail set) when c is not a
+ * live communicator. */
+static bool comm_ok(const tpf_comm *c, const char *call) {
+  return tpf__handle_check(c, TPF_HANDLE_COMM, call) == TPF_OK;
+}
+
 static bool aborted(const tpf_comm *c) {
   return atomic_load(&full_of(c)->aborted) != 0;
 }
@@ -256,8 +264,12 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *user_cfg, tpf
   TPF_CHECK_GOTO(tpf_layout_registered_bytes(&d, &c->reg_bytes), rc, fail);
   TPF_CHECK_GOTO(tpf__planner_create(cfg, &d, &c->planner), rc, fail);
   if (c->planner) c->cfg.cost = tpf__planner_table(c->planner); /* our copy */
+  TPF_CHECK_GOTO(tpf__handle_add(c, TPF_HANDLE_COMM), rc, fail);
   rc = tpf__be_reg_create(be, c->name, c->reg_bytes, &c->reg, &c->base);
-  if (rc != TPF_OK) goto fail;
+  if (rc != TPF_OK) {
+    tpf__handle_remove(c, NULL);
+    goto fail;
+  }
   *out = c;
   return TPF_OK;
 
@@ -269,7 +281,12 @@ fail:
 }
 
 tpf_status tpf_comm_destroy(tpf_comm *c) {
-  TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_destroy: communicator is NULL");
+  TPF_CHECK_COMM(c, "tpf_comm_destroy");
+  TPF_RETURN_IF(c->managed, TPF_EINVAL,
+                "tpf_comm_destroy: '%s' belongs to a manager; tpf_manager_destroy destroys it",
+                c->cfg.name);
+  /* Out of the table first: from here on every call on c is refused without reading it. */
+  tpf__handle_remove(c, c->cfg.name);
   /* Wait for what is in flight before the memory goes; keep going on error so nothing leaks. */
   tpf_status rc = tpf__be_sync(c->be, NULL);
   tpf_status rc2 = tpf__be_reg_destroy(c->be, c->reg);
@@ -280,7 +297,7 @@ tpf_status tpf_comm_destroy(tpf_comm *c) {
 }
 
 tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *active_bytes) {
-  TPF_RETURN_IF(!c, TPF_EINVAL, "communicator is NULL");
+  TPF_CHECK_COMM(c, "set_active_shape");
   TPF_RETURN_IF_ABORTED(c);
   TPF_RETURN_IF(c->failed != TPF_OK, TPF_ESTATE,
                 "'%s' failed earlier (%s) and accepts no shape change; destroy it", c->cfg.name,
@@ -313,20 +330,20 @@ tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active) {
 
 tpf_shape tpf_comm_active_shape(const tpf_comm *c) {
   tpf_shape none = {0, 0};
-  return c ? c->active : none;
+  return comm_ok(c, "tpf_comm_active_shape") ? c->active : none;
 }
 
 tpf_shape tpf_comm_capacity_shape(const tpf_comm *c) {
   tpf_shape none = {0, 0};
-  return c ? c->cfg.capacity : none;
+  return comm_ok(c, "tpf_comm_capacity_shape") ? c->cfg.capacity : none;
 }
 
 uint64_t tpf_comm_epoch(const tpf_comm *c) {
-  return c ? c->epoch : 0;
+  return comm_ok(c, "tpf_comm_epoch") ? c->epoch : 0;
 }
 
 const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c) {
-  return c ? &c->cfg : NULL;
+  return comm_ok(c, "tpf_comm_config_of") ? &c->cfg : NULL;
 }
 
 static tpf_matrix view(const tpf_comm *c, uint64_t off, uint64_t rows) {
@@ -340,7 +357,8 @@ static tpf_matrix view(const tpf_comm *c, uint64_t off, uint64_t rows) {
 }
 
 tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full) {
-  TPF_RETURN_IF(!c || !full, TPF_EINVAL, "tpf_comm_buffer: NULL argument");
+  TPF_CHECK_COMM(c, "tpf_comm_buffer");
+  TPF_RETURN_IF(!full, TPF_EINVAL, "tpf_comm_buffer: NULL argument");
   uint64_t rows = c->active.rows;
   if (c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_RS) {
     uint64_t p = (uint64_t)c->be->tp_size;
@@ -351,7 +369,8 @@ tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full) {
 }
 
 tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local) {
-  TPF_RETURN_IF(!c || !local, TPF_EINVAL, "tpf_comm_local_chunk: NULL argument");
+  TPF_CHECK_COMM(c, "tpf_comm_local_chunk");
+  TPF_RETURN_IF(!local, TPF_EINVAL, "tpf_comm_local_chunk: NULL argument");
   tpf_layout_desc d = tpf__comm_desc(c, c->active);
   tpf_region r;
   TPF_CHECK(tpf_layout_local(&d, &r));
@@ -360,15 +379,16 @@ tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local) {
 }
 
 const char *tpf_comm_backend_name(const tpf_comm *c) {
-  return c && c->be->ops->name ? c->be->ops->name : NULL;
+  return comm_ok(c, "tpf_comm_backend_name") && c->be->ops->name ? c->be->ops->name : NULL;
 }
 
 unsigned tpf_comm_backend_caps(const tpf_comm *c) {
-  return c ? tpf__be_caps(c->be) : 0u;
+  return comm_ok(c, "tpf_comm_backend_caps") ? tpf__be_caps(c->be) : 0u;
 }
 
 tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes) {
-  TPF_RETURN_IF(!c || !base || !bytes, TPF_EINVAL, "tpf_comm_registration: NULL argument");
+  TPF_CHECK_COMM(c, "tpf_comm_registration");
+  TPF_RETURN_IF(!base || !bytes, TPF_EINVAL, "tpf_comm_registration: NULL argument");
   *base = c->base;
   *bytes = c->reg_bytes;
   return TPF_OK;
@@ -414,7 +434,7 @@ static bool aliases(const tpf_comm *c, const tpf_matrix *m) {
 }
 
 static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, const char *want) {
-  TPF_RETURN_IF(!c, TPF_EINVAL, "%s: communicator is NULL", op);
+  TPF_CHECK_COMM(c, op);
   TPF_RETURN_IF_ABORTED(c);
   TPF_RETURN_IF(c->failed != TPF_OK, TPF_ESTATE,
                 "'%s' failed earlier (%s); destroy it and create a new one", c->cfg.name,
@@ -570,6 +590,7 @@ static void stored(bool trans, uint64_t rows, uint64_t cols, uint64_t *sr, uint6
 
 tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
                           const tpf_op_options *opt, void *stream) {
+  TPF_CHECK_COMM(c, "tpf_ag_gemm"); /* before ok_kind reads c */
   TPF_CHECK(check_op(c, "tpf_ag_gemm",
                      c && c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_AG, "ring ag"));
   tpf_op_options o;
@@ -596,6 +617,7 @@ tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
 
 tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
                           const tpf_op_options *opt, void *stream) {
+  TPF_CHECK_COMM(c, "tpf_gemm_rs");
   TPF_CHECK(check_op(c, "tpf_gemm_rs",
                      c && c->cfg.coll == TPF_COLL_RS &&
                          (c->cfg.algo == TPF_ALGO_RING || c->cfg.algo == TPF_ALGO_PIPELINE),
@@ -624,6 +646,7 @@ tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
 
 tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
                                const tpf_op_options *opt, void *stream) {
+  TPF_CHECK_COMM(c, "tpf_bulk_overlap");
   TPF_CHECK(check_op(c, "tpf_bulk_overlap", c && c->cfg.algo == TPF_ALGO_BULK, "bulk"));
   tpf_op_options o;
   TPF_CHECK(op_options(c, "tpf_bulk_overlap", opt, &o));
@@ -678,7 +701,7 @@ static tpf_status deferred(tpf_comm *c) {
 }
 
 tpf_status tpf_comm_sync(tpf_comm *c) {
-  TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_sync: communicator is NULL");
+  TPF_CHECK_COMM(c, "tpf_comm_sync");
   TPF_RETURN_IF_ABORTED(c);
   tpf_status rc = tpf__be_reg_sync_op(c->be) ? tpf__be_reg_sync_op(c->be)(c->be, c->reg)
                                              : tpf__be_sync(c->be, NULL);
@@ -693,7 +716,8 @@ tpf_status tpf_comm_sync(tpf_comm *c) {
 }
 
 tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out) {
-  TPF_RETURN_IF(!c || !out, TPF_EINVAL, "tpf_comm_async_error: NULL argument");
+  TPF_CHECK_COMM(c, "tpf_comm_async_error");
+  TPF_RETURN_IF(!out, TPF_EINVAL, "tpf_comm_async_error: NULL argument");
   TPF_RETURN_IF_ABORTED(c);
   tpf_status st = deferred(c);
   *out = st;
@@ -701,7 +725,7 @@ tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out) {
 }
 
 tpf_status tpf_comm_abort(tpf_comm *c) {
-  TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_abort: communicator is NULL");
+  TPF_CHECK_COMM(c, "tpf_comm_abort");
   /* Only an atomic store and the backend's thread-safe abort: callable from any thread while the
    * rank's own thread is blocked in an operation on c. */
   atomic_store(&full_of(c)->aborted, 1);
@@ -711,7 +735,8 @@ tpf_status tpf_comm_abort(tpf_comm *c) {
 }
 
 tpf_status tpf_comm_plan_info(const tpf_comm *c, tpf_plan_result *out) {
-  TPF_RETURN_IF(!c || !out, TPF_EINVAL, "tpf_comm_plan_info: communicator or out is NULL");
+  TPF_CHECK_COMM(c, "tpf_comm_plan_info");
+  TPF_RETURN_IF(!out, TPF_EINVAL, "tpf_comm_plan_info: out is NULL");
   TPF_RETURN_IF(!c->planner, TPF_EUNSUPPORTED,
                 "'%s' plans nothing: it was created with TPF_PLAN_FIXED (splits %d)", c->cfg.name,
                 c->cfg.num_splits);

@@ -13,6 +13,7 @@ struct tpf_comm {
   uint64_t seq;         /* operations handed to the backend (the flag sequence number) */
   uint64_t ops;         /* operations attempted on the backend */
   tpf_status failed;    /* TPF_OK, or the status that made it refuse further work */
+  bool managed;         /* owned by a manager: only tpf_manager_destroy destroys it */
   tpf_reg *reg;         /* backend registration */
   tpf_planner *planner; /* TPF_PLAN_ADAPTIVE: its planner; NULL for FIXED */
   void *base;           /* this rank's registered data */

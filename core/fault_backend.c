@@ -195,11 +195,21 @@ tpf_status tpf_fault_backend_create(tpf_backend *inner, const tpf_fault_plan *pl
   f->hdr.rank = inner->rank;
   f->inner = inner;
   f->magic = FAULT_MAGIC;
+  rc = tpf__handle_add(&f->hdr, TPF_HANDLE_FAULT);
+  if (rc != TPF_OK) {
+    tpf__free(f);
+    return rc;
+  }
   *out = &f->hdr;
   return TPF_OK;
 }
 
 static tpf_status check_wrapper(const tpf_backend *fb, const char *fn) {
+  /* The handle table first (issue 22 item 2): a destroyed wrapper is never read. */
+  TPF_RETURN_IF(fb && !tpf__handle_live(fb, TPF_HANDLE_FAULT), TPF_EINVAL,
+                "%s: not a fault wrapper backend (destroyed, or never created by "
+                "tpf_fault_backend_create)",
+                fn);
   TPF_RETURN_IF(!fb || !fb->ops || fb->ops->reg_create != w_reg_create ||
                     ((const fault_be *)(const void *)fb)->magic != FAULT_MAGIC,
                 TPF_EINVAL, "%s: not a fault wrapper backend", fn);
@@ -221,6 +231,7 @@ tpf_status tpf_fault_backend_report(const tpf_backend *fb, tpf_fault_report *out
 tpf_status tpf_fault_backend_destroy(tpf_backend *fb) {
   TPF_CHECK(check_wrapper(fb, "tpf_fault_backend_destroy"));
   fault_be *f = of(fb);
+  tpf__handle_remove(fb, f->name);
   f->magic = 0;
   tpf__free(f);
   return TPF_OK;

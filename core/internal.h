@@ -71,6 +71,21 @@ void tpf__clear_error(void);
 tpf_status tpf__check_struct_size(const char *who, const char *what, const char *type, size_t size,
                                   const size_t *released, size_t n);
 
+/* ---- handle.c: the table of live objects (issue 22 item 2) ---- */
+enum { TPF_HANDLE_COMM = 1, TPF_HANDLE_MANAGER, TPF_HANDLE_WORLD, TPF_HANDLE_FAULT };
+/* Enters a new object (TPF_ENOMEM when the table cannot grow). */
+tpf_status tpf__handle_add(const void *p, int kind);
+/* Removes it at destroy; `name` (may be NULL) is remembered for the messages of later calls. */
+void tpf__handle_remove(const void *p, const char *name);
+/* True when p is a live object of that kind. Reads nothing of *p. */
+bool tpf__handle_live(const void *p, int kind);
+/* TPF_OK for a live object; else TPF_EINVAL: "<call>: communicator is NULL", "... 'name' (0x..)
+ * was destroyed", or "... is not a live communicator". Reads nothing of *p. */
+tpf_status tpf__handle_check(const void *p, int kind, const char *call);
+const char *tpf__handle_kind_name(int kind);
+/* Live handles of every kind (tests). */
+size_t tpf__handle_count(void);
+
 /* ---- layout.c ---- */
 /* tpf_layout_check with an explicit alignment (the backend's); 0 means 1. */
 tpf_status tpf__layout_check_align(const tpf_layout_desc *d, uint64_t align_bytes);

@@ -42,7 +42,7 @@ tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64
 }
 
 tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal) {
-  TPF_RETURN_IF(!c, TPF_EINVAL, "tpf_comm_legal_rows: communicator is NULL");
+  TPF_CHECK(tpf__handle_check(c, TPF_HANDLE_COMM, "tpf_comm_legal_rows"));
   TPF_RETURN_IF(!legal, TPF_EINVAL, "tpf_comm_legal_rows: out pointer 'legal' is NULL ('%s')",
                 c->cfg.name);
   tpf_layout_desc d = tpf__comm_desc(c, c->cfg.capacity);

@@ -8,6 +8,8 @@
 
 #include <string.h>
 
+#define TPF_CHECK_MANAGER(m, call) TPF_CHECK(tpf__handle_check((m), TPF_HANDLE_MANAGER, (call)))
+
 struct tpf_manager {
   tpf_backend *be;  /* shared by every communicator */
   tpf_comm **comms; /* in creation order */
@@ -21,6 +23,11 @@ tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out) {
   tpf_manager *m = tpf__calloc(1, sizeof *m);
   TPF_RETURN_IF(!m, TPF_ENOMEM, "cannot allocate the manager");
   m->be = be;
+  tpf_status rc = tpf__handle_add(m, TPF_HANDLE_MANAGER);
+  if (rc != TPF_OK) {
+    tpf__free(m);
+    return rc;
+  }
   *out = m;
   return TPF_OK;
 }
@@ -32,7 +39,8 @@ static tpf_comm *find(const tpf_manager *m, const char *name) {
 }
 
 tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out) {
-  TPF_RETURN_IF(!m || !cfg, TPF_EINVAL, "tpf_manager_add: NULL argument");
+  TPF_CHECK_MANAGER(m, "tpf_manager_add");
+  TPF_RETURN_IF(!cfg, TPF_EINVAL, "tpf_manager_add: config is NULL");
   TPF_RETURN_IF(cfg->name && find(m, cfg->name), TPF_EINVAL,
                 "the manager already has a communicator named '%s'", cfg->name);
   if (m->count == m->cap) {
@@ -44,13 +52,15 @@ tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm 
   }
   tpf_comm *c = NULL;
   TPF_CHECK(tpf_comm_create(m->be, cfg, &c));
+  c->managed = true;
   m->comms[m->count++] = c;
   if (out) *out = c;
   return TPF_OK;
 }
 
 tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out) {
-  TPF_RETURN_IF(!m || !name || !out, TPF_EINVAL, "tpf_manager_get: NULL argument");
+  TPF_CHECK_MANAGER(m, "tpf_manager_get");
+  TPF_RETURN_IF(!name || !out, TPF_EINVAL, "tpf_manager_get: NULL argument");
   tpf_comm *c = find(m, name);
   TPF_RETURN_IF(!c, TPF_EINVAL, "the manager has no communicator named '%s'", name);
   *out = c;
@@ -58,11 +68,12 @@ tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out) {
 }
 
 int tpf_manager_count(const tpf_manager *m) {
-  return m ? m->count : 0;
+  return tpf__handle_check(m, TPF_HANDLE_MANAGER, "tpf_manager_count") == TPF_OK ? m->count : 0;
 }
 
 tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out) {
-  TPF_RETURN_IF(!m || !out, TPF_EINVAL, "tpf_manager_at: NULL argument");
+  TPF_CHECK_MANAGER(m, "tpf_manager_at");
+  TPF_RETURN_IF(!out, TPF_EINVAL, "tpf_manager_at: NULL argument");
   TPF_RETURN_IF(i < 0 || i >= m->count, TPF_EINVAL, "communicator index %d outside 0..%d", i,
                 m->count - 1);
   *out = m->comms[i];
@@ -74,7 +85,7 @@ static bool eligible(const tpf_comm *c) {
 }
 
 tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
-  TPF_RETURN_IF(!m, TPF_EINVAL, "tpf_manager_set_active_shape: manager is NULL");
+  TPF_CHECK_MANAGER(m, "tpf_manager_set_active_shape");
   /* Phase 1: validate all; nothing changes on failure. Like the per-communicator call, this
    * allocates nothing: the scratch lives in each communicator. */
   for (int i = 0; i < m->count; i++) {
@@ -103,10 +114,12 @@ tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
 }
 
 tpf_status tpf_manager_destroy(tpf_manager *m) {
-  TPF_RETURN_IF(!m, TPF_EINVAL, "tpf_manager_destroy: manager is NULL");
+  TPF_CHECK_MANAGER(m, "tpf_manager_destroy");
+  tpf__handle_remove(m, NULL);
   tpf_status rc = TPF_OK;
   /* Reverse creation order, so registrations unwind as they were made on every rank. */
   for (int i = m->count - 1; i >= 0; i--) {
+    m->comms[i]->managed = false;
     tpf_status r = tpf_comm_destroy(m->comms[i]);
     if (rc == TPF_OK) rc = r;
   }

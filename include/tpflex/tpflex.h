@@ -8,6 +8,10 @@
  * Conventions: every fallible function returns tpf_status; out-parameters are written only on
  * success; on failure tpf_last_error() holds a one-line detail with the numbers involved. Sizes
  * and offsets are uint64_t, in bytes when the name ends in _bytes or _off, in elements otherwise.
+ * Destroyed handles: every call on a destroyed communicator, manager or simulator world (double
+ * destroy included) returns TPF_EINVAL with "... was destroyed" in the detail, without reading
+ * the freed object (a table of live handles, docs/DESIGN.md); calls that return a value give
+ * the value they give for NULL. A managed communicator is destroyed by its manager only.
  *
  * Contracts (docs/SPEC.md has the layouts, rules, statuses and oracle; its §6 says where a
  * backend comes from and what the stream argument is on each backend):
@@ -218,16 +222,17 @@ typedef struct {
  * docs/SPEC.md §3, TPF_EMISMATCH, TPF_ETIMEOUT (a rank never arrived), TPF_ENOMEM,
  * TPF_EBACKEND. */
 TPF_API tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
-/* Waits for its operations, deregisters and frees. NULL is TPF_EINVAL. */
+/* Waits for its operations, deregisters and frees. NULL, a destroyed communicator and one owned
+ * by a manager (tpf_manager_destroy destroys those) are TPF_EINVAL. */
 TPF_API tpf_status tpf_comm_destroy(tpf_comm *c);
 /* Makes `active` the shape of the operations enqueued after this call; local, no communication,
  * no allocation. On failure nothing changes. Statuses of docs/SPEC.md §3; TPF_ESTATE after a
  * timeout. */
 TPF_API tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active);
-/* Current active shape (== capacity until the first set); {0,0} for NULL. */
+/* Current active shape (== capacity until the first set); {0,0} for NULL or destroyed. */
 TPF_API tpf_shape tpf_comm_active_shape(const tpf_comm *c);
 TPF_API tpf_shape tpf_comm_capacity_shape(const tpf_comm *c);
-/* Number of successful set_active_shape calls (the shape epoch); 0 for NULL. */
+/* Number of successful set_active_shape calls (the shape epoch); 0 for NULL or destroyed. */
 TPF_API uint64_t tpf_comm_epoch(const tpf_comm *c);
 /* The configuration it was created with (name points into the communicator). */
 TPF_API const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c);
@@ -241,7 +246,7 @@ TPF_API tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_
 /* The whole registered data region (capacity bytes). */
 TPF_API tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
 /* The backend's name ("sim", "cuda") and capability bits (tpflex_backend.h, TPF_BE_CAP_*: e.g.
- * whether the registration is host memory). NULL / 0 for NULL. */
+ * whether the registration is host memory). NULL / 0 for NULL or a destroyed communicator. */
 TPF_API const char *tpf_comm_backend_name(const tpf_comm *c);
 TPF_API unsigned tpf_comm_backend_caps(const tpf_comm *c);
 
