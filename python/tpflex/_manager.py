@@ -99,12 +99,15 @@ class Manager:
             except TpflexError:
                 continue
         try:
-            hint = f"pad to legal_rows({T}) = {self.legal_rows(T)}"
+            hint = (f"pad to legal_rows({T}) = {self.legal_rows(T)}, the smallest T >= {T} every "
+                    f"communicator accepts")
         except TpflexError as e2:
             hint = f"no T >= {T} is legal for every communicator ({e2.detail})"
-        who = (f"'{refusing.name}' ({refusing.algo} {refusing.coll}) refuses {T} rows"
-               if refusing is not None else f"{T} rows refused")
-        return type(e)(f"{who}: {e.detail}; {hint}", e.call)
+        detail = e.detail
+        if refusing is not None and f"'{refusing.name}'" not in detail:
+            detail = (f"'{refusing.name}' ({refusing.algo} {refusing.coll}) refuses {T} rows: "
+                      f"{detail}")
+        return type(e)(f"{detail}; {hint}", e.call)
 
     def get(self, name: str) -> Communicator:
         if self._h is None:

@@ -3,6 +3,7 @@ references over random T sequences (P in 1, 2, 4; fp32, bf16, fp16), and every e
 (the cases shared with test_cuda.py live in cases.py), plus what only the simulator runner has.
 unittest style (runs under `python3 -m unittest` and pytest)."""
 import ctypes
+import inspect
 import os
 import re
 import sys
@@ -44,6 +45,213 @@ class Shared(cases.SharedCases, unittest.TestCase):
 
     def p_values(self, wanted):
         return list(wanted)
+
+
+class TEVocabulary(unittest.TestCase):
+    """initialize_ub in TransformerEngine's words (docs/SPEC.md §9): its signature, method names
+    and every ub_cfgs key; the manager's legal_rows."""
+
+    TE_PARAMS = ["shape", "tp_size", "use_fp8", "quantization_modes", "dtype", "ub_cfgs",
+                 "bootstrap_backend"]  # TE's initialize_ub, in order (module/base.py)
+
+    def test_signature_is_tes(self):
+        sig = inspect.signature(tt.initialize_ub)
+        pos = [n for n, p in sig.parameters.items() if p.kind == p.POSITIONAL_OR_KEYWORD]
+        self.assertEqual(pos, self.TE_PARAMS)
+        defaults = {n: sig.parameters[n].default for n in self.TE_PARAMS[2:]}
+        self.assertEqual(defaults, {"use_fp8": False, "quantization_modes": None,
+                                    "dtype": torch.bfloat16, "ub_cfgs": None,
+                                    "bootstrap_backend": None})
+        kw = [n for n, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY]
+        self.assertEqual(kw, ["group", "backend", "device", "timeout_ms"])
+
+    def test_te_positional_call_runs_the_ops(self):
+        """TE's positional order, method names and keys; the operations against torch."""
+        P, T = 2, 16
+        cfgs = {"qkv_fprop": {"method": "ring_exchange", "is_reduce_scatter": False,
+                              "num_splits": P, "aggregate": False, "atomic_gemm": False,
+                              "use_ce": True, "fp8_buf": True},
+                "proj_fprop": {"method": "pipeline", "is_reduce_scatter": True,
+                               "num_splits": 4},
+                "fc1_wgrad": {"method": "bulk", "is_reduce_scatter": True},
+                "extra_rs": {"method": "ring", "is_reduce_scatter": True}}
+
+        def f(r):
+            g = torch.Generator().manual_seed(7)
+            xs = [torch.randn(T // P, H, generator=g) for _ in range(P)]
+            w = torch.randn(24, H, generator=g)
+            xr = [torch.randn(T, 16, generator=g) for _ in range(P)]
+            wr = [torch.randn(H, 16, generator=g) for _ in range(P)]
+            tt.initialize_ub([C, H], P, False, None, torch.float32, cfgs, "gloo")
+            try:
+                tt.set_ub_active_shape([T, H])
+                ub = tt.get_ub("qkv_fprop")
+                ub.local_chunk().copy_(xs[r])
+                y = ub.ag_gemm(w)
+                ok_ag = cases.close(y, torch.cat(xs) @ w.T, torch.float32)
+                S = sum(x @ wt.T for x, wt in zip(xr, wr))[r * T // P:(r + 1) * T // P]
+                ok_rs = [cases.close(tt.get_ub(n).gemm_rs(xr[r], wr[r]), S, torch.float32)
+                         for n in ("proj_fprop", "extra_rs")]
+                kinds = {n: (tt.get_ub(n).algo, tt.get_ub(n).coll)
+                         for n in ("qkv_fprop", "proj_fprop", "fc1_wgrad", "extra_rs")}
+                return ok_ag, ok_rs, kinds
+            finally:
+                tt.destroy_ub()
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            res = sim.run(P, f)
+        # The honoured keys warn nothing; bootstrap_backend does not apply to the simulator.
+        self.assertEqual({str(w.message) for w in ws if w.category is E.TpflexConfigWarning},
+                         {"initialize_ub: bootstrap_backend='gloo' is ignored on the simulator "
+                          "(its ranks share memory)"})
+        for r, (ok_ag, ok_rs, kinds) in enumerate(res):
+            self.assertTrue(ok_ag, f"rank {r}")
+            self.assertEqual(ok_rs, [True, True], f"rank {r}")
+            self.assertEqual(kinds, {"qkv_fprop": ("ring", "ag"), "proj_fprop": ("pipeline", "rs"),
+                                     "fc1_wgrad": ("bulk", "rs"), "extra_rs": ("ring", "rs")})
+
+    def _init(self, *args, **kw):
+        """initialize_ub(*args, **kw) on tp_size ranks: rank 0's (communicator configs, the
+        TpflexConfigWarnings of every rank) or Err. Warnings are caught around sim.run, on this
+        thread (catch_warnings is process-global)."""
+        def f(r):
+            try:
+                m = tt.initialize_ub(*args, **kw)
+            except Exception as e:
+                return Err(e)
+            try:
+                cfg = {}
+                for n in m.names:
+                    c = L.lib.tpf_comm_config_of(tt.get_ub(n)._h).contents
+                    cfg[n] = (tt.get_ub(n).algo, tt.get_ub(n).coll, int(c.num_splits),
+                              bool(c.aggregate), bool(c.external))
+                return cfg
+            finally:
+                tt.destroy_ub()
+        with warnings.catch_warnings(record=True) as ws:
+            warnings.simplefilter("always")
+            res = sim.run(args[1], f)[0]
+        if isinstance(res, Err):
+            return res
+        return res, [str(w.message) for w in ws if issubclass(w.category, E.TpflexConfigWarning)]
+
+    def test_method_names(self):
+        for name, algo in (("ring_exchange", "ring"), ("ring", "ring"), ("pipeline", "pipeline"),
+                           ("bulk", "bulk")):
+            cfg, ws = self._init([C, H], 1, ub_cfgs={"fc2_fprop": {"method": name}})
+            self.assertEqual(cfg["fc2_fprop"][:2], (algo, "rs"), name)
+            self.assertEqual(ws, [])
+        e = self._init([C, H], 1, ub_cfgs={"fc2_fprop": {"method": "ringexchange"}})
+        self.assertEqual(e.cls, "TpflexInvalidError", e)
+        self.assertIn("'ringexchange'", e.text)
+        self.assertIn("'ring_exchange'", e.text)
+
+    def test_honoured_keys(self):
+        cfg, ws = self._init([C, H], 2, ub_cfgs={
+            "fc1_fprop": {"num_splits": 1, "aggregate": True, "is_reduce_scatter": False,
+                          "use_ce": True, "atomic_gemm": False, "fp8_buf": False},
+            "fc2_fprop": {"num_splits": 8}})
+        self.assertEqual(cfg["fc1_fprop"], ("ring", "ag", 1, True, False))
+        self.assertEqual(cfg["fc2_fprop"], ("pipeline", "rs", 8, False, False))
+        self.assertEqual(cfg["proj_wgrad"][4], True, "tpflex's external key")
+        self.assertEqual(ws, [])
+
+    def test_dgrad_method_makes_it_reduce_scatter(self):
+        """As in TE: qkv_dgrad with a non-bulk method is the RS site and qkv_wgrad goes."""
+        cfg, _ = self._init([C, H], 1, ub_cfgs={"qkv_dgrad": {"method": "ring_exchange"}})
+        self.assertEqual(cfg["qkv_dgrad"][:2], ("ring", "rs"))
+        self.assertNotIn("qkv_wgrad", cfg)
+        e = self._init([C, H], 1, ub_cfgs={"qkv_dgrad": {"method": "ring_exchange"},
+                                           "qkv_wgrad": {"method": "bulk"}})
+        self.assertEqual(e.cls, "TpflexInvalidError", e)
+        self.assertIn("qkv_wgrad", e.text)
+
+    def test_ignored_keys_warn_once_each_naming_it(self):
+        keys = {"num_sm": 4, "cga_size": 2, "set_sm_margin": True, "comm_priority": 1,
+                "gemm_priority": -1, "pipeline_rs_overlap_first_gemm": True}
+        cfg, ws = self._init([C, H], 1, ub_cfgs={"fc1_fprop": dict(keys),
+                                                 "fc2_fprop": dict(keys, use_ce=False)})
+        self.assertEqual(len(ws), len(keys) + 1, ws)
+        for k in list(keys) + ["use_ce"]:
+            mine = [w for w in ws if f"'{k}'" in w]
+            self.assertEqual(len(mine), 1, (k, ws))
+            self.assertIn("ignored", mine[0])
+        self.assertIn("fc1_fprop, fc2_fprop", [w for w in ws if "'num_sm'" in w][0])
+        self.assertEqual(cfg["fc1_fprop"][:2], ("ring", "ag"))
+
+    def test_refused(self):
+        for kw, cls, words in (
+                ({"ub_cfgs": {"fc1_fprop": {"atomic_gemm": True}}},
+                 "TpflexUnsupportedError", ("atomic_gemm", "fc1_fprop")),
+                ({"use_fp8": True}, "TpflexUnsupportedError", ("use_fp8", "FP8")),
+                ({"quantization_modes": ["FP8"]}, "TpflexUnsupportedError", ("FP8",)),
+                ({"quantization_modes": ["int4"]}, "TpflexInvalidError", ("int4",)),
+                ({"ub_cfgs": {"fc1_fprop": {"num_sm": 1, "bogus": 2}}},
+                 "TpflexInvalidError", ("bogus", "num_sm")),
+                ({"ub_cfgs": {"fc1_fprop": {"coll": "rs", "is_reduce_scatter": False}}},
+                 "TpflexInvalidError", ("disagree",)),
+                ({"ub_cfgs": {"new_site": {"num_splits": 1}}}, "TpflexInvalidError",
+                 ("new_site", "method")),
+                ({"ub_cfgs": ["fc1_fprop"]}, "TpflexInvalidError", ("ub_cfgs", "list")),
+                ({"bootstrap_backend": "tcp"}, "TpflexInvalidError",
+                 ("bootstrap_backend", "'tcp'", "gloo")),
+                ({"dtype": "bf16"}, "TpflexInvalidError", ("dtype", "'bf16'"))):
+            e = self._init([C, H], 1, **kw)
+            self.assertIsInstance(e, Err, f"{kw}: {e!r}")
+            self.assertEqual(e.cls, cls, f"{kw}: {e!r}")
+            for w in words:
+                self.assertIn(w, e.text, f"{kw}")
+        cfg, _ = self._init([C, H], 1, quantization_modes=["NONE"])  # TE's unquantized mode
+        self.assertEqual(len(cfg), len(tt.DEFAULT_UB_CFGS))
+
+    def test_bootstrap_backend_accepted(self):
+        for v in (None, "gloo", "nccl", "mpi"):
+            cfg, ws = self._init([C, H], 1, bootstrap_backend=v)
+            self.assertEqual(len(cfg), len(tt.DEFAULT_UB_CFGS), v)
+            self.assertEqual(len(ws), 0 if v is None else 1, (v, ws))  # nothing to bootstrap
+            if v is not None:
+                self.assertIn("bootstrap_backend", ws[0])
+
+    def test_legal_rows_every_communicator_accepts(self):
+        """Issue 23's case: P = 4, fp32, H = 64, a pipelined site with 64 splits: one
+        communicator's legal_rows(12) is 12, the manager's is the T every one accepts, and the
+        refusal of 12 names the communicator that refuses it and suggests legal_rows."""
+        P, Hh = 4, 64
+
+        def f(r):
+            tt.initialize_ub([64, Hh], P, dtype=torch.float32,
+                             ub_cfgs={"fc2_fprop": {"num_splits": 64}})
+            try:
+                own = tt.get_ub("fc1_fprop").legal_rows(12)
+                mgr = tt.legal_rows(12)
+                try:
+                    tt.set_ub_active_shape([12, Hh])
+                    refusal = None
+                except E.TpflexError as e:
+                    refusal = Err(e)
+                tt.set_ub_active_shape([mgr, Hh])
+                return own, mgr, refusal, tt.legal_rows(1), tt.legal_rows(64)
+            finally:
+                tt.destroy_ub()
+        for own, mgr, refusal, one, cap in sim.run(P, f):
+            self.assertEqual((own, mgr, one, cap), (12, 16, 16, 64))
+            self.assertIsNotNone(refusal)
+            self.assertIn("'fc2_fprop'", refusal.text)
+            self.assertIn("legal_rows(12) = 16", refusal.text)
+        e = sim.run(P, lambda r: Err_of(lambda: (tt.initialize_ub([64, Hh], P,
+                                                                  dtype=torch.float32),
+                                                 tt.legal_rows(65))))[0]
+        self.assertEqual(e.cls, "TpflexCapacityError", e)
+
+
+def Err_of(fn):
+    """fn()'s exception as an Err (and destroy_ub), or its result."""
+    try:
+        return fn()
+    except Exception as e:
+        return Err(e)
+    finally:
+        tt.destroy_ub()
 
 
 class SimOnly(unittest.TestCase):
