@@ -5,6 +5,7 @@
 #include "cli_args.h"
 #include "cmds.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -132,11 +133,16 @@ static const char kOutro[] =
     "layout the sections use (P of --tp and the tp section, C/8 steps of section 1), and a bad\n"
     "one is refused with the smallest capacity that fits.\n";
 
-/* An output file that cannot be opened fails the command before the benchmark runs. */
+/* An output file that cannot be opened or written (a full disk, /dev/full) fails the command
+ * before the benchmark runs: one line is written and flushed through to the file. The tables
+ * replace it at the end, where every write is checked again (bench_report_write_*). */
 static int check_writable(const cli_ctx *ctx, const char *opt, const char *path) {
   FILE *f = fopen(path, "w");
-  if (!f) return cli_error(ctx, "%s '%s' cannot be written", opt, path);
-  fclose(f);
+  if (!f) return cli_error(ctx, "%s '%s' cannot be written: %s", opt, path, strerror(errno));
+  fputs("# tpflex bench: running; the tables are written here when it finishes\n", f);
+  char what[1100];
+  snprintf(what, sizeof what, "%s '%s'", opt, path);
+  if (cli_finish_output(ctx->cmd, f, what) != 0) return 1;
   return -1;
 }
 

@@ -8,7 +8,9 @@
  * counts result elements outside the SPEC §7 tolerance, checked in the same run. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench_util.h"
+#include "cli_args.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdatomic.h>
@@ -270,7 +272,7 @@ static void csv_field(FILE *f, const char *s) {
 int bench_report_write_csv(const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) {
-    fprintf(stderr, "tpflex bench: cannot write %s\n", path);
+    fprintf(stderr, "tpflex bench: cannot write '%s': %s\n", path, strerror(errno));
     return 1;
   }
   fprintf(f, "# %s\n", meta);
@@ -290,14 +292,15 @@ int bench_report_write_csv(const char *path) {
       fprintf(f, "\n");
     }
   }
-  fclose(f);
-  return 0;
+  char what[1100];
+  snprintf(what, sizeof what, "--csv '%s'", path);
+  return cli_finish_output("tpflex bench", f, what);
 }
 
 int bench_report_write_json(const char *path) {
   FILE *f = fopen(path, "w");
   if (!f) {
-    fprintf(stderr, "tpflex bench: cannot write %s\n", path);
+    fprintf(stderr, "tpflex bench: cannot write '%s': %s\n", path, strerror(errno));
     return 1;
   }
   fprintf(f, "{\n  \"tool\": \"tpflex bench\",\n  \"meta\": ");
@@ -339,8 +342,9 @@ int bench_report_write_json(const char *path) {
     fprintf(f, "]}");
   }
   fprintf(f, "\n  ]\n}\n");
-  fclose(f);
-  return 0;
+  char what[1100];
+  snprintf(what, sizeof what, "--json '%s'", path);
+  return cli_finish_output("tpflex bench", f, what);
 }
 
 void bench_report_free(void) {

@@ -1,6 +1,7 @@
 /* The shared option parser of the tpflex commands; see cli_args.h. */
 #include "cli_args.h"
 
+#include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -209,4 +210,18 @@ int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const c
   free(text);
   if (rc != TPF_OK) return cli_error(ctx, "%s '%s': %s", opt, used, tpf_last_error());
   return -1;
+}
+
+int cli_finish_output(const char *cmd, FILE *f, const char *what) {
+  /* ferror first: a write that failed earlier may have dropped its bytes, after which the final
+   * flush and close can succeed. errno of that failure is gone by now, so the flush's or the
+   * close's is named when they fail too, else the error is called an earlier one. */
+  const bool earlier = ferror(f) != 0;
+  int err = 0;
+  if (fflush(f) != 0) err = errno ? errno : EIO;
+  if (f != stdout && f != stderr && fclose(f) != 0 && !err) err = errno ? errno : EIO;
+  if (!earlier && !err) return 0;
+  fprintf(stderr, "%s: writing %s failed: %s\n", cmd, what,
+          err ? strerror(err) : "an earlier write to it failed");
+  return 1;
 }

@@ -86,4 +86,10 @@ struct tpf_cost_table;
 int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const char *default_name,
                   struct tpf_cost_table *out, char *used, size_t len);
 
+/* Finishes an output the command wrote: flushes f and, unless it is stdout or stderr, closes it.
+ * Any write error on the way (an earlier fprintf that failed, the flush, the close) is reported
+ * on stderr as "<cmd>: writing <what> failed: <strerror>" (what: "'PATH'" or "standard output")
+ * and 1 is returned; 0 when every byte reached the file. f is closed either way. */
+int cli_finish_output(const char *cmd, FILE *f, const char *what);
+
 #endif /* TPF_CLI_ARGS_H */

@@ -285,8 +285,11 @@ static int cal_emit(const cli_ctx *ctx, const cal_opts *o, const char *comments,
   }
   fputs(buf, f);
   free(buf);
-  if (o->out && fclose(f) != 0) return cli_error(ctx, "--out '%s': write failed", o->out);
-  if (!o->out) fflush(stdout);
+  if (o->out) { /* standard output is checked once, as the command ends (tpflex_main.c) */
+    char what[1100];
+    snprintf(what, sizeof what, "--out '%s'", o->out);
+    if (cli_finish_output(ctx->cmd, f, what) != 0) return 1;
+  }
   return -1;
 }
 

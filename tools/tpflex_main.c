@@ -34,28 +34,37 @@ static int no_options(const char *cmd, const char *intro, int argc, char **argv)
   return cli_parse(&ctx, none, 0, argc, argv, v, intro);
 }
 
+/* A command's standard output must reach its destination: `tpflex bench > /dev/full` is a
+ * failure (exit 1 and a message naming standard output), not "all checks passed". A command that
+ * already failed keeps its own exit status. */
+static int finish(const char *cmd, int rc) {
+  if (cli_finish_output(cmd, stdout, "standard output") != 0 && rc == 0) rc = 1;
+  return rc;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2) {
     fprintf(stderr, "%s\n", kUsage);
     return 2;
   }
   const char *cmd = argv[1];
-  if (strcmp(cmd, "plan") == 0) return tpf_cmd_plan(argc - 1, argv + 1);
-  if (strcmp(cmd, "demo") == 0) return tpf_cmd_demo(argc - 1, argv + 1);
-  if (strcmp(cmd, "bench") == 0) return tpf_cmd_bench(argc - 1, argv + 1);
-  if (strcmp(cmd, "calibrate") == 0) return tpf_cmd_calibrate(argc - 1, argv + 1);
+  if (strcmp(cmd, "plan") == 0) return finish("tpflex plan", tpf_cmd_plan(argc - 1, argv + 1));
+  if (strcmp(cmd, "demo") == 0) return finish("tpflex demo", tpf_cmd_demo(argc - 1, argv + 1));
+  if (strcmp(cmd, "bench") == 0) return finish("tpflex bench", tpf_cmd_bench(argc - 1, argv + 1));
+  if (strcmp(cmd, "calibrate") == 0)
+    return finish("tpflex calibrate", tpf_cmd_calibrate(argc - 1, argv + 1));
   if (strcmp(cmd, "version") == 0 || strcmp(cmd, "--version") == 0) {
     int rc = no_options("tpflex version", "usage: tpflex version   (prints the version)", argc - 1,
                         argv + 1);
     if (rc >= 0) return rc;
     printf("tpflex %d.%d.%d\n", TPF_VERSION_MAJOR, TPF_VERSION_MINOR, TPF_VERSION_PATCH);
-    return 0;
+    return finish("tpflex version", 0);
   }
   if (strcmp(cmd, "help") == 0 || strcmp(cmd, "--help") == 0 || strcmp(cmd, "-h") == 0) {
     int rc = no_options("tpflex help", kUsage, argc - 1, argv + 1);
     if (rc >= 0) return rc;
     printf("%s\n", kUsage);
-    return 0;
+    return finish("tpflex help", 0);
   }
   fprintf(stderr, "tpflex: unknown command '%s'\n%s\n", cmd, kUsage);
   return 2;

@@ -172,7 +172,11 @@ tpf_status tpf_trace_write(tpf_trace *t, const char *path, int tp_size) {
   }
   fprintf(f, "\n]}\n");
   pthread_mutex_unlock(&t->mu);
+  /* A write that failed earlier may have dropped its bytes; ferror remembers it. */
+  const bool earlier = ferror(f) != 0;
   if (fclose(f) != 0)
     return tpf_set_error(TPF_EBACKEND, "writing trace file '%s': %s", path, strerror(errno));
+  if (earlier)
+    return tpf_set_error(TPF_EBACKEND, "writing trace file '%s': a write to it failed", path);
   return TPF_OK;
 }
