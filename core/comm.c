@@ -433,6 +433,56 @@ static bool aliases(const tpf_comm *c, const tpf_matrix *m) {
   return lo < bhi && blo < hi;
 }
 
+/* ---- Operands overlapping each other (issue 22 item 4) ---- */
+
+/* One operand's byte extent [lo, hi): from its first element to one past its last, i.e.
+ * ((rows - 1) * ld + cols) elements of its dtype (check_matrix has bounded rows * ld * e). */
+typedef struct {
+  const char *what;
+  uint64_t lo, hi;
+} extent;
+
+static extent matrix_extent(const char *what, const tpf_matrix *m) {
+  extent e = {what, (uint64_t)(uintptr_t)m->ptr, 0};
+  const uint64_t n = ((m->rows ? m->rows - 1 : 0) * m->ld + m->cols) * tpf_dtype_size(m->dtype);
+  e.hi = e.lo > UINT64_MAX - n ? UINT64_MAX : e.lo + n;
+  return e;
+}
+
+/* bias: n elements of D's dtype (NULL: an empty extent, which overlaps nothing). */
+static extent bias_extent(const void *bias, uint64_t n, tpf_dtype t) {
+  extent e = {"bias", (uint64_t)(uintptr_t)bias, (uint64_t)(uintptr_t)bias};
+  uint64_t bytes = 0;
+  if (bias && tpf__mul_u64(n, tpf_dtype_size(t), &bytes))
+    e.hi = e.lo > UINT64_MAX - bytes ? UINT64_MAX : e.lo + bytes;
+  return e;
+}
+
+/* The output must share no byte with any other operand: a GEMM that reads W, A or the bias
+ * while it writes D over them computes from half-written data (issue 22: errors of 300 to 4e5
+ * came back as TPF_OK). Inputs may overlap each other (both are only read, e.g. bulk a == b for
+ * a Gram matrix); D's own read with beta != 0 is the same operand. */
+static tpf_status check_disjoint(const tpf_comm *c, const char *op, const extent *out,
+                                 const extent *in, int n) {
+  for (int i = 0; i < n; i++) {
+    const extent *e = &in[i];
+    if (e->lo == e->hi) continue;
+    TPF_RETURN_IF(e->lo < out->hi && out->lo < e->hi, TPF_EINVAL,
+                  "'%s' %s: operands overlap: %s [0x%llx, 0x%llx) and %s [0x%llx, 0x%llx) share "
+                  "bytes; the output must not overlap any input",
+                  c->cfg.name, op, out->what, (unsigned long long)out->lo,
+                  (unsigned long long)out->hi, e->what, (unsigned long long)e->lo,
+                  (unsigned long long)e->hi);
+  }
+  return TPF_OK;
+}
+
+/* The bias is read while the collective writes the registration: it must lie outside it. */
+static bool bias_aliases(const tpf_comm *c, const extent *b) {
+  const uint64_t blo = (uint64_t)(uintptr_t)c->base, bhi = blo + c->reg_bytes;
+  return b->lo != b->hi && b->lo < bhi && blo < b->hi;
+}
+
 static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, const char *want) {
   TPF_CHECK_COMM(c, op);
   TPF_RETURN_IF_ABORTED(c);
@@ -611,6 +661,11 @@ tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
   TPF_CHECK(check_matrix(c, "output d", d, T, N, c->cfg.dtype, true));
   TPF_RETURN_IF(aliases(c, w) || aliases(c, d), TPF_EINVAL,
                 "'%s': w or d overlaps the registered buffer", c->cfg.name);
+  const extent dx = matrix_extent("output d", d);
+  const extent ins[] = {matrix_extent("weight w", w), bias_extent(o.bias, N, d->dtype)};
+  TPF_CHECK(check_disjoint(c, "tpf_ag_gemm", &dx, ins, 2));
+  TPF_RETURN_IF(bias_aliases(c, &ins[1]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
+                c->cfg.name);
   tpf_gemm_dims g = {T, N, H};
   return run_op(c, &g, NULL, w, d, &o, stream);
 }
@@ -640,6 +695,12 @@ tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
   TPF_CHECK(check_matrix(c, "output out", out, T / P, H, c->cfg.dtype, true));
   TPF_RETURN_IF(aliases(c, x) || aliases(c, w) || aliases(c, out), TPF_EINVAL,
                 "'%s': x, w or out overlaps the registered buffer", c->cfg.name);
+  const extent ox = matrix_extent("output out", out);
+  const extent ins[] = {matrix_extent("input x", x), matrix_extent("weight w", w),
+                        bias_extent(o.bias, H, out->dtype)};
+  TPF_CHECK(check_disjoint(c, "tpf_gemm_rs", &ox, ins, 3));
+  TPF_RETURN_IF(bias_aliases(c, &ins[2]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
+                c->cfg.name);
   tpf_gemm_dims g = {T, H, K};
   return run_op(c, &g, x, w, out, &o, stream);
 }
@@ -666,6 +727,12 @@ tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matri
   TPF_CHECK(check_matrix(c, "d", d, M, N, a->dtype, true));
   TPF_RETURN_IF(aliases(c, a) || aliases(c, b) || aliases(c, d), TPF_EINVAL,
                 "'%s': a, b or d overlaps the registered buffer", c->cfg.name);
+  const extent dx = matrix_extent("output d", d);
+  const extent ins[] = {matrix_extent("a", a), matrix_extent("b", b),
+                        bias_extent(o.bias, N, d->dtype)};
+  TPF_CHECK(check_disjoint(c, "tpf_bulk_overlap", &dx, ins, 3));
+  TPF_RETURN_IF(bias_aliases(c, &ins[2]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
+                c->cfg.name);
   tpf_gemm_dims g = {M, N, K};
   return run_op(c, &g, a, b, d, &o, stream);
 }

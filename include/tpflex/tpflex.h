@@ -281,7 +281,10 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
  * before returning). Operand rules: w and x have the buffer's dtype (bf16, fp16 or fp32); outputs
  * may be the buffer dtype or fp32. Shapes are checked against the active shape: TPF_ESHAPE with
  * the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves the
- * communicator failed: every later operation returns TPF_ESTATE. */
+ * communicator failed: every later operation returns TPF_ESTATE. The output must not share a
+ * byte with any other operand (w, x, a, b, the bias; extents from each operand's rows, ld and
+ * dtype): TPF_EINVAL naming both, before anything runs. Inputs may overlap each other (both
+ * are only read); no operand (bias included) may overlap the registration. */
 
 /* Per-operation options (0.2), versioned like tpf_comm_config: start from TPF_OP_OPTIONS_INIT.
  * A NULL options pointer means the defaults, which are the 0.1 behaviour. With op(a) = a, or a^T
