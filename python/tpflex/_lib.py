@@ -1,15 +1,26 @@
 """Loads libtpflex.so and declares the C API's argtypes (ctypes.CDLL releases the GIL on every
-call). Search order: $TPFLEX_LIBRARY, the build tree next to this package (build*/libtpflex.so),
-then an installed library (ctypes.util.find_library / libtpflex.so.0)."""
+call). Search order, each by absolute path: $TPFLEX_LIBRARY (the override), the library the
+package bundles (tpflex/lib/libtpflex.so, installed by `pip install ./python`), the newest
+build*/libtpflex.so of the source tree when the package runs from it (PYTHONPATH=python), then
+an installed library (ctypes.util.find_library / libtpflex.so.0).
+
+A library with the CUDA backend needs libnccl.so.2, libcudart and libcublasLt. Loaded first, it
+would bind those sonames to the system's copies, and a later `import torch` would bind its own
+libtorch_cuda.so to them too (an older NCCL: "undefined symbol: ncclCommResume"). So when the
+library needs them and torch is installed, torch is imported first: its libraries are then the
+ones loaded, and libtpflex binds to them (NCCL, cudart and cuBLASLt keep their ABI within a major
+version). See python/README.md."""
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import glob
+import importlib.util
 import os
+import struct
 from ctypes import (POINTER, c_bool, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64,
                     c_void_p)
-from typing import Optional
+from typing import List, Optional
 
 from .errors import TpflexError, error_for
 
@@ -68,25 +79,75 @@ class Bootstrap(ctypes.Structure):
                 ("allgather", BOOT_ALLGATHER_FN), ("barrier", BOOT_BARRIER_FN), ("ctx", c_void_p)]
 
 
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
 def _find() -> str:
     env = os.environ.get("TPFLEX_LIBRARY")
     if env:
         return env
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    cands = sorted(glob.glob(os.path.join(root, "build*", "libtpflex.so")), key=os.path.getmtime,
-                   reverse=True)
-    if cands:
-        return cands[0]
+    bundled = os.path.join(_HERE, "lib", "libtpflex.so")
+    if os.path.isfile(bundled):
+        return bundled
+    root = os.path.dirname(os.path.dirname(_HERE))
+    if os.path.isfile(os.path.join(root, "core", "tpflex.map")):  # running from the source tree
+        cands = sorted(glob.glob(os.path.join(root, "build*", "libtpflex.so")),
+                       key=os.path.getmtime, reverse=True)
+        if cands:
+            return cands[0]
     found = ctypes.util.find_library("tpflex")
     return found or "libtpflex.so.0"
 
 
+def _needed(path: str) -> Optional[List[str]]:
+    """DT_NEEDED entries of an ELF64 little-endian shared library; None when unreadable."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+        if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+            return None
+        shoff, = struct.unpack_from("<Q", data, 0x28)
+        shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+        secs = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + k * shentsize)
+                for k in range(shnum)]
+        out: List[str] = []
+        for sec in secs:
+            if sec[1] != 6:  # SHT_DYNAMIC
+                continue
+            stroff = secs[sec[6]][4]  # sh_link: its string table's file offset
+            for k in range(sec[5] // 16):
+                tag, val = struct.unpack_from("<qQ", data, sec[4] + 16 * k)
+                if tag == 0:
+                    break
+                if tag == 1:  # DT_NEEDED
+                    end = data.index(b"\0", stroff + val)
+                    out.append(data[stroff + val:end].decode("utf-8", "replace"))
+        return out
+    except (OSError, ValueError, IndexError, struct.error):
+        return None
+
+
+def _needs_cuda_libraries(path: str) -> bool:
+    needed = _needed(path)
+    if needed is None:  # not a path we can read (a bare soname): assume it may
+        return True
+    return any(n.startswith(("libnccl", "libcudart", "libcublas")) for n in needed)
+
+
 _path = _find()
+TORCH_IMPORTED_FIRST = False
+if _needs_cuda_libraries(_path) and importlib.util.find_spec("torch") is not None:
+    try:
+        import torch  # noqa: F401  (binds NCCL/cudart/cuBLASLt to torch's copies: see above)
+        TORCH_IMPORTED_FIRST = True
+    except Exception:  # pragma: no cover - a broken torch: load the library anyway
+        pass
 try:
     lib = ctypes.CDLL(_path)
 except OSError as e:  # pragma: no cover - depends on the machine
-    raise ImportError(f"tpflex: cannot load the C library '{_path}' ({e}); build it with CMake and "
-                      "set TPFLEX_LIBRARY=/path/to/libtpflex.so") from e
+    raise ImportError(f"tpflex: cannot load the C library '{_path}' ({e}); install the package "
+                      "with `pip install ./python` (it builds and bundles the library), or build "
+                      "it with CMake and set TPFLEX_LIBRARY=/path/to/libtpflex.so") from e
 LIBRARY_PATH: str = _path
 
 
