@@ -297,7 +297,8 @@ static tpf_status rf_ops(tpf_backend *be, int r, void *arg) {
   snprintf(s->msg[r][i++], 400, "%s", tpf_last_error());
   o = (tpf_op_options)TPF_OP_OPTIONS_INIT;
   o.num_splits = 2;
-  tpf_matrix a = {dbuf[r], C, 8, 8, TPF_FP32}, b = {wbuf[r], 8, 8, 8, TPF_FP32};
+  static float abuf[2][C * 8]; /* not d's memory: an output on its input is refused first */
+  tpf_matrix a = {abuf[r], C, 8, 8, TPF_FP32}, b = {wbuf[r], 8, 8, 8, TPF_FP32};
   s->st[r][i] = tpf_bulk_overlap_ex(s->bulk[r], &a, &b, &d, &o, NULL);
   snprintf(s->msg[r][i++], 400, "%s", tpf_last_error());
   /* After the refusals the sequence numbers are unconsumed: a real operation pairs up. */
