@@ -72,6 +72,11 @@ class Communicator:
         library cannot tell."""
         return None if self.backend_caps is None else bool(self.backend_caps & _lib.CAP_OPTIONS)
 
+    def _drop_views(self) -> None:
+        """Forgets this communicator's own references to its views (destroy_ub)."""
+        self._vbuf = self._vchunk = self._reg = None
+        self._vepoch = -1
+
     def _handle(self) -> int:
         if self._mgr._h is None:
             raise TpflexStateError(f"communicator '{self.name}' used after destroy_ub()", self.name)
@@ -116,8 +121,10 @@ class Communicator:
         if self._reg is None:
             base, nbytes = self.registration()
             esz = torch.empty((), dtype=self.dtype).element_size()
+            # The views keep the registration alive: the capsule holds the manager's lifetime
+            # (see _manager.Lifetime), so the C destroy waits for the last view.
             self._reg = dlpack_view(base, 1, nbytes // esz, nbytes // esz, self.dtype,
-                                    self.device)[0]
+                                    self.device, owner=self._mgr._life)[0]
             self._reg_ptr = base
         esz = self._reg.element_size()
         off = int(m.ptr or 0) - self._reg_ptr

@@ -14,6 +14,11 @@ from typing import Any, Optional
 
 import torch
 
+from ._args import U64_MAX, int_arg
+from .errors import TpflexInvalidError
+
+I64_MAX = (1 << 63) - 1
+
 
 class DLDevice(ctypes.Structure):
     _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
@@ -91,6 +96,16 @@ def dlpack_view(ptr: int, rows: int, cols: int, ld: int, dtype: torch.dtype,
     (the caller keeps it alive); with one, owner.retain_view() is called now and
     owner.release_view() when torch frees the tensor's storage, and the owner object is kept
     alive until then."""
+    where = "dlpack_view"
+    ptr = int_arg(where, "ptr", ptr, 0, U64_MAX)
+    rows = int_arg(where, "rows", rows, 0, I64_MAX, ctype="int64_t")
+    cols = int_arg(where, "cols", cols, 0, I64_MAX, ctype="int64_t")
+    ld = int_arg(where, "ld", ld, cols, I64_MAX, ctype="int64_t")
+    if dtype not in DL_DTYPE:
+        raise TpflexInvalidError(f"dtype={dtype!r}: {', '.join(str(d) for d in DL_DTYPE)}", where)
+    if not isinstance(device, torch.device) or device.type not in ("cpu", "cuda"):
+        raise TpflexInvalidError(f"device={device!r} must be a torch.device of type cpu or cuda",
+                                 where)
     if rows == 0:
         return torch.empty((0, cols), dtype=dtype, device=device)
     p = _libc.malloc(ctypes.sizeof(_DLBlock))

@@ -3,7 +3,8 @@ shape (set all-or-nothing), and legal_rows over all of them."""
 from __future__ import annotations
 
 import ctypes
-from typing import Dict, List, Optional, Sequence
+import threading
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -16,14 +17,76 @@ from .errors import (TpflexAlignError, TpflexDivisibleError, TpflexError, Tpflex
                      TpflexStateError)
 
 
+class Lifetime:
+    """The C objects of one manager: the tpf_manager with its communicators' registrations and,
+    on the simulator, a hold on the world's memory. Every torch view of a registration counts
+    (the DLPack capsule's deleter context is this object: _dlpack.dlpack_view), and the C destroy
+    runs when the manager is closed AND no view is left: at close, or later, when torch frees the
+    last view (whatever thread that is on). So a view read after destroy_ub, or after the
+    simulator world closed, reads memory that is still registered, and a later initialize_ub
+    cannot be given the same memory while an old view exists.
+
+    Deferring is safe on the simulator, whose destroy is local to the rank. The CUDA backend's is
+    collective (barriers over the bootstrap), so there Manager.destroy refuses instead while a
+    view exists on any rank (agreed over the bootstrap first)."""
+
+    def __init__(self, handle: int, release_world: Optional[Callable[[], None]]) -> None:
+        self.h: Optional[int] = handle
+        self.views = 0
+        self.closed = False
+        self.deferred = False
+        self._release_world = release_world
+        self._lock = threading.Lock()
+
+    def retain_view(self) -> None:
+        with self._lock:
+            self.views += 1
+
+    def release_view(self) -> None:
+        with self._lock:
+            self.views -= 1
+            ready = self.closed and self.views == 0
+        if ready:
+            self._destroy()
+
+    def close(self) -> bool:
+        """Marks the manager closed; destroys now (True) unless views remain (False)."""
+        with self._lock:
+            self.closed = True
+            ready = self.views == 0
+            self.deferred = not ready
+        if ready:
+            self._destroy()
+        return ready
+
+    def _destroy(self) -> None:
+        with self._lock:
+            h, self.h = self.h, None
+            release, self._release_world = self._release_world, None
+        try:
+            if h is not None:
+                check(lib.tpf_manager_destroy(h), "destroy_ub")
+        finally:
+            if release is not None:
+                release()
+
+
 class Manager:
     """A tpf_manager holding TE's communicators; returned by initialize_ub."""
 
     def __init__(self, backend_handle: int, tp_size: int, rank: int, device: torch.device,
-                 owner: Optional[CudaBackend] = None) -> None:
+                 owner: Optional[CudaBackend] = None,
+                 keep_world: Optional[Callable[[], Callable[[], None]]] = None) -> None:
         h = ctypes.c_void_p()
         check(lib.tpf_manager_create(backend_handle, ctypes.byref(h)), "tpf_manager_create")
+        release_world = None
+        try:
+            release_world = keep_world() if keep_world is not None else None
+        except BaseException:
+            lib.tpf_manager_destroy(h.value)
+            raise
         self._h: Optional[int] = h.value
+        self._life = Lifetime(h.value, release_world)  # type: ignore[arg-type]
         self.tp_size = tp_size
         self.rank = rank
         self.device = device
@@ -37,6 +100,8 @@ class Manager:
         in the same order). method: "bulk", "pipeline" or "ring"; coll: "ag" or "rs"."""
         if self._h is None:
             raise TpflexStateError("manager destroyed", "add")
+        if not isinstance(name, str) or not name or "\0" in name:
+            raise TpflexInvalidError(f"name={name!r} must be a non-empty str without NUL", "add")
         if method not in ALGO or coll not in COLL:
             raise TpflexInvalidError(f"'{name}': method '{method}' / coll '{coll}' (methods: "
                                      f"{', '.join(ALGO)}; colls: {', '.join(COLL)})", "add")
@@ -126,17 +191,38 @@ class Manager:
         return 0 if self._h is None else int(lib.tpf_manager_count(self._h))
 
     def destroy(self) -> None:
-        """Collective: destroys every communicator, then (CUDA) the backend."""
+        """Collective: destroys every communicator, then (CUDA) the backend. Afterwards the
+        communicators refuse every call (TpflexStateError). Simulator: while a torch view of a
+        registration is alive, its memory stays registered and the C destroy waits for the last
+        view (Lifetime). CUDA: refused (TpflexStateError on every rank, nothing destroyed) while
+        any rank holds a view; del the views and call again."""
+        if self._h is None:
+            return
+        for c in self._comms.values():
+            c._drop_views()
+        if self._owner is not None:
+            self._refuse_with_views()
+        self._h = None
         try:
-            if self._h is not None:
-                h, self._h = self._h, None
-                if self.device.type == "cuda":
-                    torch.cuda.current_stream(self.device).synchronize()
-                check(lib.tpf_manager_destroy(h), "destroy_ub")
+            if self.device.type == "cuda":
+                torch.cuda.current_stream(self.device).synchronize()
+            self._life.close()
         finally:
             if self._owner is not None:
                 owner, self._owner = self._owner, None
                 owner.destroy()
+
+    def _refuse_with_views(self) -> None:
+        """CUDA: every rank learns which ranks still hold views before anyone destroys."""
+        assert self._owner is not None
+        views = self._owner.boot.allgather_object(self._life.views)
+        holders = [f"rank {q} ({n})" for q, n in enumerate(views) if n]
+        if holders:
+            raise TpflexStateError(
+                f"torch views of the registrations are still alive on {', '.join(holders)} "
+                f"(registrations with live views); the CUDA backend's destroy is collective, "
+                f"so nothing was destroyed: del the buffer()/local_chunk() views and call "
+                f"destroy_ub again", "destroy_ub")
 
     def __repr__(self) -> str:
         state = "destroyed" if self._h is None else f"{len(self._comms)} communicators"

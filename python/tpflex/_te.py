@@ -257,7 +257,7 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
         if group is not None or device is not None or timeout_ms is not None:
             raise TpflexInvalidError("group, device and timeout_ms are CUDA-backend arguments "
                                      "(the simulator world has its own timeout)", where)
-        mgr = Manager(ctx.backend, P, ctx.rank, torch.device("cpu"))
+        mgr = Manager(ctx.backend, P, ctx.rank, torch.device("cpu"), keep_world=ctx.keep_alive)
     else:
         mgr = _cuda_manager(cap, P, dtype, cfgs, group, device, timeout_ms)
     try:
@@ -342,9 +342,16 @@ def legal_rows(tokens: int) -> int:
 
 
 def destroy_ub() -> None:
-    """Collective: destroys the communicators (and the CUDA backend)."""
+    """Collective: destroys the communicators (and the CUDA backend). A view of a registration
+    kept past it stays valid (simulator: the memory is released with the last view) or makes it
+    refuse, changing nothing (CUDA: see Manager.destroy)."""
     st = state()
-    st.get(sim.ON_CLOSE, {}).pop("tpflex.torch", None)
-    m = st.pop("manager", None)
-    if m is not None:
+    m = st.get("manager")
+    if m is None:
+        return
+    try:
         m.destroy()
+    finally:
+        if m._h is None:  # destroyed (or failed while destroying): no longer this rank's
+            st.pop("manager", None)
+            st.get(sim.ON_CLOSE, {}).pop("tpflex.torch", None)

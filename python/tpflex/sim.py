@@ -35,6 +35,15 @@ _tls = threading.local()
 _SEQ: Iterator[int] = itertools.count()  # the order in which ranks' exceptions were caught
 
 
+_live = [0]  # worlds created and not yet destroyed
+
+
+def live_worlds() -> int:
+    """How many simulator worlds of this process are not destroyed yet (a closed world whose
+    memory a torch view still uses counts until the view dies)."""
+    return _live[0]
+
+
 class _Handle:
     """The tpf_sim_world, destroyed when its last holder lets go (World itself, and whatever
     keep_alive() gave a releaser to)."""
@@ -43,6 +52,8 @@ class _Handle:
         self.h: Optional[int] = h
         self.refs = 1
         self._lock = threading.Lock()
+        with self._lock:
+            _live[0] += 1
 
     def retain(self) -> None:
         with self._lock:
@@ -56,6 +67,7 @@ class _Handle:
             if self.refs > 0 or self.h is None:
                 return
             h, self.h = self.h, None
+            _live[0] -= 1
         check(lib.tpf_sim_world_destroy(h), "tpf_sim_world_destroy")
 
 

@@ -99,6 +99,41 @@ def c_layout() -> dict:
     return got
 
 
+def c_tolerances() -> dict:
+    """harness/reference.c's tpf_ref_tolerance per dtype (the C oracle's), compiled and linked
+    against the loaded libtpflex."""
+    cc = os.environ.get("CC", "cc")
+    prog = ["#include <stdio.h>", '#include "reference.h"', "int main(void) {"]
+    for name in ("TPF_BF16", "TPF_FP16", "TPF_FP32"):
+        prog.append(f'  {{ tpf_ref_tol t = tpf_ref_tolerance({name}); '
+                    f'printf("{name} %.17g %.17g\\n", t.rtol, t.atol); }}')
+    prog.append("  return 0;\n}")
+    libdir = os.path.dirname(os.path.abspath(L.LIBRARY_PATH))
+    with tempfile.TemporaryDirectory(prefix="tpflex-tol-") as d:
+        src, exe = os.path.join(d, "tol.c"), os.path.join(d, "tol")
+        with open(src, "w") as f:
+            f.write("\n".join(prog) + "\n")
+        r = subprocess.run([cc, "-std=c11", "-I", INCLUDE, "-I", os.path.join(ROOT, "harness"),
+                            src, os.path.join(ROOT, "harness", "reference.c"),
+                            os.path.abspath(L.LIBRARY_PATH), f"-Wl,-rpath,{libdir}", "-lm",
+                            "-o", exe], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise AssertionError(f"the tolerance program does not build:\n{r.stderr}")
+        out = subprocess.run([exe], capture_output=True, text=True, check=True).stdout
+    return {line.split()[0]: (float(line.split()[1]), float(line.split()[2]))
+            for line in out.splitlines()}
+
+
+class OracleTolerances(unittest.TestCase):
+    def test_python_oracle_uses_the_c_tolerances(self) -> None:
+        """tests/python/cases.py's TOL is the C oracle's (SPEC §7), dtype by dtype."""
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import cases
+        c = c_tolerances()
+        self.assertEqual(cases.TOL, {torch.bfloat16: c["TPF_BF16"], torch.float16: c["TPF_FP16"],
+                                     torch.float32: c["TPF_FP32"]})
+
+
 class Mirrors(unittest.TestCase):
     @classmethod
     def setUpClass(cls) -> None:

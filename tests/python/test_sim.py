@@ -6,7 +6,9 @@ import ctypes
 import inspect
 import os
 import re
+import subprocess
 import sys
+import threading
 import time
 import unittest
 import warnings
@@ -346,7 +348,6 @@ class SimOnly(unittest.TestCase):
         self.assertEqual(res[0].cls, "TpflexInvalidError", res)
         self.assertIn("stream", res[0].text)
 
-    @unittest.skipUnless(hasattr(tt.Communicator, "abort"), "libtpflex has no tpf_comm_abort")
     def test_sync_async_error_abort(self):
         def f(r, env):
             tt.set_ub_active_shape([8, H])
@@ -380,7 +381,6 @@ class SimOnly(unittest.TestCase):
             return True
         self.assertEqual(sim_run_ranks(2, with_ub(f, ub_cfgs=cases.RING_RS)), [True, True])
 
-    @unittest.skipUnless(L.HAVE_BACKEND_CAPS, "libtpflex has no tpf_comm_backend_caps")
     def test_backend_caps(self):
         def f(r, env):
             ub = tt.get_ub("fc1_fprop")
@@ -400,6 +400,20 @@ class SimOnly(unittest.TestCase):
             w.fill_(1.5)
             self.assertEqual(w.dtype, dt)
             self.assertEqual(b.float().sum().item(), 9.0)
+
+    def test_dlpack_view_checks_its_arguments(self):
+        b = torch.zeros(8)
+        cpu = torch.device("cpu")
+        for args, cls, word in (((b.data_ptr(), 2, 4, 3, torch.float32, cpu), E.TpflexInvalidError,
+                                 "ld=3"),
+                                ((b.data_ptr(), 2 ** 63, 4, 4, torch.float32, cpu),
+                                 E.TpflexOverflowError, "rows"),
+                                ((b.data_ptr(), 2, 4, 4, torch.int32, cpu), E.TpflexInvalidError,
+                                 "dtype"),
+                                ((b.data_ptr(), 2.5, 4, 4, torch.float32, cpu),
+                                 E.TpflexInvalidError, "rows=2.5")):
+            with self.assertRaisesRegex(cls, word, msg=str(args)):
+                tt.dlpack_view(*args)
 
     def test_struct_sizes_match_the_library(self):
         """ctypes mirrors of tpf_op_options, tpf_comm_config and tpf_sim_config have the C
@@ -460,8 +474,234 @@ class SimOnly(unittest.TestCase):
         def f(r):
             if r >= 1:
                 raise ValueError(f"rank {r}")
-        with self.assertRaisesRegex(ValueError, "rank 1"):
+        with self.assertRaisesRegex(ValueError, "rank [12]") as cm:
             sim.run(3, f)
+        e = cm.exception  # ranks 1 and 2 raise at the same time: either is first
+        self.assertEqual([r for r, _ in e.peer_errors], [3 - e.tpflex_rank])
+        self.assertIsInstance(e.peer_errors[0][1], ValueError)
+
+
+class Reliability(unittest.TestCase):
+    """Issue 22: bad arguments, views outliving their registration, sim.run's root cause,
+    teardown failures, the oracle."""
+
+    def test_root_cause_not_the_consequent_timeout(self):
+        """Rank 1 fails before the collective; rank 0's ag_gemm then times out (a consequence).
+        sim.run raises rank 1's AssertionError, with rank 0's timeout attached. Rank 0 starts
+        its operation only after rank 1 has raised (an event), and its wait is 3 s: rank 1's
+        exception is caught long before rank 0's timeout can fire."""
+        raised = threading.Event()
+
+        def f(r):
+            tt.initialize_ub([C, H], 2)
+            try:
+                tt.set_ub_active_shape([8, H])
+                if r == 1:
+                    try:
+                        raise AssertionError("rank one's root cause")
+                    finally:
+                        raised.set()
+                raised.wait()
+                tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.bfloat16))
+            finally:
+                tt.destroy_ub()
+        with self.assertRaisesRegex(AssertionError, "rank one's root cause") as cm:
+            sim.run(2, f, timeout_ms=3000)
+        e = cm.exception
+        self.assertEqual(e.tpflex_rank, 1)
+        self.assertEqual(len(e.peer_errors), 1)
+        self.assertEqual(e.peer_errors[0][0], 0)
+        self.assertIsInstance(e.peer_errors[0][1], E.TpflexTimeoutError)
+        self.assertTrue(any("rank 0: TpflexTimeoutError" in n for n in e.__notes__), e.__notes__)
+
+    def test_view_read_after_the_world_closes(self):
+        """A view returned out of sim.run (the world closes at its end) reads the registration,
+        which is released with the view. In a subprocess: before, this read crashed."""
+        code = (
+            "import gc, torch, tpflex.sim as sim, tpflex.torch as tt\n"
+            "def f(r):\n"
+            "    tt.initialize_ub([64, 32], 1, dtype=torch.float32)\n"
+            "    tt.set_ub_active_shape([8, 32])\n"
+            "    v = tt.get_ub('fc1_fprop').buffer(); v.fill_(3)\n"
+            "    return v, tt.get_ub('fc2_fprop').local_chunk()\n"
+            "v, c = sim.run(1, f)[0]\n"
+            "print('live', sim.live_worlds(), float(v.sum()), tuple(c.shape))\n"
+            "del v; gc.collect(); print('after v', sim.live_worlds())\n"
+            "del c; gc.collect(); print('after c', sim.live_worlds())\n")
+        r = subprocess.run([sys.executable, "-W", "ignore", "-c", code], capture_output=True,
+                           text=True, timeout=120)
+        self.assertEqual(r.returncode, 0, r.stderr[-2000:])
+        self.assertEqual(r.stdout.split("\n")[:3],
+                         ["live 1 768.0 (8, 32)", "after v 1", "after c 0"], r.stdout)
+
+    def test_view_kept_across_destroy_and_initialize_does_not_alias(self):
+        def f(r):
+            tt.initialize_ub([C, H], 2, dtype=torch.float32)
+            tt.set_ub_active_shape([8, H])
+            v = tt.get_ub("fc1_fprop").buffer()
+            v.fill_(1)
+            old = current_manager()._life
+            tt.destroy_ub()
+            assert old.h is not None and old.views == 1, "destroy deferred while v lives"
+            with self.assertRaises(E.TpflexStateError):  # the manager is gone
+                tt.set_ub_active_shape([8, H])
+            tt.initialize_ub([C, H], 2, dtype=torch.float32)
+            try:
+                tt.set_ub_active_shape([8, H])
+                mgr = current_manager()
+                for n in mgr.names:
+                    tt.get_ub(n).buffer().fill_(2)
+                regs = [tt.get_ub(n).registration() for n in mgr.names]
+                lo, hi = v.data_ptr(), v.data_ptr() + v.numel() * v.element_size()
+                overlaps = [n for n, (b, k) in zip(mgr.names, regs) if b < hi and lo < b + k]
+                return overlaps, bool(torch.all(v == 1)), old
+            finally:
+                tt.destroy_ub()
+        res = sim.run(2, f)
+        for overlaps, kept, old in res:
+            self.assertEqual((overlaps, kept), ([], True))
+            self.assertEqual((old.h, old.views), (None, 0), "destroyed when v died")
+
+    def test_destroy_without_views_is_immediate(self):
+        """No view kept: destroy_ub destroys at once (a world closes with nothing pending)."""
+        def f(r):
+            tt.initialize_ub([C, H], 1)
+            tt.set_ub_active_shape([8, H])
+            tt.get_ub("fc1_fprop").buffer().fill_(1)  # a view made and dropped
+            mgr = current_manager()
+            tt.destroy_ub()
+            return mgr._life.h is None, mgr._life.views
+        with sim.World(1) as w:
+            self.assertEqual(w.run(f), [(True, 0)])
+
+    def test_close_hook_failure_is_raised(self):
+        """World.close no longer swallows teardown failures: a rank's close hook that raises
+        fails close() (after the world is gone); with a body failure, the body's exception is
+        raised and the teardown's is noted on it."""
+        def hook(r):
+            def boom():
+                raise RuntimeError(f"teardown of rank {r} failed")
+            sim.current().state.setdefault(sim.ON_CLOSE, {})["test"] = boom
+        before = sim.live_worlds()
+        w = sim.World(2)
+        w.run(hook)
+        with self.assertRaisesRegex(RuntimeError, "teardown of rank [01] failed"):
+            w.close()
+        self.assertEqual(sim.live_worlds(), before)
+        with self.assertRaisesRegex(KeyError, "body") as cm:
+            with sim.World(2) as w2:
+                w2.run(hook)
+                raise KeyError("body")
+        self.assertTrue(any("closing the world also failed" in n
+                            for n in cm.exception.__notes__))
+
+    def test_bad_arguments_name_themselves(self):
+        """Issue 22 item 9: no silent wrap or truncation; every bad argument is a TpflexError
+        subclass naming the argument and its value (never ValueError / ctypes.ArgumentError)."""
+        big = 2 ** 64 + 64
+
+        def calls(r):
+            ub = None
+            out = []
+
+            def attempt(label, fn):
+                try:
+                    fn()
+                    out.append((label, None))
+                except Exception as e:
+                    out.append((label, Err(e)))
+            attempt("init capacity", lambda: tt.initialize_ub([big, H], 1))
+            attempt("init float rows", lambda: tt.initialize_ub([64.0, H], 1))
+            attempt("init tp_size", lambda: tt.initialize_ub([C, H], 2 ** 31))
+            attempt("init tp_size 0", lambda: tt.initialize_ub([C, H], 0))
+            attempt("init num_splits", lambda: tt.initialize_ub(
+                [C, H], 1, ub_cfgs={"fc2_fprop": {"num_splits": 2 ** 32 + 1}}))
+            attempt("init timeout", lambda: tt.initialize_ub([C, H], 1, backend="cuda",
+                                                             timeout_ms=-5))
+            tt.initialize_ub([C, H], 1)
+            try:
+                ub = tt.get_ub("fc1_fprop")
+                x = torch.zeros(4, H, dtype=torch.bfloat16)
+                attempt("shape overflow", lambda: tt.set_ub_active_shape([2 ** 64 + 32, H]))
+                attempt("shape float", lambda: tt.set_ub_active_shape([48.9, H]))
+                attempt("shape negative", lambda: tt.set_ub_active_shape([-8, H]))
+                attempt("shape 1-D", lambda: tt.set_ub_active_shape([8]))
+                attempt("shape str", lambda: tt.set_ub_active_shape("8x32"))
+                attempt("comm shape", lambda: ub.set_active_shape([8, 2 ** 64]))
+                tt.set_ub_active_shape([8, H])
+                attempt("splits wrap", lambda: ub.ag_gemm(x, num_splits=2 ** 32 + 1))
+                attempt("splits float", lambda: ub.ag_gemm(x, num_splits=2.0))
+                attempt("alpha float32", lambda: ub.ag_gemm(x, alpha=1e39))
+                attempt("legal_rows float", lambda: ub.legal_rows(48.9))
+                attempt("legal_rows negative", lambda: tt.legal_rows(-1))
+                attempt("legal_rows overflow", lambda: tt.legal_rows(2 ** 64))
+                attempt("get_ub int", lambda: tt.get_ub(3))
+                return out, tt.get_ub("fc1_fprop").active_shape
+            finally:
+                tt.destroy_ub()
+        out, shape = sim.run(1, calls)[0]
+        self.assertEqual(shape, (8, H), "no bad call changed the shape")
+        want = {
+            "init capacity": ("TpflexOverflowError", "shape[0]", str(2 ** 64 + 64)),
+            "init float rows": ("TpflexInvalidError", "shape[0]", "64.0"),
+            "init tp_size": ("TpflexOverflowError", "tp_size", str(2 ** 31)),
+            "init tp_size 0": ("TpflexInvalidError", "tp_size", "0"),
+            "init num_splits": ("TpflexOverflowError", "num_splits", str(2 ** 32 + 1)),
+            "init timeout": ("TpflexInvalidError", "timeout_ms", "-5"),
+            "shape overflow": ("TpflexOverflowError", "shape[0]", str(2 ** 64 + 32)),
+            "shape float": ("TpflexInvalidError", "shape[0]", "48.9"),
+            "shape negative": ("TpflexShapeError", "shape[0]", "-8"),
+            "shape 1-D": ("TpflexShapeError", "shape", "[8]"),
+            "shape str": ("TpflexShapeError", "shape", "'8x32'"),
+            "comm shape": ("TpflexOverflowError", "shape[1]", str(2 ** 64)),
+            "splits wrap": ("TpflexOverflowError", "num_splits", str(2 ** 32 + 1)),
+            "splits float": ("TpflexInvalidError", "num_splits", "2.0"),
+            "alpha float32": ("TpflexInvalidError", "alpha", "1e+39"),
+            "legal_rows float": ("TpflexInvalidError", "rows", "48.9"),
+            "legal_rows negative": ("TpflexInvalidError", "tokens", "-1"),
+            "legal_rows overflow": ("TpflexOverflowError", "tokens", str(2 ** 64)),
+            "get_ub int": ("TpflexInvalidError", "3"),
+        }
+        self.assertEqual([k for k, _ in out], list(want))
+        for label, e in out:
+            cls, *words = want[label]
+            self.assertIsInstance(e, Err, f"{label}: accepted")
+            self.assertEqual(e.cls, cls, f"{label}: {e!r}")
+            for w in words:
+                self.assertIn(w, e.text, f"{label}: {e!r}")
+        for kw, cls, words in (({"tp_size": 2 ** 31}, E.TpflexOverflowError, ("tp_size",)),
+                               ({"tp_size": 2, "timeout_ms": -1}, E.TpflexInvalidError,
+                                ("timeout_ms", "-1")),
+                               ({"tp_size": 2, "seed": 1.5}, E.TpflexInvalidError,
+                                ("seed", "1.5"))):
+            with self.assertRaises(cls, msg=str(kw)) as cm:
+                sim.run(kw.pop("tp_size"), lambda r: r, **kw)
+            for w in words:
+                self.assertIn(w, str(cm.exception))
+
+    def test_oracle_is_per_element(self):
+        """SPEC §7 in the Python oracle (cases.close): an element is wrong iff rel > rtol and
+        abs > atol, rel = abs / max(|ref|, 1e-5); NaN/Inf must agree. The max-magnitude-scaled
+        atol of before passed a wrong small element next to a large one."""
+        bf = torch.bfloat16
+        ref = torch.tensor([100.0, 0.0001])
+        self.assertFalse(cases.close(torch.tensor([100.0, 0.1]), ref, bf))  # before: passed
+        self.assertFalse(cases.close(torch.tensor([100.5, 0.4]), ref, bf))
+        self.assertTrue(cases.close(torch.tensor([101.9, 0.0021]), ref, bf))  # rel .019, abs .002
+        self.assertFalse(cases.close(torch.tensor([102.1, 0.0001]), ref, bf))  # rel .021
+        self.assertTrue(cases.close(torch.tensor([1e-3 + 9e-7]), torch.tensor([1e-3]),
+                                    torch.float32))  # abs 9e-7 <= atol 1e-6
+        self.assertFalse(cases.close(torch.tensor([1e-3 + 2e-6]), torch.tensor([1e-3]),
+                                     torch.float32))
+        self.assertFalse(cases.close(torch.tensor([1.0 + 0.0105]), torch.tensor([1.0]),
+                                     torch.float16))  # fp16: rtol 0.01
+        nan, inf = float("nan"), float("inf")
+        self.assertTrue(cases.close(torch.tensor([nan, inf, -inf]), torch.tensor([nan, inf, -inf]),
+                                    bf))
+        self.assertFalse(cases.close(torch.tensor([nan]), torch.tensor([1.0]), bf))
+        self.assertFalse(cases.close(torch.tensor([1.0]), torch.tensor([inf]), bf))
+        self.assertFalse(cases.close(torch.tensor([inf]), torch.tensor([-inf]), bf))
+        self.assertFalse(cases.close(torch.zeros(2, 3), torch.zeros(3, 2), bf))
 
 
 if __name__ == "__main__":
