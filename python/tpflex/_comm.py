@@ -8,8 +8,8 @@ from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
 import torch
 
 from . import _lib, _ops
-from ._checks import U64_MAX, as_shape, int_arg, beta_needs_out, dims, need_tensor, plan_ag_gemm, plan_bulk, \
-    plan_gemm_rs, shape_str
+from ._checks import (U64_MAX, as_shape, beta_needs_out, dims, int_arg, need_tensor, plan_ag_gemm,
+                      plan_bulk, plan_gemm_rs, shape_str)
 from ._dlpack import dlpack_view
 from ._lib import Matrix, check, lib
 from ._options import DEFAULT_OPTS, Opts, parse_options
@@ -113,7 +113,8 @@ class Communicator:
         return int(base.value or 0), int(n.value)
 
     def set_active_shape(self, shape: Sequence[int]) -> None:
-        check(lib.tpf_comm_set_active_shape(self._handle(), as_shape(self.name, "shape", shape)), self.name)
+        s = as_shape(self.name, "shape", shape)
+        check(lib.tpf_comm_set_active_shape(self._handle(), s), self.name)
         self._refresh_views()
 
     # ---- zero-copy views ----
@@ -252,15 +253,15 @@ class Communicator:
             if o.beta != 0.0:
                 T, H = buf.shape
                 N = plan_ag_gemm(where, self.device, self.dtype, T, H, weight, None, None,
-                                  o.trans_w)[0]
+                                 o.trans_w)[0]
                 raise beta_needs_out(where, o.beta, (T, N))
             dims(where, "weight", weight)
-            return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w, o.alpha,
-                               o.gelu, o.num_splits, stream)
+            return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w,
+                                   o.alpha, o.gelu, o.num_splits, stream)
         dims(where, "weight", weight)
         need_tensor(where, "out", out)
         _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
-                        o.beta, o.gelu, o.num_splits, stream)
+                            o.beta, o.gelu, o.num_splits, stream)
         return out
 
     def gemm_rs(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -279,13 +280,13 @@ class Communicator:
             if o.beta != 0.0:
                 T, H = chunk.shape[0] * self.tp_size, chunk.shape[1]
                 rows = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x,
-                                     weight, None, None, o.trans_a, o.trans_w)[0]
+                                    weight, None, None, o.trans_a, o.trans_w)[0]
                 raise beta_needs_out(where, o.beta, (rows, H))
             return _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
-                               o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
+                                   o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
         need_tensor(where, "out", out)
         _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
-                        o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
+                            o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
 
     def bulk_overlap(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -305,11 +306,11 @@ class Communicator:
             if o.beta != 0.0:
                 M, N = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w)[:2]
                 raise beta_needs_out(where, o.beta, (M, N))
-            return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a, o.trans_w,
-                                    o.alpha, o.gelu, o.num_splits, stream)
+            return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a,
+                                        o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
         need_tensor(where, "out", out)
-        _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
-                             o.alpha, o.beta, o.gelu, o.num_splits, stream)
+        _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
+                                 o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
 
     # Bound only when the loaded libtpflex has them (tpf_comm_sync / _async_error / _abort).
@@ -325,7 +326,7 @@ class Communicator:
             check(lib.tpf_comm_async_error(self._handle(), ctypes.byref(st)),
                   f"async_error on '{self.name}'")
             return None if st.value == 0 else error_for(st.value, _lib.last_error(),
-                                                         f"async_error on '{self.name}'")
+                                                        f"async_error on '{self.name}'")
 
     if _lib.HAVE_COMM_ABORT:
         def abort(self) -> None:

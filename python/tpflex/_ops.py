@@ -18,7 +18,7 @@ from ._options import make_opts
 from ._state import resolve
 
 OP_NAMES = ("ag_gemm", "ag_gemm_out", "gemm_rs", "gemm_rs_out", "bulk_overlap",
-             "bulk_overlap_out")
+            "bulk_overlap_out")
 
 
 def _ag_gemm_impl(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
@@ -48,7 +48,7 @@ def _gemm_rs_impl(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: to
     T, H = c.active_shape
     live = c._registration_arg(where, buffer)
     rows, ld_x, ld_w, ld_d = plan_gemm_rs(where, c.device, c.dtype, T, H, c.tp_size, x, weight,
-                                           out, bias, trans_a, trans_w)
+                                          out, bias, trans_a, trans_w)
     if out is None:
         out, ld_d = torch.empty((rows, H), dtype=c.dtype, device=c.device), H
     c._call(where, lib.tpf_gemm_rs, lib.tpf_gemm_rs_ex,
@@ -93,11 +93,11 @@ def _register_ops() -> None:
 
     @ag_gemm.register_fake
     def _(comm: Any, key: Any, buffer: Any, weight: Any, bias: Any, trans_w: Any, alpha: Any,
-            gelu: Any, num_splits: Any, stream: Any) -> Any:
+          gelu: Any, num_splits: Any, stream: Any) -> Any:
         where = f"ag_gemm on '{comm}'"
         T, H = fake_buffer(where, buffer)
         N = plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, None, bias,
-                          trans_w)[0]
+                         trans_w)[0]
         return buffer.new_empty((T, N))
 
     @lib_def("tpflex::ag_gemm_out", mutates_args=("buffer", "out"))
@@ -109,7 +109,7 @@ def _register_ops() -> None:
 
     @ag_gemm_out.register_fake
     def _(comm: Any, key: Any, buffer: Any, weight: Any, out: Any, bias: Any, trans_w: Any,
-            alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
         where = f"ag_gemm on '{comm}'"
         T, H = fake_buffer(where, buffer)
         plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, out, bias, trans_w)
@@ -128,11 +128,11 @@ def _register_ops() -> None:
         H = fake_buffer(where, buffer)[1]
         xr, xc = dims(where, "x", x)
         return plan_gemm_rs(where, buffer.device, buffer.dtype, xc if trans_a else xr, H,
-                             tp_size, x, weight, out, bias, trans_a, trans_w)[0], H
+                            tp_size, x, weight, out, bias, trans_a, trans_w)[0], H
 
     @gemm_rs.register_fake
     def _(comm: Any, key: Any, tp_size: Any, buffer: Any, x: Any, weight: Any, bias: Any,
-            trans_a: Any, trans_w: Any, alpha: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          trans_a: Any, trans_w: Any, alpha: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
         return buffer.new_empty(_rs_fake(comm, tp_size, buffer, x, weight, None, bias, trans_a,
                                          trans_w))
 
@@ -146,8 +146,8 @@ def _register_ops() -> None:
 
     @gemm_rs_out.register_fake
     def _(comm: Any, key: Any, tp_size: Any, buffer: Any, x: Any, weight: Any, out: Any,
-        bias: Any, trans_a: Any, trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any,
-            stream: Any) -> Any:
+          bias: Any, trans_a: Any, trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any,
+          stream: Any) -> Any:
         _rs_fake(comm, tp_size, buffer, x, weight, out, bias, trans_a, trans_w)
 
     @lib_def("tpflex::bulk_overlap", mutates_args=("buffer",))
@@ -160,7 +160,7 @@ def _register_ops() -> None:
 
     @bulk_overlap.register_fake
     def _(comm: Any, key: Any, buffer: Any, a: Any, b: Any, bias: Any, trans_a: Any, trans_w: Any,
-            alpha: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          alpha: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
         where = f"bulk_overlap on '{comm}'"
         fake_buffer(where, buffer)
         M, N = plan_bulk(where, buffer.device, a, b, None, bias, trans_a, trans_w)[:2]
@@ -176,7 +176,7 @@ def _register_ops() -> None:
 
     @bulk_overlap_out.register_fake
     def _(comm: Any, key: Any, buffer: Any, a: Any, b: Any, out: Any, bias: Any, trans_a: Any,
-            trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
         where = f"bulk_overlap on '{comm}'"
         fake_buffer(where, buffer)
         plan_bulk(where, buffer.device, a, b, out, bias, trans_a, trans_w)

@@ -15,7 +15,8 @@ class TpflexError(RuntimeError):
         self.detail = detail
         self.call = call
         where = f"{call}: " if call else ""
-        super().__init__(f"{where}{self.status_name}: {detail}" if detail else f"{where}{self.status_name}")
+        super().__init__(f"{where}{self.status_name}: {detail}" if detail
+                         else f"{where}{self.status_name}")
 
 
 class TpflexInvalidError(TpflexError):

@@ -432,7 +432,8 @@ class SimOnly(unittest.TestCase):
             rc = L.lib.tpf_ag_gemm_ex(ub._h, ctypes.byref(mw), ctypes.byref(md), ctypes.byref(o),
                                       None)
             opt_known = L.last_error()
-            cfg = L.CommConfig(size=ctypes.sizeof(L.CommConfig) + 8, name=b"x", capacity=L.Shape(C, H))
+            cfg = L.CommConfig(size=ctypes.sizeof(L.CommConfig) + 8, name=b"x",
+                               capacity=L.Shape(C, H))
             h = ctypes.c_void_p()
             rc2 = L.lib.tpf_manager_add(current_manager()._h, ctypes.byref(cfg), ctypes.byref(h))
             return rc, opt_known, rc2, L.last_error()
