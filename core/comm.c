@@ -113,12 +113,15 @@ static tpf_comm_config normalized(const tpf_comm_config *cfg) {
  * in this order so every rank reports the same first difference. */
 #define FP_NAME_LEN 64
 typedef struct {
-  uint64_t magic; /* "tpfcfg02": a rank built from another library version differs here */
+  uint64_t magic; /* "tpfcfg03": a rank built from another library version differs here */
   uint64_t cap_rows, cap_cols, name_hash, cost_hash;
   int32_t algo, coll, dtype, num_splits, aggregate, external, plan, name_len;
+  /* 1: this rank's call failed a local check (issue 22 item 3); name then holds the start of
+   * its detail and every other field is 0. */
+  int32_t invalid, reserved;
   char name[FP_NAME_LEN]; /* the first bytes, for the message */
 } fingerprint;
-#define FP_MAGIC 0x7470666366673032ull
+#define FP_MAGIC 0x7470666366673033ull
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
@@ -156,8 +159,13 @@ static const char *enum_text(const char *field, int32_t v, char *buf, size_t n) 
   return buf;
 }
 
-/* The first field in which rank q's fingerprint differs from rank 0's, in the fixed order. */
+/* A locally invalid rank first (the lowest), so that every rank reports the same; then the
+ * first field in which rank q's fingerprint differs from rank 0's, in the fixed order. */
 static tpf_status compare_fingerprints(const char *name, const fingerprint *all, int P) {
+  for (int q = 0; q < P; q++)
+    TPF_RETURN_IF(all[q].magic == FP_MAGIC && all[q].invalid, TPF_EMISMATCH,
+                  "'%s' was not created on any rank: rank %d refused its call locally (%.63s)",
+                  name, q, all[q].name);
   for (int q = 1; q < P; q++) {
     const fingerprint *a = &all[0], *b = &all[q];
     char va[32], vb[32];
@@ -204,34 +212,60 @@ static tpf_status compare_fingerprints(const char *name, const fingerprint *all,
 }
 
 /* Exchanges fingerprints over the backend (when it can) and compares them; every rank sees all
- * of them, so every rank fails with the same message. */
-static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg) {
+ * of them, so every rank fails with the same message. cfg NULL: this rank's call already failed
+ * a local check (`local`, detail in tpf_last_error()): it still takes part, with an "invalid"
+ * fingerprint, so that every rank fails this creation and the exchanges stay paired (issue 22
+ * item 3); it returns its own local status and detail. The fingerprints live on the stack
+ * (P <= TPF_MAX_RANKS): an allocation failing on one rank only would unpair the group too. */
+static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg, tpf_status local) {
   tpf_status (*allgather)(tpf_backend *, const void *, void *, size_t) = tpf__be_allgather_op(be);
-  if (be->tp_size < 2 || !allgather) return TPF_OK;
+  if (be->tp_size < 2 || !allgather) return local;
+  char local_detail[400];
+  strncpy(local_detail, tpf_last_error(), sizeof local_detail - 1);
+  local_detail[sizeof local_detail - 1] = '\0';
   fingerprint mine;
-  fingerprint_of(cfg, &mine);
-  fingerprint *all = tpf__calloc((size_t)be->tp_size, sizeof *all);
-  TPF_RETURN_IF(!all, TPF_ENOMEM, "'%s': cannot allocate %d fingerprints", cfg->name, be->tp_size);
+  if (cfg) {
+    fingerprint_of(cfg, &mine);
+  } else {
+    memset(&mine, 0, sizeof mine);
+    mine.magic = FP_MAGIC;
+    mine.invalid = 1;
+    const size_t n = strlen(local_detail);
+    memcpy(mine.name, local_detail, n < FP_NAME_LEN - 1 ? n : FP_NAME_LEN - 1);
+  }
+  fingerprint all[TPF_MAX_RANKS];
+  const char *name = cfg ? cfg->name : "?";
   tpf_status rc = allgather(be, &mine, all, sizeof mine);
   if (rc != TPF_OK) {
     char detail[400];
     strncpy(detail, tpf_last_error(), sizeof detail - 1);
     detail[sizeof detail - 1] = '\0';
-    rc = tpf_set_error(rc, "'%s': %s", cfg->name, detail);
+    if (!cfg) /* the local failure comes first; the exchange's fate follows it */
+      return tpf_set_error(local, "%s (and the creation exchange failed: %s)", local_detail,
+                           detail);
+    return tpf_set_error(rc, "'%s': %s", name, detail);
   }
-  if (rc == TPF_OK) rc = compare_fingerprints(cfg->name, all, be->tp_size);
-  tpf__free(all);
-  return rc;
+  if (!cfg) return tpf_set_error(local, "%s", local_detail);
+  return compare_fingerprints(name, all, be->tp_size);
 }
 
 tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *user_cfg, tpf_comm **out) {
-  TPF_RETURN_IF(!out, TPF_EINVAL, "tpf_comm_create: out is NULL");
+  return tpf__comm_create_after(be, user_cfg, out, TPF_OK);
+}
+
+tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *user_cfg,
+                                  tpf_comm **out, tpf_status local) {
+  /* Without a valid backend there is no group to stay paired with. */
   TPF_CHECK(tpf__be_validate(be));
-  TPF_CHECK(check_config(user_cfg));
+  /* Local checks: a failure still takes part in the collective exchange below. */
+  if (local == TPF_OK && !out)
+    local = tpf_set_error(TPF_EINVAL, "tpf_comm_create: out is NULL");
+  if (local == TPF_OK) local = check_config(user_cfg);
+  if (local != TPF_OK) return agree(be, NULL, local);
   const tpf_comm_config norm = normalized(user_cfg);
   const tpf_comm_config *cfg = &norm;
   /* Collective: before anything is registered, so a disagreement registers nothing. */
-  TPF_CHECK(agree(be, cfg));
+  TPF_CHECK(agree(be, cfg, TPF_OK));
 
   tpf_layout_desc cap_desc;
   memset(&cap_desc, 0, sizeof cap_desc);

@@ -24,6 +24,12 @@ struct tpf_comm {
   tpf_shape prev_active;
 };
 
+/* tpf_comm_create for a caller that already found a local failure (`local` != TPF_OK, detail in
+ * tpf_last_error(), e.g. the manager's duplicate name): the rank still takes part in the
+ * creation exchange, so every rank fails this creation and the group stays paired. */
+tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out,
+                                  tpf_status local);
+
 /* The layout descriptor of c (this rank, its configuration) for the given active shape. */
 tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active);
 /* Validates `active` for c without changing anything; yields the active layout's bytes. */

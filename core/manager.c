@@ -40,18 +40,26 @@ static tpf_comm *find(const tpf_manager *m, const char *name) {
 
 tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out) {
   TPF_CHECK_MANAGER(m, "tpf_manager_add");
-  TPF_RETURN_IF(!cfg, TPF_EINVAL, "tpf_manager_add: config is NULL");
-  TPF_RETURN_IF(cfg->name && find(m, cfg->name), TPF_EINVAL,
-                "the manager already has a communicator named '%s'", cfg->name);
-  if (m->count == m->cap) {
+  /* Local failures (NULL config, duplicate name, no room) still take part in the creation
+   * exchange (tpf__comm_create_after), so the other ranks fail this add too and stay paired. */
+  tpf_status local = TPF_OK;
+  if (!cfg)
+    local = tpf_set_error(TPF_EINVAL, "tpf_manager_add: config is NULL");
+  else if (cfg->name && find(m, cfg->name))
+    local = tpf_set_error(TPF_EINVAL, "the manager already has a communicator named '%s'",
+                          cfg->name);
+  if (local == TPF_OK && m->count == m->cap) {
     int cap = m->cap ? 2 * m->cap : 8;
     tpf_comm **grown = tpf__realloc(m->comms, (size_t)cap * sizeof *grown);
-    TPF_RETURN_IF(!grown, TPF_ENOMEM, "cannot grow the manager to %d communicators", cap);
-    m->comms = grown;
-    m->cap = cap;
+    if (!grown) {
+      local = tpf_set_error(TPF_ENOMEM, "cannot grow the manager to %d communicators", cap);
+    } else {
+      m->comms = grown;
+      m->cap = cap;
+    }
   }
   tpf_comm *c = NULL;
-  TPF_CHECK(tpf_comm_create(m->be, cfg, &c));
+  TPF_CHECK(tpf__comm_create_after(m->be, cfg, &c, local));
   c->managed = true;
   m->comms[m->count++] = c;
   if (out) *out = c;

@@ -218,6 +218,9 @@ typedef struct {
  * coll, dtype, capacity, num_splits, aggregate, plan mode and cost table, external, name): any
  * difference fails the call on every rank with TPF_EMISMATCH naming the first differing field
  * and both values ("num_splits differs: 4 on rank 0, 8 on rank 1"); nothing is registered.
+ * A rank whose call fails a local check (NULL out or name, bad enum or size; in
+ * tpf_manager_add a duplicate name) still takes part in the exchange: it returns its own
+ * TPF_EINVAL, every other rank TPF_EMISMATCH naming it, and the next creation works on all.
  * TPF_EINVAL (NULL, bad enum, bad size), shape statuses for a capacity that breaks
  * docs/SPEC.md §3, TPF_EMISMATCH, TPF_ETIMEOUT (a rank never arrived), TPF_ENOMEM,
  * TPF_EBACKEND. */
