@@ -26,6 +26,7 @@
 typedef struct {
   struct tpf_comm c; /* must stay first */
   atomic_int aborted;
+  atomic_int busy; /* a thread is inside an operation, set_active_shape or sync (item 5) */
   int max_steps;
   tpf_step steps[]; /* max_steps entries */
 } comm_full;
@@ -50,6 +51,22 @@ static bool aborted(const tpf_comm *c) {
   TPF_RETURN_IF(aborted(c), TPF_ESTATE,                                                            \
                 "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
                 (c)->cfg.name)
+
+/* One thread per rank at a time (tpflex.h): an operation, set_active_shape or sync marks the
+ * communicator busy at entry with an atomic exchange; a second thread arriving meanwhile is
+ * refused at once with TPF_ESTATE and changes nothing (on the simulator it used to overwrite the
+ * first job in the rank's job slot, and the loser waited forever; issue 22 item 5). */
+static tpf_status enter(tpf_comm *c, const char *call) {
+  TPF_RETURN_IF(atomic_exchange(&full_of(c)->busy, 1) != 0, TPF_ESTATE,
+                "%s: another thread is inside a call on '%s' for this rank right now; the rule is "
+                "one thread per rank at a time (tpflex.h, Threads): serialize the calls",
+                call, c->cfg.name);
+  return TPF_OK;
+}
+static tpf_status leave(tpf_comm *c, tpf_status rc) {
+  atomic_store(&full_of(c)->busy, 0);
+  return rc;
+}
 
 tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active) {
   tpf_layout_desc d;
@@ -276,6 +293,7 @@ tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *user_c
   comm_full *f = tpf__calloc(1, sizeof *f + (size_t)max_steps * sizeof(tpf_step));
   TPF_RETURN_IF(!f, TPF_ENOMEM, "'%s': cannot allocate the communicator", cfg->name);
   atomic_init(&f->aborted, 0);
+  atomic_init(&f->busy, 0);
   f->max_steps = max_steps;
   tpf_comm *c = &f->c;
   tpf_status rc = TPF_OK;
@@ -319,6 +337,10 @@ tpf_status tpf_comm_destroy(tpf_comm *c) {
   TPF_RETURN_IF(c->managed, TPF_EINVAL,
                 "tpf_comm_destroy: '%s' belongs to a manager; tpf_manager_destroy destroys it",
                 c->cfg.name);
+  TPF_RETURN_IF(atomic_load(&full_of(c)->busy) != 0, TPF_ESTATE,
+                "tpf_comm_destroy: another thread is inside a call on '%s' for this rank right "
+                "now; the rule is one thread per rank at a time (tpflex.h, Threads)",
+                c->cfg.name);
   /* Out of the table first: from here on every call on c is refused without reading it. */
   tpf__handle_remove(c, c->cfg.name);
   /* Wait for what is in flight before the memory goes; keep going on error so nothing leaks. */
@@ -358,8 +380,11 @@ tpf_status tpf__comm_apply_shape(tpf_comm *c, tpf_shape active, uint64_t active_
 
 tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active) {
   uint64_t bytes = 0;
-  TPF_CHECK(tpf__comm_check_shape(c, active, &bytes));
-  return tpf__comm_apply_shape(c, active, bytes);
+  TPF_CHECK_COMM(c, "set_active_shape");
+  TPF_CHECK(enter(c, "set_active_shape"));
+  tpf_status rc = tpf__comm_check_shape(c, active, &bytes);
+  if (rc == TPF_OK) rc = tpf__comm_apply_shape(c, active, bytes);
+  return leave(c, rc);
 }
 
 tpf_shape tpf_comm_active_shape(const tpf_comm *c) {
@@ -672,8 +697,8 @@ static void stored(bool trans, uint64_t rows, uint64_t cols, uint64_t *sr, uint6
   *sc = trans ? rows : cols;
 }
 
-tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
-                          const tpf_op_options *opt, void *stream) {
+static tpf_status ag_gemm_body(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
+                               const tpf_op_options *opt, void *stream) {
   TPF_CHECK_COMM(c, "tpf_ag_gemm"); /* before ok_kind reads c */
   TPF_CHECK(check_op(c, "tpf_ag_gemm",
                      c && c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_AG, "ring ag"));
@@ -704,8 +729,8 @@ tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
   return run_op(c, &g, NULL, w, d, &o, stream);
 }
 
-tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
-                          const tpf_op_options *opt, void *stream) {
+static tpf_status gemm_rs_body(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
+                               tpf_matrix *out, const tpf_op_options *opt, void *stream) {
   TPF_CHECK_COMM(c, "tpf_gemm_rs");
   TPF_CHECK(check_op(c, "tpf_gemm_rs",
                      c && c->cfg.coll == TPF_COLL_RS &&
@@ -739,8 +764,8 @@ tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
   return run_op(c, &g, x, w, out, &o, stream);
 }
 
-tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
-                               const tpf_op_options *opt, void *stream) {
+static tpf_status bulk_body(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
+                            const tpf_op_options *opt, void *stream) {
   TPF_CHECK_COMM(c, "tpf_bulk_overlap");
   TPF_CHECK(check_op(c, "tpf_bulk_overlap", c && c->cfg.algo == TPF_ALGO_BULK, "bulk"));
   tpf_op_options o;
@@ -769,6 +794,27 @@ tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matri
                 c->cfg.name);
   tpf_gemm_dims g = {M, N, K};
   return run_op(c, &g, a, b, d, &o, stream);
+}
+
+tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
+                          const tpf_op_options *opt, void *stream) {
+  TPF_CHECK_COMM(c, "tpf_ag_gemm");
+  TPF_CHECK(enter(c, "tpf_ag_gemm"));
+  return leave(c, ag_gemm_body(c, w, d, opt, stream));
+}
+
+tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
+                          const tpf_op_options *opt, void *stream) {
+  TPF_CHECK_COMM(c, "tpf_gemm_rs");
+  TPF_CHECK(enter(c, "tpf_gemm_rs"));
+  return leave(c, gemm_rs_body(c, x, w, out, opt, stream));
+}
+
+tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
+                               const tpf_op_options *opt, void *stream) {
+  TPF_CHECK_COMM(c, "tpf_bulk_overlap");
+  TPF_CHECK(enter(c, "tpf_bulk_overlap"));
+  return leave(c, bulk_body(c, a, b, d, opt, stream));
 }
 
 tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream) {
@@ -801,8 +847,7 @@ static tpf_status deferred(tpf_comm *c) {
   return st;
 }
 
-tpf_status tpf_comm_sync(tpf_comm *c) {
-  TPF_CHECK_COMM(c, "tpf_comm_sync");
+static tpf_status sync_body(tpf_comm *c) {
   TPF_RETURN_IF_ABORTED(c);
   tpf_status rc = tpf__be_reg_sync_op(c->be) ? tpf__be_reg_sync_op(c->be)(c->be, c->reg)
                                              : tpf__be_sync(c->be, NULL);
@@ -814,6 +859,12 @@ tpf_status tpf_comm_sync(tpf_comm *c) {
                 "'%s': an enqueued operation failed earlier (%s); destroy the communicator",
                 c->cfg.name, tpf_status_name(c->failed));
   return TPF_OK;
+}
+
+tpf_status tpf_comm_sync(tpf_comm *c) {
+  TPF_CHECK_COMM(c, "tpf_comm_sync");
+  TPF_CHECK(enter(c, "tpf_comm_sync"));
+  return leave(c, sync_body(c));
 }
 
 tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out) {

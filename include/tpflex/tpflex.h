@@ -21,7 +21,9 @@
  *   its communicators. Everything else is local: set_active_shape, views, layout queries,
  *   tpf_comm_legal_rows, status and name functions.
  * - Threads: one thread at a time issues a rank's calls (a rank's communicators and manager are
- *   not thread-safe); different ranks may be different threads of one process (the simulator,
+ *   not thread-safe; a second thread entering an operation, set_active_shape, sync or destroy
+ *   of a communicator while another is inside one is refused with TPF_ESTATE naming this rule,
+ *   and changes nothing); different ranks may be different threads of one process (the simulator,
  *   tpf_cuda_threads_*) or different processes. tpf_last_error() is per thread.
  *   tpf_set_allocator must be called before any object exists.
  * - Views: the matrices from tpf_comm_buffer, tpf_comm_local_chunk and tpf_comm_registration
