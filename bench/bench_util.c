@@ -197,26 +197,32 @@ void bench_row_end(void) {
 uint64_t bench_sim_arena_mib = 1024;
 
 void bench_note(const char *fmt, ...) {
-  char buf[512];
+  /* Any length: a legend is one line however long it is (a fixed 512-byte buffer cut them). */
   va_list ap;
   va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
+  const int n = vsnprintf(NULL, 0, fmt, ap);
   va_end(ap);
+  if (n < 0) return;
   /* The simulator names its own knob (tpf_sim_config.arena_bytes); bench's is --arena-mib. */
-  if (strstr(buf, "simulator arena") != NULL) {
-    const size_t used = strlen(buf);
-    snprintf(buf + used, sizeof(buf) - used,
-             " -- tpflex bench: raise it with --arena-mib, now %llu",
+  const size_t cap = (size_t)n + 128;
+  char *buf = malloc(cap);
+  if (!buf) return;
+  va_start(ap, fmt);
+  vsnprintf(buf, cap, fmt, ap);
+  va_end(ap);
+  if (strstr(buf, "simulator arena") != NULL)
+    snprintf(buf + n, cap - (size_t)n, " -- tpflex bench: raise it with --arena-mib, now %llu",
              (unsigned long long)bench_sim_arena_mib);
-  }
   progress_clear();
   printf("# %s\n", buf);
   fflush(stdout);
-  if (ntables == 0) return;
+  if (ntables == 0) {
+    free(buf);
+    return;
+  }
   table *t = &tables[ntables - 1];
   t->notes = realloc(t->notes, (size_t)(t->nnotes + 1) * sizeof(char *));
-  t->notes[t->nnotes] = malloc(strlen(buf) + 1);
-  strcpy(t->notes[t->nnotes++], buf);
+  t->notes[t->nnotes++] = buf;
 }
 
 void bench_progress(const char *fmt, ...) {

@@ -255,10 +255,11 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
     snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), the only schedule", b->label, b->predicted_us,
              tpf_plan_source_name(b->source));
   else
-    snprintf(r.why, sizeof r.why, "%s: %.1f us (%s), %.3fx the next best (%s, %.1f us, %s)%s",
-             b->label, b->predicted_us, tpf_plan_source_name(b->source),
-             b->predicted_us / r.cand[second].predicted_us, r.cand[second].label,
+    snprintf(r.why, sizeof r.why,
+             "%s: %.1f us (%s); the next best, %s (%.1f us, %s), takes %.3fx as long%s", b->label,
+             b->predicted_us, tpf_plan_source_name(b->source), r.cand[second].label,
              r.cand[second].predicted_us, tpf_plan_source_name(r.cand[second].source),
+             r.cand[second].predicted_us / b->predicted_us,
              held       ? "; no overlap kept: the faster one is within baseline_margin"
              : anchored ? "; kept: the faster one is within prefer_margin"
                         : "");

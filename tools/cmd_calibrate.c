@@ -977,7 +977,9 @@ static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
   int count = 0;
   cudaError_t ce = cudaGetDeviceCount(&count);
   if (ce != cudaSuccess || count == 0) {
-    fprintf(stderr, "tpflex calibrate: no CUDA device usable: %s\n",
+    fprintf(stderr,
+            "tpflex calibrate: --backend cuda: no CUDA device usable (%s); without a GPU, "
+            "--backend sim writes the simulator's synthetic table\n",
             ce != cudaSuccess ? cudaGetErrorString(ce) : "cudaGetDeviceCount found 0 devices");
     return 1;
   }

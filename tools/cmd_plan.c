@@ -85,7 +85,7 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
                 "optional: JSON on stdout (errors too: {\"status\", \"message\"})", 0, false},
     [O_PREDICT] = {"--predict", CLI_FLAG, 0, 0, NULL, NULL,
                    "optional: instead of the schedule, every planner candidate with its predicted "
-                   "time and timeline, the choice and why",
+                   "time and timeline, the choice and why (with --json: as one JSON object)",
                    0, false},
     [O_COST] = {"--cost", CLI_STR, 0, 0, NULL, "FILE",
                 "optional, with --predict or --project: cost table (default: the shipped H200 "
@@ -285,7 +285,6 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   a->cost = v[O_COST].set ? v[O_COST].s : NULL;
   if (a->cost && !a->predict)
     return cli_error(ctx, "--cost applies with --predict or --project only");
-  if (a->predict && a->json) return cli_error(ctx, "--predict prints text; drop --json");
   if (a->predict && (v[O_SPLITS].set || v[O_AGG].set))
     return cli_error(ctx, "%s does not apply with --predict (it prices every candidate)",
                      v[O_SPLITS].set ? "--splits" : "--aggregate");
@@ -496,12 +495,16 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
     first_rank = false;
     for (int i = 0; i < s[r].nsteps; i++) {
       const tpf_step *st = &s[r].steps[i];
-      printf("%s{\"step\":%d,\"stream\":\"%s\",\"kind\":\"%s\",\"chunk\":%d,\"peer\":%d,"
+      /* chunk/peer: null where the step has none (the schedule's -1). */
+      char chunk[16] = "null", peer[16] = "null";
+      if (st->chunk >= 0) snprintf(chunk, sizeof chunk, "%d", (int)st->chunk);
+      if (st->peer >= 0) snprintf(peer, sizeof peer, "%d", (int)st->peer);
+      printf("%s{\"step\":%d,\"stream\":\"%s\",\"kind\":\"%s\",\"chunk\":%s,\"peer\":%s,"
              "\"tag\":%u,\"src_off\":%llu,\"dst_off\":%llu,\"bytes\":%llu,\"m\":%llu,\"n\":%llu,"
              "\"k\":%llu,\"count\":%u,\"stride_bytes\":%llu,",
-             i ? "," : "", i, tpf_stream_name(st->stream), tpf_step_kind_name(st->kind),
-             (int)st->chunk, (int)st->peer, st->tag, (ull)st->src_off, (ull)st->dst_off,
-             (ull)st->bytes, (ull)st->m, (ull)st->n, (ull)st->k, st->count, (ull)st->stride_bytes);
+             i ? "," : "", i, tpf_stream_name(st->stream), tpf_step_kind_name(st->kind), chunk,
+             peer, st->tag, (ull)st->src_off, (ull)st->dst_off, (ull)st->bytes, (ull)st->m,
+             (ull)st->n, (ull)st->k, st->count, (ull)st->stride_bytes);
       json_mref("a", &st->a);
       putchar(',');
       json_mref("w", &st->w);
@@ -521,7 +524,8 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
 
 /* ---- --predict: the planner's candidates on a cost table ---- */
 
-/* Rank r's steps of one candidate with their predicted spans. */
+/* Rank r's steps of one candidate with their predicted spans: text lines, or (json) the value of
+ * the candidate's "timeline" key (null when it has none: a candidate priced by formula). */
 static void print_timeline(const plan_args *a, const tpf_cost_table *t,
                            const tpf_plan_candidate *c) {
   int P = a->d.tp_size, r = a->only_rank < 0 ? 0 : a->only_rank;
@@ -540,12 +544,30 @@ static void print_timeline(const plan_args *a, const tpf_cost_table *t,
   tpf_cost_span *sp = rc == TPF_OK ? calloc((size_t)P * (size_t)max_steps, sizeof *sp) : NULL;
   double total = 0;
   if (rc == TPF_OK && sp) rc = tpf_cost_predict(t, s, P, sp, max_steps, &total);
-  if (rc == TPF_OK && sp) {
-    printf("  timeline of rank %d (us):\n", r);
+  if (a->json) {
+    if (rc == TPF_OK && sp) {
+      printf("{\"rank\":%d,\"steps\":[", r);
+      for (int i = 0; i < s[r].nsteps; i++) {
+        const tpf_step *st = &s[r].steps[i];
+        char chunk[16] = "null";
+        if (st->chunk >= 0) snprintf(chunk, sizeof chunk, "%d", (int)st->chunk);
+        printf("%s{\"step\":%d,\"kind\":\"%s\",\"stream\":\"%s\",\"chunk\":%s,"
+               "\"start_us\":%.3f,\"end_us\":%.3f}",
+               i ? "," : "", i, tpf_step_kind_name(st->kind), tpf_stream_name(st->stream), chunk,
+               sp[r * max_steps + i].start_us, sp[r * max_steps + i].end_us);
+      }
+      printf("]}");
+    } else {
+      printf("null");
+    }
+  } else if (rc == TPF_OK && sp) {
+    printf("  timeline of rank %d (us; chunk '-': the step works on no one chunk):\n", r);
     for (int i = 0; i < s[r].nsteps; i++) {
       const tpf_step *st = &s[r].steps[i];
-      printf("    %3d %-11s %-8s chunk %3d  %10.1f .. %10.1f\n", i, tpf_step_kind_name(st->kind),
-             tpf_stream_name(st->stream), (int)st->chunk, sp[r * max_steps + i].start_us,
+      char chunk[16] = "-";
+      if (st->chunk >= 0) snprintf(chunk, sizeof chunk, "%d", (int)st->chunk);
+      printf("    %3d %-11s %-8s chunk %3s  %10.1f .. %10.1f\n", i, tpf_step_kind_name(st->kind),
+             tpf_stream_name(st->stream), chunk, sp[r * max_steps + i].start_us,
              sp[r * max_steps + i].end_us);
     }
   } else if (!c->runnable) {
@@ -558,6 +580,42 @@ static void print_timeline(const plan_args *a, const tpf_cost_table *t,
   free(s);
 }
 
+/* --predict --json: one object with the operation, the candidates (each with its timeline of
+ * rank --rank or 0), the choice and why. */
+static void predict_json(const plan_args *a, const tpf_cost_table *t, const char *used,
+                         const tpf_plan_result *r) {
+  printf("{\"cost_table\":");
+  json_str(used);
+  printf(",\"algo\":\"%s\",\"coll\":\"%s\",\"tp\":%d,\"dtype\":\"%s\",\"capacity\":[%llu,%llu],"
+         "\"active\":[%llu,%llu],\"gemm\":[%llu,%llu,%llu],",
+         tpf_algo_name(a->d.algo), tpf_coll_name(a->d.coll), a->d.tp_size,
+         tpf_dtype_name(a->d.dtype), (ull)a->d.capacity.rows, (ull)a->d.capacity.cols,
+         (ull)a->d.active.rows, (ull)a->d.active.cols, (ull)a->g.m, (ull)a->g.n, (ull)a->g.k);
+  int kind = 0;
+  for (int i = 0; i < t->nsched; i++)
+    kind += t->sched[i].shared == (t->shared_device != 0);
+  printf("\"measured_schedule_points\":%d,\"measured_schedule_points_of_this_kind\":%d,", t->nsched,
+         kind);
+  printf("\"candidates\":[");
+  const double best = r->cand[r->chosen].predicted_us;
+  for (int i = 0; i < r->ncand; i++) {
+    const tpf_plan_candidate *c = &r->cand[i];
+    printf("%s{\"index\":%d,\"label\":", i ? "," : "", i);
+    json_str(c->label);
+    printf(",\"num_splits\":%d,\"aggregate\":%s,\"baseline\":%s,\"runnable\":%s,"
+           "\"predicted_us\":%.3f,\"source\":\"%s\",\"model_us\":%.3f,\"vs_best\":%.4f,"
+           "\"chosen\":%s,\"timeline\":",
+           c->num_splits, c->aggregate ? "true" : "false", c->baseline ? "true" : "false",
+           c->runnable ? "true" : "false", c->predicted_us, tpf_plan_source_name(c->source),
+           c->model_us, c->predicted_us / best, i == r->chosen ? "true" : "false");
+    print_timeline(a, t, c);
+    printf("}");
+  }
+  printf("],\"chosen\":%d,\"why\":", r->chosen);
+  json_str(r->why);
+  printf("}\n");
+}
+
 static int predict(const cli_ctx *ctx, const plan_args *a) {
   static tpf_cost_table t;
   static char used[1024];
@@ -567,6 +625,10 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
   tpf_plan_result r;
   rc = tpf_plan_predict(&t, &a->d, &a->g, &r);
   if (rc != TPF_OK) return cli_error(ctx, "%s: %s", tpf_status_name(rc), tpf_last_error());
+  if (a->json) {
+    predict_json(a, &t, used, &r);
+    return 0;
+  }
   printf("cost table: %s\n", used);
   printf("operation: %s %s, P=%d, T=%llu of C=%llu, H=%llu, GEMM m=%llu n=%llu k=%llu, %s\n",
          tpf_algo_name(a->d.algo), tpf_coll_name(a->d.coll), a->d.tp_size, (ull)a->d.active.rows,
@@ -586,11 +648,14 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
   /* source: where predicted(us) came from (measured: sched points, interpolated in T; scaled:
    * the model x measured/model at the nearest measured T; model: the replay); model(us) is the
    * replay's own time whatever the source. */
-  printf("%-3s %-32s %14s %-9s %12s %10s %s\n", "#", "candidate", "predicted(us)", "source",
+  int lw = (int)strlen("candidate"); /* the candidate column fits the longest label */
+  for (int i = 0; i < r.ncand; i++)
+    if ((int)strlen(r.cand[i].label) > lw) lw = (int)strlen(r.cand[i].label);
+  printf("%-3s %-*s %14s %-9s %12s %10s %s\n", "#", lw, "candidate", "predicted(us)", "source",
          "model(us)", "vs_best", "runs");
   double best = r.cand[r.chosen].predicted_us;
   for (int i = 0; i < r.ncand; i++)
-    printf("%-3d %-32s %14.1f %-9s %12.1f %10.3f %s%s\n", i, r.cand[i].label,
+    printf("%-3d %-*s %14.1f %-9s %12.1f %10.3f %s%s\n", i, lw, r.cand[i].label,
            r.cand[i].predicted_us, tpf_plan_source_name(r.cand[i].source), r.cand[i].model_us,
            r.cand[i].predicted_us / best, r.cand[i].runnable ? "yes" : "no (priced only)",
            i == r.chosen ? "  <- chosen" : "");
@@ -613,6 +678,14 @@ static int default_candidate(const tpf_plan_result *r, tpf_algo algo, int P) {
   for (int i = 0; i < r->ncand; i++)
     if (r->cand[i].runnable && r->cand[i].num_splits == 1) return i;
   return -1;
+}
+
+/* v with prec decimals, or "n/a" for NaN (a value that does not exist for this row). */
+static void fmt_or_na(char *buf, size_t len, double v, int prec) {
+  if (isnan(v))
+    snprintf(buf, len, "n/a");
+  else
+    snprintf(buf, len, "%.*f", prec, v);
 }
 
 static int project(const cli_ctx *ctx, const plan_args *a) {
@@ -642,21 +715,35 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
          "E = (gemm + comm - t) / min(gemm, comm) for t = planned (E) and fixed (E_fixed); "
          "speedup = serial / planned; E > 1 where the chunked GEMMs are predicted faster than the "
          "one GEMM, E < 0 where the schedule is predicted slower than no overlap\n");
-  printf("%-12s %6s %7s %10s %10s %10s %10s %10s  %-28s %7s %7s %8s\n", "op", "N", "T", "gemm(us)",
-         "comm(us)", "serial(us)", "fixed(us)", "planned(us)", "choice", "E", "E_fixed", "speedup");
-  int rows = 0, skipped = 0;
-  double emin = 1e300, emax = -1e300, smin = 1e300, smax = -1e300;
+  /* Every row is computed first, so that the choice column fits the longest label. */
+  typedef struct {
+    char op[16];
+    uint64_t N, T;
+    bool ok;
+    char err[300];
+    double gemm, comm, serial, fixed, planned, e, ef, sp;
+    char choice[sizeof(((tpf_plan_candidate *)0)->label)];
+  } prow;
+  const int nrows = a->nops * a->nns * a->nts;
+  prow *pr = calloc((size_t)(nrows > 0 ? nrows : 1), sizeof *pr);
+  if (!pr) {
+    fprintf(stderr, "tpflex plan: out of memory\n");
+    return 1;
+  }
+  int n = 0, cw = (int)strlen("choice");
   for (int oi = 0; oi < a->nops; oi++)
     for (int ni = 0; ni < a->nns; ni++)
       for (int ti = 0; ti < a->nts; ti++) {
+        prow *w = &pr[n++];
         tpf_layout_desc d = a->d;
         d.algo = a->palgo[oi];
         d.coll = a->pcoll[oi];
         d.active.rows = a->ts[ti];
         const uint64_t N = a->ns[ni], T = a->ts[ti];
+        w->N = N;
+        w->T = T;
         tpf_gemm_dims g = {T, d.coll == TPF_COLL_AG ? N : H, d.coll == TPF_COLL_AG ? H : N};
-        char op[16];
-        snprintf(op, sizeof op, "%s %s", tpf_algo_name(d.algo), tpf_coll_name(d.coll));
+        snprintf(w->op, sizeof w->op, "%s %s", tpf_algo_name(d.algo), tpf_coll_name(d.coll));
         tpf_plan_result r;
         tpf_status rc = tpf_layout_check(&d);
         if (rc == TPF_OK) rc = tpf_plan_predict(&t, &d, &g, &r);
@@ -664,9 +751,7 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
         double gemm = 0;
         if (rc == TPF_OK) rc = tpf_cost_gemm_us(&t, d.dtype, g.m, g.n, g.k, &gemm);
         if (rc != TPF_OK) {
-          printf("%-12s %6llu %7llu  not projected: %s: %s\n", op, (ull)N, (ull)T,
-                 tpf_status_name(rc), tpf_last_error());
-          skipped++;
+          snprintf(w->err, sizeof w->err, "%s: %s", tpf_status_name(rc), tpf_last_error());
           continue;
         }
         const tpf_plan_candidate *ch = &r.cand[r.chosen];
@@ -677,24 +762,51 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
         int si = r.baseline;
         for (int i = 0; d.algo == TPF_ALGO_PIPELINE && i < r.ncand; i++)
           if (r.cand[i].runnable && !r.cand[i].baseline && r.cand[i].num_splits == 1) si = i;
-        double serial = r.cand[si].predicted_us, comm = serial - gemm;
-        double planned = ch->predicted_us, fixed = fi >= 0 ? r.cand[fi].predicted_us : NAN;
-        double lo = gemm < comm ? gemm : comm;
-        double e = lo > 0 ? (serial - planned) / lo : NAN;
-        double ef = lo > 0 ? (serial - fixed) / lo : NAN;
-        double sp = serial / planned;
-        printf("%-12s %6llu %7llu %10.1f %10.1f %10.1f %10.1f %10.1f  %-28s %7.3f %7.3f %8.3f\n",
-               op, (ull)N, (ull)T, gemm, comm, serial, fixed, planned, ch->label, e, ef, sp);
-        rows++;
-        if (e < emin) emin = e;
-        if (e > emax) emax = e;
-        if (sp < smin) smin = sp;
-        if (sp > smax) smax = sp;
+        w->ok = true;
+        w->gemm = gemm;
+        w->serial = r.cand[si].predicted_us;
+        w->comm = w->serial - gemm;
+        w->planned = ch->predicted_us;
+        w->fixed = fi >= 0 ? r.cand[fi].predicted_us : NAN;
+        double lo = gemm < w->comm ? gemm : w->comm;
+        w->e = lo > 0 ? (w->serial - w->planned) / lo : NAN;
+        w->ef = lo > 0 ? (w->serial - w->fixed) / lo : NAN;
+        w->sp = w->serial / w->planned;
+        snprintf(w->choice, sizeof w->choice, "%s", ch->label);
+        if ((int)strlen(w->choice) > cw) cw = (int)strlen(w->choice);
       }
+  printf("%-12s %6s %7s %10s %10s %10s %10s %11s  %-*s %7s %7s %8s\n", "op", "N", "T", "gemm(us)",
+         "comm(us)", "serial(us)", "fixed(us)", "planned(us)", cw, "choice", "E", "E_fixed",
+         "speedup");
+  int rows = 0, skipped = 0;
+  double emin = 1e300, emax = -1e300, smin = 1e300, smax = -1e300;
+  for (int i = 0; i < n; i++) {
+    const prow *w = &pr[i];
+    if (!w->ok) {
+      printf("%-12s %6llu %7llu  not projected: %s\n", w->op, (ull)w->N, (ull)w->T, w->err);
+      skipped++;
+      continue;
+    }
+    char fixed[24], e[24], ef[24]; /* n/a: no default candidate, or no overlap to measure E by */
+    fmt_or_na(fixed, sizeof fixed, w->fixed, 1);
+    fmt_or_na(e, sizeof e, w->e, 3);
+    fmt_or_na(ef, sizeof ef, w->ef, 3);
+    printf("%-12s %6llu %7llu %10.1f %10.1f %10.1f %10s %11.1f  %-*s %7s %7s %8.3f\n", w->op,
+           (ull)w->N, (ull)w->T, w->gemm, w->comm, w->serial, fixed, w->planned, cw, w->choice, e,
+           ef, w->sp);
+    rows++;
+    if (!isnan(w->e) && w->e < emin) emin = w->e;
+    if (!isnan(w->e) && w->e > emax) emax = w->e;
+    if (w->sp < smin) smin = w->sp;
+    if (w->sp > smax) smax = w->sp;
+  }
+  free(pr);
+  char erange[64] = "n/a";
+  if (emin <= emax) snprintf(erange, sizeof erange, "%.3f .. %.3f", emin, emax);
   if (rows > 0)
-    printf("summary: %d rows%s; planned E %.3f .. %.3f, speedup over no overlap %.3f .. %.3f "
+    printf("summary: %d rows%s; planned E %s, speedup over no overlap %.3f .. %.3f "
            "(PROJECTION: predicted, not measured)\n",
-           rows, skipped ? " (some not projected, see above)" : "", emin, emax, smin, smax);
+           rows, skipped ? " (some not projected, see above)" : "", erange, smin, smax);
   else
     printf("summary: nothing could be projected\n");
   return rows > 0 ? 0 : 1;

@@ -336,9 +336,16 @@ case("calibrate sim --quick", [TPF, CAL, "--backend", "sim", "--quick"], 2,
      err="--quick applies to --backend cuda only")
 if not HAVE_CUDA:
     case("calibrate cuda without CUDA", [TPF, CAL, "--backend", "cuda"], 2,
-         err=["this build has no CUDA backend", "-DTPF_WITH_CUDA=ON"])
+         err=["this build has no CUDA backend", "-DTPF_WITH_CUDA=ON", "--backend sim"])
     case("calibrate default backend is cuda", [TPF, CAL, "--quick"], 2,
          err="this build has no CUDA backend")
+else:
+    # a CUDA build: without a usable GPU the error points to the simulator's table
+    count += 1
+    rc, so, se = run([TPF, CAL, "--backend", "cuda", "--quick", "--out", "/tmp/tpflex_cli_cal.txt"])
+    if rc != 0 and ("no CUDA device usable" not in se or "--backend sim" not in se):
+        failures.append("calibrate cuda without a GPU: exit %s; stderr must say 'no CUDA device "
+                        "usable' and point to --backend sim: %r" % (rc, se[-400:]))
 
 # ---- calibrate --schedules: the planner's candidates measured (sim here), the tuned table used ----
 SCH = [TPF, CAL, "--backend", "sim", "--schedules", "--quick", "--capacity", "256", "--hidden",
@@ -599,6 +606,89 @@ if not HAVE_CUDA:
     case("bench cuda tp modes without CUDA", [TPF, "bench", "--backend", "cuda", "--section", "tp",
                                               "--mode", "both"], 2,
          err="this build has no CUDA backend")
+
+# ---- issue 23 item 7: the tools' small frictions ----
+PRED = argv(P, {"--tp": "4", "--capacity": "4096", "--tokens": "1024", "--hidden": "1024"},
+            extra=["--predict"])
+# plan output has no -1 sentinels: "-" in text, null in JSON, where a step has no chunk or peer
+count += 1
+rc, so, _ = run(PRED)
+tl = [l for l in so.splitlines() if " chunk " in l and ".." in l]
+tc = [l.split(" chunk ")[1].split()[0] for l in tl]
+if rc != 0 or not tl or "-1" in tc or "-" not in tc:
+    failures.append("plan --predict timeline: want chunk '-' (never -1) for HANDSHAKE; exit %s, "
+                    "lines %r" % (rc, tl[:3]))
+count += 1
+rc, so, _ = run(argv(P, extra=["--json"]))
+try:
+    steps = [st for sc in json.loads(so)["schedules"] for st in sc["steps"]]
+    hs = [st for st in steps if st["kind"] == "HANDSHAKE"]
+    ok = rc == 0 and hs and all(st["chunk"] is None and st["peer"] is None for st in hs) and all(
+        st[k] is None or st[k] >= 0 for st in steps for k in ("chunk", "peer"))
+except (ValueError, KeyError, TypeError):
+    ok = False
+if not ok:
+    failures.append("plan --json: want chunk/peer null (never -1) where a step has none; exit %s, "
+                    "stdout %r" % (rc, so[:300]))
+# --predict --json: one object with the candidates, their timelines, the choice and why
+count += 1
+rc, so, se = run(PRED + ["--json"])
+try:
+    j = json.loads(so)
+    c = j["candidates"]
+    ch = j["chosen"]
+    ok = (rc == 0 and len(c) >= 2 and c[ch]["chosen"] and
+          sum(1 for x in c if x["chosen"]) == 1 and
+          all(x["timeline"] is None or x["timeline"]["steps"] for x in c) and
+          all(st["chunk"] is None or st["chunk"] >= 0
+              for x in c if x["timeline"] for st in x["timeline"]["steps"]) and
+          abs(c[ch]["vs_best"] - 1.0) < 1e-9 and j["why"].startswith(c[ch]["label"]))
+except (ValueError, KeyError, TypeError, IndexError):
+    ok = False
+if not ok:
+    failures.append("plan --predict --json: want one JSON object with candidates, timelines, "
+                    "chosen and why; exit %s, stdout %r, stderr %r" % (rc, so[:300], se[-300:]))
+case("plan --predict --json error is JSON", argv(P, extra=["--predict", "--json", "--cost",
+                                                          "/nonexistent/t"]), 2,
+     out=['"status":"error"', "--cost '/nonexistent/t' cannot be read"])
+# the choice line reads the right way: the next best takes N x as long, N >= 1 unless the faster
+# one was held back by a margin (then the line says so)
+count += 1
+rc, so, _ = run(PRED)
+line = next((l for l in so.splitlines() if l.startswith("choice: ")), "")
+try:
+    ratio = float(line.split("takes ")[1].split("x as long")[0])
+    ok = rc == 0 and (ratio >= 1.0 or "kept" in line) and "x the next best" not in line
+    # the number is the next best's predicted time over the chosen one's
+    times = [float(l.split()[-5]) for l in so.splitlines() if l.strip().endswith(("yes", "<- chosen"))]
+    ok = ok and abs(ratio - sorted(times)[1] / sorted(times)[0]) < 2e-3
+except (IndexError, ValueError):
+    ok = False
+if not ok:
+    failures.append("plan --predict choice line: want 'the next best, X (..), takes N.NNNx as "
+                    "long' with N >= 1 = next best / chosen; got %r" % line)
+# --project: the choice column fits its longest label (every row as long as the header)
+for over in [["--algo", "ring", "--coll", "rs"], []]:
+    count += 1
+    rc, so, _ = run([TPF, "plan", "--project", "--tp", "8"] + over)
+    lines = so.splitlines()
+    head = next((l for l in lines if l.startswith("op ")), "")
+    rows = [l for l in lines if l[:12].strip() in ("ring ag", "ring rs", "pipeline rs") and
+            "not projected" not in l]
+    if rc != 0 or not rows or any(len(l) != len(head) for l in rows):
+        failures.append("plan --project %s: rows must line up with the header (choice column "
+                        "sized to its longest label); header %d chars, rows %s" %
+                        (" ".join(over), len(head), sorted(set(len(l) for l in rows))))
+# bench legends are whole lines however long (a 512-byte buffer cut them)
+count += 1
+rc, so, _ = run([TPF, "bench", "--backend", "sim", "--section", "tp", "--tp", "2", "--capacity",
+                 "64", "--hidden", "16", "--n", "16", "--iters", "1", "--warmup", "0",
+                 "--mode", "threads", "--ops", "ring_ag+gemm"])
+leg = next((l for l in so.splitlines() if l.startswith("# serial(us): the serial baseline")), "")
+if rc != 0 or len(leg) <= 512 or not leg.endswith("tT/tC/(T/C) = 1 when the time scales with T"):
+    failures.append("bench legend: want the whole serial(us) line (over 512 characters, ending "
+                    "'... scales with T'); exit %s, got %d characters ending %r" %
+                    (rc, len(leg), leg[-60:]))
 
 print("%d cases, %d failed" % (count, len(failures)))
 for f in failures:
