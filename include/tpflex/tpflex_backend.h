@@ -38,6 +38,11 @@ extern "C" {
 /* The ops table's version (SQLite's iVersion): a backend fills abi_version with the version it
  * was written for, and the core accepts every version from TPF_BACKEND_ABI_MIN: it reads only
  * the fields that version has, and treats the later ones as absent (NULL, no capability).
+ * Every struct a backend sees (tpf_step, tpf_mref, tpf_schedule, tpf_exec_args, the ops table,
+ * tpf_backend) is append-only: a field is added at the end (or in padding the old layout left
+ * unused, as tpf_step.flags), never between two existing ones, so a backend compiled against
+ * the 0.1 header reads every field it knows at its 0.1 offset. tests/unit/test_abi1.c compiles a
+ * backend against the released 0.1 header (tests/support/abi1/) and checks it.
  *   1 (0.1): up to `sync`.
  *   2 (0.2): reg_sync, reg_async_error, reg_abort, allgather; step flags and the epilogue (only
  *            with TPF_BE_CAP_OPTIONS); the ready word with the operation key. */
@@ -154,9 +159,10 @@ typedef struct {
   uint64_t active_bytes;           /* prefix the active layout names */
   uint64_t gemm_m, gemm_n, gemm_k; /* the operation's GEMM: [m,k] x [n,k]^T */
   int num_compute_streams;         /* compute streams used */
-  uint8_t op_key;                  /* TPF_OP_KEY of the operation (handshake) */
   int nsteps;                      /* steps used */
   tpf_step *steps;                 /* nsteps entries, owned by the schedule */
+  /* ---- Appended in 0.2: every field above keeps its 0.1 offset (tests/unit/test_abi1.c) ---- */
+  uint8_t op_key; /* TPF_OP_KEY of the operation (handshake) */
 } tpf_schedule;
 
 /* GEMM dimensions an operation's schedule needs beside the layout. RING AG: n = N (weight rows),

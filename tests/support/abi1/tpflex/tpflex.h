@@ -1,0 +1,288 @@
+/* tpflex — tensor-parallel communication/GEMM overlap with dynamic token counts.
+ *
+ * A communicator registers its buffer once, at capacity [C, H], and every microbatch runs on a
+ * packed active prefix [T, H] of it (T <= C). set_active_shape changes views, offsets and message
+ * sizes, never allocations. This header is the whole public API; backends add a create function
+ * each (tpflex_sim.h, tpflex_cuda.h), backend authors read tpflex_backend.h.
+ *
+ * Conventions: every fallible function returns tpf_status; out-parameters are written only on
+ * success; on failure tpf_last_error() holds a one-line detail with the numbers involved. Sizes
+ * and offsets are uint64_t, in bytes when the name ends in _bytes or _off, in elements otherwise.
+ *
+ * Contracts (docs/SPEC.md has the layouts and rules):
+ * - Collective calls: tpf_comm_create / tpf_manager_add, tpf_ag_gemm, tpf_gemm_rs,
+ *   tpf_bulk_overlap, tpf_comm_destroy / tpf_manager_destroy. Every rank of the group makes them
+ *   with the same arguments (apart from rank-local pointers) in the same global order across all
+ *   its communicators. Everything else is local: set_active_shape, views, layout queries,
+ *   tpf_comm_legal_rows, status and name functions.
+ * - Threads: one thread at a time issues a rank's calls (a rank's communicators and manager are
+ *   not thread-safe); different ranks may be different threads of one process (the simulator,
+ *   tpf_cuda_threads_*) or different processes. tpf_last_error() is per thread.
+ *   tpf_set_allocator must be called before any object exists.
+ * - Views: the matrices from tpf_comm_buffer, tpf_comm_local_chunk and tpf_comm_registration
+ *   point into the registration and stay valid until tpf_comm_destroy, but their rows describe
+ *   the active shape of the moment they were taken: after a set_active_shape, take them again.
+ * - CUDA graphs: an operation enqueued on a stream under capture is refused with
+ *   TPF_EUNSUPPORTED (nothing is captured); capture is not supported yet.
+ */
+#ifndef TPFLEX_H
+#define TPFLEX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Marks the public API: the shared library exports these names and nothing else (it is built
+ * with hidden visibility by default). */
+#if defined(__GNUC__) || defined(__clang__)
+#define TPF_API __attribute__((visibility("default")))
+#else
+#define TPF_API
+#endif
+
+#define TPF_VERSION_MAJOR 0
+#define TPF_VERSION_MINOR 1
+#define TPF_VERSION_PATCH 0
+
+/* Status codes: one list generates the enum, tpf_status_name() and tpf_strerror(), so the three
+ * cannot drift. Values are explicit and never renumbered. */
+#define TPF_STATUS_MAP(XX)                                                                         \
+  XX(OK, 0, "success")                                                                             \
+  XX(EINVAL, 1, "invalid argument (NULL pointer, bad enum value or destroyed object)")             \
+  XX(ESHAPE, 2, "shape is empty or its columns differ from the capacity columns")                  \
+  XX(ECAPACITY, 3, "active rows exceed the registered capacity")                                   \
+  XX(EDIVISIBLE, 4, "rows (or columns for a pipeline split) not divisible as the layout needs")    \
+  XX(EALIGN, 5, "chunk size or offset misses the backend's required alignment")                    \
+  XX(EUNSUPPORTED, 6, "operation not supported for this communicator or backend")                  \
+  XX(ESTATE, 7, "object is in the wrong state for this call (e.g. failed after a timeout)")        \
+  XX(EMISMATCH, 8, "ranks of the group disagree on the active shape or operation")                 \
+  XX(ETIMEOUT, 9, "a wait for a peer exceeded the configured timeout")                             \
+  XX(ENOMEM, 10, "out of memory")                                                                  \
+  XX(EOVERFLOW, 11, "a size or offset overflows 64 bits")                                          \
+  XX(EBACKEND, 12, "backend failure (CUDA, NCCL, cuBLASLt or pthreads); see tpf_last_error()")
+
+typedef enum {
+#define TPF_STATUS_ENUM_(name, value, text) TPF_##name = value,
+  TPF_STATUS_MAP(TPF_STATUS_ENUM_)
+#undef TPF_STATUS_ENUM_
+      TPF_STATUS_COUNT
+} tpf_status;
+
+/* "TPF_ECAPACITY" for TPF_ECAPACITY; "TPF_UNKNOWN" for a value outside the enum. */
+TPF_API const char *tpf_status_name(tpf_status s);
+/* One-line meaning of a status; never NULL. */
+TPF_API const char *tpf_strerror(tpf_status s);
+/* Detail of the last failure on the calling thread ("active rows 4100 exceed capacity 4096 for
+ * 'fc1_fprop'"); "" when none. The string is thread-local and valid until the next failing call. */
+TPF_API const char *tpf_last_error(void);
+
+/* Allocator hooks (libuv style). All four NULL restores the C library's. Must be called before
+ * any object exists. Returns TPF_EINVAL if only some are given. */
+typedef void *(*tpf_malloc_fn)(size_t);
+typedef void *(*tpf_calloc_fn)(size_t, size_t);
+typedef void *(*tpf_realloc_fn)(void *, size_t);
+typedef void (*tpf_free_fn)(void *);
+TPF_API tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r,
+                                     tpf_free_fn f);
+
+typedef enum {
+  TPF_BF16 = 0,
+  TPF_FP16,
+  TPF_FP32,
+  TPF_FP8_E4M3,
+  TPF_FP8_E5M2,
+  TPF_DTYPE_COUNT
+} tpf_dtype;
+typedef enum { TPF_ALGO_BULK = 0, TPF_ALGO_PIPELINE, TPF_ALGO_RING, TPF_ALGO_COUNT } tpf_algo;
+typedef enum { TPF_COLL_AG = 0, TPF_COLL_RS, TPF_COLL_COUNT } tpf_coll;
+
+typedef struct {
+  uint64_t rows; /* first dimension: tokens */
+  uint64_t cols; /* second dimension: hidden size */
+} tpf_shape;
+
+/* A row-major matrix view: element (i, j) is at ptr + (i * ld + j) * dtype_size. */
+typedef struct {
+  void *ptr;       /* host pointer (simulator) or device pointer (CUDA) */
+  uint64_t rows;   /* number of rows */
+  uint64_t cols;   /* number of columns */
+  uint64_t ld;     /* leading dimension in elements, >= cols */
+  tpf_dtype dtype; /* element type */
+} tpf_matrix;
+
+/* Bytes per element: 2 for bf16/fp16, 4 for fp32, 1 for fp8; 0 for an invalid value. */
+TPF_API size_t tpf_dtype_size(tpf_dtype t);
+/* "bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2"; "?" for an invalid value. */
+TPF_API const char *tpf_dtype_name(tpf_dtype t);
+/* "bulk", "pipeline", "ring" / "ag", "rs"; "?" for an invalid value. */
+TPF_API const char *tpf_algo_name(tpf_algo a);
+TPF_API const char *tpf_coll_name(tpf_coll c);
+
+/* ---- Pure layout queries (no backend) ------------------------------------------------------ */
+
+/* Everything that determines one rank's packed active layout. num_splits: GEMM chunks (RING AG:
+ * P, P/2 with aggregate, or 1; RING RS: P; PIPELINE: S column blocks, H % S == 0; BULK: ignored);
+ * 0 selects the default (RING: P or P/2 with aggregate; PIPELINE: 4 if it divides H, else 1). */
+typedef struct {
+  int tp_size;        /* P >= 1 */
+  int rank;           /* 0 <= rank < P */
+  tpf_algo algo;      /* algorithm */
+  tpf_coll coll;      /* collective */
+  tpf_dtype dtype;    /* buffer element type */
+  tpf_shape capacity; /* registered shape [C, H] */
+  tpf_shape active;   /* active shape [T, H] */
+  int num_splits;     /* see above; 0 = default */
+  bool aggregate;     /* RING AG: 2-chunk messages after a pair swap (even P only) */
+} tpf_layout_desc;
+
+typedef struct {
+  uint64_t offset_bytes; /* from the start of the registration */
+  uint64_t bytes;        /* length */
+  uint64_t rows; /* rows of the buffer's columns it holds (PIPELINE blocks: T rows of H/S) */
+} tpf_region;
+
+/* Checks every rule of docs/SPEC.md §3 for capacity and active shape (alignment: 16 bytes, the
+ * strictest backend). TPF_EINVAL, TPF_ESHAPE, TPF_ECAPACITY, TPF_EDIVISIBLE, TPF_EALIGN,
+ * TPF_EUNSUPPORTED, TPF_EOVERFLOW as in docs/SPEC.md §3. */
+TPF_API tpf_status tpf_layout_check(const tpf_layout_desc *d);
+/* Bytes registered at capacity: C*H*e, or (2P-1)*(C/P)*H*e for RING RS. */
+TPF_API tpf_status tpf_layout_registered_bytes(const tpf_layout_desc *d, uint64_t *bytes);
+/* Bytes the active layout names (a prefix of the registration): T*H*e or (2P-1)*(T/P)*H*e. */
+TPF_API tpf_status tpf_layout_active_bytes(const tpf_layout_desc *d, uint64_t *bytes);
+/* Number of chunks/slots/blocks of the active layout: P, 2P-1 (RING RS) or S (PIPELINE). */
+TPF_API tpf_status tpf_layout_chunk_count(const tpf_layout_desc *d, int *count);
+/* Chunk/slot/block j of the active layout (packed: chunk j at j*S_T). TPF_EINVAL for j out of
+ * range. */
+TPF_API tpf_status tpf_layout_chunk(const tpf_layout_desc *d, int j, tpf_region *out);
+/* This rank's shard: AG/BULK chunk r (the local input); RING RS: slot P-1 (its own partial);
+ * PIPELINE and BULK RS: rows [r*T/P, (r+1)*T/P) of the buffer = chunk r of a [T, H] layout. */
+TPF_API tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out);
+/* The smallest legal active row count >= rows for d's capacity (d->active is ignored): divisible
+ * by P, every chunk, slot and pipeline block 16-byte aligned (docs/SPEC.md §3); rows 0 counts as
+ * 1; quantized layouts answer C. Use it to pad a microbatch: T = 1000 with P = 8, H = 4, bf16
+ * gives 1008. TPF_ECAPACITY when no legal count <= C exists, with both numbers in the detail. */
+TPF_API tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64_t *legal);
+
+/* ---- Communicators -------------------------------------------------------------------------- */
+
+typedef struct tpf_backend tpf_backend;
+typedef struct tpf_comm tpf_comm;
+typedef struct tpf_cost_table tpf_cost_table; /* tpflex_cost.h */
+
+/* How a communicator picks an operation's schedule. FIXED: num_splits and aggregate as
+ * configured (the 0.1 behaviour). ADAPTIVE: per active shape and GEMM size, the fastest
+ * candidate the cost model predicts (tpflex_cost.h: tpf_plan_predict, tpf_comm_plan_info). */
+typedef enum { TPF_PLAN_FIXED = 0, TPF_PLAN_ADAPTIVE = 1 } tpf_plan_mode;
+
+typedef struct {
+  const char *name;           /* site name ("fc1_fprop"); copied; unique within a manager */
+  tpf_algo algo;              /* algorithm */
+  tpf_coll coll;              /* collective */
+  tpf_dtype dtype;            /* buffer dtype; fp8 dtypes make the communicator quantized */
+  tpf_shape capacity;         /* [C, H], registered once */
+  int num_splits;             /* see tpf_layout_desc; 0 = default */
+  bool aggregate;             /* RING AG only */
+  bool external;              /* managed outside tpflex: stays at capacity under the manager */
+  tpf_plan_mode plan;         /* FIXED (0, default) or ADAPTIVE */
+  const tpf_cost_table *cost; /* ADAPTIVE: the cost table, copied at creation */
+} tpf_comm_config;
+
+/* Creates a communicator and registers its buffer at capacity. Collective: every rank of the
+ * group calls it with the same configuration, in the same order. The registration is zeroed.
+ * TPF_EINVAL (NULL, bad enum), shape statuses for a capacity that breaks docs/SPEC.md §3,
+ * TPF_ENOMEM, TPF_EBACKEND. */
+TPF_API tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
+/* Waits for its operations, deregisters and frees. NULL is TPF_EINVAL. */
+TPF_API tpf_status tpf_comm_destroy(tpf_comm *c);
+/* Makes `active` the shape of the operations enqueued after this call; local, no communication,
+ * no allocation. On failure nothing changes. Statuses of docs/SPEC.md §3; TPF_ESTATE after a
+ * timeout. */
+TPF_API tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active);
+/* Current active shape (== capacity until the first set); {0,0} for NULL. */
+TPF_API tpf_shape tpf_comm_active_shape(const tpf_comm *c);
+TPF_API tpf_shape tpf_comm_capacity_shape(const tpf_comm *c);
+/* Number of successful set_active_shape calls (the shape epoch); 0 for NULL. */
+TPF_API uint64_t tpf_comm_epoch(const tpf_comm *c);
+/* The configuration it was created with (name points into the communicator). */
+TPF_API const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c);
+/* Active buffer view: [T, H] (RING RS: all 2P-1 slots, [(2P-1)*T/P, H]). */
+TPF_API tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full);
+/* This rank's [T/P, H] view (see tpf_layout_local). */
+TPF_API tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
+/* As tpf_layout_legal_rows for this communicator, with its backend's alignment; external and
+ * quantized communicators answer their capacity rows. */
+TPF_API tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
+/* The whole registered data region (capacity bytes). */
+TPF_API tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
+
+/* Completion and errors (NCCL's ncclCommGetAsyncError / ncclCommAbort model). Errors of enqueued
+ * operations are deferred per communicator: a failure is reported only on the communicator whose
+ * operation caused it, never on another communicator of the same backend.
+ *
+ * tpf_comm_sync: waits on the host until every operation enqueued on c has completed (CUDA:
+ * its streams; the simulator completes operations before returning, so nothing is waited for)
+ * and returns the deferred status: TPF_OK, or the first failure of those operations (which also
+ * leaves c failed: later operations return TPF_ESTATE). Local, not collective. Call it from the
+ * thread that issues c's operations.
+ *
+ * tpf_comm_async_error: stores in *out the deferred status of the operations already enqueued
+ * on c, without waiting (TPF_OK while none has failed so far). Returns TPF_EINVAL for NULL
+ * arguments and TPF_ESTATE after an abort; otherwise TPF_OK. Same thread rule as sync.
+ *
+ * tpf_comm_abort: unblocks a group stuck on a dead peer. A rank of c blocked in a wait for a
+ * peer (handshake, receive, barrier) gives up promptly with TPF_ESTATE instead of waiting for
+ * its timeout, and from then on every call on c (operations, set_active_shape, sync,
+ * async_error) returns TPF_ESTATE with a detail saying it was aborted; only tpf_comm_destroy
+ * remains useful (it is still collective). Call it on every rank that should stop: each rank's
+ * communicator is aborted separately. Thread-safe: may be called from any thread, also while
+ * the rank's own thread is blocked in an operation on c (a watchdog); it never blocks and
+ * allocates nothing. Idempotent. TPF_EINVAL for NULL. */
+TPF_API tpf_status tpf_comm_sync(tpf_comm *c);
+TPF_API tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out);
+TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
+
+/* ---- Operations ------------------------------------------------------------------------------
+ * `stream` is a cudaStream_t for CUDA and NULL for the simulator (which completes the operation
+ * before returning). Operand rules: w and x have the buffer's dtype (bf16, fp16 or fp32); outputs
+ * may be the buffer dtype or fp32. Shapes are checked against the active shape: TPF_ESHAPE with
+ * the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves the
+ * communicator failed: every later operation returns TPF_ESTATE. */
+
+/* RING AG: the local shard is already in tpf_comm_local_chunk; w is [N, H]; d is [T, N].
+ * Afterwards the buffer holds AG(X) = [T, H] and d = AG(X) * w^T. */
+TPF_API tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream);
+/* RING RS or PIPELINE RS: x is [T, K], w is [H, K], out is [T/P, H]:
+ * out = rows [r*T/P, (r+1)*T/P) of sum over ranks of x * w^T. */
+TPF_API tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
+                               tpf_matrix *out, void *stream);
+/* BULK: the collective runs on the buffer in place (AG: local chunk r in, [T, H] out; RS: [T, H]
+ * partials in, chunk r reduced) while d = a * b^T runs beside it. a is [M, K], b is [N, K], d is
+ * [M, N]; a, b, d must not alias the registration. */
+TPF_API tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
+                                    tpf_matrix *d, void *stream);
+
+/* ---- Manager -------------------------------------------------------------------------------- */
+
+typedef struct tpf_manager tpf_manager;
+TPF_API tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out);
+/* Creates a communicator owned by the manager; TPF_EINVAL for a duplicate name. */
+TPF_API tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out);
+/* TPF_EINVAL when no communicator has that name. */
+TPF_API tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out);
+/* Applies `active` to every eligible communicator (unquantized, not external), all-or-nothing:
+ * all are validated first; on any failure none changes and the detail names the communicator. */
+TPF_API tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active);
+/* Number of communicators, and the i-th in creation order. */
+TPF_API int tpf_manager_count(const tpf_manager *m);
+TPF_API tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out);
+/* Destroys every communicator, then the manager. */
+TPF_API tpf_status tpf_manager_destroy(tpf_manager *m);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPFLEX_H */

@@ -1,0 +1,219 @@
+/* tpflex backend ABI: schedules as data, and the ops table a backend implements.
+ *
+ * The core computes; backends move bytes. Every offset, length, peer, stream and dependency of
+ * an operation is produced by the core as a tpf_schedule (a list of steps per rank) and checked
+ * by the core's independent checker in tests and fuzzing. A backend executes the steps in the
+ * stream/event pattern a GPU would use: steps on one stream run in order; a step also waits for
+ * the steps listed in deps (which may be on other streams of the same rank). Cross-rank ordering
+ * comes only from SEND/RECV/BARRIER/HANDSHAKE flags.
+ *
+ * Flags. Every registration carries, per peer, TPF_MAX_TAGS monotonic 64-bit flags and one ready
+ * word. The k-th operation on a communicator has sequence number seq = k (1-based). A SEND with
+ * tag t to peer q raises q's flag [me][t] to seq after its bytes have landed; the matching RECV on
+ * q waits until flag [sender][t] >= seq. BARRIER with tag t raises flag [me][t] on every peer and
+ * waits for every peer's flag [peer][t] >= seq. Monotonic values mean no counter is ever reset,
+ * so an operation that is retried or skipped cannot leave a flag drifting (TE's adder bug).
+ *
+ * Handshake. Step 0 of every schedule is HANDSHAKE: the rank writes its ready word
+ * TPF_READY_WORD(seq, active_rows) into every peer's registration and waits until every peer's
+ * ready word carries seq, then compares the rows. Ready words are kept per sequence parity
+ * (slot seq & 1): a peer may announce seq+1 before a slow rank has read its announcement of seq,
+ * but never seq+2, which needs the slow rank's own announcement of seq+1. Any difference fails the
+ * operation with TPF_EMISMATCH on every rank before any byte moves. A rank writes ready(seq) only
+ * after its operation seq-1 finished, so no peer writes into a buffer its owner still reads (the
+ * WAR hazard TE leaves open). Pull-style schedules (PIPELINE RS, BULK RS) end with a BARRIER so
+ * that peers finish reading a buffer before its owner may reuse it.
+ */
+#ifndef TPFLEX_BACKEND_H
+#define TPFLEX_BACKEND_H
+
+#include "tpflex.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TPF_BACKEND_ABI_VERSION 1
+#define TPF_MAX_RANKS 64    /* P limit of every backend */
+#define TPF_MAX_TAGS 128    /* flags per (sender, receiver) pair per registration */
+#define TPF_MAX_SPLITS 64   /* num_splits limit */
+#define TPF_STEP_MAX_DEPS 4 /* cross-stream dependencies per step */
+#define TPF_NUM_STREAMS 5   /* see tpf_stream_id */
+#define TPF_MAX_COMPUTE_STREAMS 3
+
+/* The ready word: sequence number in the top 24 bits (mod 2^24), active rows in the low 40. Rows
+ * are limited to 2^40 - 1 at communicator creation. */
+#define TPF_READY_ROWS_BITS 40
+#define TPF_READY_WORD(seq, rows)                                                                  \
+  ((((uint64_t)(seq)&0xFFFFFFull) << TPF_READY_ROWS_BITS) |                                        \
+   ((uint64_t)(rows) & ((1ull << TPF_READY_ROWS_BITS) - 1)))
+#define TPF_READY_SEQ(word) ((uint64_t)(word) >> TPF_READY_ROWS_BITS)
+#define TPF_READY_ROWS(word) ((uint64_t)(word) & ((1ull << TPF_READY_ROWS_BITS) - 1))
+
+typedef enum {
+  TPF_STEP_HANDSHAKE = 0, /* announce (seq, rows) to all peers, wait for theirs, compare */
+  TPF_STEP_GEMM,          /* d[m, n] = a[m, k] * w[n, k]^T, fp32 accumulation */
+  TPF_STEP_SEND,          /* bytes from my registration at src_off to peer's at dst_off; flag */
+  TPF_STEP_RECV,          /* wait for the flag of the matching SEND (peer, tag) */
+  TPF_STEP_REDUCE,        /* d[m, n] = sum_{t<count} my view a shifted by t*stride_bytes */
+  TPF_STEP_PEER_REDUCE,   /* d[m, n] = sum_{t<count} view a of rank (me+t)%P's registration */
+  TPF_STEP_BARRIER,       /* raise flag tag on every peer; wait for every peer's flag tag */
+  TPF_STEP_KIND_COUNT
+} tpf_step_kind;
+
+typedef enum {
+  TPF_STREAM_COMPUTE0 = 0, /* compute streams 0..2 (min(3, splits) are used) */
+  TPF_STREAM_COMPUTE1 = 1,
+  TPF_STREAM_COMPUTE2 = 2,
+  TPF_STREAM_SEND = 3, /* copy-engine sends, barriers and collective (pull) reductions */
+  TPF_STREAM_RECV = 4  /* receive waits */
+} tpf_stream_id;
+
+typedef enum {
+  TPF_MAT_NONE = 0,
+  TPF_MAT_BUF, /* this rank's registration (PEER_REDUCE: the peer's), as a view */
+  TPF_MAT_X,   /* the operation's activation input (gemm_rs x, bulk a) */
+  TPF_MAT_W,   /* the weight (ag_gemm w, gemm_rs w, bulk b) */
+  TPF_MAT_D    /* the operation's output (ag_gemm d, gemm_rs out, bulk d) */
+} tpf_operand_id;
+
+/* A sub-matrix reference. For TPF_MAT_BUF the view starts at off_bytes with leading dimension ld
+ * (elements, buffer dtype); for user matrices off_bytes is 0 and ld 0 means "the matrix's own
+ * ld". Element (i, j) of the reference is element (row + i, col + j) of that view. */
+typedef struct {
+  uint8_t id;         /* tpf_operand_id */
+  uint64_t off_bytes; /* BUF: view start in the registration */
+  uint64_t ld;        /* BUF: view leading dimension in elements */
+  uint64_t row, col;  /* first element */
+} tpf_mref;
+
+typedef struct {
+  uint8_t kind;                     /* tpf_step_kind */
+  uint8_t stream;                   /* tpf_stream_id */
+  uint8_t ndeps;                    /* entries used in deps */
+  uint16_t deps[TPF_STEP_MAX_DEPS]; /* indices of earlier steps of this rank to wait for */
+  int32_t peer;                     /* SEND/RECV: the other rank; else -1 */
+  uint32_t tag;                     /* SEND/RECV/BARRIER flag index, < TPF_MAX_TAGS */
+  int32_t chunk;                    /* informational: chunk/slot/block this step is about */
+  uint64_t src_off, dst_off, bytes; /* SEND/RECV: registration byte ranges */
+  tpf_mref a, w, d;                 /* GEMM operands; REDUCE/PEER_REDUCE use a (source) and d */
+  uint64_t m, n, k;                 /* GEMM dims; REDUCE: m rows x n cols, k unused */
+  uint64_t stride_bytes;            /* REDUCE: distance between summed views */
+  uint32_t count;                   /* REDUCE/PEER_REDUCE: number of summed views */
+} tpf_step;
+
+/* One rank's schedule of one operation. */
+typedef struct {
+  int tp_size, rank;               /* P and r */
+  tpf_algo algo;                   /* algorithm */
+  tpf_coll coll;                   /* collective */
+  tpf_dtype dtype;                 /* buffer dtype */
+  int num_splits;                  /* resolved split count (GEMM chunks) */
+  bool aggregate;                  /* RING AG aggregate variant */
+  uint64_t rows, cols;             /* active T and H */
+  uint64_t chunk_rows;             /* T/P */
+  uint64_t chunk_bytes;            /* S_T = (T/P)*H*e */
+  uint64_t registered_bytes;       /* capacity bytes */
+  uint64_t active_bytes;           /* prefix the active layout names */
+  uint64_t gemm_m, gemm_n, gemm_k; /* the operation's GEMM: [m,k] x [n,k]^T */
+  int num_compute_streams;         /* compute streams used */
+  int nsteps;                      /* steps used */
+  tpf_step *steps;                 /* nsteps entries, owned by the schedule */
+} tpf_schedule;
+
+/* GEMM dimensions an operation's schedule needs beside the layout. RING AG: n = N (weight rows),
+ * k = H. RS: n = H, k = K. BULK: the independent GEMM's m, n, k. */
+typedef struct {
+  uint64_t m, n, k;
+} tpf_gemm_dims;
+
+/* Builds rank d->rank's schedule for the active shape of d (which must pass tpf_layout_check).
+ * Allocates s->steps; free with tpf_schedule_free. TPF_EINVAL, layout statuses,
+ * TPF_EUNSUPPORTED (e.g. aggregate with odd P), TPF_ENOMEM. */
+TPF_API tpf_status tpf_schedule_build(const tpf_layout_desc *d, const tpf_gemm_dims *g,
+                                      tpf_schedule *s);
+TPF_API void tpf_schedule_free(tpf_schedule *s);
+/* The independent checker: given all P ranks' schedules of one operation (scheds[r] is rank r's),
+ * verifies that every output byte is produced exactly once, nothing touches bytes outside the
+ * active layout, every SEND matches exactly one RECV (same bytes, offsets and tag), no step reads
+ * a chunk before it has arrived, and the dependency lists only point backwards. On failure
+ * returns TPF_EINVAL with the first violation in tpf_last_error(). */
+TPF_API tpf_status tpf_schedule_check(const tpf_schedule *scheds, int tp_size);
+/* Short names for printing: "GEMM", "SEND", ...; "compute0", "send", "recv". */
+TPF_API const char *tpf_step_kind_name(int kind);
+TPF_API const char *tpf_stream_name(int stream);
+
+/* ---- The ops table -------------------------------------------------------------------------- */
+
+typedef struct tpf_reg tpf_reg; /* a backend's registration (opaque to the core) */
+
+enum {
+  TPF_BE_CAP_ASYNC = 1u << 0,       /* execute returns before completion (stream ordered) */
+  TPF_BE_CAP_HOST_MEMORY = 1u << 1, /* registrations are host memory the caller may touch */
+  TPF_BE_CAP_CANARY = 1u << 2       /* verifies bytes beyond the active layout after each op */
+};
+
+/* The operands of one operation, as the user passed them (already validated by the core). */
+typedef struct {
+  const tpf_schedule *sched; /* this rank's steps */
+  const char *comm_name;     /* for messages */
+  uint64_t seq;              /* operation sequence number on this communicator, from 1 */
+  tpf_matrix x, w, d;        /* user operands; ptr NULL when the operation has none */
+} tpf_exec_args;
+
+typedef struct tpf_backend_ops {
+  int abi_version;      /* TPF_BACKEND_ABI_VERSION */
+  const char *name;     /* "sim", "cuda" */
+  unsigned caps;        /* TPF_BE_CAP_* */
+  uint64_t align_bytes; /* required alignment of chunk sizes and offsets */
+  int max_ranks;        /* largest P */
+  /* Collective over the group: allocate and register `bytes` of zeroed data plus flags; return
+   * the backend's handle and this rank's data pointer. */
+  tpf_status (*reg_create)(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                           void **local);
+  tpf_status (*reg_destroy)(tpf_backend *be, tpf_reg *reg);
+  /* Told the prefix an active layout names after each successful set_active_shape (the sim fills
+   * the rest with a canary). Must not allocate. May be NULL. */
+  tpf_status (*reg_activate)(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
+  /* Execute one rank's schedule. Synchronous backends return when it is complete; asynchronous
+   * ones when it is enqueued on `stream`. */
+  tpf_status (*execute)(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
+  /* Wait for everything enqueued on `stream` (NULL: all) and report a deferred error. */
+  tpf_status (*sync)(tpf_backend *be, void *stream);
+  /* ---- Added in 0.2 (same ABI version: appended, optional; NULL = unsupported/no-op) ---- */
+  /* Wait on the host for every operation enqueued on `reg` and return its deferred status (the
+   * first failure of those operations, TPF_OK if none). NULL: the core calls sync(be, NULL). */
+  tpf_status (*reg_sync)(tpf_backend *be, tpf_reg *reg);
+  /* The deferred status of operations already enqueued on `reg`, without waiting: *out gets
+   * TPF_OK or the first failure. Kept per registration: a failure of another registration never
+   * shows here. NULL: only failures returned by execute/sync are reported. */
+  tpf_status (*reg_async_error)(tpf_backend *be, tpf_reg *reg, tpf_status *out);
+  /* Thread-safe, callable while this rank's thread is blocked in execute on `reg`: make every
+   * present and future wait of operations on `reg` give up promptly (TPF_ESTATE). Must not
+   * allocate or block. NULL: waits end only at their timeout. */
+  tpf_status (*reg_abort)(tpf_backend *be, tpf_reg *reg);
+} tpf_backend_ops;
+
+/* Every backend object starts with this header; the core reads only these fields. */
+struct tpf_backend {
+  const tpf_backend_ops *ops; /* the backend's table */
+  int tp_size;                /* P */
+  int rank;                   /* r */
+};
+
+/* Records a failure detail for tpf_last_error() (printf-style); returns `s` for tail calls.
+ * Backends use it at the edge where they translate a foreign error. */
+TPF_API tpf_status tpf_set_error(tpf_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Host reference numerics shared by backends and tests: convert one element to/from float. */
+TPF_API float tpf_elem_to_float(tpf_dtype t, const void *p);
+TPF_API void tpf_float_to_elem(tpf_dtype t, float v, void *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* TPFLEX_BACKEND_H */
