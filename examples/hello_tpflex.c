@@ -10,7 +10,10 @@
  * enqueued on (tpf_comm_sync waits for it). Collective calls (every rank, same order):
  * tpf_manager_add / tpf_comm_create, the operations, tpf_manager_destroy. Local calls:
  * tpf_manager_create, set_active_shape, legal_rows, views, layout queries (docs/SPEC.md §6).
- * Build: cc hello_tpflex.c $(pkg-config --cflags --libs tpflex) -o hello */
+ * Build (PKG_CONFIG_PATH=<prefix>/lib/pkgconfig; the rpath lets it find libtpflex.so):
+ *   cc hello_tpflex.c $(pkg-config --cflags --libs tpflex) \
+ *     -Wl,-rpath,$(pkg-config --variable=libdir tpflex) -o hello
+ */
 #include <stdio.h>
 #include <string.h>
 #include <tpflex/tpflex.h>

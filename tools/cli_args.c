@@ -1,15 +1,20 @@
 /* The shared option parser of the tpflex commands; see cli_args.h. */
+#define _POSIX_C_SOURCE 200809L /* readlink */
 #include "cli_args.h"
 
 #include <errno.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tpflex/tpflex_cost.h"
 
-#ifndef TPF_COST_DIRS
-#define TPF_COST_DIRS ""
+#ifndef TPF_COST_REL
+#define TPF_COST_REL "../share/tpflex/cost"
+#endif
+#ifndef TPF_COST_SRC_DIR
+#define TPF_COST_SRC_DIR ""
 #endif
 
 bool cli_parse_u64(const char *text, uint64_t min, uint64_t max, uint64_t *out) {
@@ -195,16 +200,27 @@ int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const c
     if (!text) return cli_error(ctx, "%s '%s' cannot be read (or is over 1 MiB)", opt, path);
     snprintf(used, len, "%s", path);
   } else {
-    const char *dirs = TPF_COST_DIRS; /* ':'-separated, compiled in: install dir, source dir */
-    while (*dirs && !text) {
-      size_t n = strcspn(dirs, ":");
-      snprintf(used, len, "%.*s/%s", (int)n, dirs, default_name);
+    /* The installed layout first: the directory of this executable (/proc/self/exe, so the
+     * prefix the files were installed under, not the one compiled in), then TPF_COST_REL
+     * ("../share/tpflex/cost"); then the source tree's data/cost (a binary in its build folder). */
+    char dirs[2][4096] = {"", TPF_COST_SRC_DIR};
+    char exe[4096];
+    const ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+      exe[n] = '\0';
+      char *slash = strrchr(exe, '/');
+      if (slash) *slash = '\0';
+      snprintf(dirs[0], sizeof dirs[0], "%.3000s/%s", exe, TPF_COST_REL);
+    }
+    for (int i = 0; i < 2 && !text; i++) {
+      if (!dirs[i][0]) continue;
+      snprintf(used, len, "%s/%s", dirs[i], default_name);
       text = cli_read_text(used, 1u << 20);
-      dirs += n + (dirs[n] == ':');
     }
     if (!text)
-      return cli_error(ctx, "no default cost table %s found (looked in '%s'); pass %s FILE",
-                       default_name, TPF_COST_DIRS, opt);
+      return cli_error(ctx, "no default cost table %s found (looked in '%s' and '%s'); pass %s FILE",
+                       default_name, dirs[0][0] ? dirs[0] : "(no /proc/self/exe)",
+                       dirs[1][0] ? dirs[1] : "(no source tree)", opt);
   }
   tpf_status rc = tpf_cost_table_parse(text, out);
   free(text);

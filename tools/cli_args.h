@@ -78,10 +78,11 @@ bool cli_has_word(int argc, char **argv, const char *w);
 char *cli_read_text(const char *path, size_t max);
 
 /* Loads a cost table (include/tpflex/tpflex_cost.h) into *out: from `path` when it is not NULL,
- * else the shipped table `default_name` ("h200.txt", "sim.txt") from the directories compiled in
- * (TPF_COST_DIRS: the install directory, then the source tree's data/cost). `used` (len bytes)
+ * else the shipped table `default_name` ("h200.txt", "sim.txt") from the installed
+ * share/tpflex/cost found relative to this executable (/proc/self/exe, then ../share/tpflex/cost,
+ * as the install rules lay it out), then from the source tree's data/cost. `used` (len bytes)
  * receives the path read. Returns -1 on success, else 2 after reporting through cli_error (`opt`,
- * e.g. "--cost", names the option in the message). */
+ * e.g. "--cost", names the option in the message, and a missing default names both places). */
 struct tpf_cost_table;
 int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const char *default_name,
                   struct tpf_cost_table *out, char *used, size_t len);
