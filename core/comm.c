@@ -63,6 +63,16 @@ static tpf_status enter(tpf_comm *c, const char *call) {
                 call, c->cfg.name);
   return TPF_OK;
 }
+/* Leaves c failed with status rc, keeping the detail for the messages of later calls (they name
+ * the original failure and the way out, issue 22 item 13). */
+static void mark_failed(tpf_comm *c, tpf_status rc) {
+  c->failed = rc;
+  const char *e = tpf_last_error();
+  const size_t n = strlen(e) < sizeof c->fail_detail - 1 ? strlen(e) : sizeof c->fail_detail - 1;
+  memcpy(c->fail_detail, e, n);
+  c->fail_detail[n] = '\0';
+}
+
 static tpf_status leave(tpf_comm *c, tpf_status rc) {
   atomic_store(&full_of(c)->busy, 0);
   return rc;
@@ -334,13 +344,13 @@ fail:
 
 tpf_status tpf_comm_destroy(tpf_comm *c) {
   TPF_CHECK_COMM(c, "tpf_comm_destroy");
-  TPF_RETURN_IF(c->managed, TPF_EINVAL,
-                "tpf_comm_destroy: '%s' belongs to a manager; tpf_manager_destroy destroys it",
-                c->cfg.name);
   TPF_RETURN_IF(atomic_load(&full_of(c)->busy) != 0, TPF_ESTATE,
                 "tpf_comm_destroy: another thread is inside a call on '%s' for this rank right "
                 "now; the rule is one thread per rank at a time (tpflex.h, Threads)",
                 c->cfg.name);
+  /* A managed communicator leaves its manager (issue 22 item 13: how a failed one is replaced
+   * without bricking the manager); the manager never holds a destroyed pointer. */
+  if (c->manager) tpf__manager_forget(c->manager, c);
   /* Out of the table first: from here on every call on c is refused without reading it. */
   tpf__handle_remove(c, c->cfg.name);
   /* Wait for what is in flight before the memory goes; keep going on error so nothing leaks. */
@@ -356,8 +366,10 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
   TPF_CHECK_COMM(c, "set_active_shape");
   TPF_RETURN_IF_ABORTED(c);
   TPF_RETURN_IF(c->failed != TPF_OK, TPF_ESTATE,
-                "'%s' failed earlier (%s) and accepts no shape change; destroy it", c->cfg.name,
-                tpf_status_name(c->failed));
+                "'%s' failed earlier (%s: %s) and accepts no shape change; to recover, "
+                "tpf_comm_destroy it on every rank (a managed one leaves its manager) and create "
+                "it again (tpf_manager_add)",
+                c->cfg.name, tpf_status_name(c->failed), c->fail_detail);
   TPF_RETURN_IF(tpf__dtype_quantized(c->cfg.dtype), TPF_EUNSUPPORTED,
                 "'%s' is quantized (%s) and stays at its capacity shape [%llu, %llu]", c->cfg.name,
                 tpf_dtype_name(c->cfg.dtype), (unsigned long long)c->cfg.capacity.rows,
@@ -685,7 +697,7 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
    * detected there, before any byte moves, so the group stays in step and usable. Anything else
    * may have left partial data behind: refuse to continue. */
   c->seq = a.seq;
-  if (rc != TPF_OK && rc != TPF_EMISMATCH) c->failed = rc;
+  if (rc != TPF_OK && rc != TPF_EMISMATCH) mark_failed(c, rc);
   c->ops++;
   return rc;
 }
@@ -852,7 +864,7 @@ static tpf_status sync_body(tpf_comm *c) {
   tpf_status rc = tpf__be_reg_sync_op(c->be) ? tpf__be_reg_sync_op(c->be)(c->be, c->reg)
                                              : tpf__be_sync(c->be, NULL);
   if (rc != TPF_OK) {
-    if (c->failed == TPF_OK && rc != TPF_EMISMATCH) c->failed = rc;
+    if (c->failed == TPF_OK && rc != TPF_EMISMATCH) mark_failed(c, rc);
     return named(c, rc);
   }
   TPF_RETURN_IF(c->failed != TPF_OK, c->failed,

@@ -13,7 +13,8 @@ struct tpf_comm {
   uint64_t seq;         /* operations handed to the backend (the flag sequence number) */
   uint64_t ops;         /* operations attempted on the backend */
   tpf_status failed;    /* TPF_OK, or the status that made it refuse further work */
-  bool managed;         /* owned by a manager: only tpf_manager_destroy destroys it */
+  struct tpf_manager *manager; /* the owning manager, or NULL */
+  char fail_detail[240];        /* tpf_last_error() of the failure that set `failed` */
   tpf_reg *reg;         /* backend registration */
   tpf_planner *planner; /* TPF_PLAN_ADAPTIVE: its planner; NULL for FIXED */
   void *base;           /* this rank's registered data */
@@ -29,6 +30,9 @@ struct tpf_comm {
  * creation exchange, so every rank fails this creation and the group stays paired. */
 tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out,
                                   tpf_status local);
+
+/* manager.c: drops c from its manager's list (tpf_comm_destroy of a managed communicator). */
+void tpf__manager_forget(struct tpf_manager *m, tpf_comm *c);
 
 /* The layout descriptor of c (this rank, its configuration) for the given active shape. */
 tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active);

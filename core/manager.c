@@ -60,7 +60,7 @@ tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm 
   }
   tpf_comm *c = NULL;
   TPF_CHECK(tpf__comm_create_after(m->be, cfg, &c, local));
-  c->managed = true;
+  c->manager = m;
   m->comms[m->count++] = c;
   if (out) *out = c;
   return TPF_OK;
@@ -121,13 +121,24 @@ tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
   return TPF_OK;
 }
 
+/* tpf_comm_destroy of a managed communicator (the recovery path of a failed one: destroy it on
+ * every rank, then tpf_manager_add it again). Keeps the creation order of the others. */
+void tpf__manager_forget(tpf_manager *m, tpf_comm *c) {
+  for (int i = 0; i < m->count; i++) {
+    if (m->comms[i] != c) continue;
+    memmove(&m->comms[i], &m->comms[i + 1], (size_t)(m->count - i - 1) * sizeof *m->comms);
+    m->count--;
+    return;
+  }
+}
+
 tpf_status tpf_manager_destroy(tpf_manager *m) {
   TPF_CHECK_MANAGER(m, "tpf_manager_destroy");
   tpf__handle_remove(m, NULL);
   tpf_status rc = TPF_OK;
   /* Reverse creation order, so registrations unwind as they were made on every rank. */
   for (int i = m->count - 1; i >= 0; i--) {
-    m->comms[i]->managed = false;
+    m->comms[i]->manager = NULL; /* destroyed as the manager's, not forgotten one by one */
     tpf_status r = tpf_comm_destroy(m->comms[i]);
     if (rc == TPF_OK) rc = r;
   }

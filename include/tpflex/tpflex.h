@@ -11,7 +11,7 @@
  * Destroyed handles: every call on a destroyed communicator, manager or simulator world (double
  * destroy included) returns TPF_EINVAL with "... was destroyed" in the detail, without reading
  * the freed object (a table of live handles, docs/DESIGN.md); calls that return a value give
- * the value they give for NULL. A managed communicator is destroyed by its manager only.
+ * the value they give for NULL.
  *
  * Contracts (docs/SPEC.md has the layouts, rules, statuses and oracle; its §6 says where a
  * backend comes from and what the stream argument is on each backend):
@@ -227,8 +227,9 @@ typedef struct {
  * docs/SPEC.md §3, TPF_EMISMATCH, TPF_ETIMEOUT (a rank never arrived), TPF_ENOMEM,
  * TPF_EBACKEND. */
 TPF_API tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
-/* Waits for its operations, deregisters and frees. NULL, a destroyed communicator and one owned
- * by a manager (tpf_manager_destroy destroys those) are TPF_EINVAL. */
+/* Waits for its operations, deregisters and frees. NULL and a destroyed communicator are
+ * TPF_EINVAL. A communicator of a manager leaves it (tpf_manager_count drops by one): that is
+ * how a failed one is replaced, on every rank: tpf_comm_destroy, then tpf_manager_add again. */
 TPF_API tpf_status tpf_comm_destroy(tpf_comm *c);
 /* Makes `active` the shape of the operations enqueued after this call; local, no communication,
  * no allocation. On failure nothing changes. Statuses of docs/SPEC.md §3; TPF_ESTATE after a
@@ -348,7 +349,10 @@ TPF_API tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, t
 /* TPF_EINVAL when no communicator has that name. */
 TPF_API tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out);
 /* Applies `active` to every eligible communicator (unquantized, not external), all-or-nothing:
- * all are validated first; on any failure none changes and the detail names the communicator. */
+ * all are validated first; on any failure none changes and the detail names the communicator.
+ * A communicator left failed by an earlier operation (a timeout, a canary violation) refuses
+ * with TPF_ESTATE naming its original failure; the manager recovers when that communicator is
+ * replaced (tpf_comm_destroy it and tpf_manager_add it again, on every rank). */
 TPF_API tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active);
 /* Number of communicators, and the i-th in creation order. */
 TPF_API int tpf_manager_count(const tpf_manager *m);
