@@ -66,9 +66,12 @@ static uint16_t float_to_bf16(float f) {
 
 /* fp8 (OCP E4M3 / E5M2) decode; encode saturates to the largest finite value. */
 static float fp8_to_float(uint8_t v, int ebits, int mbits, int bias) {
-  uint32_t sign = v >> 7;
-  uint32_t exp = (v >> mbits) & ((1u << ebits) - 1u);
-  uint32_t man = v & ((1u << mbits) - 1u);
+  /* Unsigned throughout: under -fsanitize=undefined gcc 12 instruments the shifts and no longer
+   * proves a promoted uint8_t non-negative, so (v >> mbits) warned -Wsign-conversion. */
+  const uint32_t u = (uint32_t)v;
+  uint32_t sign = u >> 7;
+  uint32_t exp = (u >> (unsigned)mbits) & ((1u << (unsigned)ebits) - 1u);
+  uint32_t man = u & ((1u << (unsigned)mbits) - 1u);
   float r;
   /* E4M3 (the "fn" variant) has no infinities and one NaN code per sign, S.1111.111; E5M2
    * follows IEEE: exponent all ones is infinity (mantissa 0) or NaN. */
