@@ -24,6 +24,7 @@ struct tpf_sim_exchange {
   tpf_status status;
   size_t bytes; /* per rank, as the first arrival gave it */
   uint64_t arrived_mask, missing_mask;
+  unsigned bound_ms; /* the bound the exchange ran out of */
   char msg[TPF_SIM_MSG_LEN];
   unsigned char *data; /* P * bytes */
 };
@@ -73,8 +74,7 @@ static tpf_sim_exchange *find_or_add(tpf_sim_world *w, uint64_t k, size_t bytes)
   return x;
 }
 
-tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes) {
-  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+static tpf_status allgather_held(tpf_sim_rank *rk, const void *mine, void *all, size_t bytes) {
   tpf_sim_world *w = rk->world;
   if (!mine || !all || bytes == 0)
     return tpf_set_error(TPF_EINVAL, "sim allgather: %s", bytes ? "NULL buffer" : "zero bytes");
@@ -105,17 +105,15 @@ tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size
       pthread_cond_broadcast(&w->cv);
     }
   }
-  struct timespec dl;
-  clock_gettime(CLOCK_REALTIME, &dl);
-  dl.tv_sec += w->timeout_ms / 1000u;
-  dl.tv_nsec += (long)(w->timeout_ms % 1000u) * 1000000L;
-  if (dl.tv_nsec >= 1000000000L) {
-    dl.tv_sec++;
-    dl.tv_nsec -= 1000000000L;
-  }
+  const uint64_t start = tpf_sim__now_ns();
   while (!x->decided) {
-    if (pthread_cond_timedwait(&w->cv, &w->mu, &dl) == ETIMEDOUT && !x->decided) {
+    struct timespec dl;
+    tpf_sim__poll_deadline(&dl);
+    pthread_cond_timedwait(&w->cv, &w->mu, &dl);
+    unsigned bound = 0;
+    if (!x->decided && tpf_sim__expired(w, start, &bound)) {
       x->decided = true;
+      x->bound_ms = bound;
       x->status = TPF_ETIMEOUT;
       x->missing_mask = ~x->arrived_mask & (w->tp_size >= 64 ? ~0ull : (1ull << w->tp_size) - 1);
       pthread_cond_broadcast(&w->cv);
@@ -138,12 +136,12 @@ tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size
       snprintf(msg, sizeof msg,
                "timeout after %u ms: rank %d arrived at communicator creation %llu "
                "(configuration exchange) after the other ranks gave up waiting for rank(s) %s",
-               w->timeout_ms, rk->rank, (unsigned long long)k, missing);
+               x->bound_ms, rk->rank, (unsigned long long)k, missing);
     else
       snprintf(msg, sizeof msg,
                "timeout after %u ms: rank %d, communicator creation %llu (configuration "
                "exchange) waits for rank(s) %s; only %d of %d ranks arrived",
-               w->timeout_ms, rk->rank, (unsigned long long)k, missing, came, w->tp_size);
+               x->bound_ms, rk->rank, (unsigned long long)k, missing, came, w->tp_size);
   } else {
     snprintf(msg, sizeof msg, "%s", x->msg);
   }
@@ -151,4 +149,12 @@ tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size
   release(w, x);
   pthread_mutex_unlock(&w->mu);
   return st == TPF_OK ? TPF_OK : tpf_set_error(st, "%s", msg);
+}
+
+tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  TPF_CHECK(tpf_sim__enter(rk, "allgather"));
+  tpf_status st = allgather_held(rk, mine, all, bytes);
+  tpf_sim__leave(rk);
+  return st;
 }

@@ -13,8 +13,14 @@
  * raises its flag on every peer and waits for all of theirs. HANDSHAKE publishes
  * TPF_READY_WORD(seq, rows) to every peer and waits for theirs; different rows fail the
  * operation with TPF_EMISMATCH on every rank (each rank sees at least one different word) before
- * any byte moves. Every cross-rank wait sleeps on the rank's doorbell with a deadline of
- * timeout_ms and fails with TPF_ETIMEOUT naming the rank, the step and the peer awaited.
+ * any byte moves. Every cross-rank wait sleeps on the rank's doorbell, re-reading the bound in
+ * force (tpf_sim__timeout_ms) at each wakeup, and fails at it with TPF_ETIMEOUT naming the rank,
+ * the step and the peer awaited. The waits between a rank's own streams, and execute's wait for
+ * its workers, are nets with the same message form (the rank itself is the one awaited).
+ *
+ * One thread per rank: every rank-thread entry claims the rank (tpf_sim__enter), and the job slot
+ * refuses a second operation while one runs (TPF_ESTATE naming the rule), so a second thread
+ * gets an error instead of overwriting the slot and leaving the first caller waiting forever.
  *
  * Failure: the first failing step records its status and message in the operation, marks it
  * failed and rings the rank's doorbell, so the other workers of the rank stop at their next
@@ -30,8 +36,6 @@
 #include <string.h>
 #include <time.h>
 
-/* Re-check period of a waiter that got no doorbell (guards against a lost wakeup only). */
-#define SIM_POLL_NS 20000000ull
 
 typedef struct {
   tpf_sim_worker *wk;
@@ -43,6 +47,7 @@ typedef struct {
   tpf_sim_shared *sh;
   int me;
   int step_index;
+  unsigned waited_ms; /* the bound a wait ran out of (TPF_ETIMEOUT) */
   uint64_t moved; /* bytes this step moved between ranks */
   uint64_t flops;
 } sim_ctx;
@@ -101,9 +106,20 @@ static bool pred_holds(const sim_pred *p) {
   return v >= p->want;
 }
 
-/* TPF_OK when the predicate holds, TPF_ETIMEOUT at the deadline, TPF_ESTATE when the operation
- * failed elsewhere meanwhile (the caller then stops without a message of its own). */
-static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t deadline_ns) {
+/* TPF_OK when the predicate holds, TPF_ETIMEOUT once start_ns is the bound in force ago
+ * (c->waited_ms says which bound), TPF_ESTATE when the operation failed elsewhere meanwhile (the
+ * caller then stops without a message of its own). The bound is re-read at every wakeup, so a
+ * fault timeout armed meanwhile (tpf_sim_set_fault_timeout) applies to this wait too. */
+static tpf_status wait_pred_loop(sim_ctx *c, const sim_pred *p, uint64_t start_ns);
+static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t start_ns) {
+  atomic_fetch_add(&c->op->cross_waits, 1);
+  tpf_status st = wait_pred_loop(c, p, start_ns);
+  atomic_store(&c->op->progress_ns, tpf_sim__now_ns());
+  atomic_fetch_sub(&c->op->cross_waits, 1);
+  return st;
+}
+
+static tpf_status wait_pred_loop(sim_ctx *c, const sim_pred *p, uint64_t start_ns) {
   tpf_sim_rank *rk = c->rk;
   for (;;) {
     pthread_mutex_lock(&rk->bell_mu);
@@ -114,19 +130,13 @@ static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t deadline_ns)
     if (atomic_load(&c->op->reg->aborted))
       return op_fail(c, TPF_ESTATE, "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d",
                      comm_name(c), c->me, c->step_index);
-    uint64_t now = tpf_sim__now_ns();
-    if (now >= deadline_ns) return TPF_ETIMEOUT;
-    uint64_t until = now + SIM_POLL_NS < deadline_ns ? now + SIM_POLL_NS : deadline_ns;
-    struct timespec ts = mono_ts(until);
+    if (tpf_sim__expired(c->w, start_ns, &c->waited_ms)) return TPF_ETIMEOUT;
+    struct timespec ts = mono_ts(tpf_sim__now_ns() + TPF_SIM_POLL_NS);
     pthread_mutex_lock(&rk->bell_mu);
     if (rk->bell_gen == gen) /* nothing rung since we looked: sleep */
       pthread_cond_timedwait(&rk->bell_cv, &rk->bell_mu, &ts);
     pthread_mutex_unlock(&rk->bell_mu);
   }
-}
-
-static uint64_t deadline_from_now(const sim_ctx *c) {
-  return tpf_sim__now_ns() + (uint64_t)c->w->timeout_ms * 1000000ull;
 }
 
 /* Raises flag [sender][tag] of receiver to seq (release) and rings the receiver. Flags only
@@ -167,6 +177,7 @@ static void raise_flag(sim_ctx *c, int receiver, uint32_t tag) {
   pthread_mutex_lock(&c->rk->fault_mu);
   if (k != 0 && k == f->base.drop_signal) {
     atomic_fetch_add(&w->fault_injected, 1);
+    tpf_sim__fault_lossy(w);
     me.on = false;
   } else if (k != 0 && k == f->reorder_signal) {
     atomic_fetch_add(&w->fault_injected, 1);
@@ -296,12 +307,12 @@ static tpf_status step_send(sim_ctx *c, const tpf_step *s) {
 static tpf_status step_recv(sim_ctx *c, const tpf_step *s) {
   TPF_CHECK(check_peer(c, s));
   sim_pred p = {tpf_sim__flag(c->sh, c->me, s->peer, s->tag), c->args->seq, false};
-  tpf_status st = wait_pred(c, &p, deadline_from_now(c));
+  tpf_status st = wait_pred(c, &p, tpf_sim__now_ns());
   if (st == TPF_ETIMEOUT)
     return op_fail(c, st,
                    "timeout after %u ms: rank %d, step %d (RECV chunk %d, tag %u) of '%s' "
                    "operation %llu waits for rank %d (its flag is at %llu)",
-                   c->w->timeout_ms, c->me, c->step_index, (int)s->chunk, (unsigned)s->tag,
+                   c->waited_ms, c->me, c->step_index, (int)s->chunk, (unsigned)s->tag,
                    comm_name(c), (unsigned long long)c->args->seq, (int)s->peer,
                    (unsigned long long)atomic_load(p.word));
   return st;
@@ -314,16 +325,16 @@ static tpf_status step_barrier(sim_ctx *c, const tpf_step *s) {
                    c->step_index, (unsigned)s->tag);
   for (int q = 0; q < P; q++)
     if (q != c->me) raise_flag(c, q, s->tag);
-  uint64_t deadline = deadline_from_now(c);
+  uint64_t start = tpf_sim__now_ns();
   for (int q = 0; q < P; q++) {
     if (q == c->me) continue;
     sim_pred p = {tpf_sim__flag(c->sh, c->me, q, s->tag), c->args->seq, false};
-    tpf_status st = wait_pred(c, &p, deadline);
+    tpf_status st = wait_pred(c, &p, start);
     if (st == TPF_ETIMEOUT)
       return op_fail(c, st,
                      "timeout after %u ms: rank %d, step %d (BARRIER tag %u) of '%s' operation "
                      "%llu waits for rank %d (its flag is at %llu)",
-                     c->w->timeout_ms, c->me, c->step_index, (unsigned)s->tag, comm_name(c),
+                     c->waited_ms, c->me, c->step_index, (unsigned)s->tag, comm_name(c),
                      (unsigned long long)c->args->seq, q, (unsigned long long)atomic_load(p.word));
     if (st != TPF_OK) return st;
   }
@@ -339,17 +350,17 @@ static tpf_status step_handshake(sim_ctx *c) {
     atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me, seq), word, memory_order_release);
     tpf_sim__ring(&c->w->ranks[q]);
   }
-  uint64_t deadline = deadline_from_now(c);
+  uint64_t start = tpf_sim__now_ns();
   for (int q = 0; q < P; q++) {
     if (q == c->me) continue;
     sim_pred p = {tpf_sim__ready(c->sh, c->me, q, seq), seq, true};
-    tpf_status st = wait_pred(c, &p, deadline);
+    tpf_status st = wait_pred(c, &p, start);
     uint64_t got = atomic_load_explicit(p.word, memory_order_acquire);
     if (st == TPF_ETIMEOUT)
       return op_fail(c, st,
                      "timeout after %u ms: rank %d, step %d (HANDSHAKE) of '%s' operation %llu "
                      "waits for rank %d (its last operation announced is %llu)",
-                     c->w->timeout_ms, c->me, c->step_index, comm_name(c), (unsigned long long)seq,
+                     c->waited_ms, c->me, c->step_index, comm_name(c), (unsigned long long)seq,
                      q, (unsigned long long)TPF_READY_SEQ(got));
     if (st != TPF_OK) return st;
     if (TPF_READY_SEQ(got) != (seq & TPF_READY_SEQ_MASK))
@@ -431,31 +442,41 @@ static tpf_status run_step(sim_ctx *c, const tpf_step *s) {
   }
 }
 
-/* Waits until step `dep` of this rank has finished. The awaited step's own waits are bounded,
- * so this only needs a safety net against a schedule the pre-check let through. The net must
- * outlast every legitimate chain: step dep may start only after up to dep earlier steps of its
- * stream each waited almost the whole timeout, and a net that fired first would report "waited
- * for its step" instead of the peer that is really missing. So: (dep + 2) timeouts. */
+/* Waits until step `dep` of this rank has finished. The awaited step's own waits are bounded and
+ * a failure anywhere in the operation fails it and wakes this wait, so this is only a net against
+ * a step that can never finish: it fires when no cross-rank wait of the operation is in progress
+ * and nothing progressed (no step finished, no such wait ended) for two bounds in force, and says
+ * so in the timeout contract's form (this rank is the one awaited). */
 static tpf_status wait_dep(sim_ctx *c, int dep) {
-  uint64_t net_ms = ((uint64_t)dep + 2u) * c->w->timeout_ms;
-  uint64_t deadline = tpf_sim__now_ns() + net_ms * 1000000ull;
-  struct timespec ts = mono_ts(deadline);
   tpf_status st = TPF_OK;
+  unsigned bound = 0;
+  uint64_t since = 0;
   pthread_mutex_lock(&c->op->mu);
   while (!c->op->done[dep]) {
     if (atomic_load(&c->op->failed)) {
       st = TPF_ESTATE;
       break;
     }
-    if (pthread_cond_timedwait(&c->op->cv, &c->op->mu, &ts) == ETIMEDOUT && !c->op->done[dep]) {
+    bound = tpf_sim__timeout_ms(c->w);
+    since = atomic_load(&c->op->progress_ns);
+    uint64_t now = tpf_sim__now_ns();
+    if (atomic_load(&c->op->cross_waits) == 0 && now > since &&
+        now - since >= 2ull * bound * 1000000ull) {
       st = TPF_ETIMEOUT;
       break;
     }
+    struct timespec ts = mono_ts(now + TPF_SIM_POLL_NS);
+    pthread_cond_timedwait(&c->op->cv, &c->op->mu, &ts);
   }
   pthread_mutex_unlock(&c->op->mu);
   if (st == TPF_ETIMEOUT)
-    return op_fail(c, st, "timeout: rank %d step %d of '%s' waited %llu ms for its step %d", c->me,
-                   c->step_index, comm_name(c), (unsigned long long)net_ms, dep);
+    return op_fail(c, st,
+                   "timeout after %u ms: rank %d, step %d (after step %d, %s) of '%s' operation "
+                   "%llu waits for rank %d (itself: nothing of the operation progressed for "
+                   "two bounds of %u ms)",
+                   2u * bound, c->me, c->step_index, dep,
+                   tpf_step_kind_name(c->sched->steps[dep].kind), comm_name(c),
+                   (unsigned long long)c->args->seq, c->me, bound);
   return st;
 }
 
@@ -528,6 +549,7 @@ static void run_stream(tpf_sim_worker *wk, tpf_sim_op *op) {
     }
     pthread_mutex_lock(&op->mu);
     op->done[i] = 1;
+    atomic_store(&op->progress_ns, tpf_sim__now_ns());
     pthread_cond_broadcast(&op->cv);
     pthread_mutex_unlock(&op->mu);
   }
@@ -569,10 +591,8 @@ static tpf_status precheck(const tpf_sim_rank *rk, const tpf_exec_args *a) {
   return TPF_OK;
 }
 
-tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream) {
-  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+static tpf_status execute_held(tpf_sim_rank *rk, tpf_reg *reg, const tpf_exec_args *a) {
   tpf_sim_reg *h = (tpf_sim_reg *)reg;
-  (void)stream; /* the simulator completes every operation before returning */
   uint64_t step_base = 0;
   uint64_t nsteps = a && a->sched && a->sched->nsteps > 0 ? (uint64_t)a->sched->nsteps : 0;
   TPF_CHECK(tpf_sim__fault_enter(rk->world, "execute", rk->rank, nsteps, &step_base));
@@ -594,17 +614,60 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   memset(op.done, 0, (size_t)a->sched->nsteps + 1);
   pthread_mutex_init(&op.mu, NULL);
   tpf_sim__cond_init_mono(&op.cv);
+  atomic_init(&op.progress_ns, tpf_sim__now_ns());
+  atomic_init(&op.cross_waits, 0);
 
+  /* The job slot holds one operation: a second one while it is taken would overwrite it and
+   * leave this one's caller waiting for workers that never ran it. tpf_sim__enter already keeps
+   * a second thread out; this is the slot's own check. */
   pthread_mutex_lock(&rk->mu);
+  if (rk->job != NULL) {
+    pthread_mutex_unlock(&rk->mu);
+    pthread_cond_destroy(&op.cv);
+    pthread_mutex_destroy(&op.mu);
+    return tpf_set_error(TPF_ESTATE,
+                         "simulator rank %d: '%s' operation %llu submitted while operation %llu "
+                         "of '%s' still runs; one thread per rank at a time",
+                         rk->rank, a->comm_name ? a->comm_name : "?", (unsigned long long)a->seq,
+                         (unsigned long long)rk->job->args->seq,
+                         rk->job->args->comm_name ? rk->job->args->comm_name : "?");
+  }
   rk->job = &op;
   rk->job_gen++;
   pthread_cond_broadcast(&rk->cv);
   pthread_mutex_unlock(&rk->mu);
 
+  /* Bounded: every wait of a worker ends at its bound and a failure stops them all. The net
+   * fails the operation when nothing progressed for three bounds with no cross-rank wait in
+   * progress (as wait_dep's), and then still waits
+   * for the workers to let go of op (it lives on this stack); they stop at their next wakeup. */
   pthread_mutex_lock(&op.mu);
-  while (op.workers_left > 0)
-    pthread_cond_wait(&op.cv, &op.mu);
+  while (op.workers_left > 0) {
+    unsigned bound = tpf_sim__timeout_ms(rk->world);
+    uint64_t now = tpf_sim__now_ns();
+    uint64_t since = atomic_load(&op.progress_ns);
+    if (!atomic_load(&op.failed) && atomic_load(&op.cross_waits) == 0 && now > since &&
+        now - since >= 3ull * bound * 1000000ull) {
+      op.status = TPF_ETIMEOUT;
+      snprintf(op.msg, sizeof op.msg,
+               "timeout after %u ms: rank %d, operation %llu of '%s' (nothing progressed for three "
+               "bounds of %u ms) waits for rank %d (itself: its stream workers)",
+               3u * bound, rk->rank, (unsigned long long)a->seq,
+               a->comm_name ? a->comm_name : h->sh->name, bound, rk->rank);
+      atomic_store(&op.failed, 1);
+      pthread_cond_broadcast(&op.cv);
+      pthread_mutex_unlock(&op.mu);
+      tpf_sim__ring(rk);
+      pthread_mutex_lock(&op.mu);
+      continue;
+    }
+    struct timespec ts = mono_ts(now + TPF_SIM_POLL_NS);
+    pthread_cond_timedwait(&op.cv, &op.mu, &ts);
+  }
   pthread_mutex_unlock(&op.mu);
+  pthread_mutex_lock(&rk->mu);
+  rk->job = NULL;
+  pthread_mutex_unlock(&rk->mu);
   /* A signal held back for reordering with no later raise to follow goes out now: held
    * forever it would be a lost signal, which is a different fault. */
   pthread_mutex_lock(&rk->fault_mu);
@@ -624,6 +687,15 @@ tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *
   pthread_cond_destroy(&op.cv);
   pthread_mutex_destroy(&op.mu);
   if (st != TPF_OK && st != TPF_EMISMATCH && h->deferred == TPF_OK) h->deferred = st;
+  return st;
+}
+
+tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  (void)stream; /* the simulator completes every operation before returning */
+  TPF_CHECK(tpf_sim__enter(rk, "execute"));
+  tpf_status st = execute_held(rk, reg, a);
+  tpf_sim__leave(rk);
   return st;
 }
 
@@ -663,5 +735,8 @@ tpf_status tpf_sim__reg_abort(tpf_backend *be, tpf_reg *reg) {
 tpf_status tpf_sim__sync(tpf_backend *be, void *stream) {
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   (void)stream; /* nothing is ever left in flight */
-  return tpf_sim__fault_call(rk->world, "sync", rk->rank);
+  TPF_CHECK(tpf_sim__enter(rk, "sync"));
+  tpf_status st = tpf_sim__fault_call(rk->world, "sync", rk->rank);
+  tpf_sim__leave(rk);
+  return st;
 }

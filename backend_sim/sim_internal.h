@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <time.h>
 
 #define TPF_SIM_DEFAULT_TIMEOUT_MS 10000u
 #define TPF_SIM_DEFAULT_ARENA_BYTES (1ull << 30)
@@ -17,6 +18,9 @@
 #define TPF_SIM_MSG_LEN 512
 #define TPF_SIM_NAME_LEN 64
 #define TPF_SIM_MAX_STEPS 65535 /* steps of one schedule (the pre-check's limit) */
+/* Longest sleep of any wait before it re-checks its predicate and its bound (a bound lowered
+ * while it sleeps, tpf_sim_set_timeout, takes effect within this). */
+#define TPF_SIM_POLL_NS 20000000ull
 
 typedef struct tpf_sim_rank tpf_sim_rank;
 
@@ -58,6 +62,7 @@ typedef struct tpf_sim_group {
   uint64_t bytes[TPF_MAX_RANKS];
   uint64_t arrived_mask; /* bit r: rank r arrived */
   uint64_t missing_mask; /* ranks that had not arrived when the group timed out */
+  unsigned bound_ms;     /* the bound the group ran out of (TPF_ETIMEOUT) */
   char names[TPF_MAX_RANKS][TPF_SIM_NAME_LEN];
   tpf_sim_shared *sh;
 } tpf_sim_group;
@@ -82,6 +87,12 @@ typedef struct tpf_sim_op {
   tpf_status status; /* first failure; mu */
   char msg[TPF_SIM_MSG_LEN];
   uint64_t fault_step_base; /* fault number of step 0 (0: this rank is not counted) */
+  /* The nets (waits of a rank on its own steps and workers) fire only when no cross-rank wait of
+   * the operation is in progress (those are bounded and fail the operation themselves) and
+   * nothing happened for their bound: progress_ns is when a step last finished, a cross-rank
+   * wait last ended, or the operation started. */
+  _Atomic uint64_t progress_ns;
+  atomic_int cross_waits; /* workers inside a cross-rank wait now */
 } tpf_sim_op;
 
 /* Scratch of one stream worker (fp32 staging for GEMM and reductions). */
@@ -119,6 +130,10 @@ struct tpf_sim_rank {
    * execute allocates nothing (issue 11 item 4); guarded by that operation's mutex. */
   unsigned char done[TPF_SIM_MAX_STEPS + 1];
   bool workers_started[TPF_NUM_STREAMS];
+  /* The rank's calling thread: the backend entry that holds the rank (NULL: none). One thread
+   * per rank at a time (tpflex.h): a second thread entering while this is set is refused with
+   * TPF_ESTATE instead of overwriting the job slot below (issue 22 item 5). */
+  _Atomic(const char *) busy;
   /* Job dispatch to the workers. */
   pthread_mutex_t mu;
   pthread_cond_t cv;
@@ -144,7 +159,11 @@ struct tpf_sim_world {
   int tp_size;
   uint64_t seed;
   unsigned max_delay_us;
-  unsigned timeout_ms;
+  /* The bound on every wait (tpf_sim_set_timeout may change it while ranks run: every wait
+   * re-reads it through tpf_sim__timeout_ms at each wakeup), and the bound once a lossy fault
+   * fired (tpf_sim_set_fault_timeout; 0: off). */
+  _Atomic unsigned timeout_ms;
+  _Atomic unsigned fault_timeout_ms;
   uint64_t t0_ns;
   /* Arena. */
   unsigned char *arena;
@@ -162,6 +181,8 @@ struct tpf_sim_world {
   /* Faults. */
   tpf_sim_fault_ex fault;
   atomic_uint_fast64_t fault_calls, fault_signals, fault_entries, fault_injected;
+  atomic_uint_fast64_t fault_lossy; /* injected faults that lose something: failed calls, lost
+                                     * signals, late entries (what arms fault_timeout_ms) */
   uint64_t live_regs, arena_used; /* mu */
   tpf_sim_rank *ranks;            /* tp_size entries */
 };
@@ -181,6 +202,18 @@ tpf_status tpf_sim__fault_enter(tpf_sim_world *w, const char *what, int rank, ui
                                 uint64_t *step_base);
 /* True when counted call k (1-based) is to fail; counts the injection. */
 bool tpf_sim__fault_fires(tpf_sim_world *w, uint64_t k);
+/* Counts an injected fault that loses something (arms the fault timeout). */
+void tpf_sim__fault_lossy(tpf_sim_world *w);
+/* The bound in force for waits, in ms: the fault timeout once a lossy fault fired, else the
+ * world's timeout. Waits re-read it at every wakeup. */
+unsigned tpf_sim__timeout_ms(tpf_sim_world *w);
+/* True (and *bound_ms set) when a wait that started at start_ns has run out of the bound in
+ * force now. */
+bool tpf_sim__expired(tpf_sim_world *w, uint64_t start_ns, unsigned *bound_ms);
+/* Claims rank rk for the calling thread's backend entry `what`; TPF_ESTATE naming the rule when
+ * another thread holds it. tpf_sim__leave releases it. */
+tpf_status tpf_sim__enter(tpf_sim_rank *rk, const char *what);
+void tpf_sim__leave(tpf_sim_rank *rk);
 /* True when rank's calls and signals are counted. */
 bool tpf_sim__fault_counts(const tpf_sim_world *w, int rank);
 /* Drops held signals of rank rk that point into sh (its handle is going away). */
@@ -196,6 +229,8 @@ unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
 _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);
 void tpf_sim__free_groups(tpf_sim_world *w);
+/* The next wakeup of a wait on the world condition (CLOCK_REALTIME): one poll period ahead. */
+void tpf_sim__poll_deadline(struct timespec *ts);
 /* sim_exchange.c: the allgather op and its rendezvous list. */
 tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes);
 void tpf_sim__free_exchanges(tpf_sim_world *w);

@@ -47,11 +47,13 @@ void tpf_sim__free_groups(tpf_sim_world *w) {
   }
 }
 
-static void abs_deadline(struct timespec *ts, unsigned timeout_ms) {
+/* The world condition's next wakeup: one poll period from now (it runs on CLOCK_REALTIME). Whether
+ * a wait ran out is judged on the monotonic clock by tpf_sim__expired, against the bound in force
+ * at each wakeup. */
+void tpf_sim__poll_deadline(struct timespec *ts) {
   clock_gettime(CLOCK_REALTIME, ts);
-  ts->tv_sec += timeout_ms / 1000u;
-  ts->tv_nsec += (long)(timeout_ms % 1000u) * 1000000L;
-  if (ts->tv_nsec >= 1000000000L) {
+  ts->tv_nsec += (long)TPF_SIM_POLL_NS;
+  while (ts->tv_nsec >= 1000000000L) {
     ts->tv_sec++;
     ts->tv_nsec -= 1000000000L;
   }
@@ -140,9 +142,8 @@ static int mask_count(uint64_t mask) {
   return n;
 }
 
-tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
-                               void **local) {
-  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t bytes,
+                                  tpf_reg **reg, void **local) {
   tpf_sim_world *w = rk->world;
   if (!reg || !local || bytes == 0)
     return tpf_set_error(TPF_EINVAL, "sim reg_create: %s", bytes ? "NULL out" : "zero bytes");
@@ -195,11 +196,15 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
     group_decide(w, g);
     pthread_cond_broadcast(&w->cv);
   }
-  struct timespec dl;
-  abs_deadline(&dl, w->timeout_ms);
+  const uint64_t start = tpf_sim__now_ns();
+  unsigned bound = tpf_sim__timeout_ms(w);
   while (!g->decided) {
-    if (pthread_cond_timedwait(&w->cv, &w->mu, &dl) == ETIMEDOUT && !g->decided) {
+    struct timespec dl;
+    tpf_sim__poll_deadline(&dl);
+    pthread_cond_timedwait(&w->cv, &w->mu, &dl);
+    if (!g->decided && tpf_sim__expired(w, start, &bound)) {
       g->decided = true;
+      g->bound_ms = bound;
       g->status = TPF_ETIMEOUT;
       g->missing_mask = ~g->arrived_mask & (w->tp_size >= 64 ? ~0ull : (1ull << w->tp_size) - 1);
       snprintf(g->msg, sizeof g->msg, "registration %llu ('%s') timed out", (unsigned long long)k,
@@ -217,12 +222,12 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
       snprintf(msg, sizeof msg,
                "timeout after %u ms: rank %d arrived at registration %llu ('%s') after the other "
                "ranks gave up waiting for rank(s) %s",
-               w->timeout_ms, rk->rank, (unsigned long long)k, g->names[rk->rank], missing);
+               g->bound_ms, rk->rank, (unsigned long long)k, g->names[rk->rank], missing);
     else
       snprintf(msg, sizeof msg,
                "timeout after %u ms: rank %d, registration %llu ('%s') waits for rank(s) %s; "
                "only %d of %d ranks arrived",
-               w->timeout_ms, rk->rank, (unsigned long long)k, g->names[rk->rank], missing,
+               g->bound_ms, rk->rank, (unsigned long long)k, g->names[rk->rank], missing,
                w->tp_size - mask_count(g->missing_mask), w->tp_size);
   } else {
     snprintf(msg, sizeof msg, "%s", g->msg);
@@ -243,6 +248,15 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
   return TPF_OK;
 }
 
+tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                               void **local) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  TPF_CHECK(tpf_sim__enter(rk, "reg_create"));
+  tpf_status st = reg_create_held(rk, name, bytes, reg, local);
+  tpf_sim__leave(rk);
+  return st;
+}
+
 tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   tpf_sim_world *w = rk->world;
@@ -250,6 +264,7 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   /* Counted for the fault loop, but a destroy never fails: the caller could not recover. */
   atomic_fetch_add(&w->backend_calls, 1);
   if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_destroy: NULL registration");
+  TPF_CHECK(tpf_sim__enter(rk, "reg_destroy"));
   tpf_sim__fault_forget(rk, h->sh); /* no held signal may outlive this rank's handle */
   pthread_mutex_lock(&w->mu);
   tpf_sim_shared *sh = h->sh;
@@ -260,6 +275,7 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   }
   pthread_mutex_unlock(&w->mu);
   tpf__free(h);
+  tpf_sim__leave(rk);
   return TPF_OK;
 }
 
@@ -270,9 +286,7 @@ static inline unsigned char canary_byte(uint64_t off, int rank) {
                          (unsigned)(rank * 0x6Du + 1));
 }
 
-tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes) {
-  tpf_sim_rank *rk = (tpf_sim_rank *)be;
-  tpf_sim_reg *h = (tpf_sim_reg *)reg;
+static tpf_status reg_activate_held(tpf_sim_rank *rk, tpf_sim_reg *h, uint64_t active_bytes) {
   TPF_CHECK(tpf_sim__fault_call(rk->world, "reg_activate", rk->rank));
   if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_activate: NULL registration");
   if (active_bytes > h->sh->data_bytes)
@@ -286,6 +300,14 @@ tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_
     d[o] = canary_byte(o, h->rank);
   h->canary_off = active_bytes;
   return TPF_OK;
+}
+
+tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes) {
+  tpf_sim_rank *rk = (tpf_sim_rank *)be;
+  TPF_CHECK(tpf_sim__enter(rk, "reg_activate"));
+  tpf_status st = reg_activate_held(rk, (tpf_sim_reg *)reg, active_bytes);
+  tpf_sim__leave(rk);
+  return st;
 }
 
 tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm) {

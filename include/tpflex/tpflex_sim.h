@@ -117,6 +117,19 @@ typedef struct {
  * for a NULL world. */
 TPF_API tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f);
 
+/* Addition (0.2, issue 22): the bound on every wait, changed at any time, also while ranks run
+ * (thread-safe). Every wait re-reads the bound in force at each wakeup (at least every 20 ms) and
+ * ends once it has waited that long since it began, so lowering it also ends waits in progress
+ * that already waited longer. 0 = the default (10000). TPF_EINVAL for a NULL world. */
+TPF_API tpf_status tpf_sim_set_timeout(tpf_sim_world *w, unsigned timeout_ms);
+/* Addition (0.2, issue 22): once a fault of the plan that loses something has fired (a failed
+ * call, a lost signal, a late entry; not a delayed, duplicated or reordered signal), every wait is
+ * bounded by fault_timeout_ms instead of the world's timeout, waits in progress included; 0 (the
+ * default) turns this off. tpf_sim_set_fault(_ex) re-arms it (the plan's faults have not fired
+ * yet). A fault test keeps a generous timeout for every wait that must not expire and a short
+ * one for the waits its fault makes expire. Thread-safe. TPF_EINVAL for a NULL world. */
+TPF_API tpf_status tpf_sim_set_fault_timeout(tpf_sim_world *w, unsigned fault_timeout_ms);
+
 /* What the fault hook counted since the last tpf_sim_set_fault(_ex), and what the world still
  * holds: run an operation fault-free, read calls/entries/signals, then loop k over 1..count. */
 typedef struct {

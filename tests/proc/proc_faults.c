@@ -500,12 +500,13 @@ static int check_capacity(const proc_case *cs, const proc_kit *k, const tpf_laun
   for (int r = 0; r < cs->P; r++)
     has_op = has_op && atomic_load(&sh->ran[r][7]) && sh->st[r][7] == 1;
   if (!has_op) {
+    /* A known defect is a failure, never a skip (issue 22). */
     snprintf(why, n,
-             "needs a backend fix: the backend has no allgather op (tpf_backend_ops.allgather), "
-             "so tpf_comm_create cannot compare configuration fingerprints; without it rank 0 "
-             "got %s: %s",
+             "defect: the backend has no allgather op (tpf_backend_ops.allgather), so "
+             "tpf_comm_create cannot compare configuration fingerprints; without it rank 0 got "
+             "%s: %s",
              st_name(sh, 0, S_CREATE), sh->msg[0][S_CREATE]);
-    return 77;
+    return 1;
   }
   for (int r = 0; r < cs->P; r++) {
     expect(&v, sh, r, S_BACKEND, TPF_OK, NULL, NULL);
@@ -589,17 +590,17 @@ static int check_kill_in_create(const proc_case *cs, const proc_kit *k, const tp
   const int nleft = shm_tables_of(tpf_launch_pid(l, cs->victim), left, 4);
   if (nleft > 0) {
     snprintf(why, n,
-             "needs a backend fix: /dev/shm/%s is left behind: rank 0 created the host agreement "
-             "table and died before unlinking it; in cuda_hostsync.c every rank that learned the "
-             "name should shm_unlink it after the outcome exchange, whatever its result (removed "
-             "here by the test)",
+             "defect: /dev/shm/%s is left behind: rank 0 created the host agreement table and "
+             "died before unlinking it; in cuda_hostsync.c every rank that learned the name "
+             "should shm_unlink it after the outcome exchange, whatever its result (removed here "
+             "by the test)",
              left[0]);
     for (int i = 0; i < nleft; i++) {
       char path[sizeof left[0] + 16]; /* "/dev/shm/" + a name of left[] */
       snprintf(path, sizeof path, "/dev/shm/%s", left[i]);
       unlink(path);
     }
-    return 77;
+    return 1; /* a known defect is a failure, never a skip */
   }
   return 0;
 }

@@ -28,8 +28,8 @@
  *                    operations work (GPU: the gathered buffer holds every shard)
  *   absent           P=3, rank 2 alive but skipping an operation: the others TPF_ETIMEOUT naming
  *                    it, then TPF_ESTATE; the collective destroy still completes on every rank
- * Exit status: 0 passed, 1 failed, 77 skipped (no GPU, or a case that needs a backend fix not in
- * the tree yet: the message names the fix; never reported as passed). */
+ * Exit status: 0 passed, 1 failed (a known defect included: the message names it), 77 skipped
+ * only where the case cannot run at all (no GPU), with the reason printed. */
 #ifndef TPF_PROC_FAULTS_H
 #define TPF_PROC_FAULTS_H
 
