@@ -40,7 +40,9 @@ def main() -> int:
     rank, P = dist.get_rank(), dist.get_world_size()
     g = gloo_group(None)
     check(g == dist.group.WORLD or g is dist.group.WORLD, "a gloo world group is used as is")
-    boot = tt.GlooBootstrap(g, timeout_ms=1000)
+    # A generous bound for the exchanges that must succeed (a loaded 2-core CI machine building
+    # the 1 MiB operands in Python took over 1 s); the short one only for the timeout case below.
+    boot = tt.GlooBootstrap(g, timeout_ms=30000)
     st = boot.struct(device=0)
     check((st.tp_size, st.rank, st.device) == (P, rank, 0), "struct fields")
     ag = as_c(L.BOOT_ALLGATHER_FN, st.allgather)
@@ -85,6 +87,8 @@ def main() -> int:
 
     # Timeout: rank 0 waits for a peer that comes late; bounded, TPF_ETIMEOUT with a detail.
     # The late rank then joins, which completes the pending exchange on both.
+    check(bar(None) == 0, f"barrier before the timeout case: {L.last_error()}")
+    boot.timeout_ms = 1000
     if rank == 0:
         t0 = time.monotonic()
         rc = ag(None, ctypes.addressof(send), ctypes.addressof(recv), 4)
