@@ -683,7 +683,8 @@ static tpf_status execute_held(tpf_sim_rank *rk, tpf_reg *reg, const tpf_exec_ar
   if (atomic_load(&op.failed))
     st = tpf_set_error(op.status, "%s", op.msg);
   else
-    st = tpf_sim__canary_verify(h, a->comm_name);
+    st = tpf_sim__canary_verify(h, a->comm_name,
+                                a->sched->cols * (uint64_t)tpf_dtype_size(a->sched->dtype));
   pthread_cond_destroy(&op.cv);
   pthread_mutex_destroy(&op.mu);
   if (st != TPF_OK && st != TPF_EMISMATCH && h->deferred == TPF_OK) h->deferred = st;

@@ -224,7 +224,9 @@ tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes
                                void **local);
 tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
-tpf_status tpf_sim__canary_verify(const tpf_sim_reg *r, const char *comm);
+/* TPF_ESTATE naming the rows (of row_bytes each) of the registration that hold bytes written
+ * beyond the active layout, if any. */
+tpf_status tpf_sim__canary_verify(const tpf_sim_reg *r, const char *comm, uint64_t row_bytes);
 unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
 _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);

@@ -9,8 +9,9 @@
  *
  * Canary: after every reg_activate the owner fills data[active_bytes, data_bytes) with a pattern
  * that depends on the offset, and after every successful operation it checks the pattern. A
- * schedule (or backend) that writes outside the active layout is caught on the next operation
- * with the communicator, rank and first offset in the message.
+ * write outside the active layout (through a view taken before the active shape shrank, or by a
+ * schedule) is caught on the next operation: TPF_ESTATE, "bytes beyond the active layout were
+ * written: rows a..b of 'name'" with the rank and the first offset.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "sim_internal.h"
@@ -310,17 +311,27 @@ tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_
   return st;
 }
 
-tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm) {
+tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm, uint64_t row_bytes) {
   const unsigned char *d = tpf_sim__data(h->sh, h->rank);
-  for (uint64_t o = h->canary_off; o < h->sh->data_bytes; o++) {
-    if (d[o] != canary_byte(o, h->rank))
-      return tpf_set_error(TPF_EBACKEND,
-                           "canary overwritten in '%s' on rank %d at byte offset %llu (active "
-                           "layout ends at %llu of %llu registered bytes): found 0x%02x, expected "
-                           "0x%02x",
-                           comm ? comm : h->sh->name, h->rank, (unsigned long long)o,
-                           (unsigned long long)h->canary_off, (unsigned long long)h->sh->data_bytes,
-                           d[o], canary_byte(o, h->rank));
-  }
-  return TPF_OK;
+  uint64_t first = UINT64_MAX, last = 0;
+  for (uint64_t o = h->canary_off; o < h->sh->data_bytes; o++)
+    if (d[o] != canary_byte(o, h->rank)) {
+      if (first == UINT64_MAX) first = o;
+      last = o;
+    }
+  if (first == UINT64_MAX) return TPF_OK;
+  /* The registration is a sequence of rows of the communicator's width (every layout's chunks
+   * are whole rows); name the rows the stray bytes fall in. Not a backend failure: most often a
+   * view taken before the active shape shrank (TPF_ESTATE, as for any stale object). */
+  const uint64_t rb = row_bytes ? row_bytes : 1;
+  return tpf_set_error(TPF_ESTATE,
+                       "bytes beyond the active layout were written: rows %llu..%llu of '%s' on "
+                       "rank %d (the active layout ends at row %llu of the %llu registered; the "
+                       "canary first differs at byte offset %llu: found 0x%02x, expected 0x%02x). "
+                       "A view taken before the active shape shrank is stale: take views again "
+                       "after every set_active_shape",
+                       (unsigned long long)(first / rb), (unsigned long long)(last / rb),
+                       comm ? comm : h->sh->name, h->rank, (unsigned long long)(h->canary_off / rb),
+                       (unsigned long long)(h->sh->data_bytes / rb), (unsigned long long)first,
+                       d[first], canary_byte(first, h->rank));
 }
