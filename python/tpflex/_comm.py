@@ -3,7 +3,7 @@ operations (the custom ops of _ops.py)."""
 from __future__ import annotations
 
 import ctypes
-from typing import TYPE_CHECKING, Any, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -242,6 +242,18 @@ class Communicator:
         act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
         [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
         AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
+        if torch.compiler.is_compiling():  # traced: dynamo's own error handling
+            return self._ag_gemm(weight, out, options)
+        try:
+            return self._ag_gemm(weight, out, options)
+        except TpflexError as e:
+            # Raised without the frames below this one: their locals hold views of the
+            # registration, which would keep it alive while the caller handles the error
+            # (on CUDA destroy_ub refuses while a view lives).
+            raise e.with_traceback(None)
+
+    def _ag_gemm(self, weight: Any, out: Optional[torch.Tensor],
+                 options: Dict[str, Any]) -> torch.Tensor:
         where = f"ag_gemm on '{self.name}'"
         o = parse_options(where, options) if options else DEFAULT_OPTS
         if o.trans_a:
@@ -270,6 +282,18 @@ class Communicator:
         act(alpha sum_ranks op(x) op(weight) + beta out + bias), [T/P, H]. op(x) = x [T, K] (x
         [K, T] with trans_a); op(weight) = weight.T for weight [H, K] (weight [K, H] with
         trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
+        if torch.compiler.is_compiling():  # traced: dynamo's own error handling
+            return self._gemm_rs(x, weight, out, options)
+        try:
+            return self._gemm_rs(x, weight, out, options)
+        except TpflexError as e:
+            # Raised without the frames below this one: their locals hold views of the
+            # registration, which would keep it alive while the caller handles the error
+            # (on CUDA destroy_ub refuses while a view lives).
+            raise e.with_traceback(None)
+
+    def _gemm_rs(self, x: Any, weight: Any, out: Optional[torch.Tensor],
+                 options: Dict[str, Any]) -> torch.Tensor:
         where = f"gemm_rs on '{self.name}'"
         o = parse_options(where, options) if options else DEFAULT_OPTS
         stream = self._stream_arg(where, o) if o.stream is not None else None
@@ -296,6 +320,18 @@ class Communicator:
         + bias) runs beside it. op(a) = a [M, K] (a [K, M] with trans_a); op(b) = b.T for b
         [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer.
         torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
+        if torch.compiler.is_compiling():  # traced: dynamo's own error handling
+            return self._bulk_overlap(a, b, out, options)
+        try:
+            return self._bulk_overlap(a, b, out, options)
+        except TpflexError as e:
+            # Raised without the frames below this one: their locals hold views of the
+            # registration, which would keep it alive while the caller handles the error
+            # (on CUDA destroy_ub refuses while a view lives).
+            raise e.with_traceback(None)
+
+    def _bulk_overlap(self, a: Any, b: Any, out: Optional[torch.Tensor],
+                      options: Dict[str, Any]) -> torch.Tensor:
         where = f"bulk_overlap on '{self.name}'"
         o = parse_options(where, options) if options else DEFAULT_OPTS
         stream = self._stream_arg(where, o) if o.stream is not None else None

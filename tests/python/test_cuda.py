@@ -136,6 +136,30 @@ class CudaOnly(unittest.TestCase):
         for r, x in enumerate(cuda_run_ranks(WORLD, with_ub(f))):
             self.assertEqual(x, (True, True), f"rank {r}: {x!r}")
 
+    def test_destroy_refused_while_a_view_lives(self):
+        """The CUDA destroy is collective: with a view alive on one rank, destroy_ub refuses on
+        every rank (naming that rank) and destroys nothing; without it, it destroys."""
+        def f(r, env):
+            env.init()
+            tt.set_ub_active_shape([8 * env.tp_size, H])
+            v = tt.get_ub("fc1_fprop").buffer() if r == env.tp_size - 1 else None
+            try:
+                tt.destroy_ub()
+                refused = None
+            except Exception as e:
+                refused = Err(e)
+            usable = tt.get_ub("fc1_fprop").active_shape if refused is not None else None
+            del v
+            tt.destroy_ub()
+            return refused, usable
+        for r, x in enumerate(cuda_run_ranks(WORLD, f)):
+            self.assertNotIsInstance(x, Err, f"rank {r}: {x!r}")
+            refused, usable = x
+            self.assertIsInstance(refused, Err, f"rank {r}")
+            self.assertEqual(refused.cls, "TpflexStateError", f"rank {r}: {refused!r}")
+            self.assertIn(f"rank {WORLD - 1} (1)", refused.text)
+            self.assertEqual(usable, (8 * WORLD, H), "nothing was destroyed")
+
     def test_get_ub_from_another_thread(self):
         """Module state is the process's: autograd runs CUDA backward on a thread of its own."""
         def f(r, env):

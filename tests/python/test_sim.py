@@ -575,6 +575,20 @@ class Reliability(unittest.TestCase):
         with sim.World(1) as w:
             self.assertEqual(w.run(f), [(True, 0)])
 
+    def test_an_operation_error_holds_no_view(self):
+        """A TpflexError out of an operation carries no frame whose locals hold a view, so
+        destroy_ub while handling it destroys at once (on CUDA it would otherwise refuse)."""
+        def f(r):
+            tt.initialize_ub([C, H], 1)
+            tt.set_ub_active_shape([8, H])
+            life = current_manager()._life
+            try:
+                tt.get_ub("fc1_fprop").ag_gemm(torch.zeros(4, H, dtype=torch.float32))
+            except E.TpflexInvalidError:
+                tt.destroy_ub()
+                return life.h is None, life.deferred
+        self.assertEqual(sim.run(1, f), [(True, False)])
+
     def test_close_hook_failure_is_raised(self):
         """World.close no longer swallows teardown failures: a rank's close hook that raises
         fails close() (after the world is gone); with a body failure, the body's exception is
