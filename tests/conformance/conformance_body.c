@@ -30,6 +30,7 @@
 
 #include <math.h>
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -165,11 +166,75 @@ static void verdict_fail(conf_verdict *v, const char *fmt, ...) {
   va_end(ap);
 }
 
+/* --self-test: every tolerance check judges a copy of the result in which ONE element (the one
+ * with the smallest |want|) was moved out of tolerance by 4x the larger of atol, rtol |want| and
+ * its RS slack, and the largest |want| within it; every such check must fail. It proves that the checks of this suite see one wrong
+ * element (issue 22: the oracle used to judge only the max-abs-diff element). Counted over all
+ * ranks (threads of this process). */
+static bool g_self_test;
+static atomic_ullong g_self_checks, g_self_missed, g_self_maxdiff_blind;
+
+static bool tol_check(const tpf_matrix *got, const tpf_matrix *want, const float *slack,
+                      tpf_ref_tol tol, const char *what, char *why, size_t len) {
+  if (!g_self_test || got->rows == 0 || got->cols == 0)
+    return tpf_ref_check(got, want, slack, tol, what, why, len);
+  const size_t esz = tpf_dtype_size(got->dtype);
+  tpf_matrix bad = *got;
+  bad.ptr = malloc((size_t)(got->rows * got->ld) * esz);
+  if (!bad.ptr) {
+    snprintf(why, len, "%s: self-test: out of memory", what);
+    return false;
+  }
+  memcpy(bad.ptr, got->ptr, (size_t)(got->rows * got->ld) * esz);
+  uint64_t bi = 0, bj = 0, mi = 0, mj = 0;
+  double bw = INFINITY, mw = -1.0;
+  for (uint64_t i = 0; i < got->rows; i++)
+    for (uint64_t j = 0; j < got->cols; j++) {
+      const double w = fabs((double)tpf_ref_get(want, i, j));
+      if (w < bw) {
+        bw = w;
+        bi = i;
+        bj = j;
+      }
+      if (w > mw) {
+        mw = w;
+        mi = i;
+        mj = j;
+      }
+    }
+  const double w = tpf_ref_get(want, bi, bj);
+  double d = fmax(4.0 * tol.atol, 4.0 * tol.rtol * fabs(w));
+  if (slack)
+    d = fmax(d, 4.0 * ((double)slack[bi * got->cols + bj] + tpf_ref_ulp(got->dtype, w)));
+  tpf_ref_set(&bad, bi, bj, (float)(w + d));
+  /* The largest |want| moves too, within tolerance (rtol / 2): where that move is the larger,
+   * the max-abs-diff element is a right one, which the old max-diff verdict passed. */
+  if (mi != bi || mj != bj) {
+    const double m = tpf_ref_get(want, mi, mj);
+    tpf_ref_set(&bad, mi, mj, (float)(m * (1.0 + 0.5 * tol.rtol)));
+  }
+  const bool ok = tpf_ref_check(&bad, want, slack, tol, what, why, len);
+  /* How many of these a verdict at the max-abs-diff element alone (the oracle before issue 22,
+   * for checks without slack) would have passed: the wrong element is not the max-diff one. */
+  tpf_ref_result r;
+  if (!slack && tpf_ref_compare(&bad, want, tol, &r) == TPF_OK &&
+      !(r.rel > tol.rtol && r.abs_diff > tol.atol) && !isinf(r.abs_diff))
+    atomic_fetch_add(&g_self_maxdiff_blind, 1);
+  free(bad.ptr);
+  atomic_fetch_add(&g_self_checks, 1);
+  if (ok) {
+    atomic_fetch_add(&g_self_missed, 1);
+    fprintf(stdout, "SELF-TEST MISSED %s: element (%llu, %llu) moved from %g by %g passed\n",
+            what, (unsigned long long)bi, (unsigned long long)bj, w, d);
+  }
+  return ok;
+}
+
 static void check_close(conf_verdict *v, const char *what, const tpf_matrix *got,
                         const tpf_matrix *want, const float *slack, tpf_dtype buf_dtype) {
-  char why[400];
-  if (!tpf_ref_check(got, want, slack, tpf_ref_tolerance_pair(buf_dtype, got->dtype), what, why,
-                     sizeof why))
+  char why[TPF_REF_FORMAT_LEN + 100];
+  if (!tol_check(got, want, slack, tpf_ref_tolerance_pair(buf_dtype, got->dtype), what, why,
+                 sizeof why))
     verdict_fail(v, "%s", why);
 }
 
@@ -633,9 +698,9 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     tpf_ref_tol tol = tpf_ref_tolerance_pair(dt, d.host.dtype);
     if (tol.rtol < 1e-3) tol.rtol = 1e-3;
     if (tol.atol < 1e-4) tol.atol = 1e-4;
-    char why[400];
-    if (!tpf_ref_check(&d.host, &want, slack, tol, "D = act(alpha op(a) op(w) + beta D + bias)",
-                       why, sizeof why))
+    char why[TPF_REF_FORMAT_LEN + 100];
+    if (!tol_check(&d.host, &want, slack, tol, "D = act(alpha op(a) op(w) + beta D + bias)", why,
+                   sizeof why))
       verdict_fail(v, "%s", why);
   } else {
     check_close(v, "D = act(alpha op(a) op(w) + beta D + bias)", &d.host, &want, slack, dt);
@@ -813,7 +878,8 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
 static void usage(const char *env) {
   printf("conformance[%s] options: --quick (capacity 4P instead of 16P), --tp N (only P = N), "
          "--kind NAME (one variant), --seed N, --no-history, --no-options (skip the per-operation "
-         "options sweep), --adaptive (TPF_PLAN_ADAPTIVE)\n",
+         "options sweep), --adaptive (TPF_PLAN_ADAPTIVE), --self-test (one element of every "
+         "checked result is moved out of tolerance: every check must catch it)\n",
          env);
 }
 
@@ -831,6 +897,8 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
         return 2;
       }
       g_adaptive = true;
+    } else if (!strcmp(argv[i], "--self-test")) {
+      g_self_test = true;
     } else if (!strcmp(argv[i], "--no-history")) {
       histories = false;
     } else if (!strcmp(argv[i], "--no-options")) {
@@ -907,6 +975,16 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
     free(run);
   }
   double total = now_s() - t_all;
+  if (g_self_test) {
+    const unsigned long long n = atomic_load(&g_self_checks), m = atomic_load(&g_self_missed);
+    const bool ok = n > 0 && m == 0 && run_errors == 0;
+    printf("conformance[%s] self-test: %llu tolerance checks, each given one element out of "
+           "tolerance (%llu of them where a max-abs-diff verdict would pass); %llu caught, %llu "
+           "missed, %llu run errors: %s\n",
+           env->name, n, (unsigned long long)atomic_load(&g_self_maxdiff_blind), n - m, m,
+           (unsigned long long)run_errors, ok ? "every wrong element caught" : "FAILED");
+    return ok ? 0 : 1;
+  }
   printf("conformance[%s]: %llu cases, %llu failed checks, %llu run errors, wall %.2f s: %s\n",
          env->name, (unsigned long long)cases, (unsigned long long)failed,
          (unsigned long long)run_errors, total, (failed || run_errors) ? "FAILED" : "PASSED");
