@@ -96,13 +96,13 @@ tpf_ref_tol tpf_ref_tolerance(tpf_dtype t);
  * 1e-5)), or its NaN/inf does not agree (a NaN against a NaN, or equal infinities, agree); with a
  * slack (tpf_ref_compare_slack) an element within its slack is not wrong. pass == (wrong == 0). */
 typedef struct {
-  uint64_t row, col; /* the max-abs-diff element m (0, 0 for an empty matrix); decides nothing */
-  double got, want;  /* values at m */
-  double abs_diff;   /* |got - want| at m (inf for a NaN/inf mismatch) */
-  double rel;        /* abs_diff / max(|want|, 1e-5) */
-  uint64_t wrong;    /* wrong elements (nccl-tests' #wrong), NaN/inf mismatches included */
+  uint64_t row, col;  /* the max-abs-diff element m (0, 0 for an empty matrix); decides nothing */
+  double got, want;   /* values at m */
+  double abs_diff;    /* |got - want| at m (inf for a NaN/inf mismatch) */
+  double rel;         /* abs_diff / max(|want|, 1e-5) */
+  uint64_t wrong;     /* wrong elements (nccl-tests' #wrong), NaN/inf mismatches included */
   uint64_t nonfinite; /* of them, NaN/inf mismatches */
-  uint64_t compared; /* elements compared */
+  uint64_t compared;  /* elements compared */
   /* The worst wrong element (largest abs among the wrong ones); zero when wrong == 0. */
   uint64_t wrong_row, wrong_col;
   double wrong_got, wrong_want, wrong_abs, wrong_rel;

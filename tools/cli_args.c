@@ -218,7 +218,8 @@ int cli_load_cost(const cli_ctx *ctx, const char *opt, const char *path, const c
       text = cli_read_text(used, 1u << 20);
     }
     if (!text)
-      return cli_error(ctx, "no default cost table %s found (looked in '%s' and '%s'); pass %s FILE",
+      return cli_error(ctx,
+                       "no default cost table %s found (looked in '%s' and '%s'); pass %s FILE",
                        default_name, dirs[0][0] ? dirs[0] : "(no /proc/self/exe)",
                        dirs[1][0] ? dirs[1] : "(no source tree)", opt);
   }

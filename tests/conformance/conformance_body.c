@@ -168,9 +168,9 @@ static void verdict_fail(conf_verdict *v, const char *fmt, ...) {
 
 /* --self-test: every tolerance check judges a copy of the result in which ONE element (the one
  * with the smallest |want|) was moved out of tolerance by 4x the larger of atol, rtol |want| and
- * its RS slack, and the largest |want| within it; every such check must fail. It proves that the checks of this suite see one wrong
- * element (issue 22: the oracle used to judge only the max-abs-diff element). Counted over all
- * ranks (threads of this process). */
+ * its RS slack, and the largest |want| within it; every such check must fail. It proves that the
+ * checks of this suite see one wrong element (issue 22: the oracle used to judge only the
+ * max-abs-diff element). Counted over all ranks (threads of this process). */
 static bool g_self_test;
 static atomic_ullong g_self_checks, g_self_missed, g_self_maxdiff_blind;
 
@@ -204,8 +204,7 @@ static bool tol_check(const tpf_matrix *got, const tpf_matrix *want, const float
     }
   const double w = tpf_ref_get(want, bi, bj);
   double d = fmax(4.0 * tol.atol, 4.0 * tol.rtol * fabs(w));
-  if (slack)
-    d = fmax(d, 4.0 * ((double)slack[bi * got->cols + bj] + tpf_ref_ulp(got->dtype, w)));
+  if (slack) d = fmax(d, 4.0 * ((double)slack[bi * got->cols + bj] + tpf_ref_ulp(got->dtype, w)));
   tpf_ref_set(&bad, bi, bj, (float)(w + d));
   /* The largest |want| moves too, within tolerance (rtol / 2): where that move is the larger,
    * the max-abs-diff element is a right one, which the old max-diff verdict passed. */
@@ -224,8 +223,8 @@ static bool tol_check(const tpf_matrix *got, const tpf_matrix *want, const float
   atomic_fetch_add(&g_self_checks, 1);
   if (ok) {
     atomic_fetch_add(&g_self_missed, 1);
-    fprintf(stdout, "SELF-TEST MISSED %s: element (%llu, %llu) moved from %g by %g passed\n",
-            what, (unsigned long long)bi, (unsigned long long)bj, w, d);
+    fprintf(stdout, "SELF-TEST MISSED %s: element (%llu, %llu) moved from %g by %g passed\n", what,
+            (unsigned long long)bi, (unsigned long long)bj, w, d);
   }
   return ok;
 }

@@ -40,7 +40,7 @@ static void test_reference__one_wrong_element_fails(void **state) {
   assert_int_equal(r.wrong, 1);
   assert_int_equal(r.compared, 2);
   assert_int_equal(r.nonfinite, 0);
-  assert_int_equal(r.col, 0); /* the max-abs-diff element is still reported ... */
+  assert_int_equal(r.col, 0);       /* the max-abs-diff element is still reported ... */
   assert_int_equal(r.wrong_col, 1); /* ... and so is the wrong one */
   assert_true(r.wrong_got == (double)0.4f && r.wrong_want == (double)0.0001f);
   char line[TPF_REF_FORMAT_LEN];
@@ -126,8 +126,8 @@ static void test_reference__nan_and_inf_agree_per_element(void **state) {
   tpf_matrix short_g = row_f32(got, 3);
   assert_int_equal(tpf_ref_compare(&short_g, &w, tpf_ref_tolerance(TPF_BF16), &r), TPF_EINVAL);
   char why[64];
-  assert_false(tpf_ref_check(&short_g, &w, NULL, tpf_ref_tolerance(TPF_BF16), "D", why,
-                             sizeof why));
+  assert_false(
+      tpf_ref_check(&short_g, &w, NULL, tpf_ref_tolerance(TPF_BF16), "D", why, sizeof why));
   assert_string_equal(why, "D: shapes differ");
 }
 
