@@ -15,8 +15,8 @@ from ._lib import Matrix, check, lib
 from ._options import DEFAULT_OPTS, Opts, parse_options
 from ._state import register_comm
 from ._types import ALGO_NAME, COLL_NAME, TPF_TO_TORCH
-from .errors import (TpflexError, TpflexInvalidError, TpflexStateError, TpflexUnsupportedError,
-                     error_for)
+from .errors import (TpflexAlignError, TpflexDivisibleError, TpflexError, TpflexInvalidError,
+                     TpflexStateError, TpflexUnsupportedError, error_for)
 
 if TYPE_CHECKING:
     from ._manager import Manager
@@ -113,8 +113,18 @@ class Communicator:
         return int(base.value or 0), int(n.value)
 
     def set_active_shape(self, shape: Sequence[int]) -> None:
+        """This communicator alone (the manager's set_ub_active_shape sets every one). A row
+        count it refuses names the row count to pad to."""
         s = as_shape(self.name, "shape", shape)
-        check(lib.tpf_comm_set_active_shape(self._handle(), s), self.name)
+        try:
+            check(lib.tpf_comm_set_active_shape(self._handle(), s), self.name)
+        except (TpflexDivisibleError, TpflexAlignError) as e:
+            T = int(s.rows)
+            try:
+                hint = f"pad to legal_rows({T}) = {self.legal_rows(T)}"
+            except TpflexError as e2:
+                hint = f"no T >= {T} is legal here ({e2.detail})"
+            raise type(e)(f"{e.detail}; {hint}", e.call) from None
         self._refresh_views()
 
     # ---- zero-copy views ----

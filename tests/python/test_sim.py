@@ -235,6 +235,18 @@ class TEVocabulary(unittest.TestCase):
                 return own, mgr, refusal, tt.legal_rows(1), tt.legal_rows(64)
             finally:
                 tt.destroy_ub()
+        def g(r):
+            tt.initialize_ub([64, Hh], P, dtype=torch.float32,
+                             ub_cfgs={"fc2_fprop": {"num_splits": 64}})
+            try:
+                tt.get_ub("fc2_fprop").set_active_shape([12, Hh])
+            except E.TpflexAlignError as e:
+                return str(e)
+            finally:
+                tt.destroy_ub()
+        for text in sim.run(P, g):  # one communicator's own refusal names its legal_rows
+            self.assertIn("'fc2_fprop'", text)
+            self.assertIn("pad to legal_rows(12) = 16", text)
         for own, mgr, refusal, one, cap in sim.run(P, f):
             self.assertEqual((own, mgr, one, cap), (12, 16, 16, 64))
             self.assertIsNotNone(refusal)
