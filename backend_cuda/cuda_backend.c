@@ -6,8 +6,8 @@
  *                            ops table, the allgather op (configuration exchange)
  *   cuda_reg.c               registration: reg_create/reg_destroy, the IPC cache, peer mapping
  *   cuda_exec.c              execution: step mapping, the two enqueuers, execute
- *   cuda_status.c            status: device status area, deferred errors, sync, reg_sync,
- *                            reg_async_error, reg_abort
+ *   cuda_status.c            status: device status areas (one per registration), deferred
+ *                            errors, sync, reg_sync, reg_async_error, reg_abort
  *   cuda_transport.c         the per-peer transport table (events, flags, the NCCL slot) and the
  *                            choice of a transport per peer
  *   cuda_transport_events.c  in-process ranks: host-ordered CUDA events
@@ -125,7 +125,6 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
   if (b->fork_ev != NULL) cudaEventDestroy(b->fork_ev);
   if (b->release_stream != NULL) cudaStreamDestroy(b->release_stream);
   tpf_cuda__gemm_destroy(b->gemm);
-  tpf_cuda__status_free(b);
   tpf__free(b);
 }
 
@@ -180,7 +179,6 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   for (int i = 0; i < TPF_NUM_STREAMS; i++)
     TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->join_ev[i], cudaEventDisableTiming),
                  "cudaEventCreate");
-  TPF_CHECK(tpf_cuda__status_init(b));
   TPF_CHECK(tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
                                   tpf_cuda__param_u64(TPF_CUDA_PARAM_WORKSPACE_BYTES), &b->gemm));
   return boot->barrier(boot->ctx);

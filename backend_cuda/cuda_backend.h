@@ -76,7 +76,13 @@ struct tpf_reg {
   tpf_cuda_hostsync *hostsync; /* flags, ranks in other processes: host agreement; else NULL */
   cudaEvent_t ready_ev[2];     /* this rank's operation-start events, by parity */
   atomic_int aborted;          /* tpf_comm_abort: host waits on this registration give up */
-  tpf_status deferred;         /* first device-side failure attributed to it (rank thread) */
+  tpf_status deferred;         /* first device-side failure of its operations (rank thread) */
+  /* Its own device status area (issue 22 item 15): the kernels of its operations report into it
+   * and skip their work while it is set; no other registration reads it, so a failure belongs to
+   * the communicator whose operation caused it. Mapped pinned memory and a device claim word. */
+  tpf_cuda_status *status_host;
+  tpf_cuda_status *status_dev;
+  unsigned int *claim_dev;
   struct tpf_reg *next_memops; /* memops transport: the backend's list (b->memops_regs) */
   atomic_int released;         /* memops: tpf_cuda__memops_release ran */
 };
@@ -96,10 +102,7 @@ typedef struct {
   int nstep_ev;
   uint8_t *need_ev;    /* scratch: step needs an event */
   uint8_t *step_state; /* scratch of the in-process enqueuer, one per step */
-  int nneed_ev;
-  tpf_cuda_status *status_host; /* mapped pinned memory */
-  tpf_cuda_status *status_dev;  /* its device pointer */
-  unsigned int *claim_dev;      /* device word guarding the status area */
+  int nneed_ev;        /* steps the scratch arrays (need_ev .. step_pev) hold: all of them */
   tpf_cuda_gemm *gemm;
   tpf_cuda_peer_info peers[TPF_MAX_RANKS];
   /* Memops transport (cuda_transport_flags.c): its waits on the device are unbounded, so the
@@ -256,14 +259,19 @@ void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_sch
 int tpf_cuda__wait_plan(tpf_cuda_backend *b, const tpf_schedule *sc, int w, cudaStream_t s, int d,
                         cudaEvent_t *out, int n, int cap);
 
-/* ---- cuda_status.c: the device status area, deferred errors, sync, abort ---- */
-/* Allocates the status area (mapped pinned memory) and its claim word; freed by status_free
- * (which accepts a partly initialised backend). */
-tpf_status tpf_cuda__status_init(tpf_cuda_backend *b);
-void tpf_cuda__status_free(tpf_cuda_backend *b);
-/* Reads the device-side status; on a failure fills the detail and returns its status. Does not
- * clear it. */
-tpf_status tpf_cuda__check_status(tpf_cuda_backend *b);
+/* Grows the per-step scratch arrays (need_ev, step_state, step_virt, step_prev, step_pev) to at
+ * least n steps; nneed_ev says how many all of them hold, also after a failed allocation
+ * (TPF_ENOMEM). No CUDA call (cuda_exec.c). */
+tpf_status tpf_cuda__grow_step_scratch(tpf_cuda_backend *b, int n);
+
+/* ---- cuda_status.c: the device status areas, deferred errors, sync, abort ---- */
+/* Allocates registration r's status area (mapped pinned memory) and its claim word, zeroed;
+ * freed by status_free (which accepts a partly initialised registration). */
+tpf_status tpf_cuda__status_init(tpf_cuda_backend *b, tpf_reg *r);
+void tpf_cuda__status_free(tpf_reg *r);
+/* Reads r's device-side status; on a failure fills the detail (naming r) and returns its
+ * status. Does not clear it. No CUDA call (a host-mapped read): testable on the CPU. */
+tpf_status tpf_cuda__check_status(tpf_cuda_backend *b, const tpf_reg *r);
 /* The ops table's sync, reg_sync, reg_async_error and reg_abort. */
 tpf_status tpf_cuda__sync(tpf_backend *be, void *stream);
 tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r);

@@ -140,7 +140,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     if (sc->algo == TPF_ALGO_BULK) {
       TPF_CUDA_TRY(
           TPF_CUDA_ENQ(b, COPY,
-                       tpf_cuda__launch_copy(dst, src, st->bytes, b->status_dev, b->comm_ctas, s)),
+                       tpf_cuda__launch_copy(dst, src, st->bytes, r->status_dev, b->comm_ctas, s)),
           "copy kernel launch");
     } else {
       /* Copy engine: no SMs. Runs even after a failed handshake (cuda_status.c, Failures). */
@@ -190,7 +190,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
     ra.count = (int32_t)st->count;
     tpf_cuda__step_epi(a, st, &vd, &ra.epi);
     TPF_CUDA_TRY(
-        TPF_CUDA_ENQ(b, COPY, tpf_cuda__launch_reduce(&ra, b->status_dev, b->comm_ctas, s)),
+        TPF_CUDA_ENQ(b, COPY, tpf_cuda__launch_reduce(&ra, r->status_dev, b->comm_ctas, s)),
         "reduce kernel launch");
     return TPF_OK;
   }
@@ -199,17 +199,16 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
   }
 }
 
-static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
-  if (n <= b->nstep_ev) return TPF_OK;
-  int want = b->nstep_ev > 0 ? b->nstep_ev : 32;
+/* Grows the per-step scratch arrays to at least n steps. nneed_ev is raised only once every
+ * array holds the new count: after a failed allocation it still says what all of them hold, so
+ * the next call grows again instead of trusting a count only some arrays reached (the old code
+ * raised the event count first and returned early on it, and execute then wrote n bytes into a
+ * scratch array that had never grown: issue 22 item 15). No CUDA call. */
+tpf_status tpf_cuda__grow_step_scratch(tpf_cuda_backend *b, int n) {
+  if (n <= b->nneed_ev) return TPF_OK;
+  int want = b->nneed_ev > 0 ? b->nneed_ev : 32;
   while (want < n)
     want *= 2;
-  cudaEvent_t *ev = tpf__realloc(b->step_ev, (size_t)want * sizeof(*ev));
-  TPF_RETURN_IF(ev == NULL, TPF_ENOMEM, "cannot grow the event pool to %d", want);
-  b->step_ev = ev;
-  for (; b->nstep_ev < want; b->nstep_ev++)
-    TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->step_ev[b->nstep_ev], cudaEventDisableTiming),
-                 "cudaEventCreate");
   uint8_t *need = tpf__realloc(b->need_ev, (size_t)want);
   TPF_RETURN_IF(need == NULL, TPF_ENOMEM, "cannot grow the event scratch to %d", want);
   b->need_ev = need;
@@ -227,6 +226,23 @@ static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
   b->step_pev = pev;
   b->nneed_ev = want;
   return TPF_OK;
+}
+
+static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
+  if (n > b->nstep_ev) {
+    int want = b->nstep_ev > 0 ? b->nstep_ev : 32;
+    while (want < n)
+      want *= 2;
+    cudaEvent_t *ev = tpf__realloc(b->step_ev, (size_t)want * sizeof(*ev));
+    TPF_RETURN_IF(ev == NULL, TPF_ENOMEM, "cannot grow the event pool to %d", want);
+    b->step_ev = ev;
+    /* nstep_ev counts the events created, so a failure part-way leaves it true. */
+    for (; b->nstep_ev < want; b->nstep_ev++)
+      TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->step_ev[b->nstep_ev], cudaEventDisableTiming),
+                   "cudaEventCreate");
+  }
+  /* Both counts decide: the events and the scratch grow (and may fail) separately. */
+  return tpf_cuda__grow_step_scratch(b, n);
 }
 
 /* Orders stream s (waiter w: its schedule stream, or TPF_NUM_STREAMS for the caller's stream)
@@ -457,8 +473,9 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
                 "'%s': the stream is being captured into a CUDA graph; tpflex operations cannot "
                 "be captured yet (enqueue them outside the capture)",
                 a->comm_name);
-  /* A failure of an earlier operation is reported here until a sync clears it. */
-  TPF_CHECK(tpf_cuda__check_status(b));
+  /* A failure of an earlier operation on this registration is reported here until its sync
+   * takes it; another registration's failure is that one's (issue 22 item 15). */
+  TPF_CHECK(tpf_cuda__check_status(b, r));
   /* Released stream-memory waits would pass at once: the registration runs nothing more. */
   TPF_RETURN_IF(atomic_load(&r->released), TPF_ESTATE,
                 "'%s': its stream-memory waits were released after a timeout or abort; it runs "

@@ -134,6 +134,7 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
   for (int i = 0; i < 2; i++)
     if (r->ready_ev[i] != NULL) cudaEventDestroy(r->ready_ev[i]);
   if (r->tp != NULL && r->tp->free != NULL) r->tp->free(b, r);
+  tpf_cuda__status_free(r);
   tpf__free(r);
 }
 
@@ -174,6 +175,8 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
       goto fail;
     }
   }
+  /* Its own device status area (cuda_status.c): failures of its operations stay its own. */
+  TPF_CHECK_GOTO(tpf_cuda__status_init(b, r), rc, fail);
   /* Zero data and flags before any peer learns the address. */
   cudaStream_t s = b->streams[TPF_STREAM_SEND];
   e = cudaMemsetAsync(r->base, 0, r->alloc_bytes, s);

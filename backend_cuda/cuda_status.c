@@ -1,13 +1,19 @@
-/* The CUDA backend's status room: the device status area, the deferred errors of operations,
+/* The CUDA backend's status room: the device status areas, the deferred errors of operations,
  * and the ops table's sync, reg_sync, reg_async_error and reg_abort.
  *
- * Failures. Device-side waits are bounded (timeout_ns, %globaltimer). The first failing wait
- * writes a code into a host-mapped status area; every later kernel of the backend sees it and
- * returns without touching memory, and the host reports it (TPF_EMISMATCH or TPF_ETIMEOUT) at the
- * next execute or sync; sync clears it. Known limitation: copy-engine transfers cannot observe the
- * code, so the cudaMemcpyAsync of a RING SEND still runs after a failed handshake, with this
- * rank's offsets and sizes (always inside the peer's registration, since both are bounded by the
- * capacity the core validated). A peer whose operation failed may therefore find its buffer
+ * Failures. Device-side waits are bounded (timeout_ns, %globaltimer). Every registration has its
+ * own host-mapped status area (issue 22 item 15: it was one per backend, so a failure of one
+ * communicator failed every other one of the rank, permanently once the core saw it at their
+ * next execute). The first failing wait of an operation writes a code into its registration's
+ * area; every later kernel of that registration sees it and returns without touching memory, and
+ * the host reports it (TPF_EMISMATCH or TPF_ETIMEOUT) at the registration's next execute,
+ * reg_sync or reg_async_error; reg_sync takes it (into the registration's deferred status) and
+ * clears the area. The backend-wide sync waits for the streams and reports what it waited for
+ * (CUDA errors, the memops bound), never a registration's failure: tpf_comm_destroy of one
+ * communicator must not report, or clear, another's. Known limitation: copy-engine transfers cannot
+ * observe the code, so the cudaMemcpyAsync of a RING SEND still runs after a failed handshake, with
+ * this rank's offsets and sizes (always inside the peer's registration, since both are bounded by
+ * the capacity the core validated). A peer whose operation failed may therefore find its buffer
  * overwritten. Ranks in other processes therefore agree on the host first (cuda_hostsync.c), so
  * the limitation remains only where that shared table could not be set up.
  */
@@ -21,61 +27,67 @@
 #include <string.h>
 #include <time.h>
 
-tpf_status tpf_cuda__status_init(tpf_cuda_backend *b) {
+tpf_status tpf_cuda__status_init(tpf_cuda_backend *b, tpf_reg *r) {
   void *host = NULL;
   TPF_CUDA_TRY(cudaHostAlloc(&host, sizeof(tpf_cuda_status), cudaHostAllocMapped),
                "cudaHostAlloc(status)");
-  b->status_host = host;
+  r->status_host = host;
   memset(host, 0, sizeof(tpf_cuda_status));
   void *dev = NULL;
   TPF_CUDA_TRY(cudaHostGetDevicePointer(&dev, host, 0), "cudaHostGetDevicePointer");
-  b->status_dev = dev;
+  r->status_dev = dev;
   void *claim = NULL;
   TPF_CUDA_TRY(cudaMalloc(&claim, sizeof(unsigned int)), "cudaMalloc(claim)");
-  b->claim_dev = claim;
+  r->claim_dev = claim;
   TPF_CUDA_TRY(cudaMemsetAsync(claim, 0, sizeof(unsigned int), b->streams[TPF_STREAM_SEND]),
                "cudaMemsetAsync");
   TPF_CUDA_TRY(cudaStreamSynchronize(b->streams[TPF_STREAM_SEND]), "cudaStreamSynchronize");
   return TPF_OK;
 }
 
-void tpf_cuda__status_free(tpf_cuda_backend *b) {
-  if (b->claim_dev != NULL) cudaFree(b->claim_dev);
-  if (b->status_host != NULL) cudaFreeHost(b->status_host);
+void tpf_cuda__status_free(tpf_reg *r) {
+  if (r->claim_dev != NULL) cudaFree(r->claim_dev);
+  if (r->status_host != NULL) cudaFreeHost(r->status_host);
+  r->claim_dev = NULL;
+  r->status_host = NULL;
+  r->status_dev = NULL;
 }
 
-tpf_status tpf_cuda__check_status(tpf_cuda_backend *b) {
-  const uint32_t code = b->status_host->code;
+tpf_status tpf_cuda__check_status(tpf_cuda_backend *b, const tpf_reg *r) {
+  if (r->status_host == NULL) return TPF_OK;
+  const uint32_t code = r->status_host->code;
   if (code == TPF_CUDA_DEV_OK) return TPF_OK;
-  const tpf_cuda_status *st = b->status_host;
+  const tpf_cuda_status *st = r->status_host;
   const char *kind = tpf_step_kind_name((int)st->kind);
   if (code == TPF_CUDA_DEV_MISMATCH) {
     char mine[40], theirs[40];
     return tpf_set_error(
         TPF_EMISMATCH,
-        "rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on "
+        "'%s': rank %d, operation %llu: active rows %llu (%s) here but %llu (%s) on "
         "rank %d (detected by the handshake before any byte moved on this rank)",
-        b->base.rank, (unsigned long long)st->seq, (unsigned long long)TPF_READY_ROWS(st->mine),
+        r->name, b->base.rank, (unsigned long long)st->seq,
+        (unsigned long long)TPF_READY_ROWS(st->mine),
         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->mine), mine, sizeof mine),
         (unsigned long long)TPF_READY_ROWS(st->theirs),
         tpf_op_key_name((uint8_t)TPF_READY_KEY(st->theirs), theirs, sizeof theirs), (int)st->peer);
   }
   tpf_set_error(TPF_ETIMEOUT,
-                "rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
+                "'%s': rank %d, operation %llu: %s waiting for rank %d (tag %u) exceeded %llu ms "
                 "(wanted %llu, saw %llu at %p)",
-                b->base.rank, (unsigned long long)st->seq, kind ? kind : "?", (int)st->peer,
-                (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
+                r->name, b->base.rank, (unsigned long long)st->seq, kind ? kind : "?",
+                (int)st->peer, (unsigned)st->tag, (unsigned long long)(b->timeout_ns / 1000000ull),
                 (unsigned long long)st->mine, (unsigned long long)st->theirs,
                 (void *)(uintptr_t)st->addr);
   return tpf_cuda__blame_gone(b->peers, b->base.tp_size, b->base.rank, TPF_ETIMEOUT);
 }
 
-/* Clears the status after everything that could write it has finished. */
-static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b) {
+/* Clears r's status after everything that could write it has finished (the caller waited for
+ * the streams). */
+static tpf_status tpf_cuda__clear_status(tpf_cuda_backend *b, tpf_reg *r) {
   cudaStream_t s = b->streams[TPF_STREAM_SEND];
-  TPF_CUDA_TRY(cudaMemsetAsync(b->claim_dev, 0, sizeof(unsigned int), s), "cudaMemsetAsync");
+  TPF_CUDA_TRY(cudaMemsetAsync(r->claim_dev, 0, sizeof(unsigned int), s), "cudaMemsetAsync");
   TPF_CUDA_TRY(cudaStreamSynchronize(s), "cudaStreamSynchronize");
-  b->status_host->code = TPF_CUDA_DEV_OK;
+  r->status_host->code = TPF_CUDA_DEV_OK;
   return TPF_OK;
 }
 
@@ -129,33 +141,18 @@ tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {
     for (int k = 0; k < TPF_NUM_STREAMS; k++)
       TPF_CHECK(tpf_cuda__stream_wait_bounded(b, b->streams[k]));
   }
-  tpf_status rc = tpf_cuda__check_status(b);
-  if (rc != TPF_OK) {
-    const tpf_status rc2 = tpf_cuda__clear_status(b);
-    return rc2 != TPF_OK ? rc2 : rc;
-  }
+  /* A registration's device failure stays with it (its reg_sync, execute, async_error). */
   return TPF_OK;
 }
 
-/* ---- per-registration completion and errors (issue 11 item 2) ----
- * The device status area is the backend's, shared by its registrations; a failure is attributed
- * to a registration by the address of the word the failing wait watched (the flags and ready
- * words live in the waiting rank's own allocation). A failure of another registration is left
- * in place for that registration's sync. Known limitation: execute still checks the shared area
- * before enqueuing, so it refuses to start while another registration's failure is pending. */
-static bool tpf_cuda__status_is_mine(const tpf_cuda_backend *b, const tpf_reg *r) {
-  const uint64_t addr = b->status_host->addr;
-  const uint64_t lo = (uint64_t)(uintptr_t)r->base;
-  return addr >= lo && addr < lo + r->alloc_bytes;
-}
-
+/* ---- per-registration completion and errors (issue 11 item 2, issue 22 item 15) ----
+ * Each registration's failure lives in its own status area (see Failures above). */
 tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
   TPF_RETURN_IF(r == NULL || out == NULL, TPF_EINVAL, "cuda reg_async_error: NULL argument");
   tpf_status st = r->deferred;
   /* A host-mapped read: never waits for the device. */
-  if (st == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK && tpf_cuda__status_is_mine(b, r))
-    st = tpf_cuda__check_status(b);
+  if (st == TPF_OK) st = tpf_cuda__check_status(b, r);
   *out = st;
   return TPF_OK;
 }
@@ -173,13 +170,12 @@ tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
       return tpf_set_error(rc, "'%s': %s", r->name, msg);
     }
   }
-  if (r->deferred == TPF_OK && b->status_host->code != TPF_CUDA_DEV_OK &&
-      tpf_cuda__status_is_mine(b, r)) {
-    r->deferred = tpf_cuda__check_status(b);
-    char msg[512];
+  if (r->deferred == TPF_OK && tpf_cuda__check_status(b, r) != TPF_OK) {
+    r->deferred = tpf_cuda__check_status(b, r);
+    char msg[512]; /* the detail already names the registration */
     snprintf(msg, sizeof msg, "%s", tpf_last_error());
-    TPF_CHECK(tpf_cuda__clear_status(b));
-    return tpf_set_error(r->deferred, "'%s': %s", r->name, msg);
+    TPF_CHECK(tpf_cuda__clear_status(b, r));
+    return tpf_set_error(r->deferred, "%s", msg);
   }
   TPF_RETURN_IF(r->deferred != TPF_OK, r->deferred, "'%s': an operation failed earlier (%s)",
                 r->name, tpf_status_name(r->deferred));

@@ -39,11 +39,11 @@ static uint64_t *tpf_cuda__ready(const tpf_reg *r, int owner, int sender, uint64
                       (uint64_t)sender * TPF_CUDA_READY_STRIDE + (seq & 1u) * sizeof(uint64_t));
 }
 
-static void tpf_cuda__flag_init(tpf_cuda_backend *b, const tpf_exec_args *a, tpf_step_kind kind,
-                                uint32_t tag, tpf_cuda_flag_args *f) {
+static void tpf_cuda__flag_init(tpf_cuda_backend *b, const tpf_reg *r, const tpf_exec_args *a,
+                                tpf_step_kind kind, uint32_t tag, tpf_cuda_flag_args *f) {
   memset(f, 0, sizeof(*f));
-  f->status = b->status_dev;
-  f->claim = b->claim_dev;
+  f->status = r->status_dev; /* the registration's own area */
+  f->claim = r->claim_dev;
   f->timeout_ns = b->timeout_ns;
   f->seq = a->seq;
   f->store_value = a->seq;
@@ -63,7 +63,7 @@ static tpf_status tpf_cuda__fl_handshake(tpf_cuda_backend *b, tpf_reg *r, const 
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
   tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, a, TPF_STEP_HANDSHAKE, 0, &f);
+  tpf_cuda__flag_init(b, r, a, TPF_STEP_HANDSHAKE, 0, &f);
   f.handshake = 1;
   f.store_value = TPF_READY_WORD(a->seq, sc->op_key, sc->rows);
   f.wait_value = a->seq & TPF_READY_SEQ_MASK;
@@ -81,7 +81,7 @@ static tpf_status tpf_cuda__fl_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
   (void)idx;
   const int me = b->base.rank;
   tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, a, TPF_STEP_SEND, st->tag, &f);
+  tpf_cuda__flag_init(b, r, a, TPF_STEP_SEND, st->tag, &f);
   f.remote[st->peer] = tpf_cuda__flags(r, st->peer) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
   return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
 }
@@ -91,7 +91,7 @@ static tpf_status tpf_cuda__fl_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_e
   (void)idx;
   const int me = b->base.rank;
   tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, a, TPF_STEP_RECV, st->tag, &f);
+  tpf_cuda__flag_init(b, r, a, TPF_STEP_RECV, st->tag, &f);
   f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
   return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
 }
@@ -101,7 +101,7 @@ static tpf_status tpf_cuda__fl_barrier(tpf_cuda_backend *b, tpf_reg *r, const tp
   (void)idx;
   const int P = b->base.tp_size, me = b->base.rank;
   tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, a, TPF_STEP_BARRIER, st->tag, &f);
+  tpf_cuda__flag_init(b, r, a, TPF_STEP_BARRIER, st->tag, &f);
   for (int q = 0; q < P; q++) {
     if (q == me) continue;
     f.remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
