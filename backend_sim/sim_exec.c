@@ -36,7 +36,6 @@
 #include <string.h>
 #include <time.h>
 
-
 typedef struct {
   tpf_sim_worker *wk;
   tpf_sim_rank *rk;
@@ -48,7 +47,7 @@ typedef struct {
   int me;
   int step_index;
   unsigned waited_ms; /* the bound a wait ran out of (TPF_ETIMEOUT) */
-  uint64_t moved; /* bytes this step moved between ranks */
+  uint64_t moved;     /* bytes this step moved between ranks */
   uint64_t flops;
 } sim_ctx;
 
@@ -360,8 +359,8 @@ static tpf_status step_handshake(sim_ctx *c) {
       return op_fail(c, st,
                      "timeout after %u ms: rank %d, step %d (HANDSHAKE) of '%s' operation %llu "
                      "waits for rank %d (its last operation announced is %llu)",
-                     c->waited_ms, c->me, c->step_index, comm_name(c), (unsigned long long)seq,
-                     q, (unsigned long long)TPF_READY_SEQ(got));
+                     c->waited_ms, c->me, c->step_index, comm_name(c), (unsigned long long)seq, q,
+                     (unsigned long long)TPF_READY_SEQ(got));
     if (st != TPF_OK) return st;
     if (TPF_READY_SEQ(got) != (seq & TPF_READY_SEQ_MASK))
       return op_fail(c, TPF_EMISMATCH,

@@ -183,8 +183,8 @@ struct tpf_sim_world {
   atomic_uint_fast64_t fault_calls, fault_signals, fault_entries, fault_injected;
   atomic_uint_fast64_t fault_lossy; /* injected faults that lose something: failed calls, lost
                                      * signals, late entries (what arms fault_timeout_ms) */
-  uint64_t live_regs, arena_used; /* mu */
-  tpf_sim_rank *ranks;            /* tp_size entries */
+  uint64_t live_regs, arena_used;   /* mu */
+  tpf_sim_rank *ranks;              /* tp_size entries */
 };
 
 extern const tpf_backend_ops tpf_sim_ops;

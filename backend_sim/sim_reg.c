@@ -143,8 +143,8 @@ static int mask_count(uint64_t mask) {
   return n;
 }
 
-static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t bytes,
-                                  tpf_reg **reg, void **local) {
+static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t bytes, tpf_reg **reg,
+                                  void **local) {
   tpf_sim_world *w = rk->world;
   if (!reg || !local || bytes == 0)
     return tpf_set_error(TPF_EINVAL, "sim reg_create: %s", bytes ? "NULL out" : "zero bytes");

@@ -511,9 +511,10 @@ static bool timeout_msg_ok(fk_case *cs, int r, const char *where, const char *m,
   char xreg[64], xlate[96];
   snprintf(xreg, sizeof xreg, "rank %d, communicator creation ", r);
   snprintf(xlate, sizeof xlate, "rank %d arrived at communicator creation", r);
-  bool form = has(m, "timeout after ") && has(m, head) && ((has(m, step) && has(m, "waits for rank ")) ||
-                               ((has(m, reg) || has(m, xreg)) && has(m, "waits for rank(s) ")) ||
-                               has(m, late) || has(m, xlate));
+  bool form = has(m, "timeout after ") && has(m, head) &&
+              ((has(m, step) && has(m, "waits for rank ")) ||
+               ((has(m, reg) || has(m, xreg)) && has(m, "waits for rank(s) ")) || has(m, late) ||
+               has(m, xlate));
   if (!form) {
     bad(cs, "rank %d %s: ETIMEOUT message lacks rank/step/peer: %s", r, where, m);
     return false;
