@@ -280,13 +280,12 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *user_cfg, tpf
   return tpf__comm_create_after(be, user_cfg, out, TPF_OK);
 }
 
-tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *user_cfg,
-                                  tpf_comm **out, tpf_status local) {
+tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *user_cfg, tpf_comm **out,
+                                  tpf_status local) {
   /* Without a valid backend there is no group to stay paired with. */
   TPF_CHECK(tpf__be_validate(be));
   /* Local checks: a failure still takes part in the collective exchange below. */
-  if (local == TPF_OK && !out)
-    local = tpf_set_error(TPF_EINVAL, "tpf_comm_create: out is NULL");
+  if (local == TPF_OK && !out) local = tpf_set_error(TPF_EINVAL, "tpf_comm_create: out is NULL");
   if (local == TPF_OK) local = check_config(user_cfg);
   if (local != TPF_OK) return agree(be, NULL, local);
   const tpf_comm_config norm = normalized(user_cfg);

@@ -5,20 +5,20 @@
 #include "internal.h"
 
 struct tpf_comm {
-  tpf_backend *be;      /* the rank's backend */
-  tpf_comm_config cfg;  /* as created; cfg.name points to name */
-  char *name;           /* owned copy of the name */
-  tpf_shape active;     /* active shape; == capacity until the first set */
-  uint64_t epoch;       /* successful set_active_shape calls */
-  uint64_t seq;         /* operations handed to the backend (the flag sequence number) */
-  uint64_t ops;         /* operations attempted on the backend */
-  tpf_status failed;    /* TPF_OK, or the status that made it refuse further work */
+  tpf_backend *be;             /* the rank's backend */
+  tpf_comm_config cfg;         /* as created; cfg.name points to name */
+  char *name;                  /* owned copy of the name */
+  tpf_shape active;            /* active shape; == capacity until the first set */
+  uint64_t epoch;              /* successful set_active_shape calls */
+  uint64_t seq;                /* operations handed to the backend (the flag sequence number) */
+  uint64_t ops;                /* operations attempted on the backend */
+  tpf_status failed;           /* TPF_OK, or the status that made it refuse further work */
   struct tpf_manager *manager; /* the owning manager, or NULL */
-  char fail_detail[240];        /* tpf_last_error() of the failure that set `failed` */
-  tpf_reg *reg;         /* backend registration */
-  tpf_planner *planner; /* TPF_PLAN_ADAPTIVE: its planner; NULL for FIXED */
-  void *base;           /* this rank's registered data */
-  uint64_t reg_bytes;   /* registered (capacity) bytes */
+  char fail_detail[240];       /* tpf_last_error() of the failure that set `failed` */
+  tpf_reg *reg;                /* backend registration */
+  tpf_planner *planner;        /* TPF_PLAN_ADAPTIVE: its planner; NULL for FIXED */
+  void *base;                  /* this rank's registered data */
+  uint64_t reg_bytes;          /* registered (capacity) bytes */
   /* Scratch of a manager shape change (validated bytes, shape to roll back to), kept here so
    * that tpf_manager_set_active_shape allocates nothing. */
   uint64_t pending_bytes;

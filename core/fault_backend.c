@@ -152,8 +152,8 @@ static tpf_status take_plan(fault_be *f, const tpf_fault_plan *plan) {
   tpf_fault_plan p = TPF_FAULT_PLAN_INIT;
   if (plan) {
     static const size_t released[] = {sizeof(tpf_fault_plan)}; /* 0.2 */
-    TPF_CHECK(tpf__check_struct_size("fault backend", "fault plan", "tpf_fault_plan",
-                                     plan->size, released, TPF_ARRAY_SIZE(released)));
+    TPF_CHECK(tpf__check_struct_size("fault backend", "fault plan", "tpf_fault_plan", plan->size,
+                                     released, TPF_ARRAY_SIZE(released)));
     p = *plan;
     p.size = sizeof p;
   }

@@ -173,13 +173,12 @@ tpf_status tpf__handle_check(const void *p, int kind, const char *call) {
   }
   unlock();
   if (dead && name[0])
-    return tpf_set_error(TPF_EINVAL, "%s: %s '%s' (%p) was destroyed; create a new one", call,
-                         what, name, p);
+    return tpf_set_error(TPF_EINVAL, "%s: %s '%s' (%p) was destroyed; create a new one", call, what,
+                         name, p);
   if (dead)
     return tpf_set_error(TPF_EINVAL, "%s: %s %p was destroyed; create a new one", call, what, p);
-  return tpf_set_error(TPF_EINVAL,
-                       "%s: %p is not a live %s (destroyed, or never created by tpflex)", call, p,
-                       what);
+  return tpf_set_error(
+      TPF_EINVAL, "%s: %p is not a live %s (destroyed, or never created by tpflex)", call, p, what);
 }
 
 size_t tpf__handle_count(void) {

@@ -66,7 +66,8 @@ void tpf__clear_error(void);
 /* Versioned structs (issue 22 item 12): `size` must be 0 (the caller's header is this one) or
  * one of the `n` sizes of released layouts in `released` (oldest first, the last is this
  * header's); a size that ends inside a field, or belongs to no release, is TPF_EINVAL naming
- * the size and the accepted ones. `who` names the call, `what` the argument ("options"), `type` its struct
+ * the size and the accepted ones. `who` names the call, `what` the argument ("options"), `type` its
+ * struct
  * ("tpf_op_options"). */
 tpf_status tpf__check_struct_size(const char *who, const char *what, const char *type, size_t size,
                                   const size_t *released, size_t n);

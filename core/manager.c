@@ -46,8 +46,8 @@ tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm 
   if (!cfg)
     local = tpf_set_error(TPF_EINVAL, "tpf_manager_add: config is NULL");
   else if (cfg->name && find(m, cfg->name))
-    local = tpf_set_error(TPF_EINVAL, "the manager already has a communicator named '%s'",
-                          cfg->name);
+    local =
+        tpf_set_error(TPF_EINVAL, "the manager already has a communicator named '%s'", cfg->name);
   if (local == TPF_OK && m->count == m->cap) {
     int cap = m->cap ? 2 * m->cap : 8;
     tpf_comm **grown = tpf__realloc(m->comms, (size_t)cap * sizeof *grown);

@@ -29,8 +29,7 @@ static void test_abi1__layouts_match_the_released_header(void **state) {
   for (size_t i = 0; i < n_old; i++) {
     assert_string_equal(old_names[i], new_names[i]);
     if (old_vals[i] != new_vals[i]) {
-      print_error("%s: %zu in the 0.1 header, %zu today\n", old_names[i], old_vals[i],
-                  new_vals[i]);
+      print_error("%s: %zu in the 0.1 header, %zu today\n", old_names[i], old_vals[i], new_vals[i]);
       diffs++;
     }
   }
