@@ -597,7 +597,7 @@ static int check_kill_in_create(const proc_case *cs, const proc_kit *k, const tp
              left[0]);
     for (int i = 0; i < nleft; i++) {
       char path[sizeof left[0] + 16]; /* "/dev/shm/" + a name of left[] */
-      snprintf(path, sizeof path, "/dev/shm/%s", left[i]);
+      snprintf(path, sizeof path, "/dev/shm/%.255s", left[i]);
       unlink(path);
     }
     return 1; /* a known defect is a failure, never a skip */
