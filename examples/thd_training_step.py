@@ -92,16 +92,14 @@ def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --b
             mask = (torch.arange(T) < T_raw).float()[:, None]
             mine = slice(rank * T // P, (rank + 1) * T // P)
             with te.active_tokens(T):                     # T for this microbatch, then restored
-                out = model(xp[mine].to(dev, dt))
-                l_r = (((out.float() - tp[mine].to(dev)) ** 2) * mask[mine].to(dev)).sum()
-                (l_r := l_r / (T_raw * H)).backward()
+                out = model(xp[mine].to(dev, dt)).float() - tp[mine].to(dev)
+                (l_r := (out ** 2 * mask[mine].to(dev)).sum() / (T_raw * H)).backward()
             loss += l_r.item()
             err = ((reference(xp.to(dt).float(), full) - tp) ** 2) * mask   # every rank's rows
             (err.sum() / (T_raw * H)).backward()
             ref_loss += err[mine].sum().item() / (T_raw * H)
-        for b in model:            # the norms' gradients are per-rank partial sums (as TE's)
-            for p in (b.mlp.layer_norm_weight, b.mlp.layer_norm_bias):
-                allreduce(rank, p.grad)
+        for p in (p for b in model for p in (b.mlp.layer_norm_weight, b.mlp.layer_norm_bias)):
+            allreduce(rank, p.grad)        # the norms' gradients: per-rank partial sums (TE's)
         opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
         ok &= (good := abs(loss - ref_loss) <= tol * abs(ref_loss) + tol)
         rows.append(f"{step:>4} {' '.join(Ts):>32} {loss:>10.5f} {ref_loss:>10.5f} "
@@ -112,11 +110,13 @@ def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --b
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    for k, v in dict(backend="sim", tp=2, dtype="bf16", steps=6, micro=2, hidden=64, capacity=256,
+    for k, v in dict(backend="sim", tp=2, dtype="bf16", steps=6, micro=2, hidden=0, capacity=256,
                      lr=0.02, seed=0, bench="", bench_iters=10).items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     a = ap.parse_args()
-    dt = {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    a.hidden = a.hidden or (1024 if a.bench else 64)          # --bench: capacity for its largest T
+    a.capacity, dt = max([a.capacity] + [int(t) for t in a.bench.split(",") if t]), \
+        {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     print(f"thd_training_step: backend {a.backend}, {a.dtype}, H={a.hidden}, capacity {a.capacity}"
           f", two blocks (LayerNormMLP + column/row Linear), {a.micro} microbatches per step")
     if a.backend == "sim":                                # ranks are threads of this process
