@@ -88,21 +88,64 @@ static uint64_t tpf_cuda__proc_token(void) {
 
 static tpf_status tpf_cuda__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes);
 
-static const tpf_backend_ops tpf_cuda__ops = {
+/* One thread per rank (tpflex.h; issue 22 item 5): the ops table's rank-thread entries claim the
+ * rank first, so a second thread gets TPF_ESTATE naming the rule instead of racing on the
+ * backend's per-rank scratch (step events, enqueuer state, the bootstrap's exchange order). The
+ * core refuses a second thread on one communicator; this also covers two communicators of one
+ * rank used from two threads. reg_abort and reg_async_error stay callable from any thread. */
+static tpf_status g_reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
+                               void **local) {
+  TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "reg_create"));
+  const tpf_status rc = tpf_cuda__reg_create(be, name, bytes, reg, local);
+  tpf_cuda__leave(tpf_cuda__of(be));
+  return rc;
+}
+static tpf_status g_reg_destroy(tpf_backend *be, tpf_reg *r) {
+  TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "reg_destroy"));
+  const tpf_status rc = tpf_cuda__reg_destroy(be, r);
+  tpf_cuda__leave(tpf_cuda__of(be));
+  return rc;
+}
+static tpf_status g_execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {
+  TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "execute"));
+  const tpf_status rc = tpf_cuda__execute(be, r, a, stream);
+  tpf_cuda__leave(tpf_cuda__of(be));
+  return rc;
+}
+static tpf_status g_sync(tpf_backend *be, void *stream) {
+  TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "sync"));
+  const tpf_status rc = tpf_cuda__sync(be, stream);
+  tpf_cuda__leave(tpf_cuda__of(be));
+  return rc;
+}
+static tpf_status g_reg_sync(tpf_backend *be, tpf_reg *r) {
+  TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "reg_sync"));
+  const tpf_status rc = tpf_cuda__reg_sync(be, r);
+  tpf_cuda__leave(tpf_cuda__of(be));
+  return rc;
+}
+static tpf_status g_allgather(tpf_backend *be, const void *mine, void *all, size_t bytes) {
+  TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "allgather"));
+  const tpf_status rc = tpf_cuda__allgather(be, mine, all, bytes);
+  tpf_cuda__leave(tpf_cuda__of(be));
+  return rc;
+}
+
+const tpf_backend_ops tpf_cuda__ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
     .name = "cuda",
     .caps = TPF_BE_CAP_ASYNC | TPF_BE_CAP_OPTIONS, /* step flags and epilogue: cuda_gemm.c */
     .align_bytes = 16,
     .max_ranks = TPF_MAX_RANKS,
-    .reg_create = tpf_cuda__reg_create,
-    .reg_destroy = tpf_cuda__reg_destroy,
+    .reg_create = g_reg_create,
+    .reg_destroy = g_reg_destroy,
     .reg_activate = NULL, /* a shape change needs no device work at all */
-    .execute = tpf_cuda__execute,
-    .sync = tpf_cuda__sync,
-    .reg_sync = tpf_cuda__reg_sync,
+    .execute = g_execute,
+    .sync = g_sync,
+    .reg_sync = g_reg_sync,
     .reg_async_error = tpf_cuda__reg_async_error,
     .reg_abort = tpf_cuda__reg_abort,
-    .allgather = tpf_cuda__allgather,
+    .allgather = g_allgather,
 };
 
 static void tpf_cuda__backend_free(tpf_cuda_backend *b) {

@@ -100,9 +100,10 @@ typedef struct {
   cudaEvent_t join_ev[TPF_NUM_STREAMS];
   cudaEvent_t *step_ev; /* pool, one per step of the longest schedule so far */
   int nstep_ev;
-  uint8_t *need_ev;    /* scratch: step needs an event */
-  uint8_t *step_state; /* scratch of the in-process enqueuer, one per step */
-  int nneed_ev;        /* steps the scratch arrays (need_ev .. step_pev) hold: all of them */
+  uint8_t *need_ev;           /* scratch: step needs an event */
+  uint8_t *step_state;        /* scratch of the in-process enqueuer, one per step */
+  int nneed_ev;               /* steps the scratch arrays (need_ev .. step_pev) hold: all of them */
+  _Atomic(const char *) busy; /* the backend entry that holds the rank (tpf_cuda__enter) */
   tpf_cuda_gemm *gemm;
   tpf_cuda_peer_info peers[TPF_MAX_RANKS];
   /* Memops transport (cuda_transport_flags.c): its waits on the device are unbounded, so the
@@ -129,6 +130,23 @@ typedef struct {
 
 static inline tpf_cuda_backend *tpf_cuda__of(tpf_backend *be) {
   return (tpf_cuda_backend *)be;
+}
+
+/* The ops table (cuda_backend.c). */
+extern const tpf_backend_ops tpf_cuda__ops;
+
+/* Claims the rank for the calling thread's backend entry `what` (the ops table's entries do,
+ * cuda_backend.c); TPF_ESTATE naming the rule while another thread holds it. */
+static inline tpf_status tpf_cuda__enter(tpf_cuda_backend *b, const char *what) {
+  const char *none = NULL;
+  if (atomic_compare_exchange_strong(&b->busy, &none, what)) return TPF_OK;
+  return tpf_set_error(TPF_ESTATE,
+                       "CUDA backend rank %d: %s called while another thread is in %s on the same "
+                       "rank; one thread per rank at a time (a rank's calls are not thread-safe)",
+                       b->base.rank, what, none ? none : "a call");
+}
+static inline void tpf_cuda__leave(tpf_cuda_backend *b) {
+  atomic_store(&b->busy, (const char *)NULL);
 }
 
 static inline uint64_t tpf_cuda__now_ns(void) {

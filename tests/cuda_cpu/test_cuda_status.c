@@ -115,10 +115,47 @@ static void test_status__scratch_count_is_true_after_a_failed_growth(void **stat
   free(b);
 }
 
+/* One thread per rank (issue 22 item 5, the CUDA backend's own defense): while one thread is
+ * inside a rank-thread entry of the ops table, every other such entry is TPF_ESTATE naming the
+ * rule and touches nothing (here: NULL arguments, which the entries would dereference), and the
+ * rank stays claimed by the first. reg_async_error and reg_abort stay callable. */
+static void test_status__second_thread_is_refused(void **state) {
+  (void)state;
+  tpf_cuda_backend *b = fake_backend();
+  b->base.ops = &tpf_cuda__ops;
+  atomic_store(&b->busy, "execute"); /* another thread is inside execute */
+  tpf_backend *be = &b->base;
+  const tpf_backend_ops *o = &tpf_cuda__ops;
+  TPF_ASSERT_STATUS(o->execute(be, NULL, NULL, NULL), TPF_ESTATE);
+  if (!strstr(tpf_last_error(), "CUDA backend rank 0: execute called while another thread is in "
+                                "execute on the same rank; one thread per rank at a time"))
+    fail_msg("detail: %s", tpf_last_error());
+  TPF_ASSERT_STATUS(o->sync(be, NULL), TPF_ESTATE);
+  TPF_ASSERT_STATUS(o->reg_sync(be, NULL), TPF_ESTATE);
+  TPF_ASSERT_STATUS(o->reg_create(be, "x", 64, NULL, NULL), TPF_ESTATE);
+  TPF_ASSERT_STATUS(o->reg_destroy(be, NULL), TPF_ESTATE);
+  char one = 0, all[1];
+  TPF_ASSERT_STATUS(o->allgather(be, &one, all, 1), TPF_ESTATE);
+  assert_string_equal(atomic_load(&b->busy), "execute");
+  /* Thread-safe entries are not claimed. */
+  tpf_reg *r = fake_reg("fc1_fprop");
+  tpf_status st = TPF_EINVAL;
+  TPF_ASSERT_OK(o->reg_async_error(be, r, &st));
+  TPF_ASSERT_STATUS(st, TPF_OK);
+  /* Released: the next entry claims the rank (and is refused past the claim only by its own
+   * checks; reg_destroy of NULL is TPF_EINVAL, no CUDA call), then lets go. */
+  atomic_store(&b->busy, (const char *)NULL);
+  TPF_ASSERT_STATUS(o->reg_destroy(be, NULL), TPF_EINVAL);
+  assert_null(atomic_load(&b->busy));
+  free_reg(r);
+  free(b);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status__each_registration_keeps_its_own_failure),
       cmocka_unit_test(test_status__scratch_count_is_true_after_a_failed_growth),
+      cmocka_unit_test(test_status__second_thread_is_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
