@@ -77,6 +77,12 @@ tpf_status tpf_ref_epilogue(const float *v, float alpha, float beta, const tpf_m
  * TPF_ENOMEM. */
 tpf_status tpf_ref_rs_add_partial(const tpf_matrix *x_rows, const tpf_matrix *w, tpf_dtype buf,
                                   float *acc, float *slack);
+/* Same as tpf_ref_rs_add_partial, and when own_order (the backend sums over k in its own order:
+ * the CUDA backend) also adds the partial's accumulation-order slack to slack
+ * (tpf_ref_order_slack_add with scale 1): SPEC §7's reduce-scatter slack is then one ulp per
+ * rounded partial plus gamma_K sum_q sum_k |x_q(i, k) w_q(j, k)| over the partials q. */
+tpf_status tpf_ref_rs_add_partial_order(const tpf_matrix *x_rows, const tpf_matrix *w,
+                                        tpf_dtype buf, bool own_order, float *acc, float *slack);
 /* Adds rows [r0, r0 + rows) of part to acc[rows * part->cols] (row-major, ld part->cols), in fp32
  * and without rounding: one rank's contribution to a bulk reduce-scatter chunk, whose partials
  * are already stored in the buffer dtype. */
@@ -124,11 +130,41 @@ double tpf_ref_ulp(tpf_dtype t, double v);
  * a backend whose fp32 accumulation order differs from the reference's may round a partial to
  * the neighbouring value: one ulp of that partial, which can far exceed SPEC §7's tolerance when
  * partials cancel. slack[i * cols + j] holds the sum of one ulp of each partial of element (i, j)
- * (accumulate it with tpf_ref_ulp). An element is wrong when it misses SPEC §7's tolerance AND
- * differs by more than its slack plus one ulp of the result; the verdict is that none is wrong.
- * TPF_EINVAL when shapes differ or slack is NULL. */
+ * (accumulate it with tpf_ref_ulp), plus, for a backend that sums in its own order, the
+ * accumulation-order slack (tpf_ref_order_slack_add; alone, without partials, for a plain GEMM).
+ * An element is wrong when it misses SPEC §7's tolerance AND differs by more than its slack plus
+ * one ulp of the result; the verdict is that none is wrong. TPF_EINVAL when shapes differ or
+ * slack is NULL. */
 tpf_status tpf_ref_compare_slack(const tpf_matrix *got, const tpf_matrix *want, const float *slack,
                                  tpf_ref_tol tol, tpf_ref_result *res);
+/* ---- accumulation-order slack (SPEC §7) ----
+ * The reference sums over k in increasing order in fp32. A backend that sums in another order
+ * (the CUDA backend: cuBLASLt's kernels split and tree-sum k) gets another fp32 rounding of every
+ * partial sum; where the products cancel, that differs from the reference by far more than fp32's
+ * 1e-5 / 1e-6 (e.g. 2e-6 on an element of 0.01 whose products sum to 4 in magnitude). Any order
+ * of an fp32 sum of K products is within gamma_K sum_k |a_ik b_jk| of the exact value (Higham,
+ * "Accuracy and Stability of Numerical Algorithms", 3.1), and so is the reference's: such a
+ * backend's element is not wrong when it is within gamma_K sum_k |a_ik b_jk| (plus one ulp of the
+ * result, tpf_ref_compare_slack) of the reference. Only a caller whose backend sums in its own
+ * order adds this slack; the simulator sums in the reference's order and is held exact. The rule
+ * is the Python oracle's (tests/python/cases.py, Env.order_slack). */
+/* gamma_k = k u / (1 - k u) with u = 2^-24 (fp32's unit roundoff); +inf when k u >= 1. */
+double tpf_ref_gamma(uint64_t k);
+/* bound[i * n + j] += sum_p |x(i, p) w(j, p)| for x [m, k], w [n, k] (bound [m * n], row-major),
+ * summed in double and rounded up to float. TPF_EINVAL as tpf_ref_gemm_f32, TPF_ENOMEM. */
+tpf_status tpf_ref_gemm_abs_add(const tpf_matrix *x, const tpf_matrix *w, float *bound);
+/* The accumulation-order slack of x w^T: slack[i * n + j] += scale gamma_k sum_p |x(i, p) w(j, p)|
+ * (k = x->cols), rounded up to float. scale: what the caller's epilogue multiplies the product by
+ * (|alpha|, GELU's slope bound 1.2), else 1; a negative or NaN scale is TPF_EINVAL. For a
+ * reduce-scatter, add it for every partial (tpf_ref_rs_add_partial_order). */
+tpf_status tpf_ref_order_slack_add(const tpf_matrix *x, const tpf_matrix *w, double scale,
+                                   float *slack);
+/* *slack = NULL when !own_order (judge with SPEC §7 alone), else a new zeroed array (free() it)
+ * of x->rows * w->rows elements holding tpf_ref_order_slack_add's slack of x w^T times scale;
+ * pass it to tpf_ref_check / tpf_ref_compare_slack. On failure *slack is NULL. */
+tpf_status tpf_ref_order_slack(const tpf_matrix *x, const tpf_matrix *w, double scale,
+                               bool own_order, float **slack);
+
 /* Tolerance for comparing results stored in these dtypes: the looser of the two. */
 tpf_ref_tol tpf_ref_tolerance_pair(tpf_dtype a, tpf_dtype b);
 /* Checks got against want with SPEC §7 (slack NULL) or tpf_ref_compare_slack; on failure writes
