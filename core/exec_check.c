@@ -87,7 +87,8 @@ static tpf_status step_ok(const tpf_exec_args *a, int i, uint64_t reg_bytes) {
                     st->ndeps > TPF_STEP_MAX_DEPS || (st->flags & ~KNOWN_FLAGS) != 0,
                 TPF_EINVAL, "'%s' step %d: kind %u, stream %u, %u deps, flags 0x%x", n, i,
                 (unsigned)st->kind, (unsigned)st->stream, (unsigned)st->ndeps, (unsigned)st->flags);
-  TPF_RETURN_IF((i == 0) != (st->kind == TPF_STEP_HANDSHAKE), TPF_EINVAL,
+  /* P = 1 has no peer to agree with: its schedule may omit the handshake (one GEMM). */
+  TPF_RETURN_IF(st->kind == TPF_STEP_HANDSHAKE ? i != 0 : (i == 0 && P > 1), TPF_EINVAL,
                 "'%s' step %d: the handshake must be step 0 and only step 0 (kind %s)", n, i,
                 tpf_step_kind_name(st->kind));
   for (int j = 0; j < st->ndeps; j++)

@@ -2,7 +2,8 @@
  *
  * Method: every schedule is the list of docs/DESIGN.md, built for the active shape with the
  * packed chunk size S_T in place of the capacity chunk size.
- *  - Step 0 is HANDSHAKE on the send stream. The first step of every other stream lists step 0
+ *  - P = 1: the one GEMM of the operation and nothing else, no handshake (build_single).
+ *  - Step 0 is HANDSHAKE on the send stream (P > 1). The first step of every other stream lists step 0
  *    in its deps, so nothing moves before every rank agreed on (seq, rows).
  *  - RING AG, plain (splits = P): step i computes chunk cs = (r-i) mod P while forwarding it to
  *    r+1 and receiving chunk (r-i-1) mod P from r-1; every chunk lands at its natural offset, so
@@ -273,6 +274,20 @@ static void build_bulk(builder *b, const ctx *c) {
   add_step(b, TPF_STEP_BARRIER, TPF_STREAM_COMM, -1); /* tag 0 */
 }
 
+/* P = 1: nothing to gather or reduce and no peer to agree with, so the operation is exactly its
+ * one GEMM, with no handshake (issue 24 item 2). RING AG: the gathered buffer is the local chunk,
+ * [T, H], times W into D. RING and PIPELINE RS: D = op(X) op(W) straight into the output (the
+ * epilogue rides on it; the buffer, scratch of the reduction, is not written). BULK: its
+ * independent GEMM; the collective over one rank moves nothing. */
+static void build_single(builder *b, const ctx *c) {
+  const tpf_schedule *h = c->h;
+  tpf_mref w = mref(TPF_MAT_W, 0, 0, 0, 0), d = mref(TPF_MAT_D, 0, 0, 0, 0);
+  if (h->algo != TPF_ALGO_BULK && h->coll == TPF_COLL_AG)
+    add_gemm(b, 0, 1, -1, mref(TPF_MAT_BUF, 0, c->H, 0, 0), w, d, h->rows, h->gemm_n, c->H);
+  else
+    add_gemm(b, 0, 1, -1, mref(TPF_MAT_X, 0, 0, 0, 0), w, d, h->gemm_m, h->gemm_n, h->gemm_k);
+}
+
 static tpf_status check_dims(const tpf_layout_desc *d, const tpf_gemm_dims *g) {
   uint64_t H = d->active.cols;
   TPF_RETURN_IF(g->m == 0 || g->n == 0 || g->k == 0, TPF_EINVAL,
@@ -390,6 +405,18 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
     TPF_RETURN_IF(!b.steps, TPF_ENOMEM, "schedule of %d steps: out of memory", b.cap);
   }
 
+  if (c.p == 1) {
+    /* One GEMM on compute 0 (build_single); the layout above was still validated with the
+     * caller's split count, so a request the layout refuses is refused at every P. */
+    h.num_splits = 1;
+    h.num_compute_streams = 1;
+    h.op_key = TPF_OP_KEY(TPF_OP_KEY_KIND(h.op_key), 1);
+    build_single(&b, &c);
+    h.nsteps = b.n;
+    h.steps = b.steps;
+    *s = h;
+    return TPF_OK;
+  }
   add_step(&b, TPF_STEP_HANDSHAKE, TPF_STREAM_COMM, -1);
   switch (d->algo) {
   case TPF_ALGO_RING:

@@ -6,7 +6,8 @@
  *  1. Headers: every rank describes the same operation, the layout they name is valid, and a
  *     collective's GEMM is over the T rows with H as its k (AG) or n (RS).
  *  2. Structure: kinds, streams, peers, tags and counts in range; deps point backwards; step 0
- *     is the only HANDSHAKE and every other step is ordered after it; references to user
+ *     is the only HANDSHAKE and every other step is ordered after it (P = 1 may have none: its
+ *     schedule is the operation's one GEMM, into D for RS); references to user
  *     matrices carry no offset and no ld of their own.
  *  3. Matching: every SEND meets exactly one RECV on its peer with the same tag, bytes and
  *     destination; a (peer, tag) pair is used once per direction; barrier tags agree across
@@ -258,7 +259,8 @@ static tpf_status check_structure(chk *c, int r) {
     int kind = st->kind;
     if (kind >= TPF_STEP_KIND_COUNT) return BAD(r, i, kind, "bad kind %d", kind);
     if (st->stream >= TPF_NUM_STREAMS) return BAD(r, i, kind, "bad stream %d", st->stream);
-    if ((kind == TPF_STEP_HANDSHAKE) != (i == 0))
+    /* P = 1 may omit the handshake (no peer): its schedule is the operation's one GEMM. */
+    if (kind == TPF_STEP_HANDSHAKE ? i != 0 : (i == 0 && s->tp_size > 1))
       return BAD(r, i, kind, "%s", "step 0, and only step 0, must be the HANDSHAKE");
     bool compute = st->stream < TPF_STREAM_COMM;
     if ((kind == TPF_STEP_GEMM || kind == TPF_STEP_REDUCE) &&
@@ -502,6 +504,8 @@ static tpf_status check_writes(chk *c, int r, ivec *tmp) {
     for (int t = 0; t < TPF_MAX_TAGS; t++)
       if (k->barrier[t] >= 0 && anc_has(c, r, k->barrier[t], k->w[j].step))
         k->wtags[j][t / 64] |= 1ull << (t % 64);
+  /* P = 1 RS: the one GEMM writes D directly; the buffer, the reduction's scratch, is unused. */
+  if (c->mode == MODE_RS && c->P == 1 && k->nw == 0) return TPF_OK;
   if (k->has_init) TPF_CHECK(ivec_push(tmp, k->init.lo, k->init.hi));
   ivec_normalize(tmp);
   if (!(tmp->n == 1 && tmp->v[0].lo == 0 && tmp->v[0].hi == c->active)) {
@@ -700,7 +704,8 @@ static tpf_status check_gemms(chk *c, int r) {
                    "col %llu: not the gathered token rows",
                    (ull)st->a.row, (ull)st->a.off_bytes, (ull)st->a.ld, (ull)st->d.row,
                    (ull)st->d.col);
-    } else if (c->mode == MODE_BULK_AG || c->mode == MODE_BULK_RS) {
+    } else if (c->mode == MODE_BULK_AG || c->mode == MODE_BULK_RS || c->P == 1) {
+      /* BULK's independent GEMM; at P = 1 an RS is D = op(X) op(W) itself (no partials). */
       uint64_t aend;
       if (st->a.id != TPF_MAT_X || st->d.id != TPF_MAT_D || st->a.col != 0 ||
           st->a.row != st->d.row || st->w.row != st->d.col ||

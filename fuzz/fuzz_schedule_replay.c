@@ -404,7 +404,10 @@ static void check_header(const tpf_layout_desc *d, const tpf_schedule *s) {
   FUZZ_ASSERT(s->rows == d->active.rows && s->cols == d->active.cols);
   FUZZ_ASSERT(s->chunk_rows == local.rows && s->chunk_bytes == local.bytes);
   FUZZ_ASSERT(s->registered_bytes == reg && s->active_bytes == act);
-  FUZZ_ASSERT(s->nsteps >= 1 && s->steps && s->steps[0].kind == TPF_STEP_HANDSHAKE);
+  /* P = 1: the operation's one GEMM, no handshake (issue 24). */
+  FUZZ_ASSERT(s->nsteps >= 1 && s->steps &&
+              (d->tp_size == 1 ? s->nsteps == 1 && s->steps[0].kind == TPF_STEP_GEMM
+                               : s->steps[0].kind == TPF_STEP_HANDSHAKE));
   FUZZ_ASSERT(s->num_compute_streams >= 1 && s->num_compute_streams <= TPF_MAX_COMPUTE_STREAMS);
   for (int i = 0; i < s->nsteps; i++)
     FUZZ_ASSERT_MSG(

@@ -188,7 +188,8 @@ static bool oracle_order(const group *g, char *why, size_t wn) {
                    : st->kind == TPF_STEP_RECV        ? st->stream == TPF_STREAM_RECV
                    : st->kind == TPF_STEP_PEER_REDUCE ? true
                                                       : st->stream == TPF_STREAM_COMM;
-      if (!legal || (st->kind == TPF_STEP_HANDSHAKE) != (i == 0))
+      /* Step 0 is the HANDSHAKE, except at P = 1 (one GEMM, no handshake). */
+      if (!legal || (st->kind == TPF_STEP_HANDSHAKE ? i != 0 : (i == 0 && s->tp_size > 1)))
         return order_fail(why, wn, "rank %d step %d: kind not allowed there", r, i);
       for (int j = 0; j < st->ndeps; j++) {
         if (st->deps[j] >= i) return order_fail(why, wn, "rank %d step %d: dep not earlier", r, i);
