@@ -7,9 +7,9 @@
  * subnormal ulp). The GEMM converts W once to fp32 and accumulates every dot product in fp32 in
  * increasing k, which is what "fp32 accumulation" means in SPEC §1; a backend that sums in
  * another order (CUDA) is judged with the accumulation-order slack gamma_K sum_k |a_ik b_jk|
- * (tpf_ref_order_slack_add), which bounds any order's fp32 rounding. The comparison is SPEC §7's per-element verdict: one wrong element
- * fails the result. Nothing here calls into the library, so the reference cannot share a
- * bug with it.
+ * (tpf_ref_order_slack_add), which bounds any order's fp32 rounding. The comparison is SPEC §7's
+ * per-element verdict: one wrong element fails the result. Nothing here calls into the library, so
+ * the reference cannot share a bug with it.
  */
 #include "reference.h"
 

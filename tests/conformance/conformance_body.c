@@ -21,6 +21,11 @@
  *
  * Outputs alternate per T between the buffer dtype and fp32, and between ld == cols and a padded
  * ld, so both paths of every operand are exercised.
+ *
+ * A backend that sums a GEMM's products in its own order (the CUDA driver says so:
+ * tpf_conformance_main's own_order) gets SPEC §7's fp32 accumulation-order slack on every GEMM
+ * result, gamma_K sum_k |a_ik b_jk| per element (of every partial, for GEMM+RS); the simulator
+ * sums in the reference's order and is judged without it.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "conformance.h"
@@ -71,8 +76,9 @@ typedef struct {
   int P;
   uint64_t C, H, K, N; /* capacity rows, buffer columns, RS inner dim, AG weight rows */
   bool histories;
-  bool options;  /* the API 0.2 options sweep (on unless --no-options) */
-  int only_kind; /* -1: all */
+  bool options;   /* the API 0.2 options sweep (on unless --no-options) */
+  bool own_order; /* the backend sums over k in its own order: GEMMs get the order slack */
+  int only_kind;  /* -1: all */
   uint64_t seed;
   int verbose;
   conf_rank_result rk[TPF_MAX_RANKS];
@@ -264,6 +270,7 @@ static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   conf_run *run = cx->run;
   const uint64_t H = run->H, N = run->N;
   tpf_matrix x = {0}, dref = {0}, bufh = {0};
+  float *osl = NULL; /* the order slack (own_order), else NULL */
   tpf_stage_mat w, d;
   memset(&w, 0, sizeof w);
   memset(&d, 0, sizeof d);
@@ -283,12 +290,14 @@ static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
   TPF_CHECK_GOTO(tpf_stage_host_new(&dref, T, N, od), rc, out);
   TPF_CHECK_GOTO(tpf_ref_gemm(&x, &w.host, &dref), rc, out);
-  check_close(v, "D = AG(X) W^T", &d.host, &dref, NULL, dt);
+  TPF_CHECK_GOTO(tpf_ref_order_slack(&x, &w.host, 1.0, run->own_order, &osl), rc, out);
+  check_close(v, "D = AG(X) W^T", &d.host, &dref, osl, dt);
   TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
   check_exact(v, "gathered buffer", &bufh, &x);
   sig_add(sig, &d.host);
   sig_add(sig, &bufh);
 out:
+  free(osl);
   free(x.ptr);
   free(dref.ptr);
   free(bufh.ptr);
@@ -298,7 +307,8 @@ out:
 }
 
 /* Expected rows [r*R, (r+1)*R) of sum_q round_buf(X_q W_q^T), rounded to out's dtype; slack[]
- * (R*H) gets one ulp of each rounded partial (tpf_ref_compare_slack). */
+ * (R*H) gets one ulp of each rounded partial (tpf_ref_compare_slack), and with own_order each
+ * partial's accumulation-order slack (tpf_ref_rs_add_partial_order). */
 static tpf_status expected_rs(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, tpf_matrix *out,
                               float *slack) {
   conf_run *run = cx->run;
@@ -316,7 +326,7 @@ static tpf_status expected_rs(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, 
     tpf_ref_fill(&xq, seed_of(cx, kind, dt, T, ROLE_X, q), -1.0f, 1.0f);
     tpf_ref_fill(&wq, seed_of(cx, kind, dt, T, ROLE_W, q), -1.0f, 1.0f);
     tpf_matrix mine = tpf_stage_rows(&xq, (uint64_t)cx->rank * R, R);
-    rc = tpf_ref_rs_add_partial(&mine, &wq, dt, acc, slack);
+    rc = tpf_ref_rs_add_partial_order(&mine, &wq, dt, run->own_order, acc, slack);
     if (rc != TPF_OK) {
       rc = tpf_set_error(rc, "conformance: RS reference partial of rank %d", q);
       goto out;
@@ -378,6 +388,7 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   const uint64_t H = run->H, K = run->K, N = run->N, R = T / (uint64_t)run->P;
   const int P = run->P;
   tpf_matrix x = {0}, dref = {0}, bufh = {0}, want = {0}, part = {0};
+  float *osl = NULL; /* the independent GEMM's order slack (own_order), else NULL */
   tpf_stage_mat a, b, d;
   memset(&a, 0, sizeof a);
   memset(&b, 0, sizeof b);
@@ -410,7 +421,8 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   TPF_CHECK_GOTO(mat_download(cx, &d), rc, out);
   TPF_CHECK_GOTO(tpf_stage_host_new(&dref, T, N, od), rc, out);
   TPF_CHECK_GOTO(tpf_ref_gemm(&a.host, &b.host, &dref), rc, out);
-  check_close(v, "independent D = A B^T", &d.host, &dref, NULL, dt);
+  TPF_CHECK_GOTO(tpf_ref_order_slack(&a.host, &b.host, 1.0, run->own_order, &osl), rc, out);
+  check_close(v, "independent D = A B^T", &d.host, &dref, osl, dt);
   sig_add(sig, &d.host);
 
   TPF_CHECK_GOTO(get_buffer(cx, c, &bufh), rc, out);
@@ -436,6 +448,7 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     sig_add(sig, &mine);
   }
 out:
+  free(osl);
   free(x.ptr);
   free(dref.ptr);
   free(bufh.ptr);
@@ -648,10 +661,15 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     rc = tpf_set_error(TPF_ENOMEM, "conformance: options reference");
     goto out;
   }
+  /* own_order: the accumulation-order slack of the product, scaled as the epilogue scales it
+   * (|alpha|, GELU's slope bound 1.2), as the RS slack below. */
+  const double oscale = fabs((double)o->alpha) * (o->gelu ? 1.2 : 1.0);
   if (ag) {
     TPF_CHECK_GOTO(tpf_ref_gemm_f32(&x, &wl, prod), rc, out);
+    TPF_CHECK_GOTO(tpf_ref_order_slack(&x, &wl, oscale, run->own_order, &slack), rc, out);
   } else if (bulk) {
     TPF_CHECK_GOTO(tpf_ref_gemm_f32(&al, &wl, prod), rc, out);
+    TPF_CHECK_GOTO(tpf_ref_order_slack(&al, &wl, oscale, run->own_order, &slack), rc, out);
   } else {
     acc = calloc((size_t)(Mo * Nd), sizeof(float));
     slack = calloc((size_t)(Mo * Nd), sizeof(float));
@@ -677,6 +695,10 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
       for (uint64_t i = 0; rc == TPF_OK && i < Mo * Nd; i++) {
         acc[i] += tpf_ref_round(dt, prod[i]);
         slack[i] += (float)tpf_ref_ulp(dt, prod[i]) * fabsf(o->alpha) * (o->gelu ? 1.2f : 1.0f);
+      }
+      if (rc == TPF_OK && run->own_order) {
+        tpf_matrix mine = tpf_stage_rows(&alq, (uint64_t)cx->rank * R, R);
+        rc = tpf_ref_order_slack_add(&mine, &wlq, oscale, slack);
       }
       mat_free(cx, &aq);
       mat_free(cx, &wq);
@@ -882,7 +904,7 @@ static void usage(const char *env) {
          env);
 }
 
-int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
+int tpf_conformance_main(tpf_conf_env *env, bool own_order, int argc, char **argv) {
   static const int kPs[] = {1, 2, 3, 4, 5, 6, 8};
   bool quick = false, histories = true, options = true;
   int only_tp = 0, only_kind = -1;
@@ -934,6 +956,11 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
            env->name, NOPTS);
   if (g_adaptive)
     printf("conformance[%s]: adaptive planning on (synthetic cost table)\n", env->name);
+  printf("conformance[%s]: %s\n", env->name,
+         own_order ? "the backend sums over k in its own order: GEMM results get SPEC §7's fp32 "
+                     "accumulation-order slack gamma_K sum_k |a_ik b_jk|"
+                   : "the backend sums over k in the reference's order: no accumulation-order "
+                     "slack");
   fflush(stdout);
   double t_all = now_s();
   uint64_t cases = 0, failed = 0, run_errors = 0;
@@ -953,6 +980,7 @@ int tpf_conformance_main(tpf_conf_env *env, int argc, char **argv) {
     run->N = 24;
     run->histories = histories;
     run->options = options;
+    run->own_order = own_order;
     run->only_kind = only_kind;
     run->seed = seed;
     double t0 = now_s();
