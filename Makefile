@@ -126,7 +126,7 @@ fuzz:
 	cmake --build build-fuzz -j $(JOBS)
 	bash fuzz/run.sh build-fuzz $(FUZZ_SECONDS)
 
-coverage:
+coverage: pydeps
 	$(call need,$(DEPS_BASE) $(DEPS_COV))
 	cmake -S . -B build-cov -DTPF_COVERAGE=ON -DTPF_WITH_CUDA=OFF -DCMAKE_BUILD_TYPE=Debug $(PY_FLAG) $(CMAKE_FLAGS)
 	cmake --build build-cov -j $(JOBS)
