@@ -23,12 +23,33 @@
  * file needs: the abort flag and the schedule storage, sized at creation for the largest
  * schedule any active shape T <= C can need, so an operation builds its schedule without
  * allocating (issue 11 item 4). */
+/* Issue 24 item 3: the schedule of an operation depends only on the communicator, the active rows
+ * T and the operation key (the resolved split count and aggregate, the transposes, whether an
+ * epilogue is on, the GEMM dims). The last TPF_SCHED_CACHE of them are kept, built and resolved
+ * (apply_options done), in storage reserved at creation; an operation whose key is cached hands
+ * the backend that schedule without building anything or validating the layout again. */
+#define TPF_SCHED_CACHE 8
+typedef struct {
+  uint64_t rows, m, n, k;
+  int32_t num_splits, aggregate;
+  uint32_t flags; /* bit 0 trans_a, 1 trans_w, 2 epilogue */
+  int valid;
+} sched_key;
+typedef struct {
+  sched_key key;
+  tpf_schedule sched; /* steps point into comm_full.steps */
+} sched_entry;
+
 typedef struct {
   struct tpf_comm c; /* must stay first */
   atomic_int aborted;
   atomic_int busy; /* a thread is inside an operation, set_active_shape or sync (item 5) */
   int max_steps;
-  tpf_step steps[]; /* max_steps entries */
+  int next_slot;      /* the entry a miss replaces next (round robin) */
+  bool cache_off;     /* tpf__comm_set_schedule_cache(c, false): build every time */
+  tpf_comm_cache_stats stats;
+  sched_entry cache[TPF_SCHED_CACHE];
+  tpf_step steps[]; /* TPF_SCHED_CACHE * max_steps entries: entry i owns [i * max_steps, ..) */
 } comm_full;
 
 static comm_full *full_of(const tpf_comm *c) {
@@ -299,7 +320,8 @@ tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *user_c
   cap_desc.algo = cfg->algo;
   cap_desc.capacity = cfg->capacity;
   int max_steps = tpf__schedule_max_steps(&cap_desc);
-  comm_full *f = tpf__calloc(1, sizeof *f + (size_t)max_steps * sizeof(tpf_step));
+  comm_full *f =
+      tpf__calloc(1, sizeof *f + (size_t)TPF_SCHED_CACHE * (size_t)max_steps * sizeof(tpf_step));
   TPF_RETURN_IF(!f, TPF_ENOMEM, "'%s': cannot allocate the communicator", cfg->name);
   atomic_init(&f->aborted, 0);
   atomic_init(&f->busy, 0);
@@ -655,30 +677,76 @@ static void apply_options(tpf_schedule *s, const tpf_op_options *o) {
   }
 }
 
-/* Builds the schedule for the current active shape into the communicator's storage (no
- * allocation) and runs it on the backend. The backend is done with the steps when execute
+/* The schedule of this operation: the cached one of its key, or built into the storage of the
+ * entry it replaces (no allocation either way). */
+static tpf_status cached_schedule(tpf_comm *c, comm_full *f, const tpf_layout_desc *desc,
+                                  const tpf_gemm_dims *g, const tpf_op_options *o,
+                                  const tpf_schedule **out) {
+  sched_key key;
+  memset(&key, 0, sizeof key);
+  key.rows = desc->active.rows;
+  key.m = g->m;
+  key.n = g->n;
+  key.k = g->k;
+  key.num_splits = desc->num_splits;
+  key.aggregate = desc->aggregate ? 1 : 0;
+  key.flags = (o->trans_a ? 1u : 0u) | (o->trans_w ? 2u : 0u) | (has_epilogue(o) ? 4u : 0u);
+  key.valid = 1;
+  if (!f->cache_off)
+    for (int i = 0; i < TPF_SCHED_CACHE; i++)
+      if (memcmp(&f->cache[i].key, &key, sizeof key) == 0) {
+        f->stats.hits++;
+        *out = &f->cache[i].sched;
+        return TPF_OK;
+      }
+  f->stats.misses++;
+  const int slot = f->next_slot;
+  sched_entry *e = &f->cache[slot];
+  e->key.valid = 0; /* a failed build leaves the entry empty */
+  tpf_status rc = tpf__schedule_build_into(desc, g, f->steps + (size_t)slot * (size_t)f->max_steps,
+                                           f->max_steps, &e->sched);
+  if (rc != TPF_OK) return named(c, rc);
+  apply_options(&e->sched, o);
+  e->key = key;
+  f->next_slot = (slot + 1) % TPF_SCHED_CACHE;
+  *out = &e->sched;
+  return TPF_OK;
+}
+
+void tpf__comm_set_schedule_cache(tpf_comm *c, bool on) {
+  comm_full *f = full_of(c);
+  f->cache_off = !on;
+  for (int i = 0; i < TPF_SCHED_CACHE; i++)
+    f->cache[i].key.valid = 0;
+}
+
+tpf_comm_cache_stats tpf__comm_cache_stats(const tpf_comm *c) {
+  return full_of(c)->stats;
+}
+
+/* Builds (or reuses) the schedule for the current active shape in the communicator's storage
+ * (no allocation) and runs it on the backend. The backend is done with the steps when execute
  * returns: synchronous backends have run them, asynchronous ones have enqueued them. */
 static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *x,
                          const tpf_matrix *w, const tpf_matrix *d, const tpf_op_options *o,
                          void *stream) {
   tpf_layout_desc desc;
   TPF_CHECK(op_desc(c, o, &desc));
-  tpf_schedule s;
   comm_full *f = full_of(c);
   tpf_status rc = TPF_OK;
   /* Adaptive: the split count (and aggregate) the planner chose for this T and GEMM size. It
    * depends only on the configuration, the agreed shape and the GEMM dims: every rank chooses
    * the same, and the handshake would still catch a rank that did not. An operation that names
-   * its split count is not planned. */
+   * its split count is not planned. (The planner caches its own choice; it is asked every time so
+   * that tpf_comm_plan_info reports the last operation's.) */
   if (c->planner && desc.algo != TPF_ALGO_BULK && o->num_splits == 0)
     rc = tpf__planner_apply(c->planner, &desc, g);
   if (rc != TPF_OK) return named(c, rc);
-  rc = tpf__schedule_build_into(&desc, g, f->steps, f->max_steps, &s);
-  if (rc != TPF_OK) return named(c, rc);
-  apply_options(&s, o);
+  const tpf_schedule *sched = NULL;
+  TPF_CHECK(cached_schedule(c, f, &desc, g, o, &sched));
   tpf_exec_args a;
   memset(&a, 0, sizeof a);
-  a.sched = &s;
+  a.sched = sched;
   a.comm_name = c->cfg.name;
   a.seq = c->seq + 1;
   if (x) a.x = *x;

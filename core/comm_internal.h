@@ -41,4 +41,14 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
 /* Commits a shape that tpf__comm_check_shape accepted. */
 tpf_status tpf__comm_apply_shape(tpf_comm *c, tpf_shape active, uint64_t active_bytes);
 
+/* The schedule cache of an operation's key (issue 24 item 3; comm.c): hits and misses since
+ * creation, read by tests and the host benchmark. */
+typedef struct {
+  uint64_t hits, misses;
+} tpf_comm_cache_stats;
+tpf_comm_cache_stats tpf__comm_cache_stats(const tpf_comm *c);
+/* Turns the cache on (the default) or off (every operation builds its schedule: the benchmark's
+ * side-by-side baseline); either way the cached entries are dropped. */
+void tpf__comm_set_schedule_cache(tpf_comm *c, bool on);
+
 #endif

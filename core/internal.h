@@ -90,6 +90,19 @@ size_t tpf__handle_count(void);
 /* ---- layout.c ---- */
 /* tpf_layout_check with an explicit alignment (the backend's); 0 means 1. */
 tpf_status tpf__layout_check_align(const tpf_layout_desc *d, uint64_t align_bytes);
+/* Everything a schedule build reads of a layout, from one validation (issue 24 item 3): the
+ * chunks/slots/blocks of the active layout (as tpf_layout_chunk), the local shard, the
+ * registered and active bytes. align_bytes as tpf__layout_check_align. */
+typedef struct {
+  int count;
+  tpf_region chunk[2 * TPF_MAX_RANKS > TPF_MAX_SPLITS ? 2 * TPF_MAX_RANKS : TPF_MAX_SPLITS];
+  tpf_region local;
+  uint64_t registered_bytes, active_bytes;
+} tpf_layout_geom;
+tpf_status tpf__layout_geometry(const tpf_layout_desc *d, uint64_t align_bytes,
+                                tpf_layout_geom *out);
+/* Layout validations (every rule of SPEC §3 run once) made by the calling thread so far. */
+uint64_t tpf__layout_validations(void);
 /* The split count a descriptor resolves to (num_splits, or its default). d must be valid. */
 int tpf__layout_splits(const tpf_layout_desc *d);
 /* True for fp8 dtypes (quantized communicators). */

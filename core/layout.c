@@ -204,9 +204,18 @@ static tpf_status check_align(const tpf_layout_desc *d, const shape_sizes *c, co
   return TPF_OK;
 }
 
+/* Validations run by this thread (tpf__layout_validations; issue 24 item 3 counts them per
+ * schedule build). Thread-local: ranks as threads do not share a cache line for it. */
+static _Thread_local uint64_t g_validations;
+
+uint64_t tpf__layout_validations(void) {
+  return g_validations;
+}
+
 /* Runs every rule; on success fills the capacity and active sizes (either may be NULL). */
 static tpf_status validate(const tpf_layout_desc *d, uint64_t align, shape_sizes *cap,
                            shape_sizes *act) {
+  g_validations++;
   TPF_CHECK(check_args(d));
   if (align == 0) align = 1;
   uint64_t p = (uint64_t)d->tp_size;
@@ -315,5 +324,31 @@ tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out) {
   r.bytes = a.chunk_bytes;
   r.rows = a.chunk_rows;
   *out = r;
+  return TPF_OK;
+}
+
+tpf_status tpf__layout_geometry(const tpf_layout_desc *d, uint64_t align_bytes,
+                                tpf_layout_geom *out) {
+  shape_sizes c, a;
+  TPF_RETURN_IF(!out, TPF_EINVAL, "geometry out-parameter is NULL");
+  TPF_CHECK(validate(d, align_bytes, &c, &a));
+  tpf_layout_geom g;
+  memset(&g, 0, sizeof g);
+  const bool pipe = d->algo == TPF_ALGO_PIPELINE;
+  const bool ring_rs = d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS;
+  g.count = pipe ? tpf__layout_splits(d) : ring_rs ? 2 * d->tp_size - 1 : d->tp_size;
+  /* As tpf_layout_chunk and tpf_layout_local, from the sizes of the one validation. */
+  for (int j = 0; j < g.count; j++) {
+    g.chunk[j].offset_bytes = (uint64_t)j * (pipe ? a.block_bytes : a.chunk_bytes);
+    g.chunk[j].bytes = pipe ? a.block_bytes : a.chunk_bytes;
+    g.chunk[j].rows = pipe ? a.rows : a.chunk_rows;
+  }
+  const uint64_t j = ring_rs ? (uint64_t)d->tp_size - 1 : (uint64_t)d->rank;
+  g.local.offset_bytes = j * a.chunk_bytes;
+  g.local.bytes = a.chunk_bytes;
+  g.local.rows = a.chunk_rows;
+  g.registered_bytes = c.total_bytes;
+  g.active_bytes = a.total_bytes;
+  *out = g;
   return TPF_OK;
 }

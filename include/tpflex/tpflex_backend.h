@@ -15,7 +15,8 @@
  * values mean no counter is ever reset, so an operation that is retried or skipped cannot leave a
  * flag drifting (TE's adder bug).
  *
- * Handshake. Step 0 of every schedule is HANDSHAKE: the rank writes its ready word
+ * Handshake. Step 0 of every schedule of P > 1 is HANDSHAKE (at P = 1 the schedule is the
+ * operation's one GEMM, with no handshake and no peer step): the rank writes its ready word
  * TPF_READY_WORD(seq, op_key, active_rows) into every peer's registration and waits until every
  * peer's ready word carries seq, then compares the key (operation kind, split count) and rows.
  * Ready words are kept per sequence parity (slot seq & 1): a peer may announce seq+1 before a slow
