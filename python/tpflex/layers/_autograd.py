@@ -1,0 +1,181 @@
+"""One forward call's settings (_Call) and the autograd functions: column- and row-parallel GEMMs
+scheduled as TE schedules them on tpflex's operations."""
+from __future__ import annotations
+
+from typing import Any, Optional, Tuple
+
+import torch
+import torch.nn.functional as Fn
+
+from ..errors import TpflexShapeError
+from ._sites import _Plain, _linear, _mm, _wgrad_into
+
+
+# ---- one call's settings -----------------------------------------------------------------------
+
+class _Call:
+    """What one forward call resolved (no tensors that autograd tracks): the flags in effect,
+    the communicators, the plain collectives, the token count T."""
+    __slots__ = ("where", "P", "sp", "ag", "rs", "ag_dgrad", "rs_dgrad", "bulk_dgrad",
+                 "bulk_wgrad", "fprop", "dgrad", "wgrad", "plain", "fuse_wgrad", "main_grad",
+                 "accumulate", "gelu", "reduce", "tokens", "shape_comm")
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+        self.P = 1
+        self.sp = False
+        self.ag = self.rs = self.ag_dgrad = self.rs_dgrad = False
+        self.bulk_dgrad = self.bulk_wgrad = False
+        self.fprop = self.dgrad = self.wgrad = None
+        self.plain: Optional[_Plain] = None
+        self.fuse_wgrad = False
+        self.main_grad: Optional[torch.Tensor] = None
+        self.accumulate = True
+        self.gelu = False
+        self.reduce = True
+        self.tokens = 0
+        self.shape_comm: Any = None
+
+    def check_backward(self) -> None:
+        """The microbatch's shape must still be active when its backward runs."""
+        c = self.shape_comm
+        if c is not None and c.active_shape[0] != self.tokens:
+            raise TpflexShapeError(
+                f"backward of a microbatch of T = {self.tokens} tokens, but '{c.name}' is now "
+                f"active at {list(c.active_shape)} (keep the microbatch's shape active until its "
+                f"backward has run)", self.where)
+
+
+def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> None:
+    T, H = comm.active_shape
+    if tokens != T:
+        per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
+        raise TpflexShapeError(
+            f"{what} has {per}, but the active shape is [{T}, {H}] ('{comm.name}'): call "
+            f"set_ub_active_shape([{tokens}, {H}]) or use tpflex.torch.active_tokens({tokens}) "
+            f"for this microbatch", call.where)
+    call.tokens, call.shape_comm = tokens, comm
+
+
+# ---- autograd functions ------------------------------------------------------------------------
+
+class _ColumnParallel(torch.autograd.Function):
+    """y = X W^T + b for a column-parallel weight [N/P, K]; X is this rank's rows [T/P, K] with
+    sequence parallelism (gathered here), else the full [T, K]."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                call: _Call) -> torch.Tensor:
+        if call.ag:  # RING AG + GEMM, the bias (and, without grad, the GELU) in the epilogue
+            call.fprop.local_chunk().copy_(x)
+            kw = {} if bias is None else {"bias": bias}
+            if call.gelu:
+                kw["gelu"] = True
+            y = call.fprop.ag_gemm(weight, **kw)
+        else:
+            xt = call.plain.ag(x) if call.sp else x
+            y = _linear(xt, weight, bias)
+            if call.gelu:
+                y = Fn.gelu(y, approximate="tanh")
+        ctx.save_for_backward(x, weight)
+        ctx.call = call
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        c: _Call = ctx.call
+        c.check_backward()
+        dy = dy.contiguous()
+        need_dx = ctx.needs_input_grad[0]
+        need_w = ctx.needs_input_grad[1] or c.fuse_wgrad
+        dt = weight.dtype
+        dx = dw = None
+        if c.sp:
+            bulk_dgrad = c.bulk_dgrad and need_w   # TE: the bulk overlaps need the wgrad
+            bulk_wgrad = c.bulk_wgrad and need_w
+            xt = part = None
+            if c.rs_dgrad:
+                if need_w:
+                    xt = c.plain.ag(x)
+                if need_dx:  # dgrad GEMM + RS on '{ub}_dgrad': dx = RS(dy W)
+                    dx = c.dgrad.gemm_rs(dy, weight, trans_w=True)
+            else:
+                if bulk_dgrad:  # BULK AG of x on '{ub}_dgrad' beside dy W
+                    c.dgrad.local_chunk().copy_(x)
+                    dst = c.wgrad.buffer() if bulk_wgrad else None
+                    part = c.dgrad.bulk_overlap(dy, weight, out=dst, trans_w=True)
+                    xt = c.dgrad.buffer()
+                else:
+                    if need_w:
+                        xt = c.plain.ag(x)
+                    if need_dx or bulk_wgrad:
+                        part = _mm(dy, weight, dt)
+                if bulk_wgrad:  # BULK RS of dgrad on '{ub}_wgrad' beside the wgrad GEMM
+                    buf = c.wgrad.buffer()
+                    if part is not buf:
+                        buf.copy_(part)
+                    if c.fuse_wgrad:
+                        c.wgrad.bulk_overlap(dy, xt, out=c.main_grad, trans_a=True,
+                                             trans_w=True, beta=1.0 if c.accumulate else 0.0)
+                    else:
+                        dw = c.wgrad.bulk_overlap(dy, xt, trans_a=True, trans_w=True)
+                    dx = c.wgrad.local_chunk().clone()
+                    need_w = False
+                elif need_dx:
+                    dx = c.plain.rs(part)
+            if need_w:
+                dw = _wgrad_into(dy, xt, weight, c)
+        else:
+            if need_dx:
+                dx = _mm(dy, weight, dt)
+                if c.P > 1 and c.reduce:  # tensor parallel without sequence parallelism
+                    dx = c.plain.ar(dx)
+            if need_w:
+                dw = _wgrad_into(dy, x, weight, c)
+        db = dy.float().sum(0).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx if need_dx else None, dw, db, None
+
+
+class _RowParallel(torch.autograd.Function):
+    """y = X W^T + b for a row-parallel weight [N, K/P]; X [T, K/P]; y is this rank's rows
+    [T/P, N] with sequence parallelism (reduce-scattered), else [T, N] all-reduced."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
+                call: _Call) -> torch.Tensor:
+        if call.rs:  # GEMM + RS, the bias once on the reduced rows
+            y = call.fprop.gemm_rs(x, weight, **({} if bias is None else {"bias": bias}))
+        elif call.P > 1 and call.reduce:
+            part = _linear(x, weight, None)
+            y = call.plain.rs(part) if call.sp else call.plain.ar(part)
+            if bias is not None:
+                y = (y.float() + bias.float()).to(y.dtype)
+        else:
+            y = _linear(x, weight, bias)
+        ctx.save_for_backward(x, weight)
+        ctx.call = call
+        ctx.has_bias = bias is not None
+        return y
+
+    @staticmethod
+    def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Any, ...]:
+        x, weight = ctx.saved_tensors
+        c: _Call = ctx.call
+        c.check_backward()
+        dy = dy.contiguous()
+        dt = weight.dtype
+        need_w = ctx.needs_input_grad[1] or c.fuse_wgrad
+        dx = None
+        if c.ag_dgrad:  # RING AG of dy + GEMM on '{ub}_dgrad'; the wgrad reads AG(dy) there
+            c.dgrad.local_chunk().copy_(dy)
+            dx = c.dgrad.ag_gemm(weight, trans_w=True)
+            dyt = c.dgrad.buffer()
+        else:
+            dyt = c.plain.ag(dy) if c.sp else dy
+            if ctx.needs_input_grad[0]:
+                dx = _mm(dyt, weight, dt)
+        dw = _wgrad_into(dyt, x, weight, c) if need_w else None
+        db = dyt.float().sum(0).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None
