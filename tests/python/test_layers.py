@@ -1,4 +1,4 @@
-"""tpflex.torch.Linear and LayerNormMLP (python/tpflex/layers.py) on the simulator: P in 1, 2, 4,
+"""tpflex.torch.Linear and LayerNormMLP (python/tpflex/layers/) on the simulator: P in 1, 2, 4,
 bf16 and fp32, every applicable ub_* combination, six microbatches with changing T under one
 registration; the output, the input gradient and every parameter gradient against an unsharded
 torch reference (nn.LayerNorm / nn.RMSNorm, tanh GELU, nn.Linear) with SPEC §7's per-element
