@@ -32,7 +32,8 @@ enum {
   BENCH_SEC_CHUNKING = 1u << 2,
   BENCH_SEC_TP = 1u << 3, /* one-GPU TP emulation and the serial baseline */
   BENCH_SEC_ALL = 0xFu,   /* sections 1-5; the planner section runs only when named */
-  BENCH_SEC_PLANNER = 1u << 4
+  BENCH_SEC_PLANNER = 1u << 4,
+  BENCH_SEC_HOST = 1u << 5 /* bench_host.c: host cost per operation; only when named */
 };
 
 #define BENCH_MAX_ITERS 1000
@@ -335,6 +336,7 @@ int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
 int bench_section_planner(const bench_opts *o);
+int bench_section_host(const bench_opts *o); /* bench_host.c */
 
 /* ---- measured schedule points (bench_planner.c; tpflex calibrate --schedules) -------------- */
 /* Times every candidate of the planner for RING AG and PIPELINE RS, for P = 2, 4, 8 (those <=

@@ -65,7 +65,7 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                 false},
     [B_QUICK] = {"--quick", CLI_FLAG, 0, 0, NULL, NULL,
                  "fewer sizes and repetitions (a smoke test)", 0, false},
-    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0, "setshape|dynamic|chunking|tp|serial|all|planner",
+    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0, "setshape|dynamic|chunking|tp|serial|all|planner|host",
                    NULL,
                    "sections to run (repeatable; default all = 1-5; serial = tp; planner = 6, "
                    "only when named)",
@@ -279,8 +279,8 @@ int tpf_cmd_bench(int argc, char **argv) {
   unsigned sections = 0;
   static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
                                       BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL,
-                                      BENCH_SEC_PLANNER};
-  for (unsigned b = 0; b < 7; b++)
+                                      BENCH_SEC_PLANNER,  BENCH_SEC_HOST};
+  for (unsigned b = 0; b < 8; b++)
     if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
   const bool planner = (sections & BENCH_SEC_PLANNER) != 0;
   o.adaptive = v[B_ADAPTIVE].set;
@@ -496,6 +496,7 @@ int tpf_cmd_bench(int argc, char **argv) {
   }
   if (o.sections & BENCH_SEC_TP) rc |= bench_section_tp(&o);
   if (o.sections & BENCH_SEC_PLANNER) rc |= bench_section_planner(&o);
+  if (o.sections & BENCH_SEC_HOST) rc |= bench_section_host(&o);
   bench_progress_done();
   if (o.csv) rc |= bench_report_write_csv(o.csv);
   if (o.json) rc |= bench_report_write_json(o.json);
