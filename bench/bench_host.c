@@ -112,8 +112,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 /* Median over `blocks` blocks of `calls` calls: microseconds per call. */
-static double timed(tpf_comm *c, int k, uint64_t T, int P, const operands *m, int blocks,
-                    int calls, tpf_status *rc) {
+static double timed(tpf_comm *c, int k, uint64_t T, int P, const operands *m, int blocks, int calls,
+                    tpf_status *rc) {
   double v[64];
   *rc = TPF_OK;
   for (int b = 0; b < blocks && b < 64; b++) {

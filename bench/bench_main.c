@@ -65,10 +65,10 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                 false},
     [B_QUICK] = {"--quick", CLI_FLAG, 0, 0, NULL, NULL,
                  "fewer sizes and repetitions (a smoke test)", 0, false},
-    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0, "setshape|dynamic|chunking|tp|serial|all|planner|host",
-                   NULL,
-                   "sections to run (repeatable; default all = 1-5; serial = tp; planner = 6, "
-                   "only when named)",
+    [B_SECTION] = {"--section", CLI_CHOICE, 0, 0,
+                   "setshape|dynamic|chunking|tp|serial|all|planner|host", NULL,
+                   "sections to run (repeatable; default all = 1-5; serial = tp; planner = 6 and "
+                   "host = the host cost per operation, only when named)",
                    0, true},
     [B_IPC_PEER] = {"--ipc-peer", CLI_FLAG, 0, 0, NULL, NULL,
                     "internal: the peer process of the CUDA IPC check", 0, false},

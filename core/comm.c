@@ -45,8 +45,8 @@ typedef struct {
   atomic_int aborted;
   atomic_int busy; /* a thread is inside an operation, set_active_shape or sync (item 5) */
   int max_steps;
-  int next_slot;      /* the entry a miss replaces next (round robin) */
-  bool cache_off;     /* tpf__comm_set_schedule_cache(c, false): build every time */
+  int next_slot;  /* the entry a miss replaces next (round robin) */
+  bool cache_off; /* tpf__comm_set_schedule_cache(c, false): build every time */
   tpf_comm_cache_stats stats;
   sched_entry cache[TPF_SCHED_CACHE];
   tpf_step steps[]; /* TPF_SCHED_CACHE * max_steps entries: entry i owns [i * max_steps, ..) */

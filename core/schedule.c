@@ -3,8 +3,8 @@
  * Method: every schedule is the list of docs/DESIGN.md, built for the active shape with the
  * packed chunk size S_T in place of the capacity chunk size.
  *  - P = 1: the one GEMM of the operation and nothing else, no handshake (build_single).
- *  - Step 0 is HANDSHAKE on the send stream (P > 1). The first step of every other stream lists step 0
- *    in its deps, so nothing moves before every rank agreed on (seq, rows).
+ *  - Step 0 is HANDSHAKE on the send stream (P > 1). The first step of every other stream
+ *    lists step 0 in its deps, so nothing moves before every rank agreed on (seq, rows).
  *  - RING AG, plain (splits = P): step i computes chunk cs = (r-i) mod P while forwarding it to
  *    r+1 and receiving chunk (r-i-1) mod P from r-1; every chunk lands at its natural offset, so
  *    after P-1 steps the buffer is the gathered [T, H]. splits = 1: the P-1 forwards, then one

@@ -22,7 +22,7 @@ static const kind kinds[] = {
     {TPF_ALGO_BULK, TPF_COLL_RS, {0, -1}},
 };
 
-static float g_x[C * K], g_w[N * K > H * K ? N * K : H * K], g_d[C * (N > H ? N : H)],
+static float g_x[C * K], g_w[N * K > H *K ? N *K : H *K], g_d[C * (N > H ? N : H)],
     g_bias[H > N ? H : N];
 
 static tpf_status run(tpf_comm *c, const kind *k, const tpf_op_options *o) {
@@ -69,8 +69,8 @@ static void test_p1__one_gemm_for_every_operation(void **state) {
         assert_int_equal(be.executions, before + 1);
         const tpf_schedule *h = &be.last_sched;
         if (h->nsteps != 1)
-          fail_msg("%s %s splits %d: %d steps at P = 1, want the one GEMM",
-                   tpf_algo_name(k->algo), tpf_coll_name(k->coll), k->splits[j], h->nsteps);
+          fail_msg("%s %s splits %d: %d steps at P = 1, want the one GEMM", tpf_algo_name(k->algo),
+                   tpf_coll_name(k->coll), k->splits[j], h->nsteps);
         assert_int_equal(h->num_splits, 1);
         assert_int_equal(h->num_compute_streams, 1);
         assert_int_equal(h->gemm_m, T);
@@ -95,9 +95,8 @@ static void test_p1__schedule_is_the_gemm(void **state) {
       const tpf_step *st = &s.steps[0];
       assert_int_equal(st->kind, TPF_STEP_GEMM);
       assert_int_equal(st->d.id, TPF_MAT_D);
-      assert_int_equal(st->a.id, (k->algo != TPF_ALGO_BULK && k->coll == TPF_COLL_AG)
-                                     ? TPF_MAT_BUF
-                                     : TPF_MAT_X);
+      assert_int_equal(st->a.id, (k->algo != TPF_ALGO_BULK && k->coll == TPF_COLL_AG) ? TPF_MAT_BUF
+                                                                                      : TPF_MAT_X);
       assert_int_equal(st->m, g.m);
       assert_int_equal(st->n, g.n);
       assert_int_equal(st->k, g.k);

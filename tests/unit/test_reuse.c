@@ -20,7 +20,8 @@ static tpf_status rs(tpf_comm *c, uint64_t T, int splits, bool trans_w, bool epi
   o.trans_w = trans_w;
   if (epi) o.bias = g_bias;
   tpf_matrix x = {g_x, T, K, K, TPF_FP32};
-  tpf_matrix w = trans_w ? (tpf_matrix){g_w, K, H, H, TPF_FP32} : (tpf_matrix){g_w, H, K, K, TPF_FP32};
+  tpf_matrix w =
+      trans_w ? (tpf_matrix){g_w, K, H, H, TPF_FP32} : (tpf_matrix){g_w, H, K, K, TPF_FP32};
   tpf_matrix out = {g_out, T / P, H, H, TPF_FP32};
   return tpf_gemm_rs_ex(c, &x, &w, &out, &o, NULL);
 }
