@@ -22,9 +22,25 @@ if TYPE_CHECKING:
     from ._manager import Manager
 
 
+def _direct(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether an operation may call its implementation directly instead of through its
+    torch.library custom op (issue 24 item 1: the op's dispatch costs tens of µs per call): in
+    eager mode only, with no dispatch mode active (fake tensors, tracing), plain tensors, and no
+    input that autograd would need to see (the op then raises its 'no autograd formula' on
+    backward, as before). Under torch.compile the op is what gets traced."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() != 0:
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+            return False
+    return True
+
+
 class Communicator:
     """One registered site (tpf_comm). Its operations are the custom ops torch.ops.tpflex.*
-    (usable under torch.compile); the methods parse the options and call them."""
+    (usable under torch.compile); the methods parse the options and call them, or, eagerly,
+    their implementation directly (_direct)."""
 
     def __init__(self, manager: "Manager", handle: int, name: str) -> None:
         self._mgr = manager
@@ -278,10 +294,17 @@ class Communicator:
                                  o.trans_w)[0]
                 raise beta_needs_out(where, o.beta, (T, N))
             dims(where, "weight", weight)
+            if _direct(buf, weight, o.bias):
+                return _ops._ag_gemm_impl(self.name, self.key, buf, weight, None, o.bias,
+                                          o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream)
             return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w,
                                    o.alpha, o.gelu, o.num_splits, stream)
         dims(where, "weight", weight)
         need_tensor(where, "out", out)
+        if _direct(buf, weight, out, o.bias):
+            _ops._ag_gemm_impl(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
+                               o.beta, o.gelu, o.num_splits, stream)
+            return out
         _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
                             o.beta, o.gelu, o.num_splits, stream)
         return out
@@ -316,9 +339,18 @@ class Communicator:
                 rows = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x,
                                     weight, None, None, o.trans_a, o.trans_w)[0]
                 raise beta_needs_out(where, o.beta, (rows, H))
+            if _direct(buf, x, weight, o.bias):
+                return _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, None,
+                                          o.bias, o.trans_a, o.trans_w, o.alpha, 0.0, o.gelu,
+                                          o.num_splits, stream)
             return _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
                                    o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
         need_tensor(where, "out", out)
+        if _direct(buf, x, weight, out, o.bias):
+            _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
+                               o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits,
+                               stream)
+            return out
         _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
                             o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
@@ -352,9 +384,16 @@ class Communicator:
             if o.beta != 0.0:
                 M, N = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w)[:2]
                 raise beta_needs_out(where, o.beta, (M, N))
+            if _direct(buf, a, b, o.bias):
+                return _ops._bulk_impl(self.name, self.key, buf, a, b, None, o.bias, o.trans_a,
+                                       o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream)
             return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a,
                                         o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
         need_tensor(where, "out", out)
+        if _direct(buf, a, b, out, o.bias):
+            _ops._bulk_impl(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
+                            o.alpha, o.beta, o.gelu, o.num_splits, stream)
+            return out
         _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
                                  o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
