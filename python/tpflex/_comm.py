@@ -50,6 +50,7 @@ class Communicator:
         self.algo = ALGO_NAME[cfg.algo]
         self.coll = COLL_NAME[cfg.coll]
         self.external = bool(cfg.external)
+        self._cols = int(cfg.capacity.cols)
         self.dtype: torch.dtype = TPF_TO_TORCH[cfg.dtype]
         self.tp_size = manager.tp_size
         self.rank = manager.rank
@@ -173,6 +174,21 @@ class Communicator:
         self._gbuf, self._gchunk = self._geometry(mb), self._geometry(mc)
         self._vbuf = self._vchunk = None  # made on first use (set_ub_active_shape stays cheap)
         self._vepoch = epoch
+
+    def _shape_applied(self, rows: int) -> None:
+        """After the manager applied [rows, H] (one C call for every site): the geometry of the
+        new views as tpf_comm_buffer / tpf_comm_local_chunk compute it (RING RS: the buffer is
+        all 2P-1 slots and the local shard is slot P-1; otherwise [T, H] and chunk `rank`), so
+        that code under torch.compile reads it with no C call; the eager views are taken again
+        on first use (the epoch no longer matches). tests/python/test_direct.py checks it
+        against the C geometry."""
+        P, H = self.tp_size, self._cols
+        R = rows // P
+        ring_rs = self.algo == "ring" and self.coll == "rs"
+        self._gbuf = ((2 * P - 1) * R if ring_rs else rows, H, H, 0)
+        self._gchunk = (R, H, H, ((P - 1) if ring_rs else self.rank) * R * H)
+        self._vbuf = self._vchunk = None
+        self._vepoch = -1
 
     def _strided(self, g: Tuple[int, int, int, int]) -> torch.Tensor:
         rows, cols, ld, off = g

@@ -148,8 +148,10 @@ class Manager:
             check(lib.tpf_manager_set_active_shape(self._h, s), where)
         except (TpflexDivisibleError, TpflexAlignError) as e:
             raise self._shape_hint(e, s) from None
-        for c in self._comms.values():  # the views code under torch.compile reads
-            c._refresh_views()
+        rows = int(s.rows)
+        for c in self._comms.values():  # the geometry code under torch.compile reads; the
+            if not c.external:            # eager views are taken again on first use
+                c._shape_applied(rows)
 
     def _shape_hint(self, e: TpflexError, s: Shape) -> TpflexError:
         """The refusal of a row count, naming the communicator that refused it and the row count

@@ -138,5 +138,44 @@ class Direct(unittest.TestCase):
         self.assertEqual(n_nograd, 0)
 
 
+class LazyViews(unittest.TestCase):
+    """set_ub_active_shape is one C call: the geometry the compiled code reads is computed in
+    Python, the eager views are taken again on first use. Both must equal the C library's."""
+
+    def test_geometry_equals_the_c_views(self):
+        # TE's default sites (ring AG, pipeline RS, bulk AG and RS) and a ring RS.
+        cfgs = {"ring_rs": {"method": "ring", "coll": "rs"}}
+
+        def f(rank, P):
+            tt.initialize_ub([64, H], P, dtype=torch.float32, backend="sim", ub_cfgs=cfgs)
+            try:
+                m = tt.get_ub("fc1_fprop")._mgr
+                bad = []
+                for T in (16, 8 * P, 64, 4 * P, 16):
+                    if T % P:
+                        continue
+                    tt.set_ub_active_shape([T, H])
+                    for c in m._comms.values():
+                        lazy = (c._gbuf, c._gchunk, c._vepoch)
+                        c._vepoch = -1
+                        c._refresh_views()  # the C library's buffer and local chunk
+                        # external sites keep capacity (and their views); the others are
+                        # left for the eager path to take again (epoch -1)
+                        if lazy[:2] != (c._gbuf, c._gchunk) or (lazy[2] != -1) != c.external:
+                            bad.append((c.name, T, lazy, c._gbuf, c._gchunk))
+                        buf, chunk = c.buffer(), c.local_chunk()
+                        if c.external:
+                            continue
+                        R = T // P
+                        if chunk.shape != (R, H):
+                            bad.append((c.name, T, tuple(chunk.shape)))
+                return bad
+            finally:
+                tt.destroy_ub()
+        for P in (1, 2, 4):
+            for r, bad in enumerate(sim.run(P, lambda rank: f(rank, P))):
+                self.assertEqual(bad, [], f"P={P} rank {r}")
+
+
 if __name__ == "__main__":
     unittest.main()
