@@ -3,6 +3,8 @@
  * errors themselves and record the detail with tpf_set_error before returning. */
 #include "internal.h"
 
+#include <stdatomic.h>
+
 tpf_status tpf__be_validate(const tpf_backend *be) {
   TPF_RETURN_IF(!be, TPF_EINVAL, "backend is NULL");
   TPF_RETURN_IF(!be->ops, TPF_EINVAL, "backend has no ops table");
@@ -38,6 +40,51 @@ tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_b
   /* Optional op: a backend without a canary has nothing to do on a shape change. */
   if (!be->ops->reg_activate) return TPF_OK;
   return be->ops->reg_activate(be, reg, active_bytes);
+}
+
+/* One thread per rank at a time, across communicators (tpflex.h, Threads): a communicator's own
+ * busy flag keeps a second thread off that communicator; this keeps a second thread off the
+ * rank's backend while another communicator of the rank runs an operation there. Refused here,
+ * before the backend sees the call, the operation has no effect: no sequence number is used and
+ * the communicator stays usable (a backend's own entry guard would refuse it after the core had
+ * counted the operation). A small table of the backends inside an operation, under a C11 spin
+ * lock (the core uses no pthreads); a critical section is a scan of at most kMaxBusy pointers,
+ * in practice the ranks of this process. A full table leaves the check to the backend. */
+enum { kMaxBusy = 256 };
+static atomic_flag g_busy_lock = ATOMIC_FLAG_INIT;
+static const tpf_backend *g_busy[kMaxBusy];
+
+tpf_status tpf__be_claim(const tpf_backend *be, const char *comm, bool *claimed) {
+  *claimed = false;
+  int free_slot = -1;
+  bool taken = false;
+  while (atomic_flag_test_and_set_explicit(&g_busy_lock, memory_order_acquire)) {
+  }
+  for (int i = 0; i < kMaxBusy; i++) {
+    if (g_busy[i] == be) taken = true;
+    if (!g_busy[i] && free_slot < 0) free_slot = i;
+  }
+  if (!taken && free_slot >= 0) {
+    g_busy[free_slot] = be;
+    *claimed = true;
+  }
+  atomic_flag_clear_explicit(&g_busy_lock, memory_order_release);
+  TPF_RETURN_IF(taken, TPF_ESTATE,
+                "'%s': rank %d's backend is inside another communicator's operation on another "
+                "thread; one thread per rank at a time (tpflex.h, Threads): nothing was run",
+                comm ? comm : "?", be->rank);
+  return TPF_OK;
+}
+
+void tpf__be_release(const tpf_backend *be) {
+  while (atomic_flag_test_and_set_explicit(&g_busy_lock, memory_order_acquire)) {
+  }
+  for (int i = 0; i < kMaxBusy; i++)
+    if (g_busy[i] == be) {
+      g_busy[i] = NULL;
+      break;
+    }
+  atomic_flag_clear_explicit(&g_busy_lock, memory_order_release);
 }
 
 tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, uint64_t reg_bytes,

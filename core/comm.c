@@ -756,7 +756,10 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   a.epi.beta = o->beta;
   a.epi.bias = o->bias;
   a.epi.gelu = o->gelu;
+  bool claimed = false;
+  TPF_CHECK(tpf__be_claim(c->be, c->cfg.name, &claimed));
   rc = tpf__be_execute(c->be, c->reg, c->reg_bytes, &a, stream);
+  if (claimed) tpf__be_release(c->be);
   /* Refused before the handshake (e.g. a stream under CUDA-graph capture): nothing was enqueued
    * and no peer saw this sequence number, so the communicator stays as it was. */
   if (rc == TPF_EUNSUPPORTED) return rc;

@@ -124,6 +124,10 @@ tpf_status tpf__be_reg_create(tpf_backend *be, const char *name, uint64_t bytes,
 tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
 /* Validates the operation (tpf__exec_check against the registration's reg_bytes), then runs it. */
+/* One operation per rank's backend at a time (core/backend.c): TPF_ESTATE naming the rule when
+ * another thread runs an operation on be; *claimed says whether tpf__be_release must follow. */
+tpf_status tpf__be_claim(const tpf_backend *be, const char *comm, bool *claimed);
+void tpf__be_release(const tpf_backend *be);
 tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, uint64_t reg_bytes,
                            const tpf_exec_args *a, void *stream);
 /* core/exec_check.c: the structural rules every schedule obeys before a backend sees it. */

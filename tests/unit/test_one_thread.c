@@ -106,9 +106,58 @@ static void test_one_thread__second_thread_refused(void **state) {
   assert_int_equal(be.reg_live, 0);
 }
 
+/* Two communicators of one rank, used from two threads: the second thread's operation on the
+ * other communicator is refused by the core before the backend sees it (the backend's own entry
+ * guard would refuse it only after the core had used a sequence number and marked that
+ * communicator failed). Nothing changes: the refused communicator's sequence stays, it is not
+ * failed, and it runs once the first thread is out. */
+static void test_one_thread__second_communicator_of_the_rank_refused(void **state) {
+  (void)state;
+  tpf_backend_ops ops = tpf_mock_ops;
+  ops.execute = blocking_execute;
+  tpf_mock_backend be;
+  tpf_mock_init(&be, 1, 0);
+  be.hdr.ops = &ops;
+  tpf_comm_config ca = tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, T, H);
+  tpf_comm_config cb = tpf_test_config("qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, T, H);
+  tpf_comm *a = NULL, *b = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &ca, &a));
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cb, &b));
+  g_entered = g_release = 0;
+  job j = {a, TPF_EINVAL};
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, first_thread, &j), 0);
+  pthread_mutex_lock(&g_mu);
+  while (g_entered == 0)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+  const uint64_t seq = b->seq;
+  const tpf_status st = ag(b);
+  if (st != TPF_ESTATE || !strstr(tpf_last_error(), "one thread per rank at a time") ||
+      !strstr(tpf_last_error(), "'qkv_fprop'"))
+    fail_msg("an operation on another communicator of a busy rank: %s (%s), expected TPF_ESTATE "
+             "naming the rule and the communicator",
+             tpf_status_name(st), tpf_last_error());
+  assert_int_equal(g_entered, 1); /* the backend never saw it */
+  assert_int_equal(b->seq, seq);
+  assert_int_equal(b->failed, TPF_OK);
+  pthread_mutex_lock(&g_mu);
+  g_release = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  TPF_ASSERT_OK(j.st);
+  TPF_ASSERT_OK(ag(b)); /* usable: it was refused, not failed */
+  assert_int_equal(b->seq, seq + 1);
+  TPF_ASSERT_OK(tpf_comm_destroy(b));
+  TPF_ASSERT_OK(tpf_comm_destroy(a));
+  assert_int_equal(be.reg_live, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_one_thread__second_thread_refused),
+      cmocka_unit_test(test_one_thread__second_communicator_of_the_rank_refused),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
