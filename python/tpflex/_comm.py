@@ -22,6 +22,19 @@ if TYPE_CHECKING:
     from ._manager import Manager
 
 
+def _bare_errors(impl: Any, *args: Any) -> Any:
+    """Runs an operation's implementation; a TpflexError leaves without the frames below this
+    one: their locals hold views of the registration, which would keep it alive while the caller
+    handles the error (on CUDA destroy_ub refuses while a view lives). Under tracing dynamo's own
+    error handling applies."""
+    if torch.compiler.is_compiling():
+        return impl(*args)
+    try:
+        return impl(*args)
+    except TpflexError as e:
+        raise e.with_traceback(None)
+
+
 def _direct(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether an operation may call its implementation directly instead of through its
     torch.library custom op (issue 24 item 1: the op's dispatch costs tens of µs per call): in
@@ -284,15 +297,7 @@ class Communicator:
         act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
         [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
         AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
-        if torch.compiler.is_compiling():  # traced: dynamo's own error handling
-            return self._ag_gemm(weight, out, options)
-        try:
-            return self._ag_gemm(weight, out, options)
-        except TpflexError as e:
-            # Raised without the frames below this one: their locals hold views of the
-            # registration, which would keep it alive while the caller handles the error
-            # (on CUDA destroy_ub refuses while a view lives).
-            raise e.with_traceback(None)
+        return _bare_errors(self._ag_gemm, weight, out, options)
 
     def _ag_gemm(self, weight: Any, out: Optional[torch.Tensor],
                  options: Dict[str, Any]) -> torch.Tensor:
@@ -331,15 +336,7 @@ class Communicator:
         act(alpha sum_ranks op(x) op(weight) + beta out + bias), [T/P, H]. op(x) = x [T, K] (x
         [K, T] with trans_a); op(weight) = weight.T for weight [H, K] (weight [K, H] with
         trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
-        if torch.compiler.is_compiling():  # traced: dynamo's own error handling
-            return self._gemm_rs(x, weight, out, options)
-        try:
-            return self._gemm_rs(x, weight, out, options)
-        except TpflexError as e:
-            # Raised without the frames below this one: their locals hold views of the
-            # registration, which would keep it alive while the caller handles the error
-            # (on CUDA destroy_ub refuses while a view lives).
-            raise e.with_traceback(None)
+        return _bare_errors(self._gemm_rs, x, weight, out, options)
 
     def _gemm_rs(self, x: Any, weight: Any, out: Optional[torch.Tensor],
                  options: Dict[str, Any]) -> torch.Tensor:
@@ -378,15 +375,7 @@ class Communicator:
         + bias) runs beside it. op(a) = a [M, K] (a [K, M] with trans_a); op(b) = b.T for b
         [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer.
         torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
-        if torch.compiler.is_compiling():  # traced: dynamo's own error handling
-            return self._bulk_overlap(a, b, out, options)
-        try:
-            return self._bulk_overlap(a, b, out, options)
-        except TpflexError as e:
-            # Raised without the frames below this one: their locals hold views of the
-            # registration, which would keep it alive while the caller handles the error
-            # (on CUDA destroy_ub refuses while a view lives).
-            raise e.with_traceback(None)
+        return _bare_errors(self._bulk_overlap, a, b, out, options)
 
     def _bulk_overlap(self, a: Any, b: Any, out: Optional[torch.Tensor],
                       options: Dict[str, Any]) -> torch.Tensor:

@@ -50,6 +50,34 @@ static void *first_thread(void *arg) {
   return NULL;
 }
 
+/* A one-rank mock backend whose execute blocks until release_first. */
+static void blocking_backend(tpf_backend_ops *ops, tpf_mock_backend *be) {
+  *ops = tpf_mock_ops;
+  ops->execute = blocking_execute;
+  tpf_mock_init(be, 1, 0);
+  be->hdr.ops = ops;
+}
+
+/* Starts first_thread on j and returns once its operation is inside the backend. */
+static void start_first(job *j, pthread_t *t) {
+  g_entered = g_release = 0;
+  assert_int_equal(pthread_create(t, NULL, first_thread, j), 0);
+  pthread_mutex_lock(&g_mu);
+  while (g_entered == 0)
+    pthread_cond_wait(&g_cv, &g_mu);
+  pthread_mutex_unlock(&g_mu);
+}
+
+/* Lets the first operation finish and checks it succeeded. */
+static void release_first(job *j, pthread_t t) {
+  pthread_mutex_lock(&g_mu);
+  g_release = 1;
+  pthread_cond_broadcast(&g_cv);
+  pthread_mutex_unlock(&g_mu);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  TPF_ASSERT_OK(j->st);
+}
+
 static void expect_rule(tpf_status st, const char *call) {
   if (st != TPF_ESTATE || !strstr(tpf_last_error(), "one thread per rank at a time") ||
       !strstr(tpf_last_error(), "'fc1_fprop'") || !strstr(tpf_last_error(), call))
@@ -60,22 +88,15 @@ static void expect_rule(tpf_status st, const char *call) {
 
 static void test_one_thread__second_thread_refused(void **state) {
   (void)state;
-  tpf_backend_ops ops = tpf_mock_ops;
-  ops.execute = blocking_execute;
+  tpf_backend_ops ops;
   tpf_mock_backend be;
-  tpf_mock_init(&be, 1, 0);
-  be.hdr.ops = &ops;
+  blocking_backend(&ops, &be);
   tpf_comm_config cfg = tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, T, H);
   tpf_comm *c = NULL;
   TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c));
-  g_entered = g_release = 0;
   job j = {c, TPF_EINVAL};
   pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, first_thread, &j), 0);
-  pthread_mutex_lock(&g_mu);
-  while (g_entered == 0)
-    pthread_cond_wait(&g_cv, &g_mu);
-  pthread_mutex_unlock(&g_mu);
+  start_first(&j, &t);
   /* The first operation is inside the backend now. */
   const uint64_t seq = c->seq, epoch = c->epoch;
   tpf_matrix w = {g_w, N, H, H, TPF_FP32}, d = {g_d, T, N, N, TPF_FP32}, x = d;
@@ -90,12 +111,7 @@ static void test_one_thread__second_thread_refused(void **state) {
   assert_int_equal(c->epoch, epoch);
   /* Local queries stay available (they change nothing). */
   assert_int_equal(tpf_comm_active_shape(c).rows, T);
-  pthread_mutex_lock(&g_mu);
-  g_release = 1;
-  pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-  assert_int_equal(pthread_join(t, NULL), 0);
-  TPF_ASSERT_OK(j.st);
+  release_first(&j, t);
   assert_int_equal(c->seq, seq + 1);
   /* The communicator is usable: the next calls from this thread run. */
   TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){8, H}));
@@ -113,24 +129,17 @@ static void test_one_thread__second_thread_refused(void **state) {
  * failed, and it runs once the first thread is out. */
 static void test_one_thread__second_communicator_of_the_rank_refused(void **state) {
   (void)state;
-  tpf_backend_ops ops = tpf_mock_ops;
-  ops.execute = blocking_execute;
+  tpf_backend_ops ops;
   tpf_mock_backend be;
-  tpf_mock_init(&be, 1, 0);
-  be.hdr.ops = &ops;
+  blocking_backend(&ops, &be);
   tpf_comm_config ca = tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, T, H);
   tpf_comm_config cb = tpf_test_config("qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP32, T, H);
   tpf_comm *a = NULL, *b = NULL;
   TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &ca, &a));
   TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cb, &b));
-  g_entered = g_release = 0;
   job j = {a, TPF_EINVAL};
   pthread_t t;
-  assert_int_equal(pthread_create(&t, NULL, first_thread, &j), 0);
-  pthread_mutex_lock(&g_mu);
-  while (g_entered == 0)
-    pthread_cond_wait(&g_cv, &g_mu);
-  pthread_mutex_unlock(&g_mu);
+  start_first(&j, &t);
   const uint64_t seq = b->seq;
   const tpf_status st = ag(b);
   if (st != TPF_ESTATE || !strstr(tpf_last_error(), "one thread per rank at a time") ||
@@ -141,12 +150,7 @@ static void test_one_thread__second_communicator_of_the_rank_refused(void **stat
   assert_int_equal(g_entered, 1); /* the backend never saw it */
   assert_int_equal(b->seq, seq);
   assert_int_equal(b->failed, TPF_OK);
-  pthread_mutex_lock(&g_mu);
-  g_release = 1;
-  pthread_cond_broadcast(&g_cv);
-  pthread_mutex_unlock(&g_mu);
-  assert_int_equal(pthread_join(t, NULL), 0);
-  TPF_ASSERT_OK(j.st);
+  release_first(&j, t);
   TPF_ASSERT_OK(ag(b)); /* usable: it was refused, not failed */
   assert_int_equal(b->seq, seq + 1);
   TPF_ASSERT_OK(tpf_comm_destroy(b));
