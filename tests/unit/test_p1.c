@@ -22,7 +22,9 @@ static const kind kinds[] = {
     {TPF_ALGO_BULK, TPF_COLL_RS, {0, -1}},
 };
 
-static float g_x[C * K], g_w[N * K > H *K ? N *K : H *K], g_d[C * (N > H ? N : H)],
+/* g_w holds ag_gemm's w [N, H] and gemm_rs's / bulk's [H, K], [N, K]: the largest of them. */
+enum { W_ELEMS = N * H > H * K ? N * H : H * K };
+static float g_x[C * K], g_w[W_ELEMS > N * K ? W_ELEMS : N * K], g_d[C * (N > H ? N : H)],
     g_bias[H > N ? H : N];
 
 static tpf_status run(tpf_comm *c, const kind *k, const tpf_op_options *o) {
