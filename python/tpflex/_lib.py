@@ -1,7 +1,8 @@
 """Loads libtpflex.so and declares the C API's argtypes (ctypes.CDLL releases the GIL on every
 call). Search order, each by absolute path: $TPFLEX_LIBRARY (the override), the library the
 package bundles (tpflex/lib/libtpflex.so, installed by `pip install ./python`), the newest
-build*/libtpflex.so of the source tree when the package runs from it (PYTHONPATH=python), then
+build*/libtpflex.so of the source tree that is not an ASan or TSan build (TPF_SANITIZE in its
+CMakeCache.txt) when the package runs from it (PYTHONPATH=python), then
 an installed library (ctypes.util.find_library / libtpflex.so.0).
 
 A library with the CUDA backend needs libnccl.so.2, libcudart and libcublasLt. Loaded first, it
@@ -82,6 +83,22 @@ class Bootstrap(ctypes.Structure):
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def _sanitized(build_dir: str) -> bool:
+    """Whether a CMake build folder was configured with TPF_SANITIZE=address or thread (its
+    CMakeCache.txt): such a library cannot be loaded into a plain python3 (the ASan and TSan
+    runtimes must come first; ASan aborts the process). UBSan loads fine."""
+    try:
+        with open(os.path.join(build_dir, "CMakeCache.txt"), encoding="utf-8",
+                  errors="replace") as f:
+            for line in f:
+                if line.startswith("TPF_SANITIZE:"):
+                    value = line.split("=", 1)[1]
+                    return "address" in value or "thread" in value
+    except OSError:
+        pass
+    return False
+
+
 def _find() -> str:
     env = os.environ.get("TPFLEX_LIBRARY")
     if env:
@@ -91,10 +108,13 @@ def _find() -> str:
         return bundled
     root = os.path.dirname(os.path.dirname(_HERE))
     if os.path.isfile(os.path.join(root, "core", "tpflex.map")):  # running from the source tree
+        # The newest build*/ that is not an ASan or TSan build: those (the CI tiers' build-asan,
+        # build-tsan) cannot be loaded into a plain python3; name one with TPFLEX_LIBRARY.
         cands = sorted(glob.glob(os.path.join(root, "build*", "libtpflex.so")),
                        key=os.path.getmtime, reverse=True)
-        if cands:
-            return cands[0]
+        for cand in cands:
+            if not _sanitized(os.path.dirname(cand)):
+                return cand
     found = ctypes.util.find_library("tpflex")
     return found or "libtpflex.so.0"
 

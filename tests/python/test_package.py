@@ -58,6 +58,18 @@ def main():
     from tpflex import __version__
     from tpflex._lib import _needed
 
+    # 0. The source-tree fallback never picks an ASan or TSan build (it cannot be loaded into a
+    # plain python3: ASan aborts the process); UBSan and plain builds are fine.
+    from tpflex._lib import _sanitized
+    with tempfile.TemporaryDirectory() as tmp:
+        for value, want in (("address", True), ("address,undefined", True), ("thread", True),
+                            ("undefined", False), ("", False)):
+            with open(os.path.join(tmp, "CMakeCache.txt"), "w") as f:
+                f.write(f"TPF_SANITIZE:STRING={value}\n")
+            expect(_sanitized(tmp) == want, f"_sanitized with TPF_SANITIZE={value!r} is not {want}")
+        os.remove(os.path.join(tmp, "CMakeCache.txt"))
+        expect(not _sanitized(tmp), "_sanitized of a folder without CMakeCache.txt")
+
     with tempfile.TemporaryDirectory() as tmp:
         # 1. The override.
         rc, out, err = run(["-m", "tpflex"], {"TPFLEX_LIBRARY": lib,
