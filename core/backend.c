@@ -3,6 +3,8 @@
  * errors themselves and record the detail with tpf_set_error before returning. */
 #include "internal.h"
 
+#include <threads.h>
+
 #include <stdatomic.h>
 
 tpf_status tpf__be_validate(const tpf_backend *be) {
@@ -59,6 +61,7 @@ tpf_status tpf__be_claim(const tpf_backend *be, const char *comm, bool *claimed)
   int free_slot = -1;
   bool taken = false;
   while (atomic_flag_test_and_set_explicit(&g_busy_lock, memory_order_acquire)) {
+    thrd_yield(); /* a preempted holder gets the core back (2 cores, many rank threads) */
   }
   for (int i = 0; i < kMaxBusy; i++) {
     if (g_busy[i] == be) taken = true;
@@ -78,6 +81,7 @@ tpf_status tpf__be_claim(const tpf_backend *be, const char *comm, bool *claimed)
 
 void tpf__be_release(const tpf_backend *be) {
   while (atomic_flag_test_and_set_explicit(&g_busy_lock, memory_order_acquire)) {
+    thrd_yield(); /* a preempted holder gets the core back (2 cores, many rank threads) */
   }
   for (int i = 0; i < kMaxBusy; i++)
     if (g_busy[i] == be) {

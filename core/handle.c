@@ -18,6 +18,8 @@
  * tpf_set_allocator refuse forever. It is freed when the last handle goes. */
 #include "internal.h"
 
+#include <threads.h>
+
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -45,6 +47,7 @@ static size_t g_grave_next;
 
 static void lock(void) {
   while (atomic_flag_test_and_set_explicit(&g_lock, memory_order_acquire)) {
+    thrd_yield(); /* a preempted holder gets the core back (2 cores, many rank threads) */
   }
 }
 static void unlock(void) {

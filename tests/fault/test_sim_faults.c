@@ -53,9 +53,6 @@ enum { H = 16, K = 8, N = 8, NOPS = 2, FK_MSG = 400, MAXP = 4 };
 #define GENEROUS_MS 60000u
 #define LATE_MS (TIMEOUT_MS + 100u)
 #define DELAY_US 5000u
-/* A case that ran out of a generous bound did not get the short one it should have: it ran
- * longer than half of it. (Not a timing verdict: a healthy case never comes near.) */
-#define CASE_BOUND_S (GENEROUS_MS / 2000.0)
 
 typedef struct {
   const char *label;
@@ -513,6 +510,13 @@ static bool timeout_msg_ok(fk_case *cs, int r, const char *where, const char *m,
   char xreg[64], xlate[96];
   snprintf(xreg, sizeof xreg, "rank %d, communicator creation ", r);
   snprintf(xlate, sizeof xlate, "rank %d arrived at communicator creation", r);
+  char generous[48];
+  snprintf(generous, sizeof generous, "timeout after %u ms", GENEROUS_MS);
+  if (has(m, generous)) {
+    bad(cs, "rank %d %s: ran out of the generous %u ms bound, not the short one: %s", r, where,
+        GENEROUS_MS, m);
+    return false;
+  }
   bool form = has(m, "timeout after ") && has(m, head) &&
               ((has(m, step) && has(m, "waits for rank ")) ||
                ((has(m, reg) || has(m, xreg)) && has(m, "waits for rank(s) ")) || has(m, late) ||
@@ -569,8 +573,10 @@ static void fk_check(fk_case *cs) {
     bad(cs, "world create/run/report failed");
     return;
   }
-  /* No hang. */
-  if (cs->secs > CASE_BOUND_S) bad(cs, "took %.2f s (bound %.1f s)", cs->secs, CASE_BOUND_S);
+  /* No hang: decided by logic, not the wall clock (a ThreadSanitizer build on a loaded 2-core
+   * machine ran a fault-free case for 37 s). A wait that should have had the short bound and ran
+   * out of the generous one says so in its message ("timeout after 60000 ms"): timeout_msg_ok
+   * refuses it. cs->secs is only reported (the slowest case). */
   /* No leak in the world. */
   uint64_t want_pending = cs->mode == M_ABSENT && cs->absent_at == 0 ? 1u : 0u;
   if (cs->rep.live_registrations != 0 || cs->rep.arena_used_bytes != 0 ||
@@ -1055,8 +1061,9 @@ static void test_fault__timeout_names_rank_step_and_peer(void **state) {
     TPF_ASSERT_STATUS(c.rk[r].refuse_op.st, TPF_ESTATE);
     TPF_ASSERT_STATUS(c.rk[r].op[1].st, TPF_ESTATE);
   }
-  /* At least the short bound (a wait never ends early), and not the generous one. */
-  assert_true(c.secs >= TIMEOUT_MS / 1000.0 && c.secs < CASE_BOUND_S);
+  /* At least the short bound: a wait never ends early (load only lengthens it). That it was the
+   * short bound and not the generous one, the message above says. */
+  assert_true(c.secs >= TIMEOUT_MS / 1000.0);
 
   /* A lost SEND flag: the receiver's RECV expires naming its step, chunk, tag and the sender. */
   fk_case d = fk_case_new(0, 2, 0, M_DROP, 1);
