@@ -23,8 +23,8 @@ static const kind kinds[] = {
 };
 
 /* g_w holds ag_gemm's w [N, H] and gemm_rs's / bulk's [H, K], [N, K]: the largest of them. */
-enum { W_ELEMS = N * H > H * K ? N * H : H * K };
-static float g_x[C * K], g_w[W_ELEMS > N * K ? W_ELEMS : N * K], g_d[C * (N > H ? N : H)],
+enum { W_ELEMS = N * H > H *K ? N *H : H *K };
+static float g_x[C * K], g_w[W_ELEMS > N *K ? W_ELEMS : N *K], g_d[C * (N > H ? N : H)],
     g_bias[H > N ? H : N];
 
 static tpf_status run(tpf_comm *c, const kind *k, const tpf_op_options *o) {
