@@ -1,6 +1,6 @@
 /* The CUDA backend: creation over a bootstrap (the lifetime room), and the map of its rooms.
  *
- * Rooms. One concern per file; cuda_backend.h holds the state they share and the calls between
+ * Rooms. One concern per file; cuda_state.h holds the state they share and the calls between
  * them, cuda_internal.h what the device code and the host agreement also see.
  *   cuda_backend.c           lifetime: tpf_cuda_backend_create/destroy/set_timeout/stats, the
  *                            ops table, the allgather op (configuration exchange)
@@ -57,7 +57,7 @@
  * caller's bootstrap cannot be bounded (cuda_bootstrap.c).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_error.h"
 #include "cuda_internal.h"
 #include "cuda_log.h"

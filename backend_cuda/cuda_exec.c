@@ -41,7 +41,7 @@
  * cuda_status.c (Failures).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_error.h"
 #include "cuda_log.h"
 
@@ -424,7 +424,7 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
   return TPF_OK;
 }
 
-/* The lean enqueue's view of a schedule (Method; the contract is in cuda_backend.h). */
+/* The lean enqueue's view of a schedule (Method; the contract is in cuda_state.h). */
 void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_schedule *sc,
                             bool virt[TPF_NUM_STREAMS], int last[TPF_NUM_STREAMS]) {
   const int P = b->base.tp_size, n = sc->nsteps;

@@ -1,7 +1,7 @@
 /* Private declarations of the CUDA backend that its device code, tools and tests see too: the
  * kernel launchers and their argument structs (cuda_kernels.cu), the host agreement
  * (cuda_hostsync.c), the cuBLASLt GEMM cache (cuda_gemm.c) and the bootstrap's bounded allgather
- * (cuda_bootstrap.c). The rooms' shared state is cuda_backend.h; errors, the log and the
+ * (cuda_bootstrap.c). The rooms' shared state is cuda_state.h; errors, the log and the
  * environment are cuda_error.h, cuda_log.h and cuda_param.h (the map of rooms: cuda_backend.c).
  * Nothing here is public.
  *

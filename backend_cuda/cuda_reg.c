@@ -9,7 +9,7 @@
  *
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_error.h"
 #include "cuda_log.h"
 

@@ -18,7 +18,7 @@
  * the limitation remains only where that shared table could not be set up.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_error.h"
 
 #include "internal.h"

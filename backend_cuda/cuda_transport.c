@@ -1,4 +1,4 @@
-/* The CUDA backend's transport table and the choice of a transport per peer (cuda_backend.h).
+/* The CUDA backend's transport table and the choice of a transport per peer (cuda_state.h).
  *
  * Method. At registration every peer q gets one of the table's transports:
  *   events  when every rank of the group lives in this process (the host-ordered CUDA events of
@@ -12,7 +12,7 @@
  * is empty: peers that cannot map each other's memory are refused where the mapping is made
  * (cuda_reg.c, TPF_EUNSUPPORTED). */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_log.h"
 #include "cuda_param.h"
 

@@ -22,7 +22,7 @@
  * reaches the other ranks through the registration records (tpf_cuda_reg_info.sync).
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_error.h"
 
 #include "internal.h"

@@ -16,7 +16,7 @@
  * where that table cannot be set up, only the device handshake remains.
  */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "cuda_error.h"
 
 #include "cuda_log.h"

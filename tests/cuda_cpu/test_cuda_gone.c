@@ -4,7 +4,7 @@
  * or in this process is never checked; a TPF_ETIMEOUT's detail gets the dead rank appended, any
  * other status is left as it was. */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "tpf_test.h"
 
 #include <signal.h>

@@ -5,7 +5,7 @@
  * peer with PEER_REDUCE or BULK), each step's predecessor on its stream; and the enqueue
  * statistics call's argument checks and kind names. */
 #define _POSIX_C_SOURCE 200809L
-#include "cuda_backend.h"
+#include "cuda_state.h"
 #include "tpf_test.h"
 
 #include <stdlib.h>

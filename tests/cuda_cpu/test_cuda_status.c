@@ -12,7 +12,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "tpf_test.h"
 
-#include "cuda_backend.h"
+#include "cuda_state.h"
 
 static tpf_cuda_backend *fake_backend(void) {
   tpf_cuda_backend *b = calloc(1, sizeof *b);

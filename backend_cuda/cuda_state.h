@@ -3,8 +3,8 @@
  * each room reads the fields it needs; the functions below are the only calls between rooms.
  * C only (C11 atomics): the device code (cuda_kernels.cu) sees cuda_internal.h, not this. Files
  * that include it define _POSIX_C_SOURCE 200809L first (clock_gettime). */
-#ifndef TPF_CUDA_BACKEND_H
-#define TPF_CUDA_BACKEND_H
+#ifndef TPF_CUDA_STATE_H
+#define TPF_CUDA_STATE_H
 
 #include "cuda_internal.h"
 
@@ -300,4 +300,4 @@ tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
  * (tpf_cuda__memops_release), waits once more (bounded) and returns TPF_ETIMEOUT. */
 tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s);
 
-#endif /* TPF_CUDA_BACKEND_H */
+#endif /* TPF_CUDA_STATE_H */
