@@ -106,6 +106,14 @@ static void tpf_cuda__step_epi(const tpf_exec_args *a, const tpf_step *st, const
     e->bias = (const char *)a->epi.bias + st->d.col * tpf_dtype_size(vd->dtype);
 }
 
+/* The transport of a step with `peer` (-1: the collective ones): the graph transport under
+ * capture, the registration's otherwise. */
+static const tpf_cuda_transport *tpf_cuda__tp(const tpf_cuda_backend *b, const tpf_reg *r,
+                                              int peer) {
+  if (b->capturing) return &tpf_cuda__transport_graph;
+  return peer < 0 ? r->tp : r->peer_tp[peer];
+}
+
 static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
                                  const tpf_step *st, cudaStream_t s) {
   const tpf_schedule *sc = a->sched;
@@ -114,7 +122,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
     if (P == 1) return TPF_OK;
-    return r->tp->handshake(b, r, a, s);
+    return tpf_cuda__tp(b, r, -1)->handshake(b, r, a, s);
   case TPF_STEP_GEMM: {
     tpf_cuda_view va, vw, vd;
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->a, me, &va));
@@ -137,7 +145,9 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
                   (unsigned)st->tag);
     char *dst = r->peer_base[st->peer] + st->dst_off;
     const char *src = r->base + st->src_off;
-    if (sc->algo == TPF_ALGO_BULK) {
+    if (sc->algo == TPF_ALGO_BULK || b->capturing) {
+      /* The copy kernel skips its bytes once the registration's status holds a failure: under
+       * replay that is how a mismatched HANDSHAKE moves no byte (cuda_transport_flags.c). */
       TPF_CUDA_TRY(
           TPF_CUDA_ENQ(b, COPY,
                        tpf_cuda__launch_copy(dst, src, st->bytes, r->status_dev, b->comm_ctas, s)),
@@ -148,19 +158,19 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
           TPF_CUDA_ENQ(b, COPY, cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s)),
           "cudaMemcpyAsync(send)");
     }
-    return r->peer_tp[st->peer]->send(b, r, a, idx, st, s);
+    return tpf_cuda__tp(b, r, st->peer)->send(b, r, a, idx, st, s);
   }
   case TPF_STEP_RECV:
     TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
                   TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
                   (unsigned)st->tag);
     /* Host-ordered transports never get here: tpf_cuda__enqueue_local handles RECV and BARRIER. */
-    return r->peer_tp[st->peer]->recv(b, r, a, idx, st, s);
+    return tpf_cuda__tp(b, r, st->peer)->recv(b, r, a, idx, st, s);
   case TPF_STEP_BARRIER:
     if (P == 1) return TPF_OK;
     TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
                   (unsigned)st->tag);
-    return r->tp->barrier(b, r, a, idx, st, s);
+    return tpf_cuda__tp(b, r, -1)->barrier(b, r, a, idx, st, s);
   case TPF_STEP_REDUCE:
   case TPF_STEP_PEER_REDUCE: {
     TPF_RETURN_IF(st->count < 1 || st->count > (uint32_t)TPF_MAX_RANKS ||
@@ -457,6 +467,17 @@ void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_sch
     b->step_virt[i] = virt[sc->steps[i].stream] ? 1u : 0u;
 }
 
+static tpf_status tpf_cuda__execute_p1(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                       cudaStream_t user) {
+  const tpf_schedule *sc = a->sched;
+  for (int i = 0; i < sc->nsteps; i++) {
+    TPF_RETURN_IF(sc->steps[i].stream >= TPF_NUM_STREAMS, TPF_EINVAL, "'%s': step %d has stream %d",
+                  a->comm_name, i, (int)sc->steps[i].stream);
+    TPF_CHECK(tpf_cuda__step(b, r, a, i, &sc->steps[i], user));
+  }
+  return TPF_OK;
+}
+
 static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a,
                                          void *stream) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
@@ -465,14 +486,15 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
                 "'%s': schedule for rank %d of %d on backend rank %d of %d", a->comm_name, sc->rank,
                 sc->tp_size, be->rank, be->tp_size);
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
-  /* CUDA-graph capture is not supported yet: the host handshake and host-ordered events would
-   * be recorded once and replayed with a stale shape, so refuse rather than replay wrongly. */
+  /* Under CUDA-graph capture every step goes through the graph transport (device sequence
+   * numbers, device handshake: cuda_transport_flags.c) and the schedule-order enqueuer. */
   enum cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   TPF_CUDA_TRY(cudaStreamIsCapturing((cudaStream_t)stream, &capture), "cudaStreamIsCapturing");
-  TPF_RETURN_IF(capture != cudaStreamCaptureStatusNone, TPF_EUNSUPPORTED,
-                "'%s': the stream is being captured into a CUDA graph; tpflex operations cannot "
-                "be captured yet (enqueue them outside the capture)",
+  TPF_RETURN_IF(capture == cudaStreamCaptureStatusInvalidated, TPF_ESTATE,
+                "'%s': the stream's CUDA-graph capture was invalidated (an error earlier in the "
+                "capture); end it and capture again",
                 a->comm_name);
+  b->capturing = capture == cudaStreamCaptureStatusActive;
   /* A failure of an earlier operation on this registration is reported here until its sync
    * takes it; another registration's failure is that one's (issue 22 item 15). */
   TPF_CHECK(tpf_cuda__check_status(b, r));
@@ -481,10 +503,13 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
                 "'%s': its stream-memory waits were released after a timeout or abort; it runs "
                 "no more operations (destroy it)",
                 a->comm_name);
+  /* P = 1: the schedule's steps in order on the caller's stream (one GEMM, core/schedule.c):
+   * no fork, no join, no event. */
+  if (be->tp_size == 1) return tpf_cuda__execute_p1(b, r, a, (cudaStream_t)stream);
   /* The transport's host agreement (ranks in other processes: cuda_transport_flags.c): agree on
    * the operation (key) and shape before anything is enqueued, so that a disagreement moves no
    * byte (the device handshake still orders the buffers). */
-  if (be->tp_size > 1 && r->tp->agree != NULL) TPF_CHECK(r->tp->agree(b, r, a));
+  if (!b->capturing && r->tp->agree != NULL) TPF_CHECK(r->tp->agree(b, r, a));
   TPF_CHECK(tpf_cuda__ensure_events(b, sc->nsteps));
   const int n = sc->nsteps;
   bool used[TPF_NUM_STREAMS] = {false};
@@ -513,14 +538,16 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
   }
   /* last[] is needed by the join in both modes; the rest only counts when lean. */
   tpf_cuda__lean_prepare(b, r, sc, virt, last);
-  if (!b->lean) {
+  if (!b->lean || b->capturing) { /* no virtual RECV: the graph transport publishes no event */
     memset(virt, 0, sizeof virt);
     memset(b->step_virt, 0, (size_t)n);
   }
   cudaStream_t user = (cudaStream_t)stream;
-  TPF_CUDA_TRACE(EXEC, be->rank, "'%s' operation %llu: %d steps, %s enqueuer", a->comm_name,
-                 (unsigned long long)a->seq, n,
-                 be->tp_size > 1 && r->tp->host_ordered ? "polling" : "schedule-order");
+  const bool polling = r->tp->host_ordered && !b->capturing;
+  TPF_CUDA_TRACE(EXEC, be->rank, "'%s' operation %llu: %d steps, %s enqueuer%s", a->comm_name,
+                 (unsigned long long)a->seq, n, polling ? "polling" : "schedule-order",
+                 b->capturing ? ", captured" : "");
+  if (b->capturing) TPF_CHECK(tpf_cuda__graph_begin(b, r, user));
   TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD, cudaEventRecord(b->fork_ev, user)), "cudaEventRecord(fork)");
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     /* Aliased compute streams are forked once; a stream of virtual RECVs runs nothing. */
@@ -528,7 +555,7 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
       TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(b->streams[k], b->fork_ev, 0)),
                    "cudaStreamWaitEvent(fork)");
   }
-  if (be->tp_size > 1 && r->tp->host_ordered) {
+  if (polling) {
     TPF_CHECK(tpf_cuda__enqueue_local(b, r, a));
   } else {
     for (int i = 0; i < n; i++) {

@@ -66,10 +66,16 @@ typedef struct {
   cublasLtMatmulAlgo_t algo;
 } tpf_cuda_gemm_entry;
 
+/* Bytes of fp32 scratch per workspace for a 16-bit D accumulated into (beta != 0): see
+ * tpf_cuda__gemm_beta16. */
+#define TPF_CUDA_EPI_SCRATCH_BYTES (16ull << 20)
+
 struct tpf_cuda_gemm {
   cublasLtHandle_t handle;
   void *ws;          /* nworkspaces * ws_bytes of device memory */
   uint64_t ws_bytes; /* per workspace */
+  void *scratch;     /* nworkspaces * TPF_CUDA_EPI_SCRATCH_BYTES of device memory (fp32) */
+  tpf_cuda_status *ok_status; /* device memory, always TPF_CUDA_DEV_OK: the reduce kernel's */
   int nworkspaces;
   bool force_fallback; /* TPF_CUDA_GEMM_FALLBACK: every GEMM by the plain kernel */
   uint64_t lookups, hits, fallbacks;
@@ -89,10 +95,17 @@ tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_ge
   g->nworkspaces = nworkspaces;
   g->force_fallback = tpf_cuda__param_on(TPF_CUDA_PARAM_GEMM_FALLBACK);
   cudaError_t e = cudaMalloc(&g->ws, (size_t)ws_bytes * (size_t)nworkspaces);
+  if (e == cudaSuccess)
+    e = cudaMalloc(&g->scratch, (size_t)TPF_CUDA_EPI_SCRATCH_BYTES * (size_t)nworkspaces);
+  if (e == cudaSuccess) e = cudaMalloc((void **)&g->ok_status, sizeof(tpf_cuda_status));
+  if (e == cudaSuccess) e = cudaMemset(g->ok_status, 0, sizeof(tpf_cuda_status));
   if (e != cudaSuccess) {
+    cudaFree(g->ok_status);
+    cudaFree(g->scratch);
+    cudaFree(g->ws);
     cublasLtDestroy(g->handle);
     tpf__free(g);
-    return tpf_cuda__err(e, "cudaMalloc(cuBLASLt workspace)");
+    return tpf_cuda__err(e, "cudaMalloc(cuBLASLt workspace and epilogue scratch)");
   }
   *out = g;
   return TPF_OK;
@@ -111,6 +124,8 @@ void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g) {
   if (g == NULL) return;
   for (int i = 0; i < TPF_CUDA_GEMM_CACHE; i++)
     tpf_cuda__gemm_entry_free(&g->cache[i]);
+  cudaFree(g->ok_status);
+  cudaFree(g->scratch);
   cudaFree(g->ws);
   cublasLtDestroy(g->handle);
   tpf__free(g);
@@ -328,6 +343,49 @@ static tpf_status tpf_cuda__gemm_fallback(tpf_cuda_gemm *g, const void *a, tpf_d
   return TPF_OK;
 }
 
+/* A 16-bit D accumulated into (beta != 0). cuBLASLt's kernels round the product to D's type
+ * before they add beta * C (two roundings: on the H200 bf16 results where product and old value
+ * cancel were off by 2-4e-3, docs/GPU_RUNS.md, session 7), where SPEC §5 wants
+ * act(alpha * product + beta * D + bias) rounded once. So the product goes to fp32 scratch
+ * (cuBLASLt, no epilogue) and the reduce kernel (count 1, fp32 in) applies the whole epilogue in
+ * fp32 and rounds once, row block by row block of the scratch. With rows too wide for the
+ * scratch, the plain kernel does it all. */
+static tpf_status tpf_cuda__gemm_beta16(tpf_cuda_gemm *g, const void *a, tpf_dtype at,
+                                        uint64_t lda, const void *w, tpf_dtype wt, uint64_t ldw,
+                                        void *d, tpf_dtype dt, uint64_t ldd, uint64_t m,
+                                        uint64_t n, uint64_t k, unsigned flags,
+                                        const tpf_cuda_epi *e, int sm_target, int ws,
+                                        cudaStream_t s) {
+  const uint64_t block = TPF_CUDA_EPI_SCRATCH_BYTES / (n * sizeof(float));
+  if (block == 0)
+    return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
+  float *scratch =
+      (float *)((char *)g->scratch + (size_t)TPF_CUDA_EPI_SCRATCH_BYTES * (size_t)(ws % g->nworkspaces));
+  const uint64_t ea = tpf_dtype_size(at), ed = tpf_dtype_size(dt);
+  for (uint64_t r0 = 0; r0 < m; r0 += block) {
+    const uint64_t rows = m - r0 < block ? m - r0 : block;
+    /* Row r0 of op(a): column r0 of the stored [k, m] when TRANS_A, row r0 otherwise. */
+    const char *ar = (const char *)a + ((flags & TPF_STEP_TRANS_A) ? r0 : r0 * lda) * ea;
+    TPF_CHECK(tpf_cuda__gemm_run_ex(g, ar, at, lda, w, wt, ldw, scratch, TPF_FP32, n, rows, n, k,
+                                    flags, NULL, sm_target, ws, s));
+    tpf_cuda_reduce_args ra;
+    memset(&ra, 0, sizeof(ra));
+    ra.srcs[0] = scratch;
+    ra.dst = (char *)d + r0 * ldd * ed;
+    ra.src_ld = n;
+    ra.dst_ld = ldd;
+    ra.rows = rows;
+    ra.cols = n;
+    ra.count = 1;
+    ra.src_dtype = TPF_FP32;
+    ra.dst_dtype = (int32_t)dt;
+    ra.epi = *e;
+    TPF_CUDA_TRY(tpf_cuda__launch_reduce(&ra, g->ok_status, sm_target > 0 ? sm_target : 1024, s),
+                 "epilogue kernel launch");
+  }
+  return TPF_OK;
+}
+
 tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
                                  const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
                                  uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, unsigned flags,
@@ -345,6 +403,9 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
   const void *bias = epi ? e->bias : NULL;
   if (g->force_fallback)
     return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
+  if (epi && e->beta != 0.0f && dt != TPF_FP32)
+    return tpf_cuda__gemm_beta16(g, a, at, lda, w, wt, ldw, d, dt, ldd, m, n, k, flags, e,
+                                 sm_target, ws, s);
   tpf_cuda_gemm_plan plan;
   tpf_cuda__gemm_plan_of(m, n, k, lda, ldw, ldd, flags, e, &plan);
   tpf_cuda_gemm_key key;

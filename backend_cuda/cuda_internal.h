@@ -63,6 +63,11 @@ typedef struct {
   int32_t nranks;                            /* entries of remote/local considered */
   int32_t handshake;                         /* 1: compare ready words; 0: flag >= wait_value */
   uint32_t kind, tag;                        /* for the error record */
+  /* Captured operations: the sequence number is read on the device from this word (the rank's
+   * counter, bumped once per operation by tpf_cuda__launch_seq_bump), so that a replay uses the
+   * replay's; store_value, wait_value and seq are then derived from it (HANDSHAKE: rows holds
+   * the ready word's body and the words are at remote/local[q] + seq parity). NULL: as given. */
+  const uint64_t *dev_seq;
 } tpf_cuda_flag_args;
 
 /* The epilogue of one step flagged TPF_STEP_EPILOGUE, as the kernels and cuBLASLt take it: the
@@ -90,6 +95,8 @@ typedef struct {
 
 /* ---- cuda_kernels.cu (launchers return the cudaError_t of the launch) ---- */
 cudaError_t tpf_cuda__launch_flags(const tpf_cuda_flag_args *a, cudaStream_t s);
+/* One thread: *counter += 1 (the device sequence number of the next captured operation). */
+cudaError_t tpf_cuda__launch_seq_bump(uint64_t *counter, cudaStream_t s);
 cudaError_t tpf_cuda__launch_reduce(const tpf_cuda_reduce_args *a, tpf_cuda_status *status,
                                     int ctas, cudaStream_t s);
 /* Copies `bytes` from src to dst (a peer's buffer) with a bounded grid; skipped on error. */

@@ -74,6 +74,21 @@ __device__ void tpf_cuda__fail(const tpf_cuda_flag_args &a, uint32_t code, int p
 /* One thread: store into every remote word, then wait on every local word. */
 __global__ void tpf_cuda__flag_kernel(tpf_cuda_flag_args a) {
   if (tpf_cuda__status_code(a.status) != TPF_CUDA_DEV_OK) return;
+  if (a.dev_seq != nullptr) { /* a captured operation: this execution's sequence number */
+    a.seq = *(const volatile uint64_t *)a.dev_seq;
+    if (a.handshake) {
+      a.store_value = TPF_READY_WORD(a.seq, 0, 0) | a.rows;
+      a.wait_value = a.seq & TPF_READY_SEQ_MASK;
+      const unsigned par = (unsigned)(a.seq & 1u);
+      for (int q = 0; q < a.nranks; q++) {
+        if (a.remote[q] != nullptr) a.remote[q] += par;
+        if (a.local[q] != nullptr) a.local[q] += par;
+      }
+    } else {
+      a.store_value = a.seq;
+      a.wait_value = a.seq;
+    }
+  }
   /* Make this stream's earlier writes (kernel outputs, completed copies) visible system-wide
    * before any peer can observe the flag. */
   __threadfence_system();
@@ -303,6 +318,15 @@ cudaError_t tpf_cuda__reduce_out(const tpf_cuda_reduce_args &a, tpf_cuda_status 
 
 extern "C" cudaError_t tpf_cuda__launch_flags(const tpf_cuda_flag_args *a, cudaStream_t s) {
   tpf_cuda__flag_kernel<<<1, 1, 0, s>>>(*a);
+  return cudaGetLastError();
+}
+
+__global__ void tpf_cuda__seq_bump_kernel(uint64_t *counter) {
+  *(volatile uint64_t *)counter = *(volatile uint64_t *)counter + 1u;
+}
+
+extern "C" cudaError_t tpf_cuda__launch_seq_bump(uint64_t *counter, cudaStream_t s) {
+  tpf_cuda__seq_bump_kernel<<<1, 1, 0, s>>>(counter);
   return cudaGetLastError();
 }
 

@@ -18,7 +18,20 @@
  * sender's ready word has a 1 KiB slot of its own, like its row of flags: no transfer or kernel
  * that writes data ever shares a cache line or DMA block with a flag. */
 #define TPF_CUDA_GUARD_BYTES 4096ull
-#define TPF_CUDA_READY_STRIDE 1024ull
+#define TPF_CUDA_READY_STRIDE 2048ull
+
+/* A sender's ready slot (TPF_CUDA_READY_STRIDE bytes in the owner's registration), by byte offset:
+ *   0, 8     eager HANDSHAKE ready words, by sequence parity (host sequence numbers)
+ *   16       memops HANDSHAKE word (monotonic host sequence number)
+ *   32, 40   captured HANDSHAKE ready words, by device sequence parity
+ *   48       in the owner's own slot only: the device sequence counter of captured operations
+ *   1024     captured flags [tag] (TPF_MAX_TAGS words): SEND/RECV and BARRIER under replay
+ * Captured operations (cuda_transport_flags.c, "graph") count on the device, so they have words
+ * of their own: eager and replayed operations may alternate on one registration and each kind
+ * stays monotonic. */
+#define TPF_CUDA_SLOT_GRAPH_READY 32ull
+#define TPF_CUDA_SLOT_GRAPH_SEQ 48ull
+#define TPF_CUDA_SLOT_GRAPH_FLAGS 1024ull
 
 /* One published event: the sequence number (or ready word) it was recorded for, and the event. */
 typedef struct {
@@ -112,6 +125,9 @@ typedef struct {
   cudaStream_t release_stream; /* created with the first of them */
   /* Host cost of execute (tpf_cuda_backend_enqueue_stats): the rank's thread only. */
   tpf_cuda_enqueue_stats enq;
+  /* The operation being enqueued is captured into a CUDA graph (cuda_exec.c): every step uses
+   * the graph transport, whatever the registration's. */
+  bool capturing;
   /* The lean enqueue of in-process groups (cuda_exec.c, TPF_CUDA_LEAN_ENQUEUE). */
   bool lean;
   uint8_t *step_virt;         /* per step: 1 virtual RECV (no call of its own) */
@@ -233,6 +249,13 @@ typedef enum {
 extern const tpf_cuda_transport tpf_cuda__transport_events;
 extern const tpf_cuda_transport tpf_cuda__transport_flags;
 extern const tpf_cuda_transport tpf_cuda__transport_memops;
+/* The transport of every operation enqueued under CUDA-graph capture, whatever the
+ * registration's (cuda_transport_flags.c): the flag kernels on the captured words of the ready
+ * slots, with device sequence numbers, so that a replay signals and waits as the capture did. */
+extern const tpf_cuda_transport tpf_cuda__transport_graph;
+/* Before the first step of a captured operation, on the caller's stream: bumps this rank's
+ * device sequence counter of registration r (no call at P = 1). */
+tpf_status tpf_cuda__graph_begin(tpf_cuda_backend *b, tpf_reg *r, cudaStream_t s);
 /* Whether this process can use stream memory operations on `device` (64-bit waits and writes,
  * reached through the runtime's driver entry points; no link to libcuda). */
 bool tpf_cuda__memops_available(int device);

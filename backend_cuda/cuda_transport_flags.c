@@ -353,3 +353,111 @@ const tpf_cuda_transport tpf_cuda__transport_memops = {
     .barrier_missing = NULL,
     .barrier = tpf_cuda__mo_barrier,
 };
+
+/* ---- graph: operations captured into a CUDA graph ----
+ *
+ * Method. Everything a captured operation does is replayed as captured, so nothing of it may
+ * depend on the host at enqueue time: no host agreement, no host-ordered events, no sequence
+ * number in a kernel's arguments. Each rank keeps a device counter per registration (its own
+ * ready slot, TPF_CUDA_SLOT_GRAPH_SEQ), bumped by a 1-thread kernel on the caller's stream before
+ * the operation forks (tpf_cuda__graph_begin), so every step of the operation reads the same
+ * value and the next operation's bump waits for the join. The flag kernels read it (dev_seq) and
+ * signal and wait on words of their own (the captured ready words and flags of the ready slots,
+ * cuda_state.h): all ranks run the same operations in the same order, so their counters agree,
+ * and eager operations, which count on the host, keep their own words. The HANDSHAKE kernel
+ * compares the operation key and the active rows, which the capture fixed, so ranks that replay
+ * different graphs (another T, another operation) fail with TPF_CUDA_DEV_MISMATCH; every later
+ * kernel of the registration (the copy kernels included: captured SENDs copy with them, not the
+ * copy engine, cuda_exec.c) sees the status and skips, so no byte moves, and sync reports
+ * TPF_EMISMATCH. Waits are bounded on the device as the flag kernels' always are. Used by every
+ * rank mode: in-process ranks, whose eager transport is host-ordered, too. */
+
+static uint64_t *tpf_cuda__slot(const tpf_reg *r, int owner, int sender, uint64_t off) {
+  return (uint64_t *)(r->peer_base[owner] + r->ready_off + (uint64_t)sender * TPF_CUDA_READY_STRIDE +
+                      off);
+}
+
+static uint64_t *tpf_cuda__graph_flag(const tpf_reg *r, int owner, int sender, uint32_t tag) {
+  return tpf_cuda__slot(r, owner, sender, TPF_CUDA_SLOT_GRAPH_FLAGS) + tag;
+}
+
+tpf_status tpf_cuda__graph_begin(tpf_cuda_backend *b, tpf_reg *r, cudaStream_t s) {
+  const int me = b->base.rank;
+  if (b->base.tp_size == 1) return TPF_OK;
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, SIGNAL,
+                            tpf_cuda__launch_seq_bump(
+                                tpf_cuda__slot(r, me, me, TPF_CUDA_SLOT_GRAPH_SEQ), s)),
+               "sequence kernel launch");
+  return TPF_OK;
+}
+
+static void tpf_cuda__gr_init(tpf_cuda_backend *b, const tpf_reg *r, const tpf_exec_args *a,
+                              tpf_step_kind kind, uint32_t tag, tpf_cuda_flag_args *f) {
+  const int me = b->base.rank;
+  tpf_cuda__flag_init(b, r, a, kind, tag, f);
+  f->dev_seq = tpf_cuda__slot(r, me, me, TPF_CUDA_SLOT_GRAPH_SEQ);
+}
+
+static tpf_status tpf_cuda__gr_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                         cudaStream_t s) {
+  const tpf_schedule *sc = a->sched;
+  const int P = b->base.tp_size, me = b->base.rank;
+  tpf_cuda_flag_args f;
+  tpf_cuda__gr_init(b, r, a, TPF_STEP_HANDSHAKE, 0, &f);
+  f.handshake = 1;
+  f.rows = TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows));
+  for (int q = 0; q < P; q++) {
+    if (q == me) continue;
+    f.remote[q] = tpf_cuda__slot(r, q, me, TPF_CUDA_SLOT_GRAPH_READY);
+    f.local[q] = tpf_cuda__slot(r, me, q, TPF_CUDA_SLOT_GRAPH_READY);
+  }
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__gr_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                    int idx, const tpf_step *st, cudaStream_t s) {
+  (void)idx;
+  tpf_cuda_flag_args f;
+  tpf_cuda__gr_init(b, r, a, TPF_STEP_SEND, st->tag, &f);
+  f.remote[st->peer] = tpf_cuda__graph_flag(r, st->peer, b->base.rank, st->tag);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__gr_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                    int idx, const tpf_step *st, cudaStream_t s) {
+  (void)idx;
+  tpf_cuda_flag_args f;
+  tpf_cuda__gr_init(b, r, a, TPF_STEP_RECV, st->tag, &f);
+  f.local[st->peer] = tpf_cuda__graph_flag(r, b->base.rank, st->peer, st->tag);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__gr_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                       int idx, const tpf_step *st, cudaStream_t s) {
+  (void)idx;
+  const int P = b->base.tp_size, me = b->base.rank;
+  tpf_cuda_flag_args f;
+  tpf_cuda__gr_init(b, r, a, TPF_STEP_BARRIER, st->tag, &f);
+  for (int q = 0; q < P; q++) {
+    if (q == me) continue;
+    f.remote[q] = tpf_cuda__graph_flag(r, q, me, st->tag);
+    f.local[q] = tpf_cuda__graph_flag(r, me, q, st->tag);
+  }
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+const tpf_cuda_transport tpf_cuda__transport_graph = {
+    .name = "graph",
+    .host_ordered = false,
+    .setup = NULL,
+    .connect = NULL, /* never a registration's own transport */
+    .free = NULL,
+    .agree = NULL, /* the device handshake compares: a replay runs no host code */
+    .handshake = tpf_cuda__gr_handshake,
+    .send = tpf_cuda__gr_send,
+    .recv_ready = NULL,
+    .recv = tpf_cuda__gr_recv,
+    .barrier_arrive = NULL,
+    .barrier_missing = NULL,
+    .barrier = tpf_cuda__gr_barrier,
+};
