@@ -63,7 +63,7 @@
 #include "cuda_log.h"
 #include "cuda_param.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -154,12 +154,12 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
     if (b->streams[i] != NULL) cudaStreamSynchronize(b->streams[i]);
   for (int i = 0; i < b->nstep_ev; i++)
     cudaEventDestroy(b->step_ev[i]);
-  tpf__free(b->step_ev);
-  tpf__free(b->need_ev);
-  tpf__free(b->step_state);
-  tpf__free(b->step_virt);
-  tpf__free(b->step_prev);
-  tpf__free(b->step_pev);
+  tpf_free(b->step_ev);
+  tpf_free(b->need_ev);
+  tpf_free(b->step_state);
+  tpf_free(b->step_virt);
+  tpf_free(b->step_prev);
+  tpf_free(b->step_pev);
   for (int i = 0; i < TPF_NUM_STREAMS; i++) {
     if (b->join_ev[i] != NULL) cudaEventDestroy(b->join_ev[i]);
     if (b->streams[i] != NULL && (i < b->compute_streams || i >= TPF_STREAM_SEND))
@@ -168,7 +168,7 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
   if (b->fork_ev != NULL) cudaEventDestroy(b->fork_ev);
   if (b->release_stream != NULL) cudaStreamDestroy(b->release_stream);
   tpf_cuda__gemm_destroy(b->gemm);
-  tpf__free(b);
+  tpf_free(b);
 }
 
 static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
@@ -237,7 +237,7 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
                 "bootstrap lacks allgather or barrier");
   TPF_RETURN_IF(boot->device < 0, TPF_EINVAL, "device %d is negative", boot->device);
   tpf_cuda__param_load(boot->rank); /* the environment, once per process */
-  tpf_cuda_backend *b = tpf__calloc(1, sizeof(*b));
+  tpf_cuda_backend *b = tpf_calloc(1, sizeof(*b));
   TPF_RETURN_IF(b == NULL, TPF_ENOMEM, "cannot allocate the CUDA backend");
   b->base.ops = &tpf_cuda__ops;
   b->base.tp_size = boot->tp_size;
@@ -296,7 +296,7 @@ tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stat
   TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
                 "tpf_cuda_backend_enqueue_stats: not a CUDA backend, or out is NULL");
   static const size_t released[] = {sizeof(*out)}; /* 0.2 (issue 22 item 12) */
-  TPF_CHECK(tpf__check_struct_size("tpf_cuda_backend_enqueue_stats", "stats",
+  TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_enqueue_stats", "stats",
                                    "tpf_cuda_enqueue_stats", out->size, released,
                                    TPF_ARRAY_SIZE(released)));
   const size_t size = out->size == 0 ? sizeof(*out) : out->size;

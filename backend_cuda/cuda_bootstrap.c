@@ -25,7 +25,7 @@
 #include "cuda_internal.h"
 #include "cuda_param.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <errno.h>
 #include <nccl.h>
@@ -57,12 +57,12 @@ tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out) {
   TPF_RETURN_IF(out == NULL, TPF_EINVAL, "tpf_cuda_threads_create: out is NULL");
   TPF_RETURN_IF(tp_size < 1 || tp_size > TPF_MAX_RANKS, TPF_EINVAL, "tp_size %d outside 1..%d",
                 tp_size, TPF_MAX_RANKS);
-  tpf_cuda_threads *g = tpf__calloc(1, sizeof(*g));
+  tpf_cuda_threads *g = tpf_calloc(1, sizeof(*g));
   TPF_RETURN_IF(g == NULL, TPF_ENOMEM, "cannot allocate the threads bootstrap");
   g->tp_size = tp_size;
   int e = pthread_mutex_init(&g->mu, NULL);
   if (e != 0) {
-    tpf__free(g);
+    tpf_free(g);
     return tpf_set_error(TPF_EBACKEND, "pthread_mutex_init failed: %s", strerror(e));
   }
   pthread_condattr_t ca;
@@ -72,7 +72,7 @@ tpf_status tpf_cuda_threads_create(int tp_size, tpf_cuda_threads **out) {
   pthread_condattr_destroy(&ca);
   if (e != 0) {
     pthread_mutex_destroy(&g->mu);
-    tpf__free(g);
+    tpf_free(g);
     return tpf_set_error(TPF_EBACKEND, "pthread_cond_init failed: %s", strerror(e));
   }
   g->timeout_ms = tpf_cuda__param_u64(TPF_CUDA_PARAM_BOOT_TIMEOUT_MS); /* >= 1 */
@@ -88,8 +88,8 @@ tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g) {
   TPF_RETURN_IF(g == NULL, TPF_EINVAL, "tpf_cuda_threads_destroy: group is NULL");
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);
-  tpf__free(g->buf);
-  tpf__free(g);
+  tpf_free(g->buf);
+  tpf_free(g);
   return TPF_OK;
 }
 
@@ -142,7 +142,7 @@ static tpf_status tpf_cuda__threads_allgather_within(void *ctx, const void *send
   /* Nobody reads the buffer between the second barrier of the previous call and the first of
    * this one, so whoever comes first may resize it. */
   if (g->buf_bytes_per_rank < bytes) {
-    unsigned char *nb = tpf__realloc(g->buf, bytes * (size_t)g->tp_size);
+    unsigned char *nb = tpf_realloc(g->buf, bytes * (size_t)g->tp_size);
     if (nb == NULL) {
       pthread_mutex_unlock(&g->mu);
       return tpf_set_error(TPF_ENOMEM, "threads bootstrap: cannot grow the allgather buffer");
@@ -262,10 +262,10 @@ static tpf_status tpf_cuda__nccl_barrier(void *ctx) {
   if (c->dbuf_per_rank < sizeof(int)) {
     /* Reuse the allgather path's staging; an int per rank is enough. */
     int dummy = 0;
-    int *all = tpf__calloc((size_t)c->nranks, sizeof(int));
+    int *all = tpf_calloc((size_t)c->nranks, sizeof(int));
     if (all == NULL) return tpf_set_error(TPF_ENOMEM, "NCCL bootstrap barrier: out of memory");
     tpf_status rc = tpf_cuda__nccl_allgather(ctx, &dummy, all, sizeof(int));
-    tpf__free(all);
+    tpf_free(all);
     return rc;
   }
   TPF_NCCL_TRY(ncclAllReduce(c->dbuf, c->dbuf, 1, ncclInt32, ncclSum, c->comm, c->stream),
@@ -282,7 +282,7 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
   TPF_NCCL_TRY(ncclCommUserRank(comm, &me), "ncclCommUserRank");
   TPF_RETURN_IF(n < 1 || n > TPF_MAX_RANKS, TPF_EINVAL, "NCCL communicator has %d ranks (1..%d)", n,
                 TPF_MAX_RANKS);
-  tpf_cuda_nccl_ctx *c = tpf__calloc(1, sizeof(*c));
+  tpf_cuda_nccl_ctx *c = tpf_calloc(1, sizeof(*c));
   TPF_RETURN_IF(c == NULL, TPF_ENOMEM, "cannot allocate the NCCL bootstrap");
   c->comm = comm;
   c->device = device;
@@ -292,7 +292,7 @@ tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *o
   cudaError_t e = cudaSetDevice(device);
   if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking);
   if (e != cudaSuccess) {
-    tpf__free(c);
+    tpf_free(c);
     return tpf_cuda__err(e, "cudaStreamCreateWithFlags(bootstrap)");
   }
   memset(out, 0, sizeof(*out));
@@ -312,7 +312,7 @@ void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b) {
   if (c->stream != NULL) cudaStreamSynchronize(c->stream);
   if (c->dbuf != NULL) cudaFree(c->dbuf);
   if (c->stream != NULL) cudaStreamDestroy(c->stream);
-  tpf__free(c);
+  tpf_free(c);
   b->ctx = NULL;
 }
 

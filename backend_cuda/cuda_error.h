@@ -7,14 +7,14 @@
  * Which tpf_status a native code becomes is one table per library (cuda_error.c): out of memory
  * is TPF_ENOMEM (SPEC: "out of memory, host or device"), every other failure TPF_EBACKEND.
  *
- * One macro set propagates them, like the core's TPF_CHECK / TPF_CHECK_GOTO: TPF_CUDA_TRY,
- * TPF_LT_TRY and TPF_NCCL_TRY return the translated status; the _GOTO forms store it in rc and
- * jump to a cleanup label. A leaf of the backend's call graph (cuda_backend.c): it calls no other
- * file of backend_cuda/. */
+ * One macro set propagates them, like TPF_CHECK / TPF_CHECK_GOTO (tpflex_backend_support.h):
+ * TPF_CUDA_TRY, TPF_LT_TRY and TPF_NCCL_TRY return the translated status; the _GOTO forms store
+ * it in rc and jump to a cleanup label. A leaf of the backend's call graph (cuda_backend.c): it
+ * calls no other file of backend_cuda/. */
 #ifndef TPF_CUDA_ERROR_H
 #define TPF_CUDA_ERROR_H
 
-#include "tpflex/tpflex.h"
+#include "tpflex/tpflex_backend_support.h" /* TPF_CHECK, TPF_CHECK_GOTO */
 
 #include <cublasLt.h>
 #include <cuda_runtime.h>

@@ -45,7 +45,7 @@
 #include "cuda_error.h"
 #include "cuda_log.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -219,19 +219,19 @@ tpf_status tpf_cuda__grow_step_scratch(tpf_cuda_backend *b, int n) {
   int want = b->nneed_ev > 0 ? b->nneed_ev : 32;
   while (want < n)
     want *= 2;
-  uint8_t *need = tpf__realloc(b->need_ev, (size_t)want);
+  uint8_t *need = tpf_realloc(b->need_ev, (size_t)want);
   TPF_RETURN_IF(need == NULL, TPF_ENOMEM, "cannot grow the event scratch to %d", want);
   b->need_ev = need;
-  uint8_t *state = tpf__realloc(b->step_state, (size_t)want);
+  uint8_t *state = tpf_realloc(b->step_state, (size_t)want);
   TPF_RETURN_IF(state == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
   b->step_state = state;
-  uint8_t *virt = tpf__realloc(b->step_virt, (size_t)want);
+  uint8_t *virt = tpf_realloc(b->step_virt, (size_t)want);
   TPF_RETURN_IF(virt == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
   b->step_virt = virt;
-  int16_t *prev = tpf__realloc(b->step_prev, (size_t)want * sizeof(*prev));
+  int16_t *prev = tpf_realloc(b->step_prev, (size_t)want * sizeof(*prev));
   TPF_RETURN_IF(prev == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
   b->step_prev = prev;
-  tpf_cuda_peer_ev *pev = tpf__realloc(b->step_pev, (size_t)want * sizeof(*pev));
+  tpf_cuda_peer_ev *pev = tpf_realloc(b->step_pev, (size_t)want * sizeof(*pev));
   TPF_RETURN_IF(pev == NULL, TPF_ENOMEM, "cannot grow the step scratch to %d", want);
   b->step_pev = pev;
   b->nneed_ev = want;
@@ -243,7 +243,7 @@ static tpf_status tpf_cuda__ensure_events(tpf_cuda_backend *b, int n) {
     int want = b->nstep_ev > 0 ? b->nstep_ev : 32;
     while (want < n)
       want *= 2;
-    cudaEvent_t *ev = tpf__realloc(b->step_ev, (size_t)want * sizeof(*ev));
+    cudaEvent_t *ev = tpf_realloc(b->step_ev, (size_t)want * sizeof(*ev));
     TPF_RETURN_IF(ev == NULL, TPF_ENOMEM, "cannot grow the event pool to %d", want);
     b->step_ev = ev;
     /* nstep_ev counts the events created, so a failure part-way leaves it true. */

@@ -38,7 +38,7 @@
 #include "cuda_internal.h"
 #include "cuda_param.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <cublasLt.h>
 #include <stdio.h>
@@ -84,11 +84,11 @@ struct tpf_cuda_gemm {
 };
 
 tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out) {
-  tpf_cuda_gemm *g = tpf__calloc(1, sizeof(*g));
+  tpf_cuda_gemm *g = tpf_calloc(1, sizeof(*g));
   if (g == NULL) return tpf_set_error(TPF_ENOMEM, "cannot allocate the cuBLASLt GEMM state");
   cublasStatus_t st = cublasLtCreate(&g->handle);
   if (st != CUBLAS_STATUS_SUCCESS) {
-    tpf__free(g);
+    tpf_free(g);
     return tpf_cuda__lt_err(st, "cublasLtCreate");
   }
   g->ws_bytes = ws_bytes;
@@ -104,7 +104,7 @@ tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_ge
     cudaFree(g->scratch);
     cudaFree(g->ws);
     cublasLtDestroy(g->handle);
-    tpf__free(g);
+    tpf_free(g);
     return tpf_cuda__err(e, "cudaMalloc(cuBLASLt workspace and epilogue scratch)");
   }
   *out = g;
@@ -128,7 +128,7 @@ void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g) {
   cudaFree(g->scratch);
   cudaFree(g->ws);
   cublasLtDestroy(g->handle);
-  tpf__free(g);
+  tpf_free(g);
 }
 
 void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *hits,

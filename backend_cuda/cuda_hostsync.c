@@ -21,7 +21,7 @@
 #include "cuda_log.h"
 #include "cuda_param.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -65,7 +65,7 @@ tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
   char names[TPF_MAX_RANKS][TPF_CUDA_HOSTSYNC_NAME];
   char mine[TPF_CUDA_HOSTSYNC_NAME];
   memset(mine, 0, sizeof mine);
-  tpf_cuda_hostsync *h = tpf__calloc(1, sizeof *h);
+  tpf_cuda_hostsync *h = tpf_calloc(1, sizeof *h);
   TPF_RETURN_IF(h == NULL, TPF_ENOMEM, "cannot allocate the host agreement of '%s'", tag);
   h->nranks = P;
   h->rank = boot->rank;
@@ -131,7 +131,7 @@ tpf_status tpf_cuda__hostsync_create(const tpf_bootstrap *boot, const char *tag,
 void tpf_cuda__hostsync_destroy(tpf_cuda_hostsync *h) {
   if (h == NULL) return;
   if (h->words != NULL) munmap((void *)h->words, h->bytes);
-  tpf__free(h);
+  tpf_free(h);
 }
 
 tpf_status tpf_cuda__hostsync_agree(tpf_cuda_hostsync *h, const char *name, uint64_t seq,

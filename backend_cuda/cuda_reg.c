@@ -13,7 +13,7 @@
 #include "cuda_error.h"
 #include "cuda_log.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -43,14 +43,14 @@ static tpf_status tpf_cuda__ipc_open(const cudaIpcMemHandle_t *h, int device, vo
       return TPF_OK;
     }
   }
-  tpf_cuda_ipc_entry *e = tpf__calloc(1, sizeof(*e));
+  tpf_cuda_ipc_entry *e = tpf_calloc(1, sizeof(*e));
   if (e == NULL) {
     rc = tpf_set_error(TPF_ENOMEM, "cannot allocate an IPC cache entry");
     goto out;
   }
   cudaError_t ce = cudaIpcOpenMemHandle(&e->ptr, *h, cudaIpcMemLazyEnablePeerAccess);
   if (ce != cudaSuccess) {
-    tpf__free(e);
+    tpf_free(e);
     rc = tpf_cuda__err(ce, "cudaIpcOpenMemHandle");
     goto out;
   }
@@ -73,7 +73,7 @@ static void tpf_cuda__ipc_close(void *ptr) {
     if (--e->refs == 0) {
       *pp = e->next;
       cudaIpcCloseMemHandle(e->ptr);
-      tpf__free(e);
+      tpf_free(e);
     }
     break;
   }
@@ -135,7 +135,7 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
     if (r->ready_ev[i] != NULL) cudaEventDestroy(r->ready_ev[i]);
   if (r->tp != NULL && r->tp->free != NULL) r->tp->free(b, r);
   tpf_cuda__status_free(r);
-  tpf__free(r);
+  tpf_free(r);
 }
 
 tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
@@ -143,7 +143,7 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
   tpf_cuda_backend *b = tpf_cuda__of(be);
   const int P = be->tp_size, me = be->rank;
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
-  tpf_reg *r = tpf__calloc(1, sizeof(*r));
+  tpf_reg *r = tpf_calloc(1, sizeof(*r));
   TPF_RETURN_IF(r == NULL, TPF_ENOMEM, "cannot allocate registration '%s'", name);
   snprintf(r->name, sizeof(r->name), "%s", name ? name : "?");
   r->data_bytes = bytes;
@@ -153,7 +153,7 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
       tpf_cuda__round_up(r->ready_off + (uint64_t)P * TPF_CUDA_READY_STRIDE, TPF_CUDA_GUARD_BYTES) +
       TPF_CUDA_GUARD_BYTES;
   tpf_status rc = TPF_OK;
-  tpf_cuda_reg_info *infos = tpf__calloc((size_t)P, sizeof(*infos));
+  tpf_cuda_reg_info *infos = tpf_calloc((size_t)P, sizeof(*infos));
   if (infos == NULL) {
     rc = tpf_set_error(TPF_ENOMEM, "cannot allocate registration exchange for '%s'", name);
     goto fail;
@@ -225,12 +225,12 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
                   r->name, (unsigned long long)bytes, (void *)r->base,
                   (unsigned long long)r->flags_off, (unsigned long long)r->ready_off, peers);
   }
-  tpf__free(infos);
+  tpf_free(infos);
   *reg = r;
   *local = r->base;
   return TPF_OK;
 fail:
-  tpf__free(infos);
+  tpf_free(infos);
   tpf_cuda__reg_free(b, r);
   return rc;
 }

@@ -21,7 +21,7 @@
 #include "cuda_state.h"
 #include "cuda_error.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <stdio.h>
 #include <string.h>

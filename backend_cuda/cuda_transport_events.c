@@ -25,7 +25,7 @@
 #include "cuda_state.h"
 #include "cuda_error.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -34,7 +34,7 @@
 static tpf_cuda_sync *tpf_cuda__sync_new(int P) {
   const size_t nslots =
       (size_t)P * 2 + (size_t)P * (size_t)P * TPF_MAX_TAGS + (size_t)P * TPF_MAX_TAGS;
-  tpf_cuda_sync *t = tpf__calloc(1, sizeof(*t) + nslots * sizeof(tpf_cuda_slot));
+  tpf_cuda_sync *t = tpf_calloc(1, sizeof(*t) + nslots * sizeof(tpf_cuda_slot));
   if (t == NULL) return NULL;
   tpf_cuda_slot *slots = (tpf_cuda_slot *)(t + 1);
   for (size_t i = 0; i < nslots; i++)
@@ -232,7 +232,7 @@ static tpf_status tpf_cuda__ev_connect(tpf_cuda_backend *b, tpf_reg *r,
 
 static void tpf_cuda__ev_free(tpf_cuda_backend *b, tpf_reg *r) {
   (void)b;
-  if (r->sync_owner) tpf__free(r->sync);
+  if (r->sync_owner) tpf_free(r->sync);
 }
 
 const tpf_cuda_transport tpf_cuda__transport_events = {

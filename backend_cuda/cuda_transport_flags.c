@@ -21,7 +21,7 @@
 
 #include "cuda_log.h"
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 
 #include <cuda.h> /* driver types of the stream memory operations only: no link to libcuda */
 #include <pthread.h>

@@ -14,7 +14,7 @@ tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off) {
     e->len -= len;
     if (e->len == 0) {
       *pp = e->next;
-      tpf__free(e);
+      tpf_free(e);
     }
     w->arena_used += len;
     return TPF_OK;
@@ -41,7 +41,7 @@ void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
     if (next && prev->off + prev->len == next->off) {
       prev->len += next->len;
       prev->next = next->next;
-      tpf__free(next);
+      tpf_free(next);
     }
     return;
   }
@@ -50,7 +50,7 @@ void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len) {
     next->len += len;
     return;
   }
-  tpf_sim_extent *e = tpf__malloc(sizeof *e);
+  tpf_sim_extent *e = tpf_malloc(sizeof *e);
   if (!e) return; /* the extent is lost to the arena, nothing else: better than failing a destroy */
   e->off = off;
   e->len = len;

@@ -33,8 +33,8 @@ void tpf_sim__free_exchanges(tpf_sim_world *w) {
   while (w->exchanges) {
     tpf_sim_exchange *x = w->exchanges;
     w->exchanges = x->next;
-    tpf__free(x->data);
-    tpf__free(x);
+    tpf_free(x->data);
+    tpf_free(x);
   }
 }
 
@@ -50,8 +50,8 @@ static void release(tpf_sim_world *w, tpf_sim_exchange *x) {
   for (tpf_sim_exchange **pp = &w->exchanges; *pp; pp = &(*pp)->next) {
     if (*pp == x) {
       *pp = x->next;
-      tpf__free(x->data);
-      tpf__free(x);
+      tpf_free(x->data);
+      tpf_free(x);
       return;
     }
   }
@@ -60,11 +60,11 @@ static void release(tpf_sim_world *w, tpf_sim_exchange *x) {
 static tpf_sim_exchange *find_or_add(tpf_sim_world *w, uint64_t k, size_t bytes) {
   for (tpf_sim_exchange *x = w->exchanges; x; x = x->next)
     if (x->k == k) return x;
-  tpf_sim_exchange *x = tpf__calloc(1, sizeof *x);
+  tpf_sim_exchange *x = tpf_calloc(1, sizeof *x);
   if (!x) return NULL;
-  x->data = tpf__calloc((size_t)w->tp_size, bytes);
+  x->data = tpf_calloc((size_t)w->tp_size, bytes);
   if (!x->data) {
-    tpf__free(x);
+    tpf_free(x);
     return NULL;
   }
   x->k = k;

@@ -208,7 +208,7 @@ static void raise_flag(sim_ctx *c, int receiver, uint32_t tag) {
 static tpf_status span_check(sim_ctx *c, const char *what, uint64_t off, uint64_t len,
                              uint64_t limit) {
   uint64_t end;
-  if (!tpf__add_u64(off, len, &end) || end > limit)
+  if (!tpf_add_u64(off, len, &end) || end > limit)
     return op_fail(c, TPF_EINVAL,
                    "'%s' rank %d step %d: %s bytes [%llu, +%llu) outside the %llu registered "
                    "bytes",
@@ -224,10 +224,10 @@ static tpf_status resolve(sim_ctx *c, const tpf_mref *r, int buf_rank, uint64_t 
   if (r->id == TPF_MAT_BUF) {
     size_t esz = tpf_dtype_size(c->sched->dtype);
     uint64_t first, last, start, len;
-    if (r->ld < n || !tpf__mul_u64(r->row, r->ld, &first) || !tpf__add_u64(first, r->col, &first) ||
-        !tpf__mul_u64(first, esz, &start) || !tpf__add_u64(start, r->off_bytes, &start) ||
-        !tpf__mul_u64(m - 1, r->ld, &last) || !tpf__add_u64(last, n, &last) ||
-        !tpf__mul_u64(last, esz, &len))
+    if (r->ld < n || !tpf_mul_u64(r->row, r->ld, &first) || !tpf_add_u64(first, r->col, &first) ||
+        !tpf_mul_u64(first, esz, &start) || !tpf_add_u64(start, r->off_bytes, &start) ||
+        !tpf_mul_u64(m - 1, r->ld, &last) || !tpf_add_u64(last, n, &last) ||
+        !tpf_mul_u64(last, esz, &len))
       return op_fail(c, TPF_EINVAL, "'%s' rank %d step %d: operand %s has ld %llu < %llu columns",
                      comm_name(c), c->me, c->step_index, which, (unsigned long long)r->ld,
                      (unsigned long long)n);
@@ -402,8 +402,8 @@ static tpf_status step_reduce(sim_ctx *c, const tpf_step *s, bool peers) {
       owner = (c->me + (int)t) % P;
     } else {
       uint64_t shift;
-      if (!tpf__mul_u64(t, s->stride_bytes, &shift) ||
-          !tpf__add_u64(r.off_bytes, shift, &r.off_bytes))
+      if (!tpf_mul_u64(t, s->stride_bytes, &shift) ||
+          !tpf_add_u64(r.off_bytes, shift, &r.off_bytes))
         return op_fail(c, TPF_EOVERFLOW, "'%s' rank %d step %d: reduction stride overflows",
                        comm_name(c), c->me, c->step_index);
     }

@@ -79,19 +79,19 @@ void tpf_sim__fault_forget(tpf_sim_rank *rk, const tpf_sim_shared *sh) {
 }
 
 tpf_status tpf_sim_set_timeout(tpf_sim_world *w, unsigned timeout_ms) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_timeout"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_timeout"));
   atomic_store(&w->timeout_ms, timeout_ms ? timeout_ms : TPF_SIM_DEFAULT_TIMEOUT_MS);
   return TPF_OK;
 }
 
 tpf_status tpf_sim_set_fault_timeout(tpf_sim_world *w, unsigned timeout_ms) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_fault_timeout"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_fault_timeout"));
   atomic_store(&w->fault_timeout_ms, timeout_ms);
   return TPF_OK;
 }
 
 tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_fault"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_fault"));
   tpf_sim_fault_ex x;
   memset(&x, 0, sizeof x);
   if (f) x.base = *f;
@@ -99,7 +99,7 @@ tpf_status tpf_sim_set_fault(tpf_sim_world *w, const tpf_sim_fault *f) {
 }
 
 tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_fault_ex"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_fault_ex"));
   if (f)
     w->fault = *f;
   else

@@ -2,7 +2,7 @@
 #ifndef TPF_SIM_INTERNAL_H
 #define TPF_SIM_INTERNAL_H
 
-#include "internal.h"
+#include "tpflex/tpflex_backend_support.h"
 #include "tpflex/tpflex_backend.h"
 #include "tpflex/tpflex_sim.h"
 

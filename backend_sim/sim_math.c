@@ -14,7 +14,7 @@
 
 tpf_status tpf_sim__scratch_reserve(tpf_sim_scratch *s, size_t floats) {
   if (floats <= s->cap) return TPF_OK;
-  float *p = tpf__realloc(s->buf, floats * sizeof(float));
+  float *p = tpf_realloc(s->buf, floats * sizeof(float));
   if (!p) return tpf_set_error(TPF_ENOMEM, "simulator scratch of %zu floats", floats);
   s->buf = p;
   s->cap = floats;
@@ -22,7 +22,7 @@ tpf_status tpf_sim__scratch_reserve(tpf_sim_scratch *s, size_t floats) {
 }
 
 void tpf_sim__scratch_free(tpf_sim_scratch *s) {
-  tpf__free(s->buf);
+  tpf_free(s->buf);
   s->buf = NULL;
   s->cap = 0;
 }

@@ -44,7 +44,7 @@ void tpf_sim__free_groups(tpf_sim_world *w) {
   while (w->groups) {
     tpf_sim_group *g = w->groups;
     w->groups = g->next;
-    tpf__free(g);
+    tpf_free(g);
   }
 }
 
@@ -75,7 +75,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
       return;
     }
   }
-  tpf_sim_shared *sh = tpf__calloc(1, sizeof *sh);
+  tpf_sim_shared *sh = tpf_calloc(1, sizeof *sh);
   if (!sh) {
     g->status = TPF_ENOMEM;
     snprintf(g->msg, sizeof g->msg, "registration '%s': shared descriptor", g->names[0]);
@@ -88,14 +88,14 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
   uint64_t sync_bytes = ((uint64_t)P * TPF_MAX_TAGS + 2u * (uint64_t)P) * sizeof(uint64_t);
   sh->block_bytes = (sh->data_span + sync_bytes + 63u) / 64u * 64u;
   uint64_t total;
-  if (!tpf__mul_u64(sh->block_bytes, (uint64_t)P, &total) ||
+  if (!tpf_mul_u64(sh->block_bytes, (uint64_t)P, &total) ||
       tpf_sim__arena_alloc(w, total, &sh->arena_off) != TPF_OK) {
     g->status = TPF_ENOMEM;
     snprintf(g->msg, sizeof g->msg,
              "registration '%s' of %llu bytes x %d ranks does not fit the simulator arena (%llu "
              "bytes; raise tpf_sim_config.arena_bytes)",
              g->names[0], (unsigned long long)g->bytes[0], P, (unsigned long long)w->arena_bytes);
-    tpf__free(sh);
+    tpf_free(sh);
     return;
   }
   sh->arena_len = total;
@@ -121,7 +121,7 @@ static void group_release(tpf_sim_world *w, tpf_sim_group *g) {
   for (tpf_sim_group **pp = &w->groups; *pp; pp = &(*pp)->next) {
     if (*pp == g) {
       *pp = g->next;
-      tpf__free(g);
+      tpf_free(g);
       return;
     }
   }
@@ -154,7 +154,7 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
   tpf_status local_st = tpf_sim__fault_call(w, "reg_create", rk->rank);
   tpf_sim_reg *h = NULL;
   if (local_st == TPF_OK) {
-    h = tpf__calloc(1, sizeof *h);
+    h = tpf_calloc(1, sizeof *h);
     if (!h) local_st = tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
   }
   char local_msg[TPF_SIM_MSG_LEN];
@@ -166,10 +166,10 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
   while (g && g->k != k)
     g = g->next;
   if (!g) {
-    g = tpf__calloc(1, sizeof *g);
+    g = tpf_calloc(1, sizeof *g);
     if (!g) {
       pthread_mutex_unlock(&w->mu);
-      tpf__free(h);
+      tpf_free(h);
       return tpf_set_error(TPF_ENOMEM, "sim reg_create: rendezvous");
     }
     g->k = k;
@@ -238,7 +238,7 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
   pthread_mutex_unlock(&w->mu);
 
   if (st != TPF_OK) {
-    tpf__free(h);
+    tpf_free(h);
     return tpf_set_error(st, "%s", msg);
   }
   h->sh = sh;
@@ -272,10 +272,10 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   if (--sh->refs == 0) {
     tpf_sim__arena_free(w, sh->arena_off, sh->arena_len);
     w->live_regs--;
-    tpf__free(sh);
+    tpf_free(sh);
   }
   pthread_mutex_unlock(&w->mu);
-  tpf__free(h);
+  tpf_free(h);
   tpf_sim__leave(rk);
   return TPF_OK;
 }

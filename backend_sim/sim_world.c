@@ -100,26 +100,26 @@ static void world_free(tpf_sim_world *w) {
       pthread_cond_destroy(&rk->bell_cv);
       pthread_mutex_destroy(&rk->fault_mu);
     }
-    tpf__free(w->ranks);
+    tpf_free(w->ranks);
   }
   tpf_sim__free_groups(w);
   tpf_sim__free_exchanges(w);
   while (w->free_list) {
     tpf_sim_extent *e = w->free_list;
     w->free_list = e->next;
-    tpf__free(e);
+    tpf_free(e);
   }
   if (w->arena) munmap(w->arena, (size_t)w->arena_bytes);
   pthread_mutex_destroy(&w->mu);
   pthread_cond_destroy(&w->cv);
-  tpf__free(w);
+  tpf_free(w);
 }
 
 tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) {
   if (!cfg || !out)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
   static const size_t released[] = {sizeof(tpf_sim_config)}; /* 0.2 (issue 22 item 12) */
-  TPF_CHECK(tpf__check_struct_size("tpf_sim_world_create", "config", "tpf_sim_config", cfg->size,
+  TPF_CHECK(tpf_check_struct_size("tpf_sim_world_create", "config", "tpf_sim_config", cfg->size,
                                    released, TPF_ARRAY_SIZE(released)));
   tpf_sim_config norm = TPF_SIM_CONFIG_INIT;
   memcpy(&norm, cfg, cfg->size ? cfg->size : sizeof norm);
@@ -127,7 +127,7 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
   if (cfg->tp_size < 1 || cfg->tp_size > TPF_MAX_RANKS)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: tp_size %d outside 1..%d", cfg->tp_size,
                          TPF_MAX_RANKS);
-  tpf_sim_world *w = tpf__calloc(1, sizeof *w);
+  tpf_sim_world *w = tpf_calloc(1, sizeof *w);
   if (!w) return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: world");
   w->tp_size = cfg->tp_size;
   w->seed = cfg->seed;
@@ -153,8 +153,8 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
         strerror(err));
   }
   w->arena = a;
-  w->free_list = tpf__malloc(sizeof *w->free_list);
-  w->ranks = tpf__calloc((size_t)w->tp_size, sizeof *w->ranks);
+  w->free_list = tpf_malloc(sizeof *w->free_list);
+  w->ranks = tpf_calloc((size_t)w->tp_size, sizeof *w->ranks);
   if (!w->free_list || !w->ranks) {
     world_free(w);
     return tpf_set_error(TPF_ENOMEM, "tpf_sim_world_create: rank table");
@@ -171,7 +171,7 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
       return tpf_set_error(st, "%s", msg);
     }
   }
-  tpf_status hs = tpf__handle_add(w, TPF_HANDLE_WORLD);
+  tpf_status hs = tpf_handle_add(w, TPF_HANDLE_WORLD);
   if (hs != TPF_OK) {
     world_free(w);
     return hs;
@@ -190,7 +190,7 @@ static void *run_main(void *arg) {
 
 tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int rank, void *arg),
                        void *arg) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_run"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_run"));
   if (!fn) return tpf_set_error(TPF_EINVAL, "tpf_sim_run: NULL function");
   int started = 0;
   tpf_status st = TPF_OK;
@@ -221,21 +221,21 @@ tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int r
 }
 
 tpf_status tpf_sim_world_destroy(tpf_sim_world *w) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_world_destroy"));
-  tpf__handle_remove(w, NULL); /* issue 22 item 2: later calls on w are refused */
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_world_destroy"));
+  tpf_handle_remove(w, NULL); /* issue 22 item 2: later calls on w are refused */
   world_free(w);
   return TPF_OK;
 }
 
 tpf_status tpf_sim_set_trace(tpf_sim_world *w, tpf_sim_trace_fn fn, void *ctx) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_trace"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_set_trace"));
   w->trace_fn = fn;
   w->trace_ctx = ctx;
   return TPF_OK;
 }
 
 tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_get_stats"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_get_stats"));
   if (!out) return tpf_set_error(TPF_EINVAL, "tpf_sim_get_stats: NULL out");
   tpf_sim_world *mw = (tpf_sim_world *)w; /* atomics are read through a non-const lvalue */
   tpf_sim_stats s;
@@ -251,11 +251,11 @@ tpf_status tpf_sim_get_stats(const tpf_sim_world *w, tpf_sim_stats *out) {
 }
 
 uint64_t tpf_sim_elapsed_ns(const tpf_sim_world *w) {
-  return tpf__handle_live(w, TPF_HANDLE_WORLD) ? tpf_sim__now_ns() - w->t0_ns : 0;
+  return tpf_handle_live(w, TPF_HANDLE_WORLD) ? tpf_sim__now_ns() - w->t0_ns : 0;
 }
 
 tpf_status tpf_sim_get_fault_report(const tpf_sim_world *w, tpf_sim_fault_report *out) {
-  TPF_CHECK(tpf__handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_get_fault_report"));
+  TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_get_fault_report"));
   if (!out) return tpf_set_error(TPF_EINVAL, "tpf_sim_get_fault_report: NULL out");
   tpf_sim_world *mw = (tpf_sim_world *)w; /* atomics and the mutex need a non-const lvalue */
   tpf_sim_fault_report r;

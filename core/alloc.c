@@ -52,27 +52,27 @@ static bool budget_take(void) {
   return true;
 }
 
-void *tpf__malloc(size_t n) {
+void *tpf_malloc(size_t n) {
   if (!budget_take()) return NULL;
   void *p = tpf_alloc_m(n ? n : 1);
   if (p) atomic_fetch_add(&tpf_alloc_live, 1);
   return p;
 }
 
-void *tpf__calloc(size_t count, size_t n) {
+void *tpf_calloc(size_t count, size_t n) {
   if (!budget_take()) return NULL;
   void *p = tpf_alloc_c(count ? count : 1, n ? n : 1);
   if (p) atomic_fetch_add(&tpf_alloc_live, 1);
   return p;
 }
 
-void *tpf__realloc(void *p, size_t n) {
+void *tpf_realloc(void *p, size_t n) {
   if (!p) return tpf__malloc(n);
   if (!budget_take()) return NULL;
   return tpf_alloc_r(p, n ? n : 1);
 }
 
-void tpf__free(void *p) {
+void tpf_free(void *p) {
   if (!p) return;
   atomic_fetch_sub(&tpf_alloc_live, 1);
   tpf_alloc_f(p);

@@ -93,7 +93,7 @@ const char *tpf__handle_kind_name(int kind) {
   }
 }
 
-tpf_status tpf__handle_add(const void *p, int kind) {
+tpf_status tpf_handle_add(const void *p, int kind) {
   TPF_RETURN_IF(!p, TPF_EINVAL, "handle table: NULL %s", tpf__handle_kind_name(kind));
   lock();
   if (2 * (g_count + 1) > g_cap) { /* keep the load at most 1/2 */
@@ -119,7 +119,7 @@ tpf_status tpf__handle_add(const void *p, int kind) {
   return TPF_OK;
 }
 
-void tpf__handle_remove(const void *p, const char *name) {
+void tpf_handle_remove(const void *p, const char *name) {
   lock();
   size_t i = find(p);
   if (g_cap && i < g_cap) {
@@ -149,7 +149,7 @@ void tpf__handle_remove(const void *p, const char *name) {
   unlock();
 }
 
-bool tpf__handle_live(const void *p, int kind) {
+bool tpf_handle_live(const void *p, int kind) {
   if (!p) return false;
   lock();
   size_t i = find(p);
@@ -158,7 +158,7 @@ bool tpf__handle_live(const void *p, int kind) {
   return live;
 }
 
-tpf_status tpf__handle_check(const void *p, int kind, const char *call) {
+tpf_status tpf_handle_check(const void *p, int kind, const char *call) {
   const char *what = tpf__handle_kind_name(kind);
   TPF_RETURN_IF(!p, TPF_EINVAL, "%s: %s is NULL", call, what);
   if (tpf__handle_live(p, kind)) return TPF_OK;

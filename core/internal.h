@@ -1,88 +1,47 @@
-/* Private declarations of the core: allocation, checked arithmetic, error helpers, layout
- * internals and the backend wrappers. Nothing here is part of the public API. */
+/* Private declarations of the core: layout internals, the backend wrappers, the planner and the
+ * test hooks. Nothing here is part of the public API. The error macros (TPF_CHECK, TPF_RETURN_IF),
+ * the checked arithmetic, the allocator, the struct-size check and the live-object table are the
+ * backends' too: they live in the public tpflex/tpflex_backend_support.h, and the core calls them
+ * by the older names below as well. */
 #ifndef TPF_INTERNAL_H
 #define TPF_INTERNAL_H
 
 #include "tpflex/tpflex_backend.h"
+#include "tpflex/tpflex_backend_support.h"
 #include "tpflex/tpflex_cost.h"
 
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
-#define TPF_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
-
-/* Propagate a non-OK status. */
-#define TPF_CHECK(expr)                                                                            \
-  do {                                                                                             \
-    tpf_status tpf_check_rc_ = (expr);                                                             \
-    if (tpf_check_rc_ != TPF_OK) return tpf_check_rc_;                                             \
-  } while (0)
-
-/* Store a non-OK status in rc and jump to the cleanup label. */
-#define TPF_CHECK_GOTO(expr, rc, label)                                                            \
-  do {                                                                                             \
-    (rc) = (expr);                                                                                 \
-    if ((rc) != TPF_OK) goto label;                                                                \
-  } while (0)
-
-/* Return `code` with a detail message when `cond` holds. */
-#define TPF_RETURN_IF(cond, code, ...)                                                             \
-  do {                                                                                             \
-    if (cond) return tpf_set_error((code), __VA_ARGS__);                                           \
-  } while (0)
-
-/* ---- alloc.c: hookable allocator with live accounting and a test-only failure budget ---- */
-void *tpf__malloc(size_t n);
-void *tpf__calloc(size_t count, size_t n);
-void *tpf__realloc(void *p, size_t n);
-void tpf__free(void *p);
+/* ---- alloc.c: the hookable allocator (tpf_malloc ... of the support header) ---- */
+#define tpf__malloc tpf_malloc
+#define tpf__calloc tpf_calloc
+#define tpf__realloc tpf_realloc
+#define tpf__free tpf_free
 char *tpf__strdup(const char *s);
 /* Test hooks: allocations currently live, and a budget after which every allocation fails
  * (-1 = unlimited). Thread-safe (C11 atomics). */
 long tpf__alloc_live_count(void);
 void tpf__alloc_set_budget(long allocations_left);
 
-/* ---- checked arithmetic: true on success, *out untouched on overflow ---- */
-static inline bool tpf__add_u64(uint64_t a, uint64_t b, uint64_t *out) {
-  if (a > UINT64_MAX - b) return false;
-  *out = a + b;
-  return true;
-}
-static inline bool tpf__mul_u64(uint64_t a, uint64_t b, uint64_t *out) {
-  if (a != 0 && b > UINT64_MAX / a) return false;
-  *out = a * b;
-  return true;
-}
-static inline bool tpf__mul3_u64(uint64_t a, uint64_t b, uint64_t c, uint64_t *out) {
-  uint64_t ab;
-  return tpf__mul_u64(a, b, &ab) && tpf__mul_u64(ab, c, out);
-}
+/* ---- checked arithmetic (the support header's) ---- */
+#define tpf__add_u64 tpf_add_u64
+#define tpf__mul_u64 tpf_mul_u64
+#define tpf__mul3_u64 tpf_mul3_u64
 
 /* ---- status.c ---- */
 /* Clears the calling thread's detail. */
 void tpf__clear_error(void);
 
-/* Versioned structs (issue 22 item 12): `size` must be 0 (the caller's header is this one) or
- * one of the `n` sizes of released layouts in `released` (oldest first, the last is this
- * header's); a size that ends inside a field, or belongs to no release, is TPF_EINVAL naming
- * the size and the accepted ones. `who` names the call, `what` the argument ("options"), `type` its
- * struct
- * ("tpf_op_options"). */
-tpf_status tpf__check_struct_size(const char *who, const char *what, const char *type, size_t size,
-                                  const size_t *released, size_t n);
+/* Versioned structs: tpf_check_struct_size of the support header. */
+#define tpf__check_struct_size tpf_check_struct_size
 
-/* ---- handle.c: the table of live objects (issue 22 item 2) ---- */
-enum { TPF_HANDLE_COMM = 1, TPF_HANDLE_MANAGER, TPF_HANDLE_WORLD, TPF_HANDLE_FAULT };
-/* Enters a new object (TPF_ENOMEM when the table cannot grow). */
-tpf_status tpf__handle_add(const void *p, int kind);
-/* Removes it at destroy; `name` (may be NULL) is remembered for the messages of later calls. */
-void tpf__handle_remove(const void *p, const char *name);
-/* True when p is a live object of that kind. Reads nothing of *p. */
-bool tpf__handle_live(const void *p, int kind);
-/* TPF_OK for a live object; else TPF_EINVAL: "<call>: communicator is NULL", "... 'name' (0x..)
- * was destroyed", or "... is not a live communicator". Reads nothing of *p. */
-tpf_status tpf__handle_check(const void *p, int kind, const char *call);
+/* ---- handle.c: the table of live objects (tpf_handle_* of the support header) ---- */
+#define tpf__handle_add tpf_handle_add
+#define tpf__handle_remove tpf_handle_remove
+#define tpf__handle_live tpf_handle_live
+#define tpf__handle_check tpf_handle_check
 const char *tpf__handle_kind_name(int kind);
 /* Live handles of every kind (tests). */
 size_t tpf__handle_count(void);

@@ -52,8 +52,8 @@ tpf_status tpf_set_error(tpf_status s, const char *fmt, ...) {
   return s;
 }
 
-tpf_status tpf__check_struct_size(const char *who, const char *what, const char *type, size_t size,
-                                  const size_t *released, size_t n) {
+tpf_status tpf_check_struct_size(const char *who, const char *what, const char *type, size_t size,
+                                 const size_t *released, size_t n) {
   if (size == 0) return TPF_OK;
   for (size_t i = 0; i < n; i++)
     if (size == released[i]) return TPF_OK;
