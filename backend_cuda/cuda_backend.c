@@ -297,8 +297,8 @@ tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stat
                 "tpf_cuda_backend_enqueue_stats: not a CUDA backend, or out is NULL");
   static const size_t released[] = {sizeof(*out)}; /* 0.2 (issue 22 item 12) */
   TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_enqueue_stats", "stats",
-                                   "tpf_cuda_enqueue_stats", out->size, released,
-                                   TPF_ARRAY_SIZE(released)));
+                                  "tpf_cuda_enqueue_stats", out->size, released,
+                                  TPF_ARRAY_SIZE(released)));
   const size_t size = out->size == 0 ? sizeof(*out) : out->size;
   tpf_cuda_enqueue_stats s = tpf_cuda__of(be)->enq;
   s.size = size;

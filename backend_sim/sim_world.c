@@ -120,7 +120,7 @@ tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) 
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
   static const size_t released[] = {sizeof(tpf_sim_config)}; /* 0.2 (issue 22 item 12) */
   TPF_CHECK(tpf_check_struct_size("tpf_sim_world_create", "config", "tpf_sim_config", cfg->size,
-                                   released, TPF_ARRAY_SIZE(released)));
+                                  released, TPF_ARRAY_SIZE(released)));
   tpf_sim_config norm = TPF_SIM_CONFIG_INIT;
   memcpy(&norm, cfg, cfg->size ? cfg->size : sizeof norm);
   cfg = &norm;
