@@ -2,7 +2,8 @@
 # Installs a build into a scratch prefix and builds consumers outside the tree: find_package with
 # the static and the shared library; the README's two pkg-config lines (shared with an rpath,
 # static with -l:libtpflex.a) exactly as written there; examples/hello_tpflex.c's own build line
-# as written in its comment. Then the installed tpflex, and a copy of the prefix moved elsewhere,
+# as written in its comment; examples/loopback_backend (a backend outside the tree) with its own
+# CMakeLists.txt. Then the installed tpflex, and a copy of the prefix moved elsewhere,
 # must find their cost tables under their own prefix (share/tpflex/cost), not in the source tree.
 # Works for CUDA-enabled and CUDA-off builds alike.
 set -euo pipefail
@@ -54,6 +55,24 @@ else
   hello_msg="(hello_tpflex.c needs the simulator, not in this build)"
 fi
 
+# examples/loopback_backend: a backend written outside the tree, built from the installed headers
+# and library as its CMakeLists.txt says, runs one operation. Then the same build against a copy of
+# the prefix without tpflex_backend_support.h must fail: the example needs the installed header.
+lb=$root/examples/loopback_backend
+{ cmake -S "$lb" -B "$tmp/lb" -DCMAKE_PREFIX_PATH="$tmp/prefix" && cmake --build "$tmp/lb"; } >"$tmp/lb.log" 2>&1 ||
+  { cat "$tmp/lb.log"; echo "install check: examples/loopback_backend build FAILED"; exit 1; }
+{ (cd / && env -u LD_LIBRARY_PATH "$tmp/lb/loopback") >"$tmp/lb.out" 2>&1 &&
+  grep -q "on an out-of-tree backend OK" "$tmp/lb.out"; } ||
+  { cat "$tmp/lb.out"; echo "install check: examples/loopback_backend's program FAILED"; exit 1; }
+cp -a "$tmp/prefix" "$tmp/nosupport"
+rm "$tmp/nosupport/include/tpflex/tpflex_backend_support.h"
+if { cmake -S "$lb" -B "$tmp/lb-nosupport" -DCMAKE_PREFIX_PATH="$tmp/nosupport" &&
+     cmake --build "$tmp/lb-nosupport"; } >"$tmp/lb-nosupport.log" 2>&1; then
+  echo "install check: examples/loopback_backend built without tpflex_backend_support.h installed"; exit 1
+fi
+grep -q 'tpflex_backend_support.h' "$tmp/lb-nosupport.log" ||
+  { cat "$tmp/lb-nosupport.log"; echo "install check: the build without the support header failed for another reason"; exit 1; }
+
 # The installed tool finds its cost tables under its own prefix, also after the prefix moved.
 ncost=$(ls "$root"/data/cost/*.txt | wc -l)
 [ "$(ls "$tmp/prefix/share/tpflex/cost/"*.txt | wc -l)" = "$ncost" ] ||
@@ -68,4 +87,5 @@ for p in prefix moved; do
 done
 
 echo "install check: find_package (static, shared), the README's pkg-config lines (shared + rpath," \
-  "static), $hello_msg and the installed/moved tpflex's cost tables OK"
+  "static), $hello_msg, the out-of-tree loopback backend (and its build failing without" \
+  "tpflex_backend_support.h) and the installed/moved tpflex's cost tables OK"
