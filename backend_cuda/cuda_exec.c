@@ -467,6 +467,17 @@ void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_sch
     b->step_virt[i] = virt[sc->steps[i].stream] ? 1u : 0u;
 }
 
+/* The operation's end on the caller's stream, for reg_sync: under capture an external record
+ * node, so that every replay records it. */
+static tpf_status tpf_cuda__record_done(tpf_cuda_backend *b, tpf_reg *r, cudaStream_t user) {
+  TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD,
+                            b->capturing
+                                ? cudaEventRecordWithFlags(r->done_ev, user, cudaEventRecordExternal)
+                                : cudaEventRecord(r->done_ev, user)),
+               "cudaEventRecord(done)");
+  return TPF_OK;
+}
+
 static tpf_status tpf_cuda__execute_p1(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                        cudaStream_t user) {
   const tpf_schedule *sc = a->sched;
@@ -475,7 +486,7 @@ static tpf_status tpf_cuda__execute_p1(tpf_cuda_backend *b, tpf_reg *r, const tp
                   a->comm_name, i, (int)sc->steps[i].stream);
     TPF_CHECK(tpf_cuda__step(b, r, a, i, &sc->steps[i], user));
   }
-  return TPF_OK;
+  return tpf_cuda__record_done(b, r, user);
 }
 
 static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a,
@@ -583,7 +594,7 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
     TPF_CUDA_TRY(TPF_CUDA_ENQ(b, WAIT, cudaStreamWaitEvent(user, b->join_ev[k], 0)),
                  "cudaStreamWaitEvent(join)");
   }
-  return TPF_OK;
+  return tpf_cuda__record_done(b, r, user);
 }
 
 tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {

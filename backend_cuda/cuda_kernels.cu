@@ -285,7 +285,10 @@ template <typename Tin, typename Tout>
 cudaError_t tpf_cuda__reduce_typed(const tpf_cuda_reduce_args &a, tpf_cuda_status *st, int ctas,
                                    cudaStream_t s) {
   constexpr int VEC = 16 / sizeof(Tin);
-  bool vec = (a.cols % VEC) == 0 && ((a.src_ld * sizeof(Tin)) % 16) == 0 &&
+  /* The vector path stores whole uint4s: VEC outputs must fill them (fp32 in, 16-bit out has 8
+   * bytes per unit, so the scalar path serves it: it stored nothing before this check). */
+  constexpr bool whole_out = (sizeof(Tout) * VEC) % 16 == 0;
+  bool vec = whole_out && (a.cols % VEC) == 0 && ((a.src_ld * sizeof(Tin)) % 16) == 0 &&
              ((a.dst_ld * sizeof(Tout)) % 16) == 0 && tpf_cuda__aligned16(a.dst);
   for (int t = 0; vec && t < a.count; t++)
     vec = tpf_cuda__aligned16(a.srcs[t]);

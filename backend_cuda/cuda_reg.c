@@ -133,6 +133,7 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
   if (r->base != NULL) cudaFree(r->base);
   for (int i = 0; i < 2; i++)
     if (r->ready_ev[i] != NULL) cudaEventDestroy(r->ready_ev[i]);
+  if (r->done_ev != NULL) cudaEventDestroy(r->done_ev);
   if (r->tp != NULL && r->tp->free != NULL) r->tp->free(b, r);
   tpf_cuda__status_free(r);
   tpf_free(r);
@@ -174,6 +175,11 @@ tpf_status tpf_cuda__reg_create(tpf_backend *be, const char *name, uint64_t byte
       rc = tpf_cuda__err(e, "cudaEventCreate(ready)");
       goto fail;
     }
+  }
+  e = cudaEventCreateWithFlags(&r->done_ev, cudaEventDisableTiming);
+  if (e != cudaSuccess) {
+    rc = tpf_cuda__err(e, "cudaEventCreate(done)");
+    goto fail;
   }
   /* Its own device status area (cuda_status.c): failures of its operations stay its own. */
   TPF_CHECK_GOTO(tpf_cuda__status_init(b, r), rc, fail);

@@ -88,6 +88,9 @@ struct tpf_reg {
   bool sync_owner;             /* events: this rank allocated sync (rank 0) */
   tpf_cuda_hostsync *hostsync; /* flags, ranks in other processes: host agreement; else NULL */
   cudaEvent_t ready_ev[2];     /* this rank's operation-start events, by parity */
+  cudaEvent_t done_ev; /* recorded on the caller's stream at the end of every operation (an
+                        * external record node under capture, so replays record it too):
+                        * reg_sync waits for it */
   atomic_int aborted;          /* tpf_comm_abort: host waits on this registration give up */
   tpf_status deferred;         /* first device-side failure of its operations (rank thread) */
   /* Its own device status area (issue 22 item 15): the kernels of its operations report into it
@@ -322,5 +325,7 @@ tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
  * them: polls, bounded by the backend's timeout; on expiry releases every memops registration
  * (tpf_cuda__memops_release), waits once more (bounded) and returns TPF_ETIMEOUT. */
 tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s);
+/* Waits for event ev on the host, polling, bounded by the backend's timeout (TPF_ETIMEOUT). */
+tpf_status tpf_cuda__event_wait_bounded(tpf_cuda_backend *b, cudaEvent_t ev);
 
 #endif /* TPF_CUDA_STATE_H */

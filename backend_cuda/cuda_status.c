@@ -130,6 +130,26 @@ tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s) {
   return tpf_cuda__blame_gone(b->peers, b->base.tp_size, b->base.rank, TPF_ETIMEOUT);
 }
 
+tpf_status tpf_cuda__event_wait_bounded(tpf_cuda_backend *b, cudaEvent_t ev) {
+  const uint64_t deadline = tpf_cuda__now_ns() + b->timeout_ns;
+  for (unsigned spins = 0;; spins++) {
+    const cudaError_t e = cudaEventQuery(ev);
+    if (e != cudaErrorNotReady) {
+      TPF_CUDA_TRY(e, "cudaEventQuery(done)");
+      return TPF_OK;
+    }
+    if (tpf_cuda__now_ns() > deadline)
+      return tpf_set_error(TPF_ETIMEOUT,
+                           "rank %d: the last operation did not complete within %llu ms on the "
+                           "stream it was enqueued (or its graph replayed) on",
+                           b->base.rank, (unsigned long long)(b->timeout_ns / 1000000ull));
+    if (spins > 64) {
+      const struct timespec ts = {0, 20000};
+      nanosleep(&ts, NULL);
+    }
+  }
+}
+
 tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
@@ -161,9 +181,12 @@ tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
   TPF_RETURN_IF(r == NULL, TPF_EINVAL, "cuda reg_sync: NULL registration");
   TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
-  /* The registration's operations run on the backend's streams. */
-  for (int k = 0; k < TPF_NUM_STREAMS; k++) {
-    const tpf_status rc = tpf_cuda__stream_wait_bounded(b, b->streams[k]);
+  /* The registration's operations run on the backend's streams and end on the caller's, where
+   * done_ev marks the last one (replays of captured operations included; P = 1 runs there
+   * only). */
+  for (int k = 0; k <= TPF_NUM_STREAMS; k++) {
+    const tpf_status rc = k < TPF_NUM_STREAMS ? tpf_cuda__stream_wait_bounded(b, b->streams[k])
+                                              : tpf_cuda__event_wait_bounded(b, r->done_ev);
     if (rc != TPF_OK) {
       char msg[512]; /* the detail is formatted into the buffer it is read from: copy it first */
       snprintf(msg, sizeof msg, "%s", tpf_last_error());
