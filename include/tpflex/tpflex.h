@@ -29,8 +29,13 @@
  * - Views: the matrices from tpf_comm_buffer, tpf_comm_local_chunk and tpf_comm_registration
  *   point into the registration and stay valid until tpf_comm_destroy, but their rows describe
  *   the active shape of the moment they were taken: after a set_active_shape, take them again.
- * - CUDA graphs: an operation enqueued on a stream under capture is refused with
- *   TPF_EUNSUPPORTED (nothing is captured); capture is not supported yet.
+ * - CUDA graphs (docs/SPEC.md §10): an operation enqueued on a stream under capture is
+ *   captured; replaying the graph re-runs it at the active shape of capture time with no host
+ *   work. Every rank must replay the same graphs in the same order as the others (each rank its
+ *   own graph); a disagreement (another T or operation) is TPF_EMISMATCH at tpf_comm_sync /
+ *   tpf_comm_async_error, with no byte moved. Set the active shape of the graph before replaying
+ *   it, so that views and later eager operations agree with it. The operands' pointers are part
+ *   of the graph (static buffers).
  */
 #ifndef TPFLEX_H
 #define TPFLEX_H

@@ -238,8 +238,8 @@ typedef struct tpf_backend_ops {
   tpf_status (*reg_activate)(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
   /* Execute one rank's schedule. Synchronous backends return when it is complete; asynchronous
    * ones when it is enqueued on `stream`. TPF_EUNSUPPORTED means "refused before the handshake,
-   * nothing enqueued" (e.g. a stream under graph capture): the core then leaves the communicator
-   * usable and does not consume the sequence number. */
+   * nothing enqueued" (e.g. a capture the backend cannot record): the core then leaves the
+   * communicator usable and does not consume the sequence number. */
   tpf_status (*execute)(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);
   /* Wait for everything enqueued on `stream` (NULL: all) and report a deferred error. */
   tpf_status (*sync)(tpf_backend *be, void *stream);
