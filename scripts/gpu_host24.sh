@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 24's host-path figures on a GPU machine, side by side in one run: the C enqueue per
+# operation (tpflex bench --section tp, enqueue breakdown), the Python overhead above the raw C
+# call (examples/bench_python_overhead.py --backend cuda) and the THD training step against
+# plain torch at P = 1 and at P = 2 processes under MPS (examples/thd_training_step.py --bench).
+# BUILD: a CUDA build folder with tpflex and libtpflex.so (scripts/gpu_round.sh build makes
+# /tmp/tpf-src/build-gpu). Logs and summary.txt under $OUT.
+#
+#   OUT=/tmp/out BUILD=/tmp/tpf-src/build-gpu bash scripts/gpu_host24.sh
+set -u -o pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+OUT=${OUT:-$ROOT/gpu-logs/host24}
+BUILD=${BUILD:-/tmp/tpf-src/build-gpu}
+BENCH_T=${BENCH_T:-1024,4096,16384}
+mkdir -p "$OUT"
+S=$OUT/summary.txt
+export PATH=/usr/local/cuda/bin:$PATH CUDA_VISIBLE_DEVICES=0 CUDA_DEVICE_MAX_CONNECTIONS=32
+export PYTHONPATH=$ROOT/python PYTHONWARNINGS=ignore OMP_NUM_THREADS=1 GLOO_SOCKET_IFNAME=lo
+export TPFLEX_LIBRARY=$BUILD/libtpflex.so TPF_CUDA_BOOT_TIMEOUT_MS=60000
+step() { # step NAME TIMEOUT CMD...
+  local n=$1 to=$2; shift 2
+  local t0=$(date +%s)
+  (cd "$ROOT" && timeout "$to" "$@") >"$OUT/$n.log" 2>&1
+  echo "$n rc=$? $(( $(date +%s) - t0 )) s: $*" | tee -a "$S"
+}
+step bench_tp 150 "$BUILD/tpflex" bench --backend cuda --section tp --tp-list 1,2,8 \
+  --tokens "$BENCH_T"
+step overhead_cuda 90 python3 examples/bench_python_overhead.py --backend cuda --iters 2000
+step thd_p1 120 python3 examples/thd_training_step.py --backend cuda --bench "$BENCH_T"
+export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
+mkdir -p /tmp/mps /tmp/mps-log
+PATH=$PATH:/usr/local/nvidia/bin nvidia-cuda-mps-control -d && echo "MPS: started" | tee -a "$S"
+step thd_p2_mps 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
+  examples/thd_training_step.py --backend cuda --bench "$BENCH_T"
+echo quit | PATH=$PATH:/usr/local/nvidia/bin nvidia-cuda-mps-control 2>/dev/null
