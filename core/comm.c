@@ -371,7 +371,7 @@ tpf_status tpf_comm_destroy(tpf_comm *c) {
                 c->cfg.name);
   /* A managed communicator leaves its manager (issue 22 item 13: how a failed one is replaced
    * without bricking the manager); the manager never holds a destroyed pointer. */
-  if (c->manager) tpf__manager_forget(c->manager, c);
+  if (c->manager) c->leave_manager(c->manager, c);
   /* Out of the table first: from here on every call on c is refused without reading it. */
   tpf__handle_remove(c, c->cfg.name);
   /* Wait for what is in flight before the memory goes; keep going on error so nothing leaks. */

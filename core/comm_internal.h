@@ -23,6 +23,9 @@ struct tpf_comm {
    * that tpf_manager_set_active_shape allocates nothing. */
   uint64_t pending_bytes;
   tpf_shape prev_active;
+  /* Set with manager: drops c from the manager's list at tpf_comm_destroy. A pointer, so that
+   * comm.c (below the manager) calls nothing of manager.c (scripts/check_rooms.py). */
+  void (*leave_manager)(struct tpf_manager *m, struct tpf_comm *c);
 };
 
 /* tpf_comm_create for a caller that already found a local failure (`local` != TPF_OK, detail in
@@ -30,9 +33,6 @@ struct tpf_comm {
  * creation exchange, so every rank fails this creation and the group stays paired. */
 tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out,
                                   tpf_status local);
-
-/* manager.c: drops c from its manager's list (tpf_comm_destroy of a managed communicator). */
-void tpf__manager_forget(struct tpf_manager *m, tpf_comm *c);
 
 /* The layout descriptor of c (this rank, its configuration) for the given active shape. */
 tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active);

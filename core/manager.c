@@ -10,6 +10,8 @@
 
 #define TPF_CHECK_MANAGER(m, call) TPF_CHECK(tpf__handle_check((m), TPF_HANDLE_MANAGER, (call)))
 
+static void forget(tpf_manager *m, tpf_comm *c); /* each managed communicator's leave_manager */
+
 struct tpf_manager {
   tpf_backend *be;  /* shared by every communicator */
   tpf_comm **comms; /* in creation order */
@@ -61,6 +63,7 @@ tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm 
   tpf_comm *c = NULL;
   TPF_CHECK(tpf__comm_create_after(m->be, cfg, &c, local));
   c->manager = m;
+  c->leave_manager = forget;
   m->comms[m->count++] = c;
   if (out) *out = c;
   return TPF_OK;
@@ -123,7 +126,7 @@ tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
 
 /* tpf_comm_destroy of a managed communicator (the recovery path of a failed one: destroy it on
  * every rank, then tpf_manager_add it again). Keeps the creation order of the others. */
-void tpf__manager_forget(tpf_manager *m, tpf_comm *c) {
+static void forget(tpf_manager *m, tpf_comm *c) {
   for (int i = 0; i < m->count; i++) {
     if (m->comms[i] != c) continue;
     memmove(&m->comms[i], &m->comms[i + 1], (size_t)(m->count - i - 1) * sizeof *m->comms);

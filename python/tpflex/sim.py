@@ -9,13 +9,14 @@ it in time order as ``exc.peer_errors`` [(rank, exception)] and listed in its no
 ``exc.tpflex_rank`` is the rank that raised it. A finite ``timeout_ms`` bounds every wait, so
 nothing hangs.
 
-``World`` keeps the world (and each rank's state, e.g. tpflex.torch's manager) across several
-``run`` calls. Closing it runs each rank's close hooks (``state[ON_CLOSE]``: tpflex.torch
-registers destroy_ub there) on the rank's thread and raises their first failure after the world
-is gone. The world's memory outlives ``close`` while something holds it (``keep_alive``: a
-registration that torch views still use), so such a view stays readable.
+``World`` keeps the world (and a state dict per rank, for what code running on the ranks keeps
+between runs) across several ``run`` calls. Closing it runs each rank's close hooks (callables
+that code put in ``state[ON_CLOSE]``) on the rank's thread and raises their first failure after
+the world is gone. The world's memory outlives ``close`` while something holds it
+(``keep_alive``: a registration that views still use), so such a view stays readable.
 
-This module imports nothing of the package above it (only _lib, _args and errors; no torch)."""
+This module imports only _lib, _args and errors (no torch) and knows nothing of the modules that
+use it: they keep their per-rank state in ``Rank.state`` and register their own close hooks."""
 from __future__ import annotations
 
 import ctypes
@@ -40,7 +41,7 @@ _live = [0]  # worlds created and not yet destroyed
 
 def live_worlds() -> int:
     """How many simulator worlds of this process are not destroyed yet (a closed world whose
-    memory a torch view still uses counts until the view dies)."""
+    memory a view still uses counts until the view dies)."""
     return _live[0]
 
 
@@ -85,7 +86,7 @@ class RankContext:
 
     @property
     def state(self) -> Dict[str, Any]:
-        """Per-rank module state that outlives one run (tpflex.torch keeps its manager here)."""
+        """Per-rank state that outlives one run, for the modules that run on the ranks."""
         return self.world._rank_state[self.rank]
 
     def keep_alive(self) -> Callable[[], None]:
@@ -187,8 +188,8 @@ class World:
         return s
 
     def close(self) -> None:
-        """Runs every rank's close hooks on its thread (tpflex.torch: destroy_ub), then lets go
-        of the world; raises the hooks' root cause, if any, after that."""
+        """Runs every rank's close hooks on its thread, then lets go of the world; raises the
+        hooks' root cause, if any, after that."""
         if self._handle is None:
             return
         failure: Optional[BaseException] = None

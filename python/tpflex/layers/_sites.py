@@ -6,24 +6,19 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as Fn
 
-from .. import sim
+from .. import _te, sim
 from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, TpflexShapeError,
                       TpflexStateError)
 
-# TE's site names, in initialize_ub's registration order (the fallback list when tpflex.torch
-# does not publish DEFAULT_UB_CFGS).
-_TE_NAMES = ("qkv_fprop", "proj_fprop", "fc1_fprop", "fc2_fprop", "qkv_dgrad", "qkv_wgrad",
-             "fc1_dgrad", "fc1_wgrad", "proj_dgrad", "fc2_dgrad", "proj_wgrad", "fc2_wgrad")
-
-
 def _tt() -> Any:
-    """tpflex.torch, imported lazily (it imports this module)."""
-    from .. import torch as tt
-    return tt
+    """initialize_ub's module (get_ub, set_ub_active_shape, DEFAULT_UB_CFGS): tpflex._te, not the
+    tpflex.torch facade, which imports this package (scripts/check_rooms.py: no circle)."""
+    return _te
 
 
 def _site_names() -> List[str]:
-    return list(getattr(_tt(), "DEFAULT_UB_CFGS", None) or _TE_NAMES)
+    """TE's site names, in initialize_ub's registration order."""
+    return list(_te.DEFAULT_UB_CFGS)
 
 
 def _get(name: str) -> Any:
