@@ -24,21 +24,28 @@
  * per kind of call (TPF_CUDA_ENQ, tpf_cuda_backend_enqueue_stats).
  *
  * Step mapping (the signals are the registration's transports', cuda_transport*.c):
- *   HANDSHAKE   the transport's handshake with every peer: ready word (operation key: kind and
- *               split count; active rows) to every peer, wait for every peer's, compare.
- *   GEMM        cuBLASLt (cuda_gemm.c) with the step's transposes (TPF_STEP_TRANS_A/W: the
- *               operand's stored block, used transposed) and, on steps flagged TPF_STEP_EPILOGUE,
- *               the operation's epilogue (alpha, beta, bias from d.col, GELU); PIPELINE and BULK
- *               leave comm_ctas SMs to the collective.
- *   SEND        RING: cudaMemcpyAsync into the peer's registration (copy engine, no SMs), BULK:
- *               a copy kernel of at most comm_ctas CTAs; then the peer transport's send signal
- *               (device flags: a 1-thread kernel storing seq into the peer's flag [me][tag];
- * events: an event published for the peer). RECV        the peer transport's recv: wait for that
- * signal. BARRIER     the transport's barrier: signal every peer, wait for all. REDUCE / vectorised
- * fp32-accumulating kernel with at most comm_ctas CTAs; PEER_REDUCE PEER_REDUCE reads the peers'
- * registrations through their mapped pointers. Flagged with the epilogue (it writes D), the kernel
- * applies it to the sum before rounding. Copy-engine SENDs run even after a failed handshake: see
- * cuda_status.c (Failures).
+ *   HANDSHAKE    nothing at P = 1; else the transport's handshake: the ready word (sequence
+ *                number, operation key: kind and split count, active rows) to every peer, a wait
+ *                for every peer's, and the comparison.
+ *   GEMM         cuBLASLt (cuda_gemm.c) with the step's transposes (TPF_STEP_TRANS_A/W: the
+ *                operand's stored block, used transposed) and, on steps flagged
+ *                TPF_STEP_EPILOGUE, the operation's epilogue (alpha, beta, bias from d.col,
+ *                GELU). PIPELINE and BULK leave comm_ctas SMs to the collective.
+ *   SEND         the bytes into the peer's registration, then the transport's send signal (device
+ *                flags: a 1-thread kernel storing seq into the peer's flag [me][tag]; events: an
+ *                event published for the peer). BULK, and every operation under graph capture,
+ *                copy with a kernel of at most comm_ctas CTAs that skips its bytes once the
+ *                registration's status holds a failure; the others with cudaMemcpyAsync (copy
+ *                engine, no SMs), which runs even after a failed handshake (cuda_status.c,
+ *                Failures).
+ *   RECV         the transport's recv: a wait for that signal. Host-ordered transports never
+ *                enqueue one: their enqueuer (tpf_cuda__enqueue_local) handles RECV and BARRIER.
+ *   BARRIER      nothing at P = 1; else the transport's barrier: signal every peer, wait for all.
+ *   REDUCE       a vectorised fp32-accumulating kernel of at most comm_ctas CTAs over `count`
+ *                views of this rank's registration, stride_bytes apart.
+ *   PEER_REDUCE  the same kernel over view a of ranks me, me + 1, ... (mod P), read through
+ *                their mapped pointers.
+ * A reduction flagged with the epilogue (it writes D) applies it to the sum before rounding.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "cuda_state.h"
@@ -213,7 +220,7 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
  * array holds the new count: after a failed allocation it still says what all of them hold, so
  * the next call grows again instead of trusting a count only some arrays reached (the old code
  * raised the event count first and returned early on it, and execute then wrote n bytes into a
- * scratch array that had never grown: issue 22 item 15). No CUDA call. */
+ * scratch array that had never grown). No CUDA call. */
 tpf_status tpf_cuda__grow_step_scratch(tpf_cuda_backend *b, int n) {
   if (n <= b->nneed_ev) return TPF_OK;
   int want = b->nneed_ev > 0 ? b->nneed_ev : 32;
@@ -507,7 +514,7 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
                 a->comm_name);
   b->capturing = capture == cudaStreamCaptureStatusActive;
   /* A failure of an earlier operation on this registration is reported here until its sync
-   * takes it; another registration's failure is that one's (issue 22 item 15). */
+   * takes it; another registration's failure is that one's. */
   TPF_CHECK(tpf_cuda__check_status(b, r));
   /* Released stream-memory waits would pass at once: the registration runs nothing more. */
   TPF_RETURN_IF(atomic_load(&r->released), TPF_ESTATE,

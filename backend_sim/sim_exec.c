@@ -5,18 +5,19 @@
  * is s, which gives CUDA's in-stream order; before a step it waits for the steps named in deps
  * (events between streams), then sleeps a seeded random 0..max_delay_us so that interleavings
  * differ from run to run, then runs the step. GEMM chunks on compute workers and transfers on
- * the send worker therefore really overlap.
+ * the comm worker therefore really overlap.
  *
  * Cross-rank protocol (tpflex_backend.h): a SEND copies into the peer's block of the shared
  * registration and then stores seq into the peer's flag [me][tag] with release order; a RECV
  * waits for its flag >= seq with acquire order, so the bytes are visible after it. BARRIER
- * raises its flag on every peer and waits for all of theirs. HANDSHAKE publishes
- * TPF_READY_WORD(seq, rows) to every peer and waits for theirs; different rows fail the
- * operation with TPF_EMISMATCH on every rank (each rank sees at least one different word) before
- * any byte moves. Every cross-rank wait sleeps on the rank's doorbell, re-reading the bound in
- * force (tpf_sim__timeout_ms) at each wakeup, and fails at it with TPF_ETIMEOUT naming the rank,
- * the step and the peer awaited. The waits between a rank's own streams, and execute's wait for
- * its workers, are nets with the same message form (the rank itself is the one awaited).
+ * raises its flag on every peer and waits for all of theirs. HANDSHAKE (P > 1 only) publishes
+ * TPF_READY_WORD(seq, op_key, rows) to every peer and waits for theirs; different rows or a
+ * different operation key (kind, split count) fail the operation with TPF_EMISMATCH on every rank
+ * (each rank sees at least one different word) before any byte moves. Every cross-rank wait
+ * sleeps on the rank's doorbell, re-reading the bound in force (tpf_sim__timeout_ms) at each
+ * wakeup, and fails at it with TPF_ETIMEOUT naming the rank, the step and the peer awaited. The
+ * waits between a rank's own streams, and execute's wait for its workers, are nets with the same
+ * message form (the rank itself is the one awaited).
  *
  * One thread per rank: every rank-thread entry claims the rank (tpf_sim__enter), and the job slot
  * refuses a second operation while one runs (TPF_ESTATE naming the rule), so a second thread

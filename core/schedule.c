@@ -3,8 +3,8 @@
  * Method: every schedule is the list of docs/DESIGN.md, built for the active shape with the
  * packed chunk size S_T in place of the capacity chunk size.
  *  - P = 1: the one GEMM of the operation and nothing else, no handshake (build_single).
- *  - Step 0 is HANDSHAKE on the send stream (P > 1). The first step of every other stream
- *    lists step 0 in its deps, so nothing moves before every rank agreed on (seq, rows).
+ *  - Step 0 is HANDSHAKE on the comm stream (P > 1). The first step of every other stream
+ *    lists step 0 in its deps, so nothing moves before every rank agreed on (seq, key, rows).
  *  - RING AG, plain (splits = P): step i computes chunk cs = (r-i) mod P while forwarding it to
  *    r+1 and receiving chunk (r-i-1) mod P from r-1; every chunk lands at its natural offset, so
  *    after P-1 steps the buffer is the gathered [T, H]. splits = 1: the P-1 forwards, then one
@@ -57,7 +57,7 @@ static void add_dep(builder *b, int step, int dep) {
   if (s->ndeps < TPF_STEP_MAX_DEPS) s->deps[s->ndeps++] = (uint16_t)dep;
 }
 
-/* Appends a step on `stream`; it depends on step 0 when it is the first of a non-send stream. */
+/* Appends a step on `stream`; it depends on step 0 when it is the first of a non-comm stream. */
 static int add_step(builder *b, tpf_step_kind kind, tpf_stream_id stream, int32_t chunk) {
   int i = b->n++;
   tpf_step *s = &b->steps[i];
@@ -275,7 +275,7 @@ static void build_bulk(builder *b, const ctx *c) {
 }
 
 /* P = 1: nothing to gather or reduce and no peer to agree with, so the operation is exactly its
- * one GEMM, with no handshake (issue 24 item 2). RING AG: the gathered buffer is the local chunk,
+ * one GEMM, with no handshake. RING AG: the gathered buffer is the local chunk,
  * [T, H], times W into D. RING and PIPELINE RS: D = op(X) op(W) straight into the output (the
  * epilogue rides on it; the buffer, scratch of the reduction, is not written). BULK: its
  * independent GEMM; the collective over one rank moves nothing. */
@@ -337,7 +337,7 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
                         int storage_cap, tpf_schedule *s) {
   TPF_RETURN_IF(!d || !g || !s, TPF_EINVAL, "schedule_build: NULL argument");
   /* One validation (tpf_layout_check's rules, its 16-byte alignment) yields every region the
-   * builders read (it was 5 + 2 per chunk: 21-259 per build; issue 24 item 3). */
+   * builders read (it was 5 + 2 per chunk: 21-259 per build). */
   tpf_layout_geom geo;
   TPF_CHECK(tpf__layout_geometry(d, 16, &geo));
   TPF_CHECK(check_dims(d, g));
@@ -365,7 +365,7 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
   h.num_splits = tpf__layout_splits(d);
   h.aggregate = d->aggregate;
   /* The handshake compares this key next to the rows: ranks whose operations differ in kind or
-   * split count would move different bytes (issue 11 item 3). */
+   * split count would move different bytes. */
   h.op_key = TPF_OP_KEY(d->algo == TPF_ALGO_BULK ? TPF_OP_BULK
                         : d->coll == TPF_COLL_AG ? TPF_OP_AG_GEMM
                                                  : TPF_OP_GEMM_RS,

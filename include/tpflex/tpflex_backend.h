@@ -84,13 +84,13 @@ typedef enum { TPF_OP_AG_GEMM = 1, TPF_OP_GEMM_RS = 2, TPF_OP_BULK = 3 } tpf_op_
 #define TPF_OP_KEY_SPLITS(key) (((unsigned)(key)&63u) + 1u)
 
 typedef enum {
-  TPF_STEP_HANDSHAKE = 0, /* announce (seq, rows) to all peers, wait for theirs, compare */
-  TPF_STEP_GEMM,          /* d[m, n] = a[m, k] * w[n, k]^T, fp32 accumulation */
-  TPF_STEP_SEND,          /* bytes from my registration at src_off to peer's at dst_off; flag */
-  TPF_STEP_RECV,          /* wait for the flag of the matching SEND (peer, tag) */
+  TPF_STEP_HANDSHAKE = 0, /* P > 1: ready word (seq, op key, rows) to every peer; compare theirs */
+  TPF_STEP_GEMM,          /* d[m, n] = a[m, k] * w[n, k]^T in fp32 (flags: transposes, epilogue) */
+  TPF_STEP_SEND,          /* bytes at src_off to peer's dst_off, then its flag [me][tag] = seq */
+  TPF_STEP_RECV,          /* wait until my flag [peer][tag] >= seq: the matching SEND landed */
   TPF_STEP_REDUCE,        /* d[m, n] = sum_{t<count} my view a shifted by t*stride_bytes */
   TPF_STEP_PEER_REDUCE,   /* d[m, n] = sum_{t<count} view a of rank (me+t)%P's registration */
-  TPF_STEP_BARRIER,       /* raise flag tag on every peer; wait for every peer's flag tag */
+  TPF_STEP_BARRIER,       /* flag [me][tag] = seq on every peer; wait for all of theirs >= seq */
   TPF_STEP_KIND_COUNT
 } tpf_step_kind;
 
@@ -98,8 +98,8 @@ typedef enum {
   TPF_STREAM_COMPUTE0 = 0, /* compute streams 0..2 (min(3, splits) are used) */
   TPF_STREAM_COMPUTE1 = 1,
   TPF_STREAM_COMPUTE2 = 2,
-  TPF_STREAM_COMM = 3, /* communication: copy-engine sends, barriers, the handshake and the
-                        * collective (pull) reductions ("comm") */
+  TPF_STREAM_COMM = 3, /* communication: sends, barriers, the handshake and the collective
+                        * (pull) reductions ("comm") */
   TPF_STREAM_RECV = 4, /* receive waits */
   TPF_STREAM_SEND = TPF_STREAM_COMM /* the 0.1 name, which undersold what the stream runs */
 } tpf_stream_id;
