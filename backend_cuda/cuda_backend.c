@@ -88,7 +88,7 @@ static uint64_t tpf_cuda__proc_token(void) {
 
 static tpf_status tpf_cuda__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes);
 
-/* One thread per rank (tpflex.h; issue 22 item 5): the ops table's rank-thread entries claim the
+/* One thread per rank (tpflex.h, Threads): the ops table's rank-thread entries claim the
  * rank first, so a second thread gets TPF_ESTATE naming the rule instead of racing on the
  * backend's per-rank scratch (step events, enqueuer state, the bootstrap's exchange order). The
  * core refuses a second thread on one communicator; this also covers two communicators of one
@@ -295,7 +295,7 @@ tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out) {
 tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stats *out) {
   TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || out == NULL, TPF_EINVAL,
                 "tpf_cuda_backend_enqueue_stats: not a CUDA backend, or out is NULL");
-  static const size_t released[] = {sizeof(*out)}; /* 0.2 (issue 22 item 12) */
+  static const size_t released[] = {sizeof(*out)}; /* 0.2's layout */
   TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_enqueue_stats", "stats",
                                   "tpf_cuda_enqueue_stats", out->size, released,
                                   TPF_ARRAY_SIZE(released)));

@@ -93,7 +93,7 @@ struct tpf_reg {
                         * reg_sync waits for it */
   atomic_int aborted;          /* tpf_comm_abort: host waits on this registration give up */
   tpf_status deferred;         /* first device-side failure of its operations (rank thread) */
-  /* Its own device status area (issue 22 item 15): the kernels of its operations report into it
+  /* Its own device status area: the kernels of its operations report into it
    * and skip their work while it is set; no other registration reads it, so a failure belongs to
    * the communicator whose operation caused it. Mapped pinned memory and a device claim word. */
   tpf_cuda_status *status_host;

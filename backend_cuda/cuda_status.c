@@ -2,7 +2,7 @@
  * and the ops table's sync, reg_sync, reg_async_error and reg_abort.
  *
  * Failures. Device-side waits are bounded (timeout_ns, %globaltimer). Every registration has its
- * own host-mapped status area (issue 22 item 15: it was one per backend, so a failure of one
+ * own host-mapped status area (it was one per backend once, so a failure of one
  * communicator failed every other one of the rank, permanently once the core saw it at their
  * next execute). The first failing wait of an operation writes a code into its registration's
  * area; every later kernel of that registration sees it and returns without touching memory, and
@@ -165,7 +165,7 @@ tpf_status tpf_cuda__sync(tpf_backend *be, void *stream) {
   return TPF_OK;
 }
 
-/* ---- per-registration completion and errors (issue 11 item 2, issue 22 item 15) ----
+/* ---- per-registration completion and errors ----
  * Each registration's failure lives in its own status area (see Failures above). */
 tpf_status tpf_cuda__reg_async_error(tpf_backend *be, tpf_reg *r, tpf_status *out) {
   tpf_cuda_backend *b = tpf_cuda__of(be);

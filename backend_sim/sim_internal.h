@@ -127,12 +127,12 @@ struct tpf_sim_rank {
   uint64_t exchange_count; /* allgathers so far (rank thread only; sim_exchange.c) */
   tpf_sim_worker workers[TPF_NUM_STREAMS];
   /* Per-step completion flags of the operation being executed, reused by every operation so
-   * execute allocates nothing (issue 11 item 4); guarded by that operation's mutex. */
+   * execute allocates nothing; guarded by that operation's mutex. */
   unsigned char done[TPF_SIM_MAX_STEPS + 1];
   bool workers_started[TPF_NUM_STREAMS];
   /* The rank's calling thread: the backend entry that holds the rank (NULL: none). One thread
    * per rank at a time (tpflex.h): a second thread entering while this is set is refused with
-   * TPF_ESTATE instead of overwriting the job slot below (issue 22 item 5). */
+   * TPF_ESTATE instead of overwriting the job slot below. */
   _Atomic(const char *) busy;
   /* Job dispatch to the workers. */
   pthread_mutex_t mu;

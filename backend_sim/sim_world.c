@@ -118,7 +118,7 @@ static void world_free(tpf_sim_world *w) {
 tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world **out) {
   if (!cfg || !out)
     return tpf_set_error(TPF_EINVAL, "tpf_sim_world_create: NULL %s", cfg ? "out" : "config");
-  static const size_t released[] = {sizeof(tpf_sim_config)}; /* 0.2 (issue 22 item 12) */
+  static const size_t released[] = {sizeof(tpf_sim_config)}; /* 0.2's layout */
   TPF_CHECK(tpf_check_struct_size("tpf_sim_world_create", "config", "tpf_sim_config", cfg->size,
                                   released, TPF_ARRAY_SIZE(released)));
   tpf_sim_config norm = TPF_SIM_CONFIG_INIT;
@@ -222,7 +222,7 @@ tpf_status tpf_sim_run(tpf_sim_world *w, tpf_status (*fn)(tpf_backend *be, int r
 
 tpf_status tpf_sim_world_destroy(tpf_sim_world *w) {
   TPF_CHECK(tpf_handle_check(w, TPF_HANDLE_WORLD, "tpf_sim_world_destroy"));
-  tpf_handle_remove(w, NULL); /* issue 22 item 2: later calls on w are refused */
+  tpf_handle_remove(w, NULL); /* later calls on w are refused, naming it */
   world_free(w);
   return TPF_OK;
 }

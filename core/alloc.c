@@ -27,7 +27,7 @@ tpf_status tpf_set_allocator(tpf_malloc_fn m, tpf_calloc_fn c, tpf_realloc_fn r,
                 "realloc=%s free=%s)",
                 m ? "set" : "NULL", c ? "set" : "NULL", r ? "set" : "NULL", f ? "set" : "NULL");
   /* A block from the old hooks freed by the new ones is undefined behaviour ("free(): invalid
-   * pointer"): refuse while any allocation is live (issue 22 item 6). Setting the same four
+   * pointer"): refuse while any allocation is live. Setting the same four
    * hooks again changes nothing and is allowed at any time. */
   const long live = atomic_load(&tpf_alloc_live);
   const bool same = m == tpf_alloc_m && c == tpf_alloc_c && r == tpf_alloc_r && f == tpf_alloc_f;

@@ -22,8 +22,8 @@
 /* The communicator as allocated: the shared struct (comm_internal.h) followed by what only this
  * file needs: the abort flag and the schedule storage, sized at creation for the largest
  * schedule any active shape T <= C can need, so an operation builds its schedule without
- * allocating (issue 11 item 4). */
-/* Issue 24 item 3: the schedule of an operation depends only on the communicator, the active rows
+ * allocating. */
+/* Schedule reuse: the schedule of an operation depends only on the communicator, the active rows
  * T and the operation key (the resolved split count and aggregate, the transposes, whether an
  * epilogue is on, the GEMM dims). The last TPF_SCHED_CACHE of them are kept, built and resolved
  * (apply_options done), in storage reserved at creation; an operation whose key is cached hands
@@ -76,7 +76,7 @@ static bool aborted(const tpf_comm *c) {
 /* One thread per rank at a time (tpflex.h): an operation, set_active_shape or sync marks the
  * communicator busy at entry with an atomic exchange; a second thread arriving meanwhile is
  * refused at once with TPF_ESTATE and changes nothing (on the simulator it used to overwrite the
- * first job in the rank's job slot, and the loser waited forever; issue 22 item 5). */
+ * first job in the rank's job slot, and the loser waited forever). */
 static tpf_status enter(tpf_comm *c, const char *call) {
   TPF_RETURN_IF(atomic_exchange(&full_of(c)->busy, 1) != 0, TPF_ESTATE,
                 "%s: another thread is inside a call on '%s' for this rank right now; the rule is "
@@ -85,7 +85,7 @@ static tpf_status enter(tpf_comm *c, const char *call) {
   return TPF_OK;
 }
 /* Leaves c failed with status rc, keeping the detail for the messages of later calls (they name
- * the original failure and the way out, issue 22 item 13). */
+ * the original failure and the way out). */
 static void mark_failed(tpf_comm *c, tpf_status rc) {
   c->failed = rc;
   const char *e = tpf_last_error();
@@ -155,7 +155,7 @@ static tpf_comm_config normalized(const tpf_comm_config *cfg) {
   return n;
 }
 
-/* ---- Configuration agreement (issue 11 item 3) ---- */
+/* ---- Configuration agreement ---- */
 
 /* Everything that shapes the bytes, in a fixed layout with no padding, compared field by field
  * in this order so every rank reports the same first difference. */
@@ -164,7 +164,7 @@ typedef struct {
   uint64_t magic; /* "tpfcfg03": a rank built from another library version differs here */
   uint64_t cap_rows, cap_cols, name_hash, cost_hash;
   int32_t algo, coll, dtype, num_splits, aggregate, external, plan, name_len;
-  /* 1: this rank's call failed a local check (issue 22 item 3); name then holds the start of
+  /* 1: this rank's call failed a local check; name then holds the start of
    * its detail and every other field is 0. */
   int32_t invalid, reserved;
   char name[FP_NAME_LEN]; /* the first bytes, for the message */
@@ -262,8 +262,8 @@ static tpf_status compare_fingerprints(const char *name, const fingerprint *all,
 /* Exchanges fingerprints over the backend (when it can) and compares them; every rank sees all
  * of them, so every rank fails with the same message. cfg NULL: this rank's call already failed
  * a local check (`local`, detail in tpf_last_error()): it still takes part, with an "invalid"
- * fingerprint, so that every rank fails this creation and the exchanges stay paired (issue 22
- * item 3); it returns its own local status and detail. The fingerprints live on the stack
+ * fingerprint, so that every rank fails this creation and the exchanges stay paired; it
+ * returns its own local status and detail. The fingerprints live on the stack
  * (P <= TPF_MAX_RANKS): an allocation failing on one rank only would unpair the group too. */
 static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg, tpf_status local) {
   tpf_status (*allgather)(tpf_backend *, const void *, void *, size_t) = tpf__be_allgather_op(be);
@@ -369,7 +369,7 @@ tpf_status tpf_comm_destroy(tpf_comm *c) {
                 "tpf_comm_destroy: another thread is inside a call on '%s' for this rank right "
                 "now; the rule is one thread per rank at a time (tpflex.h, Threads)",
                 c->cfg.name);
-  /* A managed communicator leaves its manager (issue 22 item 13: how a failed one is replaced
+  /* A managed communicator leaves its manager (how a failed one is replaced
    * without bricking the manager); the manager never holds a destroyed pointer. */
   if (c->manager) c->leave_manager(c->manager, c);
   /* Out of the table first: from here on every call on c is refused without reading it. */
@@ -525,7 +525,7 @@ static bool aliases(const tpf_comm *c, const tpf_matrix *m) {
   return lo < bhi && blo < hi;
 }
 
-/* ---- Operands overlapping each other (issue 22 item 4) ---- */
+/* ---- Operands overlapping each other ---- */
 
 /* One operand's byte extent [lo, hi): from its first element to one past its last, i.e.
  * ((rows - 1) * ld + cols) elements of its dtype (check_matrix has bounded rows * ld * e). */
@@ -551,7 +551,7 @@ static extent bias_extent(const void *bias, uint64_t n, tpf_dtype t) {
 }
 
 /* The output must share no byte with any other operand: a GEMM that reads W, A or the bias
- * while it writes D over them computes from half-written data (issue 22: errors of 300 to 4e5
+ * while it writes D over them computes from half-written data (errors of 300 to 4e5
  * came back as TPF_OK). Inputs may overlap each other (both are only read, e.g. bulk a == b for
  * a Gram matrix); D's own read with beta != 0 is the same operand. */
 static tpf_status check_disjoint(const tpf_comm *c, const char *op, const extent *out,
@@ -589,7 +589,7 @@ static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, cons
   return TPF_OK;
 }
 
-/* ---- Per-operation options (issue 11 item 1) ---- */
+/* ---- Per-operation options ---- */
 
 /* The caller's options as this library's struct (NULL: the defaults), checked. */
 static tpf_status op_options(const tpf_comm *c, const char *op, const tpf_op_options *in,
@@ -649,7 +649,7 @@ static tpf_status op_desc(const tpf_comm *c, const tpf_op_options *o, tpf_layout
                        o->num_splits, (unsigned long long)c->active.rows, detail);
 }
 
-/* Operand resolution, done once here so a backend only maps steps (issue 15 item 1): a GEMM
+/* Operand resolution, done once here so a backend only maps steps: a GEMM
  * operand of a stored-transposed user matrix names the stored element where its block starts
  * and carries the flag; the steps that write D carry the epilogue flag. */
 static void apply_options(tpf_schedule *s, const tpf_op_options *o) {
@@ -913,7 +913,7 @@ tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
   return tpf_bulk_overlap_ex(c, a, b, d, NULL, stream);
 }
 
-/* ---- Completion and errors (issue 11 item 2) ---- */
+/* ---- Completion and errors ---- */
 
 /* The deferred status of what was enqueued: the failure that left the communicator failed, else
  * what the backend holds for this registration (optional op). Never waits. */

@@ -41,7 +41,7 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
 /* Commits a shape that tpf__comm_check_shape accepted. */
 tpf_status tpf__comm_apply_shape(tpf_comm *c, tpf_shape active, uint64_t active_bytes);
 
-/* The schedule cache of an operation's key (issue 24 item 3; comm.c): hits and misses since
+/* The schedule cache of an operation's key (comm.c): hits and misses since
  * creation, read by tests and the host benchmark. */
 typedef struct {
   uint64_t hits, misses;

@@ -1,4 +1,4 @@
-/* Structural validation of an operation before any backend sees it (issue 15 item 1).
+/* Structural validation of an operation before any backend sees it.
  *
  * Method: one pass over the rank's steps, rules in a fixed order, each failure naming the step
  * and the numbers: the schedule header is sane and starts with the handshake; every step has a

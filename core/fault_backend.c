@@ -205,7 +205,7 @@ tpf_status tpf_fault_backend_create(tpf_backend *inner, const tpf_fault_plan *pl
 }
 
 static tpf_status check_wrapper(const tpf_backend *fb, const char *fn) {
-  /* The handle table first (issue 22 item 2): a destroyed wrapper is never read. */
+  /* The handle table first: a destroyed wrapper is never read. */
   TPF_RETURN_IF(fb && !tpf__handle_live(fb, TPF_HANDLE_FAULT), TPF_EINVAL,
                 "%s: not a fault wrapper backend (destroyed, or never created by "
                 "tpf_fault_backend_create)",

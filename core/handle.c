@@ -1,4 +1,4 @@
-/* The handle table (issue 22 item 2): which communicators, managers and simulator worlds are
+/* The handle table: which communicators, managers and simulator worlds are
  * live, so that a call on a destroyed one is TPF_EINVAL instead of a use-after-free.
  *
  * Method: every object is entered here when it is created and removed when it is destroyed;

@@ -49,7 +49,7 @@ size_t tpf__handle_count(void);
 /* ---- layout.c ---- */
 /* tpf_layout_check with an explicit alignment (the backend's); 0 means 1. */
 tpf_status tpf__layout_check_align(const tpf_layout_desc *d, uint64_t align_bytes);
-/* Everything a schedule build reads of a layout, from one validation (issue 24 item 3): the
+/* Everything a schedule build reads of a layout, from one validation: the
  * chunks/slots/blocks of the active layout (as tpf_layout_chunk), the local shard, the
  * registered and active bytes. align_bytes as tpf__layout_check_align. */
 typedef struct {

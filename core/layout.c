@@ -204,8 +204,8 @@ static tpf_status check_align(const tpf_layout_desc *d, const shape_sizes *c, co
   return TPF_OK;
 }
 
-/* Validations run by this thread (tpf__layout_validations; issue 24 item 3 counts them per
- * schedule build). Thread-local: ranks as threads do not share a cache line for it. */
+/* Validations run by this thread (tpf__layout_validations: tests/unit/test_reuse.c counts
+ * them per schedule build). Thread-local: ranks as threads do not share a cache line for it. */
 static _Thread_local uint64_t g_validations;
 
 uint64_t tpf__layout_validations(void) {

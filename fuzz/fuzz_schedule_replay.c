@@ -404,7 +404,7 @@ static void check_header(const tpf_layout_desc *d, const tpf_schedule *s) {
   FUZZ_ASSERT(s->rows == d->active.rows && s->cols == d->active.cols);
   FUZZ_ASSERT(s->chunk_rows == local.rows && s->chunk_bytes == local.bytes);
   FUZZ_ASSERT(s->registered_bytes == reg && s->active_bytes == act);
-  /* P = 1: the operation's one GEMM, no handshake (issue 24). */
+  /* P = 1: the operation's one GEMM, no handshake. */
   FUZZ_ASSERT(s->nsteps >= 1 && s->steps &&
               (d->tp_size == 1 ? s->nsteps == 1 && s->steps[0].kind == TPF_STEP_GEMM
                                : s->steps[0].kind == TPF_STEP_HANDSHAKE));

@@ -43,7 +43,7 @@ typedef struct {
 } tpf_cuda_stats;
 TPF_API tpf_status tpf_cuda_backend_stats(tpf_backend *be, tpf_cuda_stats *out);
 
-/* Where tpf_* calls of this rank spend host time (issue 13): cumulative since the backend was
+/* Where tpf_* calls of this rank spend host time: cumulative since the backend was
  * created; take differences around the operations you time. Every CUDA and cuBLASLt call an
  * operation makes is counted in one kind, with the host time it took (CLOCK_MONOTONIC around the
  * call); PEER_WAIT is host time spent waiting for a peer rank to reach the same point of its

@@ -117,12 +117,12 @@ typedef struct {
  * for a NULL world. */
 TPF_API tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f);
 
-/* Addition (0.2, issue 22): the bound on every wait, changed at any time, also while ranks run
+/* Addition (0.2): the bound on every wait, changed at any time, also while ranks run
  * (thread-safe). Every wait re-reads the bound in force at each wakeup (at least every 20 ms) and
  * ends once it has waited that long since it began, so lowering it also ends waits in progress
  * that already waited longer. 0 = the default (10000). TPF_EINVAL for a NULL world. */
 TPF_API tpf_status tpf_sim_set_timeout(tpf_sim_world *w, unsigned timeout_ms);
-/* Addition (0.2, issue 22): once a fault of the plan that loses something has fired (a failed
+/* Addition (0.2): once a fault of the plan that loses something has fired (a failed
  * call, a lost signal, a late entry; not a delayed, duplicated or reordered signal), every wait is
  * bounded by fault_timeout_ms instead of the world's timeout, waits in progress included; 0 (the
  * default) turns this off. tpf_sim_set_fault(_ex) re-arms it (the plan's faults have not fired

@@ -37,7 +37,7 @@ def _bare_errors(impl: Any, *args: Any) -> Any:
 
 def _direct(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether an operation may call its implementation directly instead of through its
-    torch.library custom op (issue 24 item 1: the op's dispatch costs tens of µs per call): in
+    torch.library custom op (the op's dispatch costs tens of µs per call): in
     eager mode only, with no dispatch mode active (fake tensors, tracing), plain tensors, and no
     input that autograd would need to see (the op then raises its 'no autograd formula' on
     backward, as before). Under torch.compile the op is what gets traced."""

@@ -607,7 +607,7 @@ if not HAVE_CUDA:
                                               "--mode", "both"], 2,
          err="this build has no CUDA backend")
 
-# ---- issue 23 item 7: the tools' small frictions ----
+# ---- the tools' small frictions ----
 PRED = argv(P, {"--tp": "4", "--capacity": "4096", "--tokens": "1024", "--hidden": "1024"},
             extra=["--predict"])
 # plan output has no -1 sentinels: "-" in text, null in JSON, where a step has no chunk or peer

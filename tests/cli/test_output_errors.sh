@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every output of the tpflex commands is checked for write and close errors (issue 22 item 8):
+# Every output of the tpflex commands is checked for write and close errors:
 # a command whose output cannot be written exits non-zero with a message naming the file (or
 # standard output) and the error, and never says "all checks passed". /dev/full fails every write
 # with ENOSPC; a file size limit (ulimit -f, SIGXFSZ ignored so the write returns EFBIG) fails a

@@ -175,7 +175,7 @@ static void verdict_fail(conf_verdict *v, const char *fmt, ...) {
 /* --self-test: every tolerance check judges a copy of the result in which ONE element (the one
  * with the smallest |want|) was moved out of tolerance by 4x the larger of atol, rtol |want| and
  * its RS slack, and the largest |want| within it; every such check must fail. It proves that the
- * checks of this suite see one wrong element (issue 22: the oracle used to judge only the
+ * checks of this suite see one wrong element (the oracle used to judge only the
  * max-abs-diff element). Counted over all ranks (threads of this process). */
 static bool g_self_test;
 static atomic_ullong g_self_checks, g_self_missed, g_self_maxdiff_blind;
@@ -219,7 +219,7 @@ static bool tol_check(const tpf_matrix *got, const tpf_matrix *want, const float
     tpf_ref_set(&bad, mi, mj, (float)(m * (1.0 + 0.5 * tol.rtol)));
   }
   const bool ok = tpf_ref_check(&bad, want, slack, tol, what, why, len);
-  /* How many of these a verdict at the max-abs-diff element alone (the oracle before issue 22,
+  /* How many of these a verdict at the max-abs-diff element alone (the old oracle,
    * for checks without slack) would have passed: the wrong element is not the max-diff one. */
   tpf_ref_result r;
   if (!slack && tpf_ref_compare(&bad, want, tol, &r) == TPF_OK &&
@@ -520,7 +520,7 @@ static void record(conf_ctx *cx, int kind, tpf_dtype dt, uint64_t T, const char 
   if (cx->res->failed <= CONF_MAX_PRINTED) fprintf(stdout, "%s\n", line);
 }
 
-/* ---- API 0.2 options (issue 11 item 1): every option on every operation ---- */
+/* ---- API 0.2 options: every option on every operation ---- */
 
 /* One combination of options. Splits are swept separately (opts_splits). */
 typedef struct {

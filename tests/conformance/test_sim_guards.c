@@ -164,7 +164,7 @@ static void test_sim__canary_names_comm_rank_offset(void **state) {
   g.poke_canary = true;
   TPF_ASSERT_OK(tpf_sim_run(w, guard_rank, &g));
   TPF_ASSERT_STATUS(g.st[0], TPF_OK);
-  /* Not a backend failure: TPF_ESTATE, naming the rows (issue 22 item 13). The poke is byte 5 of
+  /* Not a backend failure: TPF_ESTATE, naming the rows. The poke is byte 5 of
    * row 2P (bf16 rows of H columns). */
   TPF_ASSERT_STATUS(g.st[1], TPF_ESTATE);
   char want[320];

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The CUDA backend's rooms call each other without a cycle (issue 15): for every object file of
+# The CUDA backend's rooms call each other without a cycle: for every object file of
 # backend_cuda/ (one per .c/.cu file), list the symbols it uses that another file of backend_cuda/
 # defines (functions called or taken as pointers, tables read), and fail if those file-to-file
 # edges contain a cycle. Works on the compiled objects (nm), so calls hidden behind macros count

@@ -1,5 +1,5 @@
-/* The CUDA backend's deferred errors belong to the registration whose operation caused them
- * (issue 22 item 15), on the CPU: every registration has its own host-mapped status area, and
+/* The CUDA backend's deferred errors belong to the registration whose operation caused them,
+ * on the CPU: every registration has its own host-mapped status area, and
  * reading one (tpf_cuda__check_status, reg_async_error: host reads, no CUDA call) never reports
  * another's failure. The old backend had one status area per backend: a failure written by one
  * communicator's kernel was seen by every other communicator's execute, which the core then left
@@ -115,7 +115,7 @@ static void test_status__scratch_count_is_true_after_a_failed_growth(void **stat
   free(b);
 }
 
-/* One thread per rank (issue 22 item 5, the CUDA backend's own defense): while one thread is
+/* One thread per rank (the CUDA backend's own defense): while one thread is
  * inside a rank-thread entry of the ops table, every other such entry is TPF_ESTATE naming the
  * rule and touches nothing (here: NULL arguments, which the entries would dereference), and the
  * rank stays claimed by the first. reg_async_error and reg_abort stay callable. */

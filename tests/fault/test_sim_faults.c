@@ -43,7 +43,7 @@
 #include <time.h>
 
 enum { H = 16, K = 8, N = 8, NOPS = 2, FK_MSG = 400, MAXP = 4 };
-/* Timing never decides a verdict (issue 22): every wait that must not expire has the generous
+/* Timing never decides a verdict: every wait that must not expire has the generous
  * bound GENEROUS_MS, which no load makes a healthy wait reach. The short bound TIMEOUT_MS applies
  * only once the case's fault has made waits expire on purpose: the simulator switches to it when
  * a lossy fault fires (tpf_sim_set_fault_timeout: a failed call, a lost signal, a late entry),
@@ -1037,7 +1037,7 @@ static void test_fault__late_and_absent_ranks(void **state) {
   run_modes(m, 2);
 }
 
-/* SPEC §3 / issue item 2 on the simulator: a rank that never arrives makes its peers' wait expire
+/* SPEC §3 on the simulator: a rank that never arrives makes its peers' wait expire
  * with TPF_ETIMEOUT, within the timeout, naming the waiting rank, the step and the awaited peer;
  * the communicator then refuses work with TPF_ESTATE until destroyed. */
 static void test_fault__timeout_names_rank_step_and_peer(void **state) {

@@ -1,4 +1,4 @@
-/* One thread per rank, and bounded waits, on the simulator (issue 22 item 5).
+/* One thread per rank, and bounded waits, on the simulator.
  *
  * A rank's calls are not thread-safe (tpflex.h): one thread at a time issues them. The simulator
  * used to have one job slot per rank and a wait with no deadline: a second operation submitted for

@@ -1,4 +1,4 @@
-/* GPU test: a failure on one communicator leaves the others working (issue 22 item 15; tpflex.h:
+/* GPU test: a failure on one communicator leaves the others working (tpflex.h:
  * deferred errors belong to the communicator whose operation caused them).
  *
  * P = 2 ranks as threads on GPU 0, with the device flag kernels (TPF_CUDA_DEVICE_FLAGS=1, set

@@ -500,7 +500,7 @@ static int check_capacity(const proc_case *cs, const proc_kit *k, const tpf_laun
   for (int r = 0; r < cs->P; r++)
     has_op = has_op && atomic_load(&sh->ran[r][7]) && sh->st[r][7] == 1;
   if (!has_op) {
-    /* A known defect is a failure, never a skip (issue 22). */
+    /* A known defect is a failure, never a skip. */
     snprintf(why, n,
              "defect: the backend has no allgather op (tpf_backend_ops.allgather), so "
              "tpf_comm_create cannot compare configuration fingerprints; without it rank 0 got "

@@ -1,4 +1,4 @@
-/* Faults with ranks as processes (issue 13): the cases, shared by the CPU binary (a host backend
+/* Faults with ranks as processes: the cases, shared by the CPU binary (a host backend
  * built on the CUDA backend's host agreement, proc_host_backend.c) and the GPU binary (the CUDA
  * backend). Each case forks P ranks through the launcher (harness/launcher.h), every rank
  * records statuses, messages and times in shared memory, and the parent checks them, the exit

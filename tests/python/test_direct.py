@@ -1,4 +1,4 @@
-"""Issue 24 item 1 on the simulator: an eager operation calls its implementation directly, not
+"""On the simulator: an eager operation calls its implementation directly, not
 through its torch.library custom op (whose dispatch cost tens of µs per call); the op is still
 used where it matters: an input that requires grad (its backward raises 'no autograd formula'),
 under a dispatch mode (fake tensors) and under torch.compile. Results are the same either way."""

@@ -1,4 +1,4 @@
-"""The package around the library (issue 23): where tpflex finds libtpflex, `python -m tpflex`,
+"""The package around the library: where tpflex finds libtpflex, `python -m tpflex`,
 and that the import order of tpflex and torch does not matter.
 
   test_package.py LIBRARY BACKENDS      (BACKENDS: "sim" or "sim, cuda", what the build has)

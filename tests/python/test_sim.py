@@ -215,7 +215,7 @@ class TEVocabulary(unittest.TestCase):
                 self.assertIn("bootstrap_backend", ws[0])
 
     def test_legal_rows_every_communicator_accepts(self):
-        """Issue 23's case: P = 4, fp32, H = 64, a pipelined site with 64 splits: one
+        """P = 4, fp32, H = 64, a pipelined site with 64 splits: one
         communicator's legal_rows(12) is 12, the manager's is the T every one accepts, and the
         refusal of 12 names the communicator that refuses it and suggests legal_rows."""
         P, Hh = 4, 64
@@ -495,7 +495,7 @@ class SimOnly(unittest.TestCase):
 
 
 class Reliability(unittest.TestCase):
-    """Issue 22: bad arguments, views outliving their registration, sim.run's root cause,
+    """Bad arguments, views outliving their registration, sim.run's root cause,
     teardown failures, the oracle."""
 
     def test_root_cause_not_the_consequent_timeout(self):
@@ -623,7 +623,7 @@ class Reliability(unittest.TestCase):
                             for n in cm.exception.__notes__))
 
     def test_bad_arguments_name_themselves(self):
-        """Issue 22 item 9: no silent wrap or truncation; every bad argument is a TpflexError
+        """No silent wrap or truncation; every bad argument is a TpflexError
         subclass naming the argument and its value (never ValueError / ctypes.ArgumentError)."""
         big = 2 ** 64 + 64
 

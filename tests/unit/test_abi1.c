@@ -1,4 +1,4 @@
-/* Issue 22 item 14: the backend ABI is append-only. A backend compiled against the released 0.1
+/* The backend ABI is append-only. A backend compiled against the released 0.1
  * header (tests/support/abi1/, verbatim from commit 7fbea2d) reads every field it knows at the
  * offset today's core writes it: the two headers' offsets and sizes are compared field by field,
  * and an operation run through the 0.1 backend shows it the core's schedule (step count, every
@@ -61,7 +61,7 @@ static void test_abi1__operations_through_a_01_backend(void **state) {
     tpf_schedule s;
     TPF_ASSERT_OK(tpf_schedule_build(&desc, &g, &s));
     assert_int_equal(seen.nsteps, s.nsteps);
-    assert_true(seen.nsteps >= 1); /* P = 1: the one GEMM (issue 24), no handshake */
+    assert_true(seen.nsteps >= 1); /* P = 1: the one GEMM, no handshake */
     for (int i = 0; i < s.nsteps; i++) {
       assert_int_equal(seen.kind[i], s.steps[i].kind);
       assert_int_equal(seen.stream[i], s.steps[i].stream);

@@ -1,5 +1,5 @@
-/* Ranks that disagree on anything that shapes the bytes fail, never corrupt (issue 11 item 3),
- * and the 0.2 versioned structs and per-operation options refuse bad input (items 1 and 5).
+/* Ranks that disagree on anything that shapes the bytes fail, never corrupt,
+ * and the 0.2 versioned structs and per-operation options refuse bad input.
  *
  * Method: two simulator ranks create communicators whose configurations differ in exactly one
  * field, for every field of the fingerprint; both ranks must get TPF_EMISMATCH naming the field
@@ -94,7 +94,7 @@ static void alt_name(tpf_comm_config *c) {
   c->name = "fc2_fprop";
 }
 
-/* The base: PIPELINE RS bf16 [16, 32] with 4 splits (the issue's case differs in splits only). */
+/* The base: PIPELINE RS bf16 [16, 32] with 4 splits (the cases differ from it in one field). */
 static tpf_comm_config base(void) {
   tpf_comm_config c = TPF_COMM_CONFIG_INIT;
   c.name = "fc1_fprop";
@@ -408,7 +408,7 @@ static void test_agreement__versioned_structs(void **state) {
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
 }
 
-/* Issue 22 item 12: every size that is not 0 or a released layout's is refused, naming the size
+/* Every size that is not 0 or a released layout's is refused, naming the size
  * and the accepted ones, and changes nothing; a size that ends inside a field (options size 13
  * ended inside alpha and silently ignored it) included. */
 static void expect_size_refused(tpf_status st, size_t size, size_t accepted, const char *type) {
@@ -445,7 +445,7 @@ static void test_agreement__only_released_sizes(void **state) {
   }
   assert_int_equal(c->seq, seq0);
   tpf_op_options o13 = TPF_OP_OPTIONS_INIT;
-  o13.size = 13; /* the issue's case: ends inside alpha */
+  o13.size = 13; /* ends inside alpha */
   TPF_ASSERT_STATUS(tpf_ag_gemm_ex(c, &w, &d, &o13, NULL), TPF_EINVAL);
   assert_non_null(strstr(tpf_last_error(), "size 13"));
   TPF_ASSERT_OK(tpf_comm_destroy(c));

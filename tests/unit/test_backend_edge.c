@@ -318,7 +318,7 @@ static void test_alloc__failures_are_not_counted(void **state) {
   assert_int_equal(tpf__alloc_live_count(), live);
 }
 
-/* Issue 22 item 6: changing the hooks while objects are live is refused (a block of the old
+/* Changing the hooks while objects are live is refused (a block of the old
  * allocator freed by the new one aborted with "free(): invalid pointer"), and nothing changes. */
 static void test_alloc__refused_while_objects_live(void **state) {
   (void)state;

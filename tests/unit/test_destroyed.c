@@ -1,4 +1,4 @@
-/* Issue 22 item 2: every public call on a destroyed communicator, manager, simulator world or
+/* Every public call on a destroyed communicator, manager, simulator world or
  * fault wrapper is TPF_EINVAL saying it was destroyed (the value-returning calls give their
  * NULL value and set the same detail), double destroy included, and nothing freed is read: the
  * handle table (core/handle.c) answers before the object is touched, which the ASan build of

@@ -98,7 +98,7 @@ static void test_comm(void **state) {
   TPF_ASSERT_OK(tpf_comm_set_active_shape(c, (tpf_shape){t, 8}));
   TPF_ASSERT_STATUS(tpf_comm_legal_rows(c, 65, &t), TPF_ECAPACITY);
   TPF_ASSERT_STATUS(tpf_comm_legal_rows(NULL, 1, &t), TPF_EINVAL);
-  /* issue 22 item 1: a NULL out-pointer is refused (it used to be written through) */
+  /* a NULL out-pointer is refused (it used to be written through) */
   TPF_ASSERT_STATUS(tpf_comm_legal_rows(c, 5, NULL), TPF_EINVAL);
   assert_non_null(strstr(tpf_last_error(), "NULL"));
   assert_non_null(strstr(tpf_last_error(), "fc1_fprop"));

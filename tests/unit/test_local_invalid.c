@@ -1,4 +1,4 @@
-/* Issue 22 item 3: a rank whose tpf_comm_create / tpf_manager_add fails a local check (bad
+/* A rank whose tpf_comm_create / tpf_manager_add fails a local check (bad
  * dtype, bad size, NULL name, duplicate name) still takes part in the creation's fingerprint
  * exchange, with an "invalid" fingerprint: every rank fails that creation (the invalid one with
  * its own TPF_EINVAL, the others with TPF_EMISMATCH naming it), and the next valid creation

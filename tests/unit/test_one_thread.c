@@ -1,4 +1,4 @@
-/* Issue 22 item 5 (core part): while one thread is inside an operation for a rank of a
+/* The core's part: while one thread is inside an operation for a rank of a
  * communicator, a second thread's operation, set_active_shape, sync or destroy on it is refused
  * at once with TPF_ESTATE naming the rule ("one thread per rank at a time") and changes nothing;
  * the first thread's operation completes normally and the communicator stays usable. On the

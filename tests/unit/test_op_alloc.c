@@ -1,15 +1,15 @@
-/* Issue 11 items 4 and 2 on the simulator.
+/* No allocation per microbatch, and completion and errors, on the simulator.
  *
- * Item 4: no allocation on the per-microbatch path. Counting allocator hooks (tpf_set_allocator)
+ * No allocation on the per-microbatch path. Counting allocator hooks (tpf_set_allocator)
  * see every allocation of the core and the simulator; after a warm-up operation of each kind,
  * set_active_shape + every operation (ring ag_gemm, ring and pipeline gemm_rs, bulk AG and RS)
  * at every legal T <= C runs with a zero allocation budget and must make zero allocations, for
  * P in {1, 2, 4}; results are checked exactly against harness/reference.h (fp32, values
  * that are multiples of 0.5, so every sum is exact).
  *
- * Item 2: tpf_comm_sync, tpf_comm_async_error (per communicator: a fault on one never shows on
- * another) and tpf_comm_abort (a rank waiting for a peer that never arrives returns promptly;
- * afterwards every call on that communicator is TPF_ESTATE, "aborted").
+ * Completion and errors: tpf_comm_sync, tpf_comm_async_error (per communicator: a fault on one
+ * never shows on another) and tpf_comm_abort (a rank waiting for a peer that never arrives
+ * returns promptly; afterwards every call on that communicator is TPF_ESTATE, "aborted").
  */
 #define _POSIX_C_SOURCE 200809L
 #include "reference.h"

@@ -1,4 +1,4 @@
-/* Issue 22 item 4: an operation whose output overlaps one of its other operands (D on top of W
+/* An operation whose output overlaps one of its other operands (D on top of W
  * in ag_gemm, D on top of A in bulk, the bias inside D, out on x or w in gemm_rs) is TPF_EINVAL
  * naming both operands, before anything runs; an output that ends one element before an input
  * starts, and inputs overlapping each other (only read), still run. The extents come from each
@@ -124,7 +124,7 @@ static void test_overlap__gemm_rs_and_bulk(void **state) {
   TPF_ASSERT_OK(tpf_comm_destroy(c));
 }
 
-/* On the simulator, the issue's case: bulk d on top of a returned TPF_OK with a wrong product.
+/* On the simulator: bulk d on top of a used to return TPF_OK with a wrong product.
  * Now it is refused on every rank, and the same operation on separate memory is exact. */
 typedef struct {
   tpf_comm *c[2];

@@ -1,4 +1,4 @@
-/* Issue 24 item 2 on the core (mock backend, which records the schedule it is handed): at P = 1
+/* P = 1 on the core (mock backend, which records the schedule it is handed): at P = 1
  * every operation is exactly its one GEMM, whatever algorithm, split count or epilogue, with no
  * handshake, and the caller's request is validated exactly as at P > 1: a split count the layout
  * refuses is refused at P = 1 too, before anything reaches the backend. (On the old core a P = 1

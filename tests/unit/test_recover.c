@@ -1,4 +1,4 @@
-/* Issue 22 item 13 (core part): one failed communicator must not brick its manager. A write
+/* The core's part: one failed communicator must not brick its manager. A write
  * through a stale view beyond the active layout (the simulator's canary) fails the operation on
  * that rank and leaves the communicator failed; the manager's set_active_shape then refuses
  * (all-or-nothing), naming the communicator, the original failure and the way out. The way out:
@@ -45,7 +45,7 @@ static tpf_status rank_fn(tpf_backend *be, int r, void *arg) {
   TPF_CHECK(tpf_manager_add(m, &a, &fc1));
   TPF_CHECK(tpf_manager_add(m, &b, NULL));
   TPF_CHECK(tpf_manager_add(m, &k, NULL));
-  /* A view taken at T = C, kept after T shrinks to 32 (the stale view of the issue). */
+  /* A view taken at T = C, kept after T shrinks to 32 (a stale view). */
   TPF_CHECK(tpf_comm_buffer(fc1, &s->stale[r]));
   TPF_CHECK(tpf_manager_set_active_shape(m, (tpf_shape){32, H}));
   if (r == 1) { /* rank 1 writes rows 40..47 through it: beyond the active layout */

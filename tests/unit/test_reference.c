@@ -28,7 +28,7 @@ static void test_reference__tolerance_table_is_spec7(void **state) {
   assert_true(t.rtol == 0.01 && t.atol == 0.001);
 }
 
-/* Issue 22's example: the max-abs-diff element (0, 0) is within tolerance (rel 0.005), the other
+/* The max-abs-diff element (0, 0) is within tolerance (rel 0.005), the other
  * element is 4000x off. The verdict used to be the max-diff element's: "1 of 2 elements out of
  * tolerance: PASS". */
 static void test_reference__one_wrong_element_fails(void **state) {

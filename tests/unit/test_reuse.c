@@ -1,4 +1,4 @@
-/* Issue 24 item 3: what depends only on (communicator, T, operation key) is computed once.
+/* Schedule reuse: what depends only on (communicator, T, operation key) is computed once.
  *
  * The schedule cache (core/comm.c) on the mock backend: the first operation of a key builds
  * (a miss), the same key again reuses it (a hit) with no layout validation and no allocation; a

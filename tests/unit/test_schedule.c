@@ -77,7 +77,7 @@ static void build_all(const variant *v, int P, uint64_t T, uint64_t H, tpf_sched
 /* Literal structural rules of DESIGN.md that the checker does not insist on. */
 static void check_literal_rules(const tpf_schedule *s, const variant *v, int P) {
   if (P == 1) {
-    /* Issue 24: one rank is exactly the operation's one GEMM, into D, on compute 0; no
+    /* One rank is exactly the operation's one GEMM, into D, on compute 0; no
      * handshake, no split, no copy, whatever split count the variant asked for. */
     assert_int_equal(s->nsteps, 1);
     assert_int_equal(s->steps[0].kind, TPF_STEP_GEMM);
