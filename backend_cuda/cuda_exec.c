@@ -125,7 +125,10 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
                                  const tpf_step *st, cudaStream_t s) {
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
-  const bool collective_kernels = sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE;
+  /* PIPELINE and BULK leave comm_ctas SMs to their collective's kernels; at P = 1 there is none,
+   * and the GEMM takes every SM (a P = 1 pipeline RS ran 5-16% behind the plain GEMM). */
+  const bool collective_kernels =
+      P > 1 && (sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE);
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
     if (P == 1) return TPF_OK;

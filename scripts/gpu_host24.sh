@@ -23,10 +23,11 @@ step() { # step NAME TIMEOUT CMD...
   (cd "$ROOT" && timeout "$to" "$@") >"$OUT/$n.log" 2>&1
   echo "$n rc=$? $(( $(date +%s) - t0 )) s: $*" | tee -a "$S"
 }
-step bench_tp 150 "$BUILD/tpflex" bench --backend cuda --section tp --tp-list 1,2,8 \
-  --tokens "$BENCH_T"
+[ -n "${NO_BENCH_TP:-}" ] || step bench_tp 150 "$BUILD/tpflex" bench --backend cuda --section tp \
+  --mode threads --tp-list 1,2,8 --tokens "$BENCH_T"
 step overhead_cuda 90 python3 examples/bench_python_overhead.py --backend cuda --iters 2000
-step thd_p1 120 python3 examples/thd_training_step.py --backend cuda --bench "$BENCH_T"
+step thd_p1 120 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
+  examples/thd_training_step.py --backend cuda --bench "$BENCH_T"
 export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
 mkdir -p /tmp/mps /tmp/mps-log
 PATH=$PATH:/usr/local/nvidia/bin nvidia-cuda-mps-control -d && echo "MPS: started" | tee -a "$S"
