@@ -452,11 +452,3 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
   if (st != CUBLAS_STATUS_SUCCESS) return tpf_cuda__lt_err(st, "cublasLtMatmul");
   return TPF_OK;
 }
-
-tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
-                              const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
-                              uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
-                              int ws, cudaStream_t s) {
-  return tpf_cuda__gemm_run_ex(g, a, at, lda, w, wt, ldw, d, dt, ldd, m, n, k, 0u, NULL, sm_target,
-                               ws, s);
-}

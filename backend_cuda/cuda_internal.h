@@ -149,16 +149,10 @@ typedef struct tpf_cuda_gemm tpf_cuda_gemm;
  * GEMMs on different streams may run at once) and the algorithm cache. */
 tpf_status tpf_cuda__gemm_create(int nworkspaces, uint64_t ws_bytes, tpf_cuda_gemm **out);
 void tpf_cuda__gemm_destroy(tpf_cuda_gemm *g);
-/* Row-major d[m, n] = a[m, k] * w[n, k]^T with fp32 accumulation (the 0.1 GEMM: no flags, no
- * epilogue). lda/ldw/ldd in elements. sm_target 0: all SMs. ws: which workspace (the compute
- * stream index). */
-tpf_status tpf_cuda__gemm_run(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
-                              const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
-                              uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, int sm_target,
-                              int ws, cudaStream_t s);
-/* The same with a step's flags and epilogue: d = op(a) * op(w) as tpf_cuda__launch_gemm_fallback
- * (lda/ldw of the stored matrices); e NULL or e->on == 0: no epilogue, exactly
- * tpf_cuda__gemm_run. */
+/* Row-major d[m, n] = op(a)[m, k] * op(w)[n, k]^T with fp32 accumulation and a step's flags
+ * (transposes, as tpf_cuda__launch_gemm_fallback: lda/ldw of the stored matrices) and epilogue
+ * (e NULL or e->on == 0: none). lda/ldw/ldd in elements. sm_target 0: all SMs. ws: which
+ * workspace (the compute stream index). */
 tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
                                  const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
                                  uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, unsigned flags,

@@ -485,11 +485,6 @@ pid_t tpf_launch_pid(const tpf_launch *l, int rank) {
   return (l && rank >= 0 && rank < l->nranks) ? l->pids[rank] : -1;
 }
 
-int tpf_launch_kill(tpf_launch *l, int rank, int sig) {
-  if (!l || rank < 0 || rank >= l->nranks || l->pids[rank] <= 0 || l->reaped[rank]) return -1;
-  return kill(l->pids[rank], sig);
-}
-
 const char *tpf_launch_addr(const tpf_launch *l) {
   return l ? l->addr : "";
 }

@@ -97,10 +97,9 @@ tpf_status tpf_launch_exec(int nranks, char *const argv[], tpf_launch **out);
  * (may be NULL) receives each rank's exit status, or 128 + signal. TPF_OK when every rank ended
  * by itself (whatever its status), TPF_ETIMEOUT naming the ranks that had to be killed. */
 tpf_status tpf_launch_wait(tpf_launch *l, uint64_t timeout_ms, uint64_t grace_ms, int *codes);
-/* The launch's shared memory (NULL without), its process ids, and a signal to one rank. */
+/* The launch's shared memory (NULL without) and its process ids. */
 void *tpf_launch_shared(const tpf_launch *l);
 pid_t tpf_launch_pid(const tpf_launch *l, int rank);
-int tpf_launch_kill(tpf_launch *l, int rank, int sig);
 /* The rendezvous name ("@tpflex-boot-..."), e.g. to check that nothing is left of it. */
 const char *tpf_launch_addr(const tpf_launch *l);
 /* Kills (SIGKILL) and reaps ranks still running, closes the socket, unmaps the shared memory. */

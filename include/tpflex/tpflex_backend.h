@@ -192,13 +192,11 @@ TPF_API const char *tpf_stream_name(int stream);
 
 typedef struct tpf_reg tpf_reg; /* a backend's registration (opaque to the core) */
 
-/* Capabilities, read by the core. */
+/* Capabilities, reported by tpf_comm_backend_caps. Bits 0 and 2 were 0.1's ASYNC and CANARY,
+ * which nothing read: they stay unused, so a 0.1 backend that sets them means nothing new. */
 enum {
-  TPF_BE_CAP_ASYNC = 1u << 0,       /* execute returns before completion (stream ordered); without
-                                     * it the core needs no wait in tpf_comm_sync / destroy */
   TPF_BE_CAP_HOST_MEMORY = 1u << 1, /* registrations are host memory the caller may touch
-                                     * (tpf_comm_backend_caps tells bindings) */
-  TPF_BE_CAP_CANARY = 1u << 2,      /* verifies bytes beyond the active layout after each op */
+                                     * (bindings read it: tensor views on the host) */
   TPF_BE_CAP_OPTIONS = 1u << 3      /* honours step flags and tpf_exec_args.epi (ABI 2): without
                                      * it the core refuses non-default tpf_op_options with
                                      * TPF_EUNSUPPORTED before anything is enqueued */

@@ -231,7 +231,7 @@ if HAVE_BACKEND_CAPS:
     _decl("tpf_comm_backend_caps", c_uint, c_void_p)
     _decl("tpf_comm_backend_name", c_char_p, c_void_p)
 # TPF_BE_CAP_* (tpflex_backend.h)
-CAP_ASYNC, CAP_HOST_MEMORY, CAP_CANARY, CAP_OPTIONS = 1, 2, 4, 8
+CAP_HOST_MEMORY, CAP_OPTIONS = 2, 8
 if HAVE_COMM_SYNC:
     _decl("tpf_comm_sync", c_int, c_void_p)
 if HAVE_COMM_ASYNC_ERROR:

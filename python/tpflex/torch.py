@@ -44,7 +44,6 @@ This module is the public face; the code lives in modules named for what they do
 from __future__ import annotations
 
 from ._bootstrap import GlooBootstrap
-from ._bootstrap import gloo_group as _gloo_group  # noqa: F401 (examples/thd_training_step.py)
 from ._comm import Communicator
 from ._dlpack import dlpack_view
 from ._manager import Manager
