@@ -24,7 +24,8 @@ Rooms. A file's room is its top directory (python/tpflex is "python", the public
 of rooms says the same in words and must change with it.
 
 usage: check_rooms.py [ROOT] [-v]   (ROOT: the repository, default this script's parent's parent;
--v lists every arrow between units of different rooms and every unit's arrows)
+-v lists every arrow between units)
+       check_rooms.py --self-test    (the checker finds circles and a room violation it is shown)
 """
 import ast
 import os
@@ -242,7 +243,61 @@ def circles(nodes, edges):
     return out
 
 
+SELF_TEST = {
+    # core/a.c calls b.c's function and b.c includes a.h: one circle through a header's name.
+    "core/a.h": "int a_f(void);\n",
+    "core/a.c": '#include "a.h"\nint b_f(void);\nint a_f(void) { return b_f(); }\n',
+    "core/b.c": '#include "a.h"\nint b_f(void) { return 1; }\nint b_g(void) { return a_f(); }\n',
+    # A backend including the core's private header: one room-rule violation.
+    "core/internal.h": "int internal_f(void);\n",
+    "backend_sim/s.c": '#include "internal.h"\nstatic int s_f(void) { return 0; }\n',
+    # Two modules importing each other (one inside a function): a second circle; the
+    # TYPE_CHECKING import makes no arrow.
+    "python/tpflex/__init__.py": "",
+    "python/tpflex/p.py": "from . import q, r\n",
+    "python/tpflex/q.py": "def f():\n    from .p import g\n",
+    "python/tpflex/r.py": ("from typing import TYPE_CHECKING\n"
+                           "if TYPE_CHECKING:\n    from . import p\n"),
+}
+
+
+def self_test():
+    """The checker on a small tree with two circles and one room violation must fail, naming
+    them; the same tree without them must pass."""
+    import io
+    import tempfile
+    from contextlib import redirect_stdout
+    with tempfile.TemporaryDirectory() as root:
+        for path, text in SELF_TEST.items():
+            os.makedirs(os.path.dirname(os.path.join(root, path)), exist_ok=True)
+            with open(os.path.join(root, path), "w", encoding="utf-8") as fh:
+                fh.write(text)
+        out = io.StringIO()
+        with redirect_stdout(out):
+            rc = main([root])
+        text = out.getvalue()
+        want = ["circle: core/a <-> core/b", "circle: python/tpflex/p <-> python/tpflex/q",
+                "room rule: backend_sim/s.c (backend_sim) #include \"internal.h\", a file of core",
+                "2 circles, 1 room-rule violations"]
+        missing = [w for w in want if w not in text]
+        os.remove(os.path.join(root, "core/b.c"))
+        os.remove(os.path.join(root, "backend_sim/s.c"))
+        os.remove(os.path.join(root, "python/tpflex/q.py"))
+        out2 = io.StringIO()
+        with redirect_stdout(out2):
+            rc2 = main([root])
+    print(text + out2.getvalue())
+    if rc != 1 or missing or rc2 != 0:
+        print(f"self-test FAILED: rc {rc} (want 1), rc {rc2} after the fix (want 0), "
+              f"missing {missing}")
+        return 1
+    print("self-test: OK (two circles and a room violation found; none once removed)")
+    return 0
+
+
 def main(argv):
+    if argv == ["--self-test"]:
+        return self_test()
     verbose = "-v" in argv
     args = [a for a in argv if a != "-v"]
     root = os.path.abspath(args[0] if args else os.path.join(os.path.dirname(__file__), ".."))
