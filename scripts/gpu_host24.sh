@@ -2,7 +2,7 @@
 # Issue 24's host-path figures on a GPU machine, side by side in one run: the C enqueue per
 # operation (tpflex bench --section tp, enqueue breakdown), the Python overhead above the raw C
 # call (examples/bench_python_overhead.py --backend cuda) and the THD training step against
-# plain torch at P = 1 and at P = 2 processes (examples/thd_training_step.py --bench); all under
+# plain torch at P = 1 and at P = 2 processes (examples/bench_thd_step.py); all under
 # MPS, so that ranks in several processes share the GPU as in production.
 # BUILD: a CUDA build folder with tpflex and libtpflex.so (scripts/gpu_round.sh build makes
 # /tmp/tpf-src/build-gpu). Logs and summary.txt under $OUT.
@@ -31,7 +31,7 @@ PATH=$PATH:/usr/local/nvidia/bin nvidia-cuda-mps-control -d && echo "MPS: starte
   --mode both --tp-list 1,2,8 --capacity 4096 --tokens 1024
 step overhead_cuda 90 python3 examples/bench_python_overhead.py --backend cuda --iters 2000
 step thd_p1 120 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
-  examples/thd_training_step.py --backend cuda --bench "$BENCH_T"
+  examples/bench_thd_step.py --T "$BENCH_T" --profile
 step thd_p2_mps 150 python3 -m torch.distributed.run --standalone --nproc-per-node 2 \
-  examples/thd_training_step.py --backend cuda --bench "$BENCH_T"
+  examples/bench_thd_step.py --T "$BENCH_T"
 echo quit | PATH=$PATH:/usr/local/nvidia/bin nvidia-cuda-mps-control 2>/dev/null
