@@ -46,6 +46,7 @@ from __future__ import annotations
 from ._bootstrap import GlooBootstrap
 from ._comm import Communicator
 from ._dlpack import dlpack_view
+from ._graphs import GraphedCallable, graphed
 from ._manager import Manager
 from ._ops import OP_NAMES
 from ._options import OPTION_NAMES
@@ -55,4 +56,5 @@ from .layers import Linear, LayerNormMLP, active_tokens
 
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",
-           "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens"]
+           "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens", "graphed",
+           "GraphedCallable"]
