@@ -284,6 +284,7 @@ class _Bucket:
         self.out_leaves: List[Any] = []
         self.out_spec: Any = None
         self.out_kind: List[int] = []   # per output: _KEEP, _LOCAL (B/P rows) or _FULL (B rows)
+        self.out_form = 0
         self.captures = self.replays = self.real = self.padded = 0
 
 
@@ -427,7 +428,7 @@ class GraphedCallable:
         sig = []
         for v in leaves:
             if isinstance(v, torch.Tensor):
-                sig.append((torch.Tensor, v.dtype, v.device, tuple(v.shape[1:])))
+                sig.append((torch.Tensor, v.dtype, v.get_device(), v.shape[1:], v.device))
             else:
                 sig.append((None, v))
         return (spec, tuple(sig))
@@ -466,11 +467,11 @@ class GraphedCallable:
                 if not isinstance(v, torch.Tensor):
                     raise TpflexInvalidError(f"argument {i} was a tensor at the first call and "
                                              f"is now {type(v).__name__} {v!r}", self._where)
-                if v.dtype != s[1] or v.device != s[2] or tuple(v.shape[1:]) != s[3]:
+                if v.dtype is not s[1] or v.get_device() != s[2] or v.shape[1:] != s[3]:
                     raise TpflexShapeError(
                         f"tensor argument {i} is {v.dtype} [T, {', '.join(map(str, v.shape[1:]))}]"
                         f" on {v.device}, the static buffers are {s[1]} "
-                        f"[T, {', '.join(map(str, s[3]))}] on {s[2]}: only T may change",
+                        f"[T, {', '.join(map(str, s[3]))}] on {s[4]}: only T may change",
                         self._where)
             else:
                 old = s[1]
@@ -531,7 +532,12 @@ class GraphedCallable:
         self.calls += 1
         bk.real += T
         bk.padded += B - T
-        return pytree.tree_unflatten(self._cut(bk, T), bk.out_spec)
+        outs = self._cut(bk, T)
+        if bk.out_form == 1:
+            return outs[0]
+        if bk.out_form == 2:
+            return tuple(outs)
+        return pytree.tree_unflatten(outs, bk.out_spec)
 
     def _cut(self, bk: _Bucket, T: int) -> List[Any]:
         """The static outputs with the call's rows: a local output (B/P rows) is sliced to
@@ -570,27 +576,27 @@ class GraphedCallable:
         padded local chunks has, and the one a reduce-scatter splits into padded chunks)."""
         P = self._P
         j = 0
-        with torch.no_grad():
-            if self.sequence_parallel or P == 1:
-                rows = T // P if self.sequence_parallel else T
-                for v in leaves:
-                    if isinstance(v, torch.Tensor):
-                        s = self._inputs[j]
-                        j += 1
-                        s[:rows].copy_(v)
-                        if self._filled > rows:
-                            s[rows:self._filled].zero_()
-                self._filled = rows
-                return
-            t, b = T // P, B // P
+        # (v.detach() where autograd would record the copy: cheaper than a no_grad context)
+        if self.sequence_parallel or P == 1:
+            rows = T // P if self.sequence_parallel else T
             for v in leaves:
                 if isinstance(v, torch.Tensor):
-                    rest = tuple(v.shape[1:])
-                    s = self._inputs[j][:B].view((P, b) + rest)
+                    s = self._inputs[j]
                     j += 1
-                    s[:, :t].copy_(v.view((P, t) + rest))
-                    if t < b:
-                        s[:, t:].zero_()
+                    s[:rows].copy_(v.detach() if v.requires_grad else v)
+                    if self._filled > rows:
+                        s[rows:self._filled].zero_()
+            self._filled = rows
+            return
+        t, b = T // P, B // P
+        for v in leaves:
+            if isinstance(v, torch.Tensor):
+                rest = tuple(v.shape[1:])
+                s = self._inputs[j][:B].view((P, b) + rest)
+                j += 1
+                s[:, :t].copy_((v.detach() if v.requires_grad else v).view((P, t) + rest))
+                if t < b:
+                    s[:, t:].zero_()
 
     def _capture(self, bk: _Bucket, leaves: List[Any], spec: Any, T: int) -> None:
         tensors = [v for v in leaves if isinstance(v, torch.Tensor)]
@@ -629,6 +635,9 @@ class GraphedCallable:
         runner.warmup(self.fn, a, kw, self.warmup)
         out = runner.capture(self.fn, a, kw)
         bk.out_leaves, bk.out_spec = pytree.tree_flatten(out)
+        # the usual forms without pytree on every call: one tensor (1), a flat tuple (2)
+        bk.out_form = 1 if isinstance(out, torch.Tensor) else 2 if type(out) is tuple and not any(
+            isinstance(o, (list, tuple, dict)) for o in out) else 0
         P, B = self._P, bk.tokens
         bk.out_kind = []
         for o in bk.out_leaves:
