@@ -134,7 +134,7 @@ class _ColumnParallel(torch.autograd.Function):
                     dx = c.plain.ar(dx)
             if need_w:
                 dw = _wgrad_into(dy, x, weight, c)
-        db = dy.float().sum(0).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        db = dy.sum(0, dtype=torch.float32).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx if need_dx else None, dw, db, None
 
 
@@ -177,5 +177,5 @@ class _RowParallel(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 dx = _mm(dyt, weight, dt)
         dw = _wgrad_into(dyt, x, weight, c) if need_w else None
-        db = dyt.float().sum(0).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        db = dyt.sum(0, dtype=torch.float32).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None
