@@ -40,6 +40,9 @@ This module is the public face; the code lives in modules named for what they do
     _bootstrap.py  the CUDA backend's bootstrap over a gloo process group
     _state.py      per-process / per-simulator-rank state and the communicator registry
     _types.py      torch dtypes and the C enums
+    _graphs.py     graphed(fn): dynamic T under CUDA graphs (a ladder of buckets, one capture
+                   per bucket; on the simulator a stand-in that re-runs fn)
+    layers/        Linear, LayerNormMLP, active_tokens: TE's modules on these operations
 """
 from __future__ import annotations
 
