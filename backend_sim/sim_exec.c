@@ -266,6 +266,9 @@ static tpf_sim_epi step_epi(const sim_ctx *c, const tpf_step *s) {
   tpf_sim_epi e;
   e.epi = (s->flags & TPF_STEP_EPILOGUE) ? &c->args->epi : NULL;
   e.bias_col = s->d.col;
+  /* fp8 scales (host memory here): sa * sw in fp32, as cuBLASLt folds A/B_SCALE into alpha. */
+  e.scale = (c->args->a_scale_inv ? *c->args->a_scale_inv : 1.0f) *
+            (c->args->w_scale_inv ? *c->args->w_scale_inv : 1.0f);
   return e;
 }
 

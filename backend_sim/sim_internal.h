@@ -262,6 +262,7 @@ typedef struct {
 typedef struct {
   const tpf_epilogue *epi;
   uint64_t bias_col;
+  float scale; /* GEMM: the fp8 operands' sa * sw (1 without fp8), applied to every product */
 } tpf_sim_epi;
 /* d[m, n] = op(a)[m, k] * op(w)[k, n] with fp32 accumulation, rounded to d's dtype; op(a) = a,
  * or the transpose of the stored [k, m] block with TPF_STEP_TRANS_A in flags; op(w) = w^T of

@@ -1,6 +1,6 @@
 /* The simulator's arithmetic: a portable CPU GEMM and the fp32 reductions.
  *
- * Method: operands of any of bf16/fp16/fp32 are staged row by row into fp32 scratch with the
+ * Method: operands of any of bf16/fp16/fp32/fp8 (E4M3, E5M2) are staged row by row into fp32 scratch with the
  * core's element conversions (tpf_elem_to_float, round-to-nearest-even on the way back), so
  * every GEMM accumulates in fp32 over k in increasing order and rounds once to the output dtype,
  * as SPEC §1 asks. The weight block is staged once per step; the activation one row at a time,
@@ -106,6 +106,9 @@ tpf_status tpf_sim__gemm(tpf_sim_scratch *s, tpf_sim_view a, tpf_sim_view w, tpf
         acc += xf[p] * wr[p];
       df[j] = acc;
     }
+    if (epi && epi->scale != 1.0f)
+      for (uint64_t j = 0; j < n; j++)
+        df[j] *= epi->scale;
     epilogue_row(epi, &d, i, n, df, old);
     store_row(&d, i, n, df);
   }

@@ -31,7 +31,7 @@
 const tpf_backend_ops tpf_sim_ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
     .name = "sim",
-    .caps = TPF_BE_CAP_HOST_MEMORY | TPF_BE_CAP_OPTIONS,
+    .caps = TPF_BE_CAP_HOST_MEMORY | TPF_BE_CAP_OPTIONS | TPF_BE_CAP_FP8,
     .align_bytes = 16,
     .max_ranks = TPF_MAX_RANKS,
     .reg_create = tpf_sim__reg_create,

@@ -391,10 +391,6 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
                 "tpf_comm_destroy it on every rank (a managed one leaves its manager) and create "
                 "it again (tpf_manager_add)",
                 c->cfg.name, tpf_status_name(c->failed), c->fail_detail);
-  TPF_RETURN_IF(tpf__dtype_quantized(c->cfg.dtype), TPF_EUNSUPPORTED,
-                "'%s' is quantized (%s) and stays at its capacity shape [%llu, %llu]", c->cfg.name,
-                tpf_dtype_name(c->cfg.dtype), (unsigned long long)c->cfg.capacity.rows,
-                (unsigned long long)c->cfg.capacity.cols);
   TPF_RETURN_IF(c->cfg.external, TPF_EUNSUPPORTED,
                 "'%s' is external and stays at its capacity shape [%llu, %llu]", c->cfg.name,
                 (unsigned long long)c->cfg.capacity.rows, (unsigned long long)c->cfg.capacity.cols);
@@ -492,6 +488,52 @@ static bool gemm_dtype(tpf_dtype t) {
   return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32;
 }
 
+static bool fp8_dtype(tpf_dtype t) {
+  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
+}
+
+/* The dtype rules of an fp8 GEMM (SPEC §11), checked after check_matrix has passed the operands'
+ * shapes with the dtype checks relaxed: a and w both fp8, not both E5M2 (cuBLASLt on Hopper has
+ * no E5M2 x E5M2), D bf16, fp16 or fp32; the backend must run fp8 GEMMs. */
+static tpf_status check_fp8_gemm(const tpf_comm *c, const char *op, const char *an, tpf_dtype a,
+                                 const char *wn, tpf_dtype w, const char *dn, tpf_dtype d) {
+  const char *n = c->cfg.name;
+  TPF_RETURN_IF(!fp8_dtype(a) || !fp8_dtype(w), TPF_EINVAL,
+                "'%s' %s: %s is %s but %s is %s: an fp8 GEMM takes two fp8 operands "
+                "(fp8_e4m3 or fp8_e5m2)",
+                n, op, fp8_dtype(a) ? an : wn, tpf_dtype_name(fp8_dtype(a) ? a : w),
+                fp8_dtype(a) ? wn : an, tpf_dtype_name(fp8_dtype(a) ? w : a));
+  TPF_RETURN_IF(a == TPF_FP8_E5M2 && w == TPF_FP8_E5M2, TPF_EUNSUPPORTED,
+                "'%s' %s: %s and %s are both fp8_e5m2; fp8 GEMMs take e4m3 x e4m3, e4m3 x e5m2 "
+                "or e5m2 x e4m3 (cuBLASLt has no e5m2 x e5m2)",
+                n, op, an, wn);
+  TPF_RETURN_IF(!gemm_dtype(d), TPF_EINVAL,
+                "'%s' %s: %s dtype %s; the output of an fp8 GEMM (%s x %s) is bf16, fp16 or fp32",
+                n, op, dn, tpf_dtype_name(d), tpf_dtype_name(a), tpf_dtype_name(w));
+  TPF_RETURN_IF(!(tpf__be_caps(c->be) & TPF_BE_CAP_FP8), TPF_EUNSUPPORTED,
+                "'%s' %s: backend '%s' does not run fp8 GEMMs (TPF_BE_CAP_FP8)", n, op,
+                c->be->ops->name ? c->be->ops->name : "?");
+  return TPF_OK;
+}
+
+/* A scale given for an operand that is not fp8 means the caller's data is not what they think. */
+static tpf_status check_scales(const tpf_comm *c, const char *op, const tpf_op_options *o,
+                               const char *an, tpf_dtype a, const char *wn, tpf_dtype w) {
+  TPF_RETURN_IF(o->a_scale_inv && !fp8_dtype(a), TPF_EINVAL,
+                "'%s' %s: a_scale_inv is set but %s is %s; scales apply to fp8 operands only",
+                c->cfg.name, op, an, tpf_dtype_name(a));
+  TPF_RETURN_IF(o->w_scale_inv && !fp8_dtype(w), TPF_EINVAL,
+                "'%s' %s: w_scale_inv is set but %s is %s; scales apply to fp8 operands only",
+                c->cfg.name, op, wn, tpf_dtype_name(w));
+  return TPF_OK;
+}
+
+/* A dtype check_matrix accepts for an operand of an fp8-capable site: `want`, or (fp8_ok) any
+ * fp8 dtype, which check_fp8_gemm then pairs. */
+static tpf_dtype want_or_fp8(tpf_dtype want, bool fp8_ok, const tpf_matrix *m) {
+  return fp8_ok && m && fp8_dtype(m->dtype) ? m->dtype : want;
+}
+
 /* Checks one operand: present, sane, of the expected shape and an allowed dtype. */
 static tpf_status check_matrix(const tpf_comm *c, const char *what, const tpf_matrix *m,
                                uint64_t rows, uint64_t cols, tpf_dtype want, bool fp32_ok) {
@@ -583,9 +625,10 @@ static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, cons
                 tpf_status_name(c->failed));
   TPF_RETURN_IF(!ok_kind, TPF_EUNSUPPORTED, "%s needs a %s communicator; '%s' is %s %s", op, want,
                 c->cfg.name, tpf_algo_name(c->cfg.algo), tpf_coll_name(c->cfg.coll));
-  TPF_RETURN_IF(!gemm_dtype(c->cfg.dtype), TPF_EUNSUPPORTED,
-                "'%s': operations on quantized (%s) buffers are not implemented", c->cfg.name,
-                tpf_dtype_name(c->cfg.dtype));
+  TPF_RETURN_IF(fp8_dtype(c->cfg.dtype) && c->cfg.coll == TPF_COLL_RS, TPF_EUNSUPPORTED,
+                "'%s': %s on an %s RS buffer: it would hold the partial sums in fp8; register "
+                "the RS site in bf16, fp16 or fp32 (fp8 x and w are taken there, SPEC §11)",
+                c->cfg.name, op, tpf_dtype_name(c->cfg.dtype));
   return TPF_OK;
 }
 
@@ -598,7 +641,8 @@ static tpf_status op_options(const tpf_comm *c, const char *op, const tpf_op_opt
   *o = def;
   if (!in) return TPF_OK;
   const char *n = c->cfg.name;
-  static const size_t released[] = {sizeof(tpf_op_options)}; /* 0.2; see check_config */
+  static const size_t released[] = {offsetof(tpf_op_options, a_scale_inv), /* 0.2 */
+                                    sizeof(tpf_op_options)}; /* + fp8 scales; see check_config */
   if (tpf__check_struct_size(op, "options", "tpf_op_options", in->size, released,
                              TPF_ARRAY_SIZE(released)) != TPF_OK) {
     char detail[400];
@@ -756,6 +800,8 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   a.epi.beta = o->beta;
   a.epi.bias = o->bias;
   a.epi.gelu = o->gelu;
+  a.a_scale_inv = o->a_scale_inv;
+  a.w_scale_inv = o->w_scale_inv;
   bool claimed = false;
   TPF_CHECK(tpf__be_claim(c->be, c->cfg.name, &claimed));
   rc = tpf__be_execute(c->be, c->reg, c->reg_bytes, &a, stream);
@@ -795,11 +841,17 @@ static tpf_status ag_gemm_body(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
   const uint64_t N = o.trans_w ? w->cols : w->rows;
   uint64_t wr, wc;
   stored(o.trans_w, N, H, &wr, &wc);
+  const bool f8 = fp8_dtype(c->cfg.dtype);
   TPF_CHECK(check_matrix(c, o.trans_w ? "weight w (trans_w: [H, N])" : "weight w", w, wr, wc,
-                         c->cfg.dtype, false));
+                         want_or_fp8(c->cfg.dtype, f8, w), false));
   TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': weight w has 0 %s", c->cfg.name,
                 o.trans_w ? "columns (trans_w)" : "rows");
-  TPF_CHECK(check_matrix(c, "output d", d, T, N, c->cfg.dtype, true));
+  TPF_CHECK(check_matrix(c, "output d", d, T, N, f8 && d && gemm_dtype(d->dtype) ? d->dtype : c->cfg.dtype,
+                         true));
+  if (f8)
+    TPF_CHECK(check_fp8_gemm(c, "tpf_ag_gemm", "the buffer", c->cfg.dtype, "weight w", w->dtype,
+                             "output d", d->dtype));
+  TPF_CHECK(check_scales(c, "tpf_ag_gemm", &o, "the buffer", c->cfg.dtype, "weight w", w->dtype));
   TPF_RETURN_IF(aliases(c, w) || aliases(c, d), TPF_EINVAL,
                 "'%s': w or d overlaps the registered buffer", c->cfg.name);
   const extent dx = matrix_extent("output d", d);
@@ -827,13 +879,18 @@ static tpf_status gemm_rs_body(tpf_comm *c, const tpf_matrix *x, const tpf_matri
   uint64_t xr, xc, wr, wc;
   stored(o.trans_a, T, K, &xr, &xc);
   stored(o.trans_w, H, K, &wr, &wc);
+  const bool f8 = fp8_dtype(x->dtype) || (w && fp8_dtype(w->dtype));
   TPF_CHECK(check_matrix(c, o.trans_a ? "input x (trans_a: [K, T])" : "input x", x, xr, xc,
-                         c->cfg.dtype, false));
+                         want_or_fp8(c->cfg.dtype, f8, x), false));
   TPF_RETURN_IF(K == 0, TPF_ESHAPE, "'%s': input x has 0 %s", c->cfg.name,
                 o.trans_a ? "rows (trans_a)" : "columns");
   TPF_CHECK(check_matrix(c, o.trans_w ? "weight w (trans_w: [K, H])" : "weight w", w, wr, wc,
-                         c->cfg.dtype, false));
+                         want_or_fp8(c->cfg.dtype, f8, w), false));
   TPF_CHECK(check_matrix(c, "output out", out, T / P, H, c->cfg.dtype, true));
+  if (f8)
+    TPF_CHECK(check_fp8_gemm(c, "tpf_gemm_rs", "input x", x->dtype, "weight w", w->dtype,
+                             "output out", out->dtype));
+  TPF_CHECK(check_scales(c, "tpf_gemm_rs", &o, "input x", x->dtype, "weight w", w->dtype));
   TPF_RETURN_IF(aliases(c, x) || aliases(c, w) || aliases(c, out), TPF_EINVAL,
                 "'%s': x, w or out overlaps the registered buffer", c->cfg.name);
   const extent ox = matrix_extent("output out", out);
@@ -853,8 +910,9 @@ static tpf_status bulk_body(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
   tpf_op_options o;
   TPF_CHECK(op_options(c, "tpf_bulk_overlap", opt, &o));
   TPF_RETURN_IF(!a || !b, TPF_EINVAL, "'%s': a or b is NULL", c->cfg.name);
-  TPF_RETURN_IF(!gemm_dtype(a->dtype), TPF_EINVAL, "'%s': a dtype %s is not bf16, fp16 or fp32",
-                c->cfg.name, tpf_dtype_name(a->dtype));
+  TPF_RETURN_IF((unsigned)a->dtype >= TPF_DTYPE_COUNT, TPF_EINVAL,
+                "'%s': a dtype %d is not a tpf_dtype", c->cfg.name, (int)a->dtype);
+  const bool f8 = fp8_dtype(a->dtype) || fp8_dtype(b->dtype);
   const uint64_t M = o.trans_a ? a->cols : a->rows, K = o.trans_a ? a->rows : a->cols;
   TPF_CHECK(check_matrix(c, "a", a, a->rows, a->cols, a->dtype, false));
   TPF_RETURN_IF(M == 0 || K == 0, TPF_ESHAPE, "'%s': a is [%llu, %llu]", c->cfg.name,
@@ -862,10 +920,15 @@ static tpf_status bulk_body(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
   const uint64_t N = o.trans_w ? b->cols : b->rows;
   uint64_t br, bc;
   stored(o.trans_w, N, K, &br, &bc);
-  TPF_CHECK(check_matrix(c, o.trans_w ? "b (trans_w: [K, N])" : "b", b, br, bc, a->dtype, false));
+  TPF_CHECK(check_matrix(c, o.trans_w ? "b (trans_w: [K, N])" : "b", b, br, bc,
+                         want_or_fp8(a->dtype, f8, b), false));
   TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': b has 0 %s", c->cfg.name,
                 o.trans_w ? "columns (trans_w)" : "rows");
-  TPF_CHECK(check_matrix(c, "d", d, M, N, a->dtype, true));
+  TPF_CHECK(check_matrix(c, "d", d, M, N, f8 && d && gemm_dtype(d->dtype) ? d->dtype : a->dtype,
+                         true));
+  if (f8)
+    TPF_CHECK(check_fp8_gemm(c, "tpf_bulk_overlap", "a", a->dtype, "b", b->dtype, "d", d->dtype));
+  TPF_CHECK(check_scales(c, "tpf_bulk_overlap", &o, "a", a->dtype, "b", b->dtype));
   TPF_RETURN_IF(aliases(c, a) || aliases(c, b) || aliases(c, d), TPF_EINVAL,
                 "'%s': a, b or d overlaps the registered buffer", c->cfg.name);
   const extent dx = matrix_extent("output d", d);

@@ -85,8 +85,9 @@ static float fp8_to_float(uint8_t v, int ebits, int mbits, int bias) {
 }
 
 static uint8_t float_to_fp8(float f, int ebits, int mbits, int bias, float maxv) {
-  /* Exhaustive nearest search over the 128 magnitudes: simple and exact; fp8 is only used by
-   * quantized communicators, which keep their capacity shape and are off the hot path. */
+  /* Exhaustive nearest search over the 128 magnitudes: simple and exact (ties to the even code,
+   * i.e. round to nearest even); the simulator is the reference, not a fast path. Values beyond
+   * the largest finite one, infinities included, saturate to it (__NV_SATFINITE, TE's casts). */
   if (f != f) /* NaN stays NaN */
     return ebits == 4 ? 0x7Fu : 0x7Eu;
   uint8_t sign = f < 0.0f ? 0x80u : 0u;

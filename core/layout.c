@@ -245,9 +245,6 @@ static tpf_status validate(const tpf_layout_desc *d, uint64_t align, shape_sizes
 
   TPF_CHECK(check_align(d, &c, &a, align));
 
-  TPF_RETURN_IF(tpf__dtype_quantized(d->dtype) && d->active.rows != d->capacity.rows,
-                TPF_EUNSUPPORTED, "%s is quantized: active rows %llu must equal capacity %llu",
-                tpf_dtype_name(d->dtype), (ull)d->active.rows, (ull)d->capacity.rows);
   if (cap) *cap = c;
   if (act) *act = a;
   return TPF_OK;

@@ -22,10 +22,6 @@ static tpf_status legal_rows(const tpf_layout_desc *d, uint64_t align, uint64_t 
   if (want == 0) want = 1;
   TPF_RETURN_IF(want > c, TPF_ECAPACITY, "wanted rows %llu exceed capacity %llu", (ull)want,
                 (ull)c);
-  if (tpf__dtype_quantized(d->dtype)) { /* quantized layouts run at capacity only */
-    *out = c;
-    return TPF_OK;
-  }
   uint64_t t = (want + p - 1) / p * p; /* want <= c and c % p == 0, so t <= c: no overflow */
   /* C itself is legal (checked above) and a multiple of P, so the walk ends at C at the latest;
    * by the argument in the header comment it ends within `align` steps. */

@@ -92,7 +92,7 @@ tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out) {
 }
 
 static bool eligible(const tpf_comm *c) {
-  return !tpf__dtype_quantized(c->cfg.dtype) && !c->cfg.external;
+  return !c->cfg.external; /* fp8 communicators follow the shape too (SPEC §11) */
 }
 
 tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {

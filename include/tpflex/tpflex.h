@@ -177,7 +177,7 @@ TPF_API tpf_status tpf_layout_chunk(const tpf_layout_desc *d, int j, tpf_region 
 TPF_API tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out);
 /* The smallest legal active row count >= rows for d's capacity (d->active is ignored): divisible
  * by P, every chunk, slot and pipeline block 16-byte aligned (docs/SPEC.md §3); rows 0 counts as
- * 1; quantized layouts answer C. Use it to pad a microbatch: T = 1000 with P = 8, H = 4, bf16
+ * 1 (fp8 layouts too: 1-byte elements, so chunks of 16 elements). Use it to pad a microbatch: T = 1000 with P = 8, H = 4, bf16
  * gives 1008. TPF_ECAPACITY when no legal count <= C exists, with both numbers in the detail. */
 TPF_API tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64_t *legal);
 
@@ -205,7 +205,7 @@ typedef struct {
   const char *name;           /* site name ("fc1_fprop"); copied; unique within a manager */
   tpf_algo algo;              /* algorithm */
   tpf_coll coll;              /* collective */
-  tpf_dtype dtype;            /* buffer dtype; fp8 dtypes make the communicator quantized */
+  tpf_dtype dtype;            /* buffer dtype (fp8: 1-byte elements, SPEC §11) */
   tpf_shape capacity;         /* [C, H], registered once */
   int num_splits;             /* see tpf_layout_desc; 0 = default */
   bool aggregate;             /* RING AG only */
@@ -252,7 +252,7 @@ TPF_API tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full);
 /* This rank's [T/P, H] view (see tpf_layout_local). */
 TPF_API tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
 /* As tpf_layout_legal_rows for this communicator, with its backend's alignment; external and
- * quantized communicators answer their capacity rows. */
+ * communicators answer their capacity rows. */
 TPF_API tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
 /* The whole registered data region (capacity bytes). */
 TPF_API tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes);
@@ -290,7 +290,12 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
 /* ---- Operations ------------------------------------------------------------------------------
  * `stream` is a cudaStream_t for CUDA and NULL for the simulator (which completes the operation
  * before returning). Operand rules: w and x have the buffer's dtype (bf16, fp16 or fp32); outputs
- * may be the buffer dtype or fp32. Shapes are checked against the active shape: TPF_ESHAPE with
+ * may be the buffer dtype or fp32. FP8 (SPEC §11): an fp8 GEMM takes two fp8 operands, E4M3 x
+ * E4M3, E4M3 x E5M2 or E5M2 x E4M3 (E5M2 x E5M2: TPF_EUNSUPPORTED, as cuBLASLt on Hopper), and
+ * writes D in bf16, fp16 or fp32; ag_gemm on an fp8 buffer takes an fp8 w; gemm_rs takes fp8 x
+ * and w on a bf16/fp16/fp32 communicator (the partials are kept and reduced in fp32/its dtype),
+ * an fp8 RS buffer is refused (TPF_EUNSUPPORTED); bulk takes fp8 a and b. A scale set for an
+ * operand that is not fp8 is TPF_EINVAL. Shapes are checked against the active shape: TPF_ESHAPE with
  * the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves the
  * communicator failed: every later operation returns TPF_ESTATE. The output must not share a
  * byte with any other operand (w, x, a, b, the bias; extents from each operand's rows, ld and
@@ -321,9 +326,14 @@ typedef struct {
   int num_splits;   /* this operation's split count (any the active shape allows: see
                      * tpf_layout_desc; RING AG P/2 is the aggregate variant); 0 = the
                      * communicator's (or the adaptive planner's) choice */
+  /* ---- Appended after 0.2 (SPEC §11); 0.2's size, offsetof(a_scale_inv), stays accepted ---- */
+  const float *a_scale_inv; /* fp8 a (ag_gemm: the buffer; gemm_rs: x; bulk: a): one float,
+                             * the per-tensor dequantisation scale (TE's Float8Tensor scale_inv),
+                             * device memory for CUDA, host memory for the simulator; NULL = 1 */
+  const float *w_scale_inv; /* the same for an fp8 w (bulk: b) */
 } tpf_op_options;
 #define TPF_OP_OPTIONS_INIT                                                                        \
-  { sizeof(tpf_op_options), false, false, 1.0f, 0.0f, NULL, false, 0 }
+  { sizeof(tpf_op_options), false, false, 1.0f, 0.0f, NULL, false, 0, NULL, NULL }
 
 /* RING AG: the local shard is already in tpf_comm_local_chunk; w is [N, H] ([H, N] with
  * trans_w); d is [T, N]. Afterwards the buffer holds AG(X) = [T, H] and d = AG(X) * op(w). */
@@ -353,7 +363,7 @@ TPF_API tpf_status tpf_manager_create(tpf_backend *be, tpf_manager **out);
 TPF_API tpf_status tpf_manager_add(tpf_manager *m, const tpf_comm_config *cfg, tpf_comm **out);
 /* TPF_EINVAL when no communicator has that name. */
 TPF_API tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **out);
-/* Applies `active` to every eligible communicator (unquantized, not external), all-or-nothing:
+/* Applies `active` to every eligible communicator (every one not external), all-or-nothing:
  * all are validated first; on any failure none changes and the detail names the communicator.
  * A communicator left failed by an earlier operation (a timeout, a canary violation) refuses
  * with TPF_ESTATE naming its original failure; the manager recovers when that communicator is

@@ -197,9 +197,12 @@ typedef struct tpf_reg tpf_reg; /* a backend's registration (opaque to the core)
 enum {
   TPF_BE_CAP_HOST_MEMORY = 1u << 1, /* registrations are host memory the caller may touch
                                      * (bindings read it: tensor views on the host) */
-  TPF_BE_CAP_OPTIONS = 1u << 3      /* honours step flags and tpf_exec_args.epi (ABI 2): without
+  TPF_BE_CAP_OPTIONS = 1u << 3,     /* honours step flags and tpf_exec_args.epi (ABI 2): without
                                      * it the core refuses non-default tpf_op_options with
                                      * TPF_EUNSUPPORTED before anything is enqueued */
+  TPF_BE_CAP_FP8 = 1u << 4          /* runs fp8 GEMMs and honours tpf_exec_args.a_scale_inv /
+                                     * w_scale_inv (SPEC §11); without it the core refuses
+                                     * operations with fp8 GEMM operands (TPF_EUNSUPPORTED) */
 };
 
 /* The epilogue of the steps flagged TPF_STEP_EPILOGUE: they write
@@ -218,6 +221,11 @@ typedef struct {
   uint64_t seq;              /* operation sequence number on this communicator, from 1 */
   tpf_matrix x, w, d;        /* user operands (stored layout); ptr NULL when absent */
   tpf_epilogue epi;          /* for steps flagged TPF_STEP_EPILOGUE */
+  /* ---- Appended after 0.2 (TPF_BE_CAP_FP8): the fp8 operands' per-tensor scales (NULL = 1):
+   * every GEMM step computes sa * sw * sum(a * w) in fp32 before anything else (partials and D
+   * alike), where sa = *a_scale_inv when its a is fp8, sw likewise for w ---- */
+  const float *a_scale_inv;
+  const float *w_scale_inv;
 } tpf_exec_args;
 
 typedef struct tpf_backend_ops {

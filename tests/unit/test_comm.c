@@ -174,7 +174,8 @@ static void test_comm__timeout_leaves_it_failed_mismatch_does_not(void **state) 
   TPF_ASSERT_STATUS(tpf_comm_set_active_shape(f->c, s), TPF_ESTATE);
 }
 
-static void test_comm__quantized_and_external_stay_at_capacity(void **state) {
+/* fp8 communicators follow the active shape like any other (SPEC §11); external ones stay. */
+static void test_comm__fp8_follows_and_external_stays_at_capacity(void **state) {
   (void)state;
   tpf_mock_backend be;
   tpf_mock_init(&be, P, 0);
@@ -186,8 +187,13 @@ static void test_comm__quantized_and_external_stay_at_capacity(void **state) {
   TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &q, &cq));
   TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &x, &cx));
   tpf_shape s = {16, 64};
-  TPF_ASSERT_STATUS(tpf_comm_set_active_shape(cq, s), TPF_EUNSUPPORTED);
-  assert_non_null(strstr(tpf_last_error(), "quantized"));
+  TPF_ASSERT_OK(tpf_comm_set_active_shape(cq, s));
+  assert_int_equal(tpf_comm_active_shape(cq).rows, 16);
+  uint64_t legal = 0; /* 1-byte elements: 1 row of 64 per rank is a 64-byte chunk */
+  TPF_ASSERT_OK(tpf_comm_legal_rows(cq, 1, &legal));
+  assert_int_equal(legal, P);
+  s.rows = C;
+  TPF_ASSERT_OK(tpf_comm_set_active_shape(cq, s));
   s.cols = H;
   TPF_ASSERT_STATUS(tpf_comm_set_active_shape(cx, s), TPF_EUNSUPPORTED);
   assert_non_null(strstr(tpf_last_error(), "external"));
@@ -280,7 +286,7 @@ int main(void) {
                                       setup_ring_ag, teardown),
       cmocka_unit_test_setup_teardown(test_comm__timeout_leaves_it_failed_mismatch_does_not,
                                       setup_ring_ag, teardown),
-      cmocka_unit_test(test_comm__quantized_and_external_stay_at_capacity),
+      cmocka_unit_test(test_comm__fp8_follows_and_external_stays_at_capacity),
       cmocka_unit_test(test_comm__bad_configs_are_rejected),
       cmocka_unit_test(test_comm__allocator_budget_loop),
   };

@@ -71,6 +71,9 @@ EDIT(e_align_cap, d->capacity.rows = 4; d->active.rows = 4; d->capacity.cols = 4
 EDIT(e_indiv_and_misaligned, d->capacity.rows = 16; d->active.rows = 6; d->capacity.cols = 4;
      d->active.cols = 4)
 EDIT(e_fp8_active, d->dtype = TPF_FP8_E4M3)
+/* 1-byte elements: 1 row of 8 columns per rank is an 8-byte chunk, legal for bf16 (16 bytes). */
+EDIT(e_fp8_align, d->dtype = TPF_FP8_E5M2; d->capacity.cols = 8; d->active.cols = 8;
+     d->active.rows = 4)
 EDIT(e_fp8_full, d->dtype = TPF_FP8_E5M2; d->active.rows = 256)
 EDIT(e_fp32, d->dtype = TPF_FP32)
 EDIT(e_full, d->active.rows = 256)
@@ -107,8 +110,8 @@ static const rule_case generic[] = {
     {"capacity misaligned", e_align_cap, TPF_EALIGN, "capacity chunk bytes 8"},
     {"divisible before aligned", e_indiv_and_misaligned, TPF_EDIVISIBLE,
      "rows 6 not divisible by tp_size 4"},
-    {"fp8 below capacity", e_fp8_active, TPF_EUNSUPPORTED,
-     "fp8_e4m3 is quantized: active rows 128 must equal capacity 256"},
+    {"fp8 below capacity (follows the shape, SPEC §11)", e_fp8_active, TPF_OK, ""},
+    {"fp8 misaligned", e_fp8_align, TPF_EALIGN, "16-byte alignment"},
     {"fp8 at capacity", e_fp8_full, TPF_OK, ""},
     {"fp32", e_fp32, TPF_OK, ""},
     {"full", e_full, TPF_OK, ""},
