@@ -70,6 +70,65 @@ uint16_t tpf_ref_float_to_fp16(float f) {
   return (uint16_t)(sign | (uint16_t)(ax >> 13));
 }
 
+/* FP8 (OCP 8-bit floating point, SPEC §11), written from the formats' definitions: E4M3 ("fn":
+ * bias 7, no infinities, S.1111.111 the only NaN, max 448) and E5M2 (bias 15, IEEE-like: exponent
+ * 31 is infinity or NaN, max 57344). Decoding is m * 2^(e - bias - mbits) with ldexpf. Encoding
+ * (unlike the library's nearest-code search) scales the magnitude by the quantum of its binade,
+ * rounds with rintf (the FPU's round-to-nearest-even) and rebuilds the code; magnitudes beyond
+ * the largest finite value, infinities included, saturate to it (__NV_SATFINITE). */
+typedef struct {
+  int ebits, mbits, bias;
+  float maxv;
+} ref_fp8_fmt;
+
+static ref_fp8_fmt ref_fp8(tpf_dtype t) {
+  ref_fp8_fmt e4 = {4, 3, 7, 448.0f}, e5 = {5, 2, 15, 57344.0f};
+  return t == TPF_FP8_E5M2 ? e5 : e4;
+}
+
+float tpf_ref_fp8_to_float(tpf_dtype t, uint8_t v) {
+  const ref_fp8_fmt f = ref_fp8(t);
+  const int sign = (v & 0x80u) != 0;
+  const int e = (v >> f.mbits) & ((1 << f.ebits) - 1), m = v & ((1 << f.mbits) - 1);
+  const int emax = (1 << f.ebits) - 1;
+  float r;
+  if (f.ebits == 4 && e == emax && m == (1 << f.mbits) - 1) {
+    r = NAN;
+  } else if (f.ebits == 5 && e == emax) {
+    r = m ? NAN : INFINITY;
+  } else if (e == 0) {
+    r = ldexpf((float)m, 1 - f.bias - f.mbits);
+  } else {
+    r = ldexpf((float)((1 << f.mbits) + m), e - f.bias - f.mbits);
+  }
+  return sign ? -r : r;
+}
+
+uint8_t tpf_ref_float_to_fp8(tpf_dtype t, float v) {
+  const ref_fp8_fmt f = ref_fp8(t);
+  if (isnan(v)) return f.ebits == 4 ? 0x7fu : 0x7eu;
+  const uint8_t sign = signbit(v) ? 0x80u : 0u;
+  float a = fabsf(v);
+  const int emin = 1 - f.bias; /* exponent of the smallest normal */
+  /* The largest finite code: E4M3 S.1111.110, E5M2 S.11110.11. */
+  const uint8_t maxcode = f.ebits == 4 ? 0x7eu : 0x7bu;
+  if (a >= f.maxv) return (uint8_t)(sign | maxcode);
+  if (a == 0.0f) return sign;
+  int e2;
+  (void)frexpf(a, &e2); /* a = fr * 2^e2, fr in [0.5, 1): binade exponent e2 - 1 */
+  int e = e2 - 1;
+  if (e < emin) e = emin;                        /* subnormal range: the quantum stays */
+  const float n = rintf(ldexpf(a, f.mbits - e)); /* in quanta of 2^(e - mbits), RNE */
+  if (ldexpf(n, e - f.mbits) > f.maxv) return (uint8_t)(sign | maxcode); /* rounded past max */
+  long q = (long)n;
+  if (q < (1l << f.mbits)) return (uint8_t)(sign | (uint8_t)q); /* subnormal (e == emin) */
+  if (q == (1l << (f.mbits + 1))) { /* rounded up into the next binade */
+    e++;
+    q >>= 1;
+  }
+  return (uint8_t)(sign | (uint8_t)((e + f.bias) << f.mbits) | (uint8_t)(q - (1l << f.mbits)));
+}
+
 float tpf_ref_load(tpf_dtype t, const void *base, size_t idx) {
   switch (t) {
   case TPF_BF16: {
@@ -87,6 +146,9 @@ float tpf_ref_load(tpf_dtype t, const void *base, size_t idx) {
     memcpy(&f, (const unsigned char *)base + idx * 4, 4);
     return f;
   }
+  case TPF_FP8_E4M3:
+  case TPF_FP8_E5M2:
+    return tpf_ref_fp8_to_float(t, ((const uint8_t *)base)[idx]);
   default:
     return 0.0f;
   }
@@ -107,6 +169,10 @@ void tpf_ref_store(tpf_dtype t, void *base, size_t idx, float v) {
   case TPF_FP32:
     memcpy((unsigned char *)base + idx * 4, &v, 4);
     break;
+  case TPF_FP8_E4M3:
+  case TPF_FP8_E5M2:
+    ((uint8_t *)base)[idx] = tpf_ref_float_to_fp8(t, v);
+    break;
   default:
     break;
   }
@@ -118,6 +184,9 @@ float tpf_ref_round(tpf_dtype t, float v) {
     return tpf_ref_bf16_to_float(tpf_ref_float_to_bf16(v));
   case TPF_FP16:
     return tpf_ref_fp16_to_float(tpf_ref_float_to_fp16(v));
+  case TPF_FP8_E4M3:
+  case TPF_FP8_E5M2:
+    return tpf_ref_fp8_to_float(t, tpf_ref_float_to_fp8(t, v));
   default:
     return v;
   }
@@ -157,7 +226,7 @@ void tpf_ref_fill(tpf_matrix *m, uint64_t seed, float lo, float hi) {
 }
 
 static bool dtype_ok(tpf_dtype t) {
-  return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32;
+  return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32 || t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
 }
 
 static tpf_status gemm_impl(const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *d, float *out) {
@@ -213,6 +282,24 @@ tpf_status tpf_ref_rs_add_partial(const tpf_matrix *x_rows, const tpf_matrix *w,
     slack[i] += (float)tpf_ref_ulp(buf, p[i]);
   }
   free(p);
+  return st;
+}
+
+tpf_status tpf_ref_rs_add_partial_scaled(const tpf_matrix *x_rows, const tpf_matrix *w,
+                                         tpf_dtype buf, float scale, bool own_order, float *acc,
+                                         float *slack) {
+  if (!x_rows || !w || !acc || !slack) return TPF_EINVAL;
+  const uint64_t n = x_rows->rows * w->rows;
+  float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
+  if (!p) return TPF_ENOMEM;
+  tpf_status st = tpf_ref_gemm_f32(x_rows, w, p);
+  for (uint64_t i = 0; st == TPF_OK && i < n; i++) {
+    const float v = p[i] * scale; /* the fp8 scales, applied once to the fp32 product */
+    acc[i] += tpf_ref_round(buf, v);
+    slack[i] += (float)tpf_ref_ulp(buf, v);
+  }
+  free(p);
+  if (st == TPF_OK && own_order) st = tpf_ref_order_slack_add(x_rows, w, (double)scale, slack);
   return st;
 }
 
@@ -361,8 +448,16 @@ double tpf_ref_ulp(tpf_dtype t, double v) {
   int e = 0;
   double m = frexp(fabs(v), &e); /* |v| = m * 2^e, m in [0.5, 1) */
   (void)m;
-  int mant = t == TPF_BF16 ? 7 : t == TPF_FP16 ? 10 : 23;
-  int emin = t == TPF_BF16 ? -125 : t == TPF_FP16 ? -13 : -125; /* smallest normal exponent + 1 */
+  int mant = t == TPF_BF16       ? 7
+             : t == TPF_FP16     ? 10
+             : t == TPF_FP8_E4M3 ? 3
+             : t == TPF_FP8_E5M2 ? 2
+                                 : 23;
+  int emin = t == TPF_BF16       ? -125
+             : t == TPF_FP16     ? -13
+             : t == TPF_FP8_E4M3 ? -5
+             : t == TPF_FP8_E5M2 ? -13
+                                 : -125; /* smallest normal exponent + 1 */
   if (v == 0.0 || e < emin) e = emin;
   return ldexp(1.0, e - 1 - mant);
 }

@@ -27,6 +27,10 @@ uint16_t tpf_ref_float_to_bf16(float f);
 float tpf_ref_fp16_to_float(uint16_t h);
 uint16_t tpf_ref_float_to_fp16(float f);
 /* Element idx (in elements) of an array of dtype t (bf16, fp16 or fp32; others read as 0). */
+/* FP8 E4M3 (fn) / E5M2 (SPEC §11): decode any code; encode with round-to-nearest-even and
+ * saturation to the largest finite value (infinities too); NaN encodes as 0x7f / 0x7e. */
+float tpf_ref_fp8_to_float(tpf_dtype t, uint8_t v);
+uint8_t tpf_ref_float_to_fp8(tpf_dtype t, float v);
 float tpf_ref_load(tpf_dtype t, const void *base, size_t idx);
 void tpf_ref_store(tpf_dtype t, void *base, size_t idx, float v);
 /* v rounded to dtype t and back (fp32: unchanged). */
@@ -86,6 +90,11 @@ tpf_status tpf_ref_rs_add_partial_order(const tpf_matrix *x_rows, const tpf_matr
 /* Adds rows [r0, r0 + rows) of part to acc[rows * part->cols] (row-major, ld part->cols), in fp32
  * and without rounding: one rank's contribution to a bulk reduce-scatter chunk, whose partials
  * are already stored in the buffer dtype. */
+/* tpf_ref_rs_add_partial_order with the product scaled by `scale` (fp8 a_scale_inv * w_scale_inv)
+ * before it is rounded to buf. */
+tpf_status tpf_ref_rs_add_partial_scaled(const tpf_matrix *x_rows, const tpf_matrix *w,
+                                         tpf_dtype buf, float scale, bool own_order, float *acc,
+                                         float *slack);
 void tpf_ref_add_rows(const tpf_matrix *part, uint64_t r0, uint64_t rows, float *acc);
 /* out(i, j) = v[i * out->cols + j], rounded once to out's dtype. */
 void tpf_ref_set_f32(tpf_matrix *out, const float *v);
