@@ -90,8 +90,8 @@ static uint8_t float_to_fp8(float f, int ebits, int mbits, int bias, float maxv)
    * the largest finite one, infinities included, saturate to it (__NV_SATFINITE, TE's casts). */
   if (f != f) /* NaN stays NaN */
     return ebits == 4 ? 0x7Fu : 0x7Eu;
-  uint8_t sign = f < 0.0f ? 0x80u : 0u;
-  float a = f < 0.0f ? -f : f;
+  uint8_t sign = signbit(f) ? 0x80u : 0u; /* -0 keeps its sign (0x80), as the GPU's cvt */
+  float a = fabsf(f);
   if (a > maxv) a = maxv;
   uint8_t best = 0;
   float bestd = a;
