@@ -13,7 +13,7 @@ if [ ! -x "$BUILD/tpflex" ]; then
   cmake --build "$BUILD" -j 16 --target tpflex_cli >>"$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
 fi
 B=(bench --backend cuda --section tp --mode threads --tp-list 8 --capacity 32768 --hidden 8192 --n 3584
-   --tokens 1024,4096,8192 --iters 5 --warmup 2 --adaptive --cost "$ROOT/bench/results/h200-2026-12-03-s5-tuned-cost.txt"
+   --tokens 1024,4096,8192 --iters 5 --warmup 2 --adaptive --cost "$ROOT/docs/results/h200-2026-12-03-s5-tuned-cost.txt"
    --ops "${OPS:-gemm+ring_rs,gemm+pipeline_rs}")
 run() { # NAME ENV...
   local n=$1; shift
