@@ -134,7 +134,7 @@ static tpf_status g_allgather(tpf_backend *be, const void *mine, void *all, size
 const tpf_backend_ops tpf_cuda__ops = {
     .abi_version = TPF_BACKEND_ABI_VERSION,
     .name = "cuda",
-    .caps = TPF_BE_CAP_OPTIONS, /* step flags and epilogue: cuda_gemm.c */
+    .caps = TPF_BE_CAP_OPTIONS | TPF_BE_CAP_FP8, /* step flags, epilogue, fp8: cuda_gemm.c */
     .align_bytes = 16,
     .max_ranks = TPF_MAX_RANKS,
     .reg_create = g_reg_create,

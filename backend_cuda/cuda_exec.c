@@ -519,6 +519,8 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
   /* A failure of an earlier operation on this registration is reported here until its sync
    * takes it; another registration's failure is that one's. */
   TPF_CHECK(tpf_cuda__check_status(b, r));
+  /* fp8 scales, and fp8 GEMMs cuBLASLt cannot run refused before anything is enqueued. */
+  TPF_CHECK(tpf_cuda__gemm_fp8_prepare(b->gemm, a));
   /* Released stream-memory waits would pass at once: the registration runs nothing more. */
   TPF_RETURN_IF(atomic_load(&r->released), TPF_ESTATE,
                 "'%s': its stream-memory waits were released after a timeout or abort; it runs "

@@ -33,6 +33,18 @@
  * (cuda_kernels.cu) computes it with the same flags and epilogue. TPF_CUDA_GEMM_FALLBACK=1 (read
  * at creation) sends every GEMM there: a diagnostic that lets tests run the plain kernel on any
  * shape. With no flags and no epilogue, descriptor, layouts and call are exactly 0.1's.
+ *
+ * FP8 (SPEC §11): fp8 a and w (E4M3 x E4M3, E4M3 x E5M2, E5M2 x E4M3; cuBLASLt on Hopper has no
+ * E5M2 x E5M2) with D bf16, fp16 or fp32, fp32 accumulation (no fast accumulation). cuBLASLt takes
+ * fp8 only in the "TN" layout, which is exactly the flag-free mapping above (A' := w op T,
+ * B' := a op N); a transposed fp8 operand is refused with TPF_EUNSUPPORTED before anything is
+ * enqueued (tpf_cuda__gemm_fp8_prepare, called by execute before the handshake), as are fp8
+ * leading dimensions that are not multiples of 16 elements (cuBLASLt's 16-byte rule) and a bias
+ * on an fp32 D (cuBLASLt wants a bf16 bias there). The per-tensor scales are cuBLASLt's
+ * CUBLASLT_MATMUL_DESC_A_SCALE_POINTER (w's scale_inv: A' is w) and B_SCALE_POINTER (a's), set on
+ * the descriptor before every call like the bias pointer (NULL = 1). The plain kernel has no fp8
+ * path: an fp8 key the heuristic has no algorithm for is refused (TPF_EUNSUPPORTED naming the
+ * dims), and TPF_CUDA_GEMM_FALLBACK leaves fp8 GEMMs on cuBLASLt.
  */
 #include "cuda_error.h"
 #include "cuda_internal.h"
@@ -79,6 +91,7 @@ struct tpf_cuda_gemm {
   int nworkspaces;
   bool force_fallback; /* TPF_CUDA_GEMM_FALLBACK: every GEMM by the plain kernel */
   uint64_t lookups, hits, fallbacks;
+  const float *fp8_sa, *fp8_sw; /* this operation's fp8 scales (device; NULL = 1), see FP8 */
   unsigned next_victim;
   tpf_cuda_gemm_entry cache[TPF_CUDA_GEMM_CACHE];
 };
@@ -144,6 +157,10 @@ static cudaDataType_t tpf_cuda__data_type(int t) {
     return CUDA_R_16BF;
   case TPF_FP16:
     return CUDA_R_16F;
+  case TPF_FP8_E4M3:
+    return CUDA_R_8F_E4M3;
+  case TPF_FP8_E5M2:
+    return CUDA_R_8F_E5M2;
   default:
     return CUDA_R_32F;
   }
@@ -386,22 +403,91 @@ static tpf_status tpf_cuda__gemm_beta16(tpf_cuda_gemm *g, const void *a, tpf_dty
   return TPF_OK;
 }
 
+static bool tpf_cuda__fp8(tpf_dtype t) {
+  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
+}
+
+/* The dtype and leading dimension of a GEMM step operand (FP8 checks before enqueueing). */
+static void tpf_cuda__operand(const tpf_exec_args *a, const tpf_mref *r, tpf_dtype *t,
+                              uint64_t *ld) {
+  const tpf_matrix *mat = r->id == TPF_MAT_X   ? &a->x
+                          : r->id == TPF_MAT_W ? &a->w
+                          : r->id == TPF_MAT_D ? &a->d
+                                               : NULL;
+  if (r->id == TPF_MAT_BUF || mat == NULL) {
+    *t = a->sched->dtype;
+    *ld = r->ld ? r->ld : a->sched->cols;
+    return;
+  }
+  *t = mat->dtype;
+  *ld = r->ld ? r->ld : mat->ld;
+}
+
+tpf_status tpf_cuda__gemm_fp8_prepare(tpf_cuda_gemm *g, const tpf_exec_args *a) {
+  if (g != NULL) { /* NULL: only the checks (CPU tests) */
+    g->fp8_sa = a->a_scale_inv;
+    g->fp8_sw = a->w_scale_inv;
+  }
+  const tpf_schedule *sc = a->sched;
+  for (int i = 0; i < sc->nsteps; i++) {
+    const tpf_step *st = &sc->steps[i];
+    if (st->kind != TPF_STEP_GEMM) continue;
+    tpf_dtype at, wt, dt;
+    uint64_t lda, ldw, ldd;
+    tpf_cuda__operand(a, &st->a, &at, &lda);
+    tpf_cuda__operand(a, &st->w, &wt, &ldw);
+    tpf_cuda__operand(a, &st->d, &dt, &ldd);
+    if (!tpf_cuda__fp8(at) && !tpf_cuda__fp8(wt)) continue;
+    TPF_RETURN_IF(st->flags & (TPF_STEP_TRANS_A | TPF_STEP_TRANS_W), TPF_EUNSUPPORTED,
+                  "'%s': cuBLASLt runs fp8 GEMMs (%s x %s) only in the TN layout: a stored "
+                  "[m, k] and w stored [n, k]; trans_a / trans_w are not available with fp8 on "
+                  "CUDA (transpose the fp8 data first)",
+                  a->comm_name, tpf_dtype_name(at), tpf_dtype_name(wt));
+    TPF_RETURN_IF(lda % 16 != 0 || ldw % 16 != 0, TPF_EUNSUPPORTED,
+                  "'%s': cuBLASLt's fp8 GEMM needs leading dimensions that are multiples of 16 "
+                  "elements (16 bytes): a (%s) has ld %llu, w (%s) ld %llu",
+                  a->comm_name, tpf_dtype_name(at), (unsigned long long)lda, tpf_dtype_name(wt),
+                  (unsigned long long)ldw);
+    TPF_RETURN_IF((st->flags & TPF_STEP_EPILOGUE) && a->epi.bias != NULL && dt == TPF_FP32,
+                  TPF_EUNSUPPORTED,
+                  "'%s': cuBLASLt's fp8 GEMM takes a bias only for a bf16 or fp16 D (this D is "
+                  "fp32: its bias would have to be bf16)",
+                  a->comm_name);
+    (void)ldd;
+  }
+  return TPF_OK;
+}
+
 tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
                                  const void *w, tpf_dtype wt, uint64_t ldw, void *d, tpf_dtype dt,
                                  uint64_t ldd, uint64_t m, uint64_t n, uint64_t k, unsigned flags,
                                  const tpf_cuda_epi *e, int sm_target, int ws, cudaStream_t s) {
   if (m == 0 || n == 0) return TPF_OK;
-  TPF_RETURN_IF(at != wt, TPF_EUNSUPPORTED, "GEMM operand dtypes differ: a %s, w %s",
+  const bool f8 = tpf_cuda__fp8(at) || tpf_cuda__fp8(wt);
+  if (f8) {
+    TPF_RETURN_IF(!tpf_cuda__fp8(at) || !tpf_cuda__fp8(wt), TPF_EUNSUPPORTED,
+                  "fp8 GEMM needs two fp8 operands: a %s, w %s", tpf_dtype_name(at),
+                  tpf_dtype_name(wt));
+    TPF_RETURN_IF(at == TPF_FP8_E5M2 && wt == TPF_FP8_E5M2, TPF_EUNSUPPORTED,
+                  "cuBLASLt has no fp8_e5m2 x fp8_e5m2 GEMM (e4m3 x e4m3, e4m3 x e5m2, e5m2 x "
+                  "e4m3)");
+    TPF_RETURN_IF(dt != TPF_BF16 && dt != TPF_FP16 && dt != TPF_FP32, TPF_EUNSUPPORTED,
+                  "fp8 GEMM output dtype %s is not supported (bf16, fp16, fp32)",
+                  tpf_dtype_name(dt));
+    TPF_RETURN_IF(flags & (TPF_STEP_TRANS_A | TPF_STEP_TRANS_W), TPF_EUNSUPPORTED,
+                  "cuBLASLt runs fp8 GEMMs only in the TN layout (no trans_a / trans_w)");
+  }
+  TPF_RETURN_IF(!f8 && at != wt, TPF_EUNSUPPORTED, "GEMM operand dtypes differ: a %s, w %s",
                 tpf_dtype_name(at), tpf_dtype_name(wt));
-  TPF_RETURN_IF(at != TPF_BF16 && at != TPF_FP16 && at != TPF_FP32, TPF_EUNSUPPORTED,
+  TPF_RETURN_IF(!f8 && at != TPF_BF16 && at != TPF_FP16 && at != TPF_FP32, TPF_EUNSUPPORTED,
                 "GEMM input dtype %s is not supported (bf16, fp16, fp32)", tpf_dtype_name(at));
-  TPF_RETURN_IF(dt != at && dt != TPF_FP32, TPF_EUNSUPPORTED,
+  TPF_RETURN_IF(!f8 && dt != at && dt != TPF_FP32, TPF_EUNSUPPORTED,
                 "GEMM output dtype %s with input %s is not supported", tpf_dtype_name(dt),
                 tpf_dtype_name(at));
   flags &= (unsigned)(TPF_STEP_TRANS_A | TPF_STEP_TRANS_W);
   const bool epi = tpf_cuda__epi_on(e);
   const void *bias = epi ? e->bias : NULL;
-  if (g->force_fallback)
+  if (g->force_fallback && !f8) /* the plain kernel has no fp8 path */
     return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
   if (epi && e->beta != 0.0f && dt != TPF_FP32)
     return tpf_cuda__gemm_beta16(g, a, at, lda, w, wt, ldw, d, dt, ldd, m, n, k, flags, e,
@@ -430,8 +516,27 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
   key.align_bias = bias != NULL ? tpf_cuda__ptr_align(bias) : 0;
   tpf_cuda_gemm_entry *en = NULL;
   TPF_CHECK(tpf_cuda__gemm_lookup(g, &key, &plan, bias, &en));
+  TPF_RETURN_IF(f8 && en->fallback, TPF_EUNSUPPORTED,
+                "cuBLASLt has no fp8 GEMM algorithm for %s x %s -> %s, m %llu n %llu k %llu, "
+                "lda %llu ldw %llu ldd %llu, alignments a %d w %d d %d bytes (fp8 wants 16-byte "
+                "aligned operands); the plain kernel has no fp8 path",
+                tpf_dtype_name(at), tpf_dtype_name(wt), tpf_dtype_name(dt),
+                (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
+                (unsigned long long)lda, (unsigned long long)ldw, (unsigned long long)ldd,
+                key.align_a, key.align_w, key.align_d);
   if (en->fallback)
     return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
+  if (f8) {
+    /* A' is w, B' is a (Method): w's scale is cuBLASLt's A scale. Set on every call, like the
+     * bias pointer: the descriptor is read when the call is enqueued. */
+    const void *sa = g->fp8_sw, *sb = g->fp8_sa;
+    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa,
+                                              sizeof(sa)),
+               "set A_SCALE_POINTER");
+    TPF_LT_TRY(cublasLtMatmulDescSetAttribute(en->desc, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb,
+                                              sizeof(sb)),
+               "set B_SCALE_POINTER");
+  }
   if (bias != NULL) {
     /* This call's bias (same alignment as the one the entry was built with: it is in the key).
      * The descriptor is read when the call is enqueued, so changing it afterwards is safe. */
@@ -443,7 +548,7 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
   void *wsp = (char *)g->ws + (size_t)g->ws_bytes * (size_t)(ws % g->nworkspaces);
   cublasStatus_t st = cublasLtMatmul(g->handle, en->desc, &alpha, w, en->la, a, en->lb, &beta, d,
                                      en->ld, d, en->ld, &en->algo, wsp, g->ws_bytes, s);
-  if (st == CUBLAS_STATUS_NOT_SUPPORTED && epi) {
+  if (st == CUBLAS_STATUS_NOT_SUPPORTED && epi && !f8) {
     /* The heuristic offered an algorithm the call then refuses (nothing was enqueued): serve
      * this key by the plain kernel from now on. */
     en->fallback = true;

@@ -11,6 +11,7 @@
 
 #include <cublasLt.h>
 #include <math.h>
+#include <string.h>
 
 enum { M = 5, N = 7, K = 6, PAD = 3 };
 
@@ -140,10 +141,60 @@ static void test_cuda_gemm_plan__no_flags_is_the_0_1_tn_gemm(void **state) {
   assert_memory_equal(&p, &q, sizeof p);
 }
 
+/* FP8 (cuda_gemm.c, FP8): what cuBLASLt cannot run is refused before anything is enqueued, with
+ * TPF_EUNSUPPORTED naming the reason; the TN layout with 16-element leading dimensions passes. */
+static void test_cuda_gemm_plan__fp8_refusals_before_enqueue(void **state) {
+  (void)state;
+  tpf_step st;
+  memset(&st, 0, sizeof st);
+  st.kind = TPF_STEP_GEMM;
+  st.a.id = TPF_MAT_BUF; /* ag_gemm: the buffer (fp8) times w */
+  st.w.id = TPF_MAT_W;
+  st.d.id = TPF_MAT_D;
+  st.m = 16;
+  st.n = 32;
+  st.k = 64;
+  tpf_schedule sc;
+  memset(&sc, 0, sizeof sc);
+  sc.dtype = TPF_FP8_E4M3;
+  sc.cols = 64;
+  sc.nsteps = 1;
+  sc.steps = &st;
+  static unsigned char mem[1];
+  tpf_exec_args a;
+  memset(&a, 0, sizeof a);
+  a.sched = &sc;
+  a.comm_name = "fc1_fprop";
+  a.w = (tpf_matrix){mem, 32, 64, 64, TPF_FP8_E4M3};
+  a.d = (tpf_matrix){mem, 16, 32, 32, TPF_FP32};
+  TPF_ASSERT_OK(tpf_cuda__gemm_fp8_prepare(NULL, &a));
+  st.flags = TPF_STEP_TRANS_W;
+  TPF_ASSERT_STATUS(tpf_cuda__gemm_fp8_prepare(NULL, &a), TPF_EUNSUPPORTED);
+  assert_non_null(strstr(tpf_last_error(), "TN layout"));
+  st.flags = 0;
+  a.w.ld = 72; /* not a multiple of 16 */
+  TPF_ASSERT_STATUS(tpf_cuda__gemm_fp8_prepare(NULL, &a), TPF_EUNSUPPORTED);
+  assert_non_null(strstr(tpf_last_error(), "ld 72"));
+  a.w.ld = 64;
+  st.flags = TPF_STEP_EPILOGUE;
+  a.epi.bias = mem;
+  TPF_ASSERT_STATUS(tpf_cuda__gemm_fp8_prepare(NULL, &a), TPF_EUNSUPPORTED);
+  assert_non_null(strstr(tpf_last_error(), "bias"));
+  a.d.dtype = TPF_BF16; /* a bf16 D takes a bias */
+  TPF_ASSERT_OK(tpf_cuda__gemm_fp8_prepare(NULL, &a));
+  /* Not fp8: nothing to check, whatever the flags. */
+  sc.dtype = TPF_BF16;
+  a.w.dtype = TPF_BF16;
+  st.flags = TPF_STEP_TRANS_W;
+  a.w.ld = 72;
+  TPF_ASSERT_OK(tpf_cuda__gemm_fp8_prepare(NULL, &a));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_cuda_gemm_plan__row_major_results_for_every_flag_and_epilogue),
       cmocka_unit_test(test_cuda_gemm_plan__no_flags_is_the_0_1_tn_gemm),
+      cmocka_unit_test(test_cuda_gemm_plan__fp8_refusals_before_enqueue),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
