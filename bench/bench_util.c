@@ -8,7 +8,6 @@
  * counts result elements outside the SPEC §7 tolerance, checked in the same run. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench_util.h"
-#include "cli_args.h"
 
 #include <errno.h>
 #include <math.h>
@@ -275,12 +274,7 @@ static void csv_field(FILE *f, const char *s) {
   fputc('"', f);
 }
 
-int bench_report_write_csv(const char *path) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "tpflex bench: cannot write '%s': %s\n", path, strerror(errno));
-    return 1;
-  }
+void bench_report_write_csv(FILE *f) {
   fprintf(f, "# %s\n", meta);
   for (int i = 0; i < ntables; i++) {
     table *t = &tables[i];
@@ -298,17 +292,9 @@ int bench_report_write_csv(const char *path) {
       fprintf(f, "\n");
     }
   }
-  char what[1100];
-  snprintf(what, sizeof what, "--csv '%s'", path);
-  return cli_finish_output("tpflex bench", f, what);
 }
 
-int bench_report_write_json(const char *path) {
-  FILE *f = fopen(path, "w");
-  if (!f) {
-    fprintf(stderr, "tpflex bench: cannot write '%s': %s\n", path, strerror(errno));
-    return 1;
-  }
+void bench_report_write_json(FILE *f) {
   fprintf(f, "{\n  \"tool\": \"tpflex bench\",\n  \"meta\": ");
   json_str(f, meta);
   fprintf(f, ",\n  \"tables\": [");
@@ -348,9 +334,6 @@ int bench_report_write_json(const char *path) {
     fprintf(f, "]}");
   }
   fprintf(f, "\n  ]\n}\n");
-  char what[1100];
-  snprintf(what, sizeof what, "--json '%s'", path);
-  return cli_finish_output("tpflex bench", f, what);
 }
 
 void bench_report_free(void) {

@@ -6,6 +6,8 @@
 
 #include "tpflex/tpflex.h"
 
+#include <stdio.h>
+
 /* ---- report ---- */
 
 /* Starts a table: id (CSV/JSON name), a title line, and `ncols` column headers. Rows follow with
@@ -30,9 +32,10 @@ void bench_progress(const char *fmt, ...)
 void bench_progress_done(void);
 /* The run's description (command, date, shape), the first line of the CSV and the JSON "meta". */
 void bench_report_set_meta(const char *line);
-/* Every table so far into a file; 0, or 1 after printing why. */
-int bench_report_write_csv(const char *path);
-int bench_report_write_json(const char *path);
+/* Every table so far into an open file (CSV, JSON); the caller checks the writes and closes it
+ * (tools/cmd_bench.c, cli_finish_output). */
+void bench_report_write_csv(FILE *f);
+void bench_report_write_json(FILE *f);
 /* Frees every table. */
 void bench_report_free(void);
 

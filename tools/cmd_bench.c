@@ -1,5 +1,7 @@
-/* `tpflex bench`: the options, the run header and the sections in order (the top room; see
- * bench/README.md, "Rooms"). Tables, files and statistics are bench_util.c's. */
+/* `tpflex bench`: the options, the run header, the sections in order and the output files. The
+ * sections, tables and statistics are the bench library's (bench/, bench.h; see bench/README.md,
+ * "Rooms"); the option parsing and the checked writing of files are cli_args.c's, shared with
+ * the other commands. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 #include "cli_args.h"
@@ -257,42 +259,20 @@ static int check_capacity(const cli_ctx *ctx, const bench_opts *o) {
                    (unsigned long long)o->capacity, why, (unsigned long long)max);
 }
 
-int tpf_cmd_bench(int argc, char **argv) {
-  bench_opts o;
-  memset(&o, 0, sizeof(o));
-  static const cli_ctx ctx = {"tpflex bench", false, NULL};
-  cli_val v[B_NOPTS];
-  int prc = cli_parse(&ctx, kBenchOpts, B_NOPTS, argc, argv, v, kIntro);
-  if (prc == 0) {
-    printf("%s", kOutro);
-    return 0;
-  }
-  if (prc > 0) return prc;
-  if (v[B_IPC_PEER].set) return bench_cuda_ipc_peer();
-  o.quick = v[B_QUICK].set;
-  o.cuda = v[B_BACKEND].set && v[B_BACKEND].u == 1;
-  uint64_t cap = v[B_CAP].u, hid = v[B_HIDDEN].u, n = v[B_N].u, tp = v[B_TP].u,
-           iters = v[B_ITERS].u, warm = v[B_WARMUP].u, calls = v[B_CALLS].u;
-  bool have_warm = v[B_WARMUP].set;
-  o.csv = v[B_CSV].set ? v[B_CSV].s : NULL;
-  o.json = v[B_JSON].set ? v[B_JSON].s : NULL;
-  unsigned sections = 0;
-  static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
-                                      BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL,
-                                      BENCH_SEC_PLANNER,  BENCH_SEC_HOST};
-  for (unsigned b = 0; b < 8; b++)
-    if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
+/* The options that apply to one section (or mode) only, refused when it does not run. Returns
+ * -1, or the command's exit status after reporting. */
+static int check_scope(const cli_ctx *ctx, const cli_val *v, unsigned sections, bench_opts *o) {
   const bool planner = (sections & BENCH_SEC_PLANNER) != 0;
-  o.adaptive = v[B_ADAPTIVE].set;
-  if (!planner && !o.adaptive)
+  int prc;
+  if (!planner && !o->adaptive)
     for (int k = B_COST; k <= B_MODEL; k++)
       if (v[k].set)
-        return cli_error(&ctx,
+        return cli_error(ctx,
                          "%s applies to --section planner only (or to the tp section with "
                          "--adaptive)",
                          kBenchOpts[k].name);
-  if (planner && iters > BENCH_MAX_ITERS / BENCH_MAX_VARIANTS)
-    return cli_error(&ctx,
+  if (planner && v[B_ITERS].u > BENCH_MAX_ITERS / BENCH_MAX_VARIANTS)
+    return cli_error(ctx,
                      "--iters '%s': the planner section times up to %d schedules per repetition, "
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
@@ -300,132 +280,186 @@ int tpf_cmd_bench(int argc, char **argv) {
   static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS, B_ADAPTIVE};
   for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++)
     if (v[tp_only[i]].set)
-      return cli_error(&ctx, "%s applies to --section tp only", kBenchOpts[tp_only[i]].name);
-  o.tp_sel = BENCH_TP_SEL_ALL;
-  if (v[B_OPS].set && (prc = parse_ops(&ctx, v[B_OPS].s, &o.tp_sel)) >= 0) return prc;
-  o.modes =
-      v[B_MODE].set ? (unsigned)v[B_MODE].u + 1u : (o.cuda ? BENCH_MODE_BOTH : BENCH_MODE_THREADS);
-  if (v[B_TIMEOUT].set && !(o.modes & BENCH_MODE_PROCS))
-    return cli_error(&ctx, "--timeout applies to --mode procs or both only");
-  o.proc_timeout_ms = (v[B_TIMEOUT].set ? v[B_TIMEOUT].u : 900) * 1000u;
-  if (o.csv && (prc = check_writable(&ctx, "--csv", o.csv)) >= 0) return prc;
-  if (o.json && (prc = check_writable(&ctx, "--json", o.json)) >= 0) return prc;
+      return cli_error(ctx, "%s applies to --section tp only", kBenchOpts[tp_only[i]].name);
+  o->tp_sel = BENCH_TP_SEL_ALL;
+  if (v[B_OPS].set && (prc = parse_ops(ctx, v[B_OPS].s, &o->tp_sel)) >= 0) return prc;
+  o->modes =
+      v[B_MODE].set ? (unsigned)v[B_MODE].u + 1u : (o->cuda ? BENCH_MODE_BOTH : BENCH_MODE_THREADS);
+  if (v[B_TIMEOUT].set && !(o->modes & BENCH_MODE_PROCS))
+    return cli_error(ctx, "--timeout applies to --mode procs or both only");
+  o->proc_timeout_ms = (v[B_TIMEOUT].set ? v[B_TIMEOUT].u : 900) * 1000u;
+  if (o->csv && (prc = check_writable(ctx, "--csv", o->csv)) >= 0) return prc;
+  if (o->json && (prc = check_writable(ctx, "--json", o->json)) >= 0) return prc;
+  return -1;
+}
+
+/* A backend this build lacks: 2 after saying so, else -1. */
+static int check_backend(const bench_opts *o) {
 #ifndef TPF_HAVE_CUDA
-  if (o.cuda) {
+  if (o->cuda) {
     fprintf(stderr, "tpflex bench: this build has no CUDA backend (configure with "
                     "-DTPF_WITH_CUDA=ON on a machine with the CUDA toolkit)\n");
     return 2;
   }
 #endif
 #ifndef TPF_HAVE_SIM
-  if (!o.cuda) {
+  if (!o->cuda) {
     fprintf(stderr, "tpflex bench: this build has no simulator backend\n");
     return 2;
   }
 #endif
-  /* Many streams (P ranks x 5 streams) with device-side flag waits: give every stream its own
-   * hardware queue, as `make test-cuda` does, so no wait can sit in front of the copy it waits
-   * for. Read when the CUDA context is created, so set before any CUDA call. */
-  if (o.cuda) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-  /* Count every allocation tpflex makes. Only possible before any tpflex object exists, which
-   * is the case here: bench is the whole process. */
-  if (bench_alloc_count_start() != TPF_OK)
-    fprintf(stderr, "tpflex bench: allocator hooks refused (%s); allocation counts are void\n",
-            tpf_last_error());
+  (void)o;
+  return -1;
+}
 
-  if (v[B_ARENA].set && o.cuda) return cli_error(&ctx, "--arena-mib applies to --backend sim only");
-  o.arena_bytes = v[B_ARENA].set ? v[B_ARENA].u << 20 : 0;
+/* The shape, repetitions and sections: the options given, else the backend's defaults. */
+static void set_defaults(const cli_val *v, unsigned sections, bench_opts *o) {
+  const uint64_t iters = v[B_ITERS].u, warm = v[B_WARMUP].u, calls = v[B_CALLS].u;
+  const bool have_warm = v[B_WARMUP].set;
+  o->arena_bytes = v[B_ARENA].set ? v[B_ARENA].u << 20 : 0;
   bench_sim_arena_mib = v[B_ARENA].set ? v[B_ARENA].u : 1024;
-  o.tp = tp ? (int)tp : (o.cuda ? 8 : 4);
-  o.capacity = cap ? cap : (o.cuda ? 32768 : 1024);
-  o.hidden = hid ? hid : (o.cuda ? 8192 : 256);
-  o.n = n ? n : (o.cuda ? 3584 : 256);
-  o.iters = iters ? (int)iters : (o.cuda ? (o.quick ? 10 : 30) : (o.quick ? 3 : 5));
-  o.warmup = have_warm ? (int)warm : (o.cuda ? (o.quick ? 2 : 5) : 1);
-  o.setshape_calls = calls ? (long)calls : (o.quick ? 10000 : 100000);
-  o.realloc_iters = o.cuda ? (o.quick ? 20 : 100) : (o.quick ? 20 : 200);
-  o.sections = sections ? sections : BENCH_SEC_ALL;
-  static tpf_cost_table cost;
-  static char cost_used[1024];
-  if (planner || o.adaptive) {
-    int lrc = cli_load_cost(&ctx, "--cost", v[B_COST].set ? v[B_COST].s : NULL,
-                            o.cuda ? "h200.txt" : "sim.txt", &cost, cost_used, sizeof cost_used);
-    if (lrc >= 0) return lrc;
-    o.cost = &cost;
-    o.cost_used = cost_used;
-    o.dedicated = v[B_MODEL].set && v[B_MODEL].u == 1;
-  }
-  if (planner) {
-    o.planner_iters = iters ? (int)iters : (o.cuda ? (o.quick ? 5 : 15) : (o.quick ? 2 : 3));
-    o.planner_warmup = have_warm ? (int)warm : (o.cuda ? (o.quick ? 1 : 3) : 1);
-    if (n) {
-      o.pns[o.pnns++] = n;
+  o->tp = v[B_TP].u ? (int)v[B_TP].u : (o->cuda ? 8 : 4);
+  o->capacity = v[B_CAP].u ? v[B_CAP].u : (o->cuda ? 32768 : 1024);
+  o->hidden = v[B_HIDDEN].u ? v[B_HIDDEN].u : (o->cuda ? 8192 : 256);
+  o->n = v[B_N].u ? v[B_N].u : (o->cuda ? 3584 : 256);
+  o->iters = iters ? (int)iters : (o->cuda ? (o->quick ? 10 : 30) : (o->quick ? 3 : 5));
+  o->warmup = have_warm ? (int)warm : (o->cuda ? (o->quick ? 2 : 5) : 1);
+  o->setshape_calls = calls ? (long)calls : (o->quick ? 10000 : 100000);
+  o->realloc_iters = o->cuda ? (o->quick ? 20 : 100) : (o->quick ? 20 : 200);
+  o->sections = sections ? sections : BENCH_SEC_ALL;
+  if (sections & BENCH_SEC_PLANNER) {
+    o->planner_iters = iters ? (int)iters : (o->cuda ? (o->quick ? 5 : 15) : (o->quick ? 2 : 3));
+    o->planner_warmup = have_warm ? (int)warm : (o->cuda ? (o->quick ? 1 : 3) : 1);
+    if (v[B_N].u) {
+      o->pns[o->pnns++] = v[B_N].u;
     } else {
-      o.pns[o.pnns++] = o.cuda ? 3584 : 256;
-      o.pns[o.pnns++] = o.cuda ? 1024 : 64;
+      o->pns[o->pnns++] = o->cuda ? 3584 : 256;
+      o->pns[o->pnns++] = o->cuda ? 1024 : 64;
     }
   }
-  o.device = 0;
-  /* The tp section's P values: --tp-list, else 2, 4, 8 up to --tp (2 always). */
+  o->device = 0;
+}
+
+/* The tp section's P values: --tp-list, else 2, 4, 8 up to --tp (2 always). -1, or the exit
+ * status after reporting. */
+static int set_tp_list(const cli_ctx *ctx, const cli_val *v, bench_opts *o) {
   if (v[B_TP_LIST].set) {
     uint64_t ps[BENCH_MAX_PS];
-    int np = parse_list(&ctx, "--tp-list", v[B_TP_LIST].s, 1, TPF_MAX_RANKS, ps, BENCH_MAX_PS);
+    int np = parse_list(ctx, "--tp-list", v[B_TP_LIST].s, 1, TPF_MAX_RANKS, ps, BENCH_MAX_PS);
     if (np < 0) return 2;
     for (int i = 0; i < np; i++)
-      o.ps[o.nps++] = (int)ps[i];
+      o->ps[o->nps++] = (int)ps[i];
   } else {
     for (int P = 2; P <= 8; P *= 2)
-      if (P <= o.tp || P == 2) o.ps[o.nps++] = P;
+      if (P <= o->tp || P == 2) o->ps[o->nps++] = P;
   }
   if (v[B_OPS].set) {
     int any = 0;
-    for (int i = 0; i < o.nps; i++)
-      any += bench_tp_nops(&o, o.ps[i]);
+    for (int i = 0; i < o->nps; i++)
+      any += bench_tp_nops(o, o->ps[i]);
     if (any == 0)
-      return cli_error(&ctx,
+      return cli_error(ctx,
                        "--ops '%s': no operation runs at any P of the tp section "
                        "(ring_ag_aggr+gemm needs an even P >= 4; the P values: --tp-list, default "
                        "2,4,8 up to --tp)",
                        v[B_OPS].s);
   }
-  if (!v[B_PROC_WORKER].set && (prc = check_capacity(&ctx, &o)) >= 0) return prc;
-  /* The tp section's T sweep: --tokens (C added), else GPU {1k, 2k, ..., C} (at most 32k steps of
-   * 2), simulator C/8..C. */
+  return -1;
+}
+
+/* The tp section's T sweep: --tokens (C added), else GPU {1k, 2k, ..., C} (at most 32k steps of
+ * 2), simulator C/8..C. -1, or the exit status after reporting. */
+static int set_tokens(const cli_ctx *ctx, const cli_val *v, bench_opts *o) {
   if (v[B_TOKENS].set) {
-    int nt = parse_list(&ctx, "--tokens", v[B_TOKENS].s, 1, o.capacity, o.tps, BENCH_MAX_TS);
+    int nt = parse_list(ctx, "--tokens", v[B_TOKENS].s, 1, o->capacity, o->tps, BENCH_MAX_TS);
     if (nt < 0) return 2;
-    o.ntps = nt;
+    o->ntps = nt;
     /* The worker gets its parent's checked list (with C, whatever P divides). */
     for (int i = 0; i < nt && !v[B_PROC_WORKER].set; i++)
-      for (int pi = 0; pi < o.nps; pi++)
-        if (o.tps[i] % (uint64_t)o.ps[pi] != 0)
-          return cli_error(&ctx,
+      for (int pi = 0; pi < o->nps; pi++)
+        if (o->tps[i] % (uint64_t)o->ps[pi] != 0)
+          return cli_error(ctx,
                            "--tokens '%s': %llu is not a multiple of P = %d (the tp "
                            "section's P values: --tp-list, default 2,4,8 up to --tp)",
-                           v[B_TOKENS].s, (unsigned long long)o.tps[i], o.ps[pi]);
-    if (o.tps[nt - 1] != o.capacity && nt == BENCH_MAX_TS)
-      return cli_error(&ctx, "--tokens '%s': at most %d values below C (C is added)", v[B_TOKENS].s,
+                           v[B_TOKENS].s, (unsigned long long)o->tps[i], o->ps[pi]);
+    if (o->tps[nt - 1] != o->capacity && nt == BENCH_MAX_TS)
+      return cli_error(ctx, "--tokens '%s': at most %d values below C (C is added)", v[B_TOKENS].s,
                        BENCH_MAX_TS - 1);
-  } else if (o.cuda) {
-    for (uint64_t t = 1024; t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
-      if (!o.quick || t >= o.capacity / 8) o.tps[o.ntps++] = t;
+  } else if (o->cuda) {
+    for (uint64_t t = 1024; t <= o->capacity && o->ntps < BENCH_MAX_TS; t *= 2)
+      if (!o->quick || t >= o->capacity / 8) o->tps[o->ntps++] = t;
   } else {
     /* From 1 when C < 8 (doubling 0 would never end). */
-    for (uint64_t t = o.capacity >= 8 ? o.capacity / 8 : 1;
-         t <= o.capacity && o.ntps < BENCH_MAX_TS; t *= 2)
-      if (!o.quick || t >= o.capacity / 4) o.tps[o.ntps++] = t;
+    for (uint64_t t = o->capacity >= 8 ? o->capacity / 8 : 1;
+         t <= o->capacity && o->ntps < BENCH_MAX_TS; t *= 2)
+      if (!o->quick || t >= o->capacity / 4) o->tps[o->ntps++] = t;
   }
-  if (o.ntps == 0 || o.tps[o.ntps - 1] != o.capacity)
-    o.tps[o.ntps < BENCH_MAX_TS ? o.ntps++ : o.ntps - 1] = o.capacity;
-  if (o.cuda) {
+  if (o->ntps == 0 || o->tps[o->ntps - 1] != o->capacity)
+    o->tps[o->ntps < BENCH_MAX_TS ? o->ntps++ : o->ntps - 1] = o->capacity;
+  return -1;
+}
+
+/* Parses and checks every option into o. -1 when the benchmark is to run, else the command's
+ * exit status (0 after --help, the worker's or the IPC peer's status). */
+static int parse_bench(const cli_ctx *ctx, int argc, char **argv, bench_opts *o) {
+  cli_val v[B_NOPTS];
+  int prc = cli_parse(ctx, kBenchOpts, B_NOPTS, argc, argv, v, kIntro);
+  if (prc == 0) {
+    printf("%s", kOutro);
+    return 0;
+  }
+  if (prc > 0) return prc;
+  if (v[B_IPC_PEER].set) return bench_cuda_ipc_peer();
+  o->quick = v[B_QUICK].set;
+  o->cuda = v[B_BACKEND].set && v[B_BACKEND].u == 1;
+  o->csv = v[B_CSV].set ? v[B_CSV].s : NULL;
+  o->json = v[B_JSON].set ? v[B_JSON].s : NULL;
+  unsigned sections = 0;
+  static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
+                                      BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL,
+                                      BENCH_SEC_PLANNER,  BENCH_SEC_HOST};
+  for (unsigned b = 0; b < 8; b++)
+    if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
+  o->adaptive = v[B_ADAPTIVE].set;
+  if ((prc = check_scope(ctx, v, sections, o)) >= 0) return prc;
+  if ((prc = check_backend(o)) >= 0) return prc;
+  /* Many streams (P ranks x 5 streams) with device-side flag waits: give every stream its own
+   * hardware queue, as `make test-cuda` does, so no wait can sit in front of the copy it waits
+   * for. Read when the CUDA context is created, so set before any CUDA call. */
+  if (o->cuda) setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  /* Count every allocation tpflex makes. Only possible before any tpflex object exists, which
+   * is the case here: bench is the whole process. */
+  if (bench_alloc_count_start() != TPF_OK)
+    fprintf(stderr, "tpflex bench: allocator hooks refused (%s); allocation counts are void\n",
+            tpf_last_error());
+  if (v[B_ARENA].set && o->cuda) return cli_error(ctx, "--arena-mib applies to --backend sim only");
+  set_defaults(v, sections, o);
+  static tpf_cost_table cost;
+  static char cost_used[1024];
+  if ((sections & BENCH_SEC_PLANNER) || o->adaptive) {
+    int lrc = cli_load_cost(ctx, "--cost", v[B_COST].set ? v[B_COST].s : NULL,
+                            o->cuda ? "h200.txt" : "sim.txt", &cost, cost_used, sizeof cost_used);
+    if (lrc >= 0) return lrc;
+    o->cost = &cost;
+    o->cost_used = cost_used;
+    o->dedicated = v[B_MODEL].set && v[B_MODEL].u == 1;
+  }
+  if ((prc = set_tp_list(ctx, v, o)) >= 0) return prc;
+  if (!v[B_PROC_WORKER].set && (prc = check_capacity(ctx, o)) >= 0) return prc;
+  if ((prc = set_tokens(ctx, v, o)) >= 0) return prc;
+  if (o->cuda) {
     char why[256] = "";
-    if (bench_cuda_device_count(why, sizeof why) <= o.device) {
+    if (bench_cuda_device_count(why, sizeof why) <= o->device) {
       fprintf(stderr, "tpflex bench: --backend cuda needs a GPU (%s)\n", why);
       return 1;
     }
   }
-  if (v[B_PROC_WORKER].set) return bench_proc_worker(&o, v[B_PROC_WORKER].s);
+  if (v[B_PROC_WORKER].set) return bench_proc_worker(o, v[B_PROC_WORKER].s);
+  return -1;
+}
 
+/* The run's header: command, date, shape and how to read the tables (and the JSON/CSV meta). */
+static void print_header(const bench_opts *o, int argc, char **argv) {
   char date[64];
   time_t now = time(NULL);
   struct tm tmv;
@@ -439,18 +473,18 @@ int tpf_cmd_bench(int argc, char **argv) {
   char meta[2048];
   snprintf(meta, sizeof(meta),
            "%s | %s | backend=%s P=%d C=%llu H=%llu N=%llu dtype=bf16 iters=%d warmup=%d", cmdline,
-           date, o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity,
-           (unsigned long long)o.hidden, (unsigned long long)o.n, o.iters, o.warmup);
+           date, o->cuda ? "cuda" : "sim", o->tp, (unsigned long long)o->capacity,
+           (unsigned long long)o->hidden, (unsigned long long)o->n, o->iters, o->warmup);
   bench_report_set_meta(meta);
   printf("# tpflex bench %d.%d.%d\n# command: %s\n# date: %s\n", TPF_VERSION_MAJOR,
          TPF_VERSION_MINOR, TPF_VERSION_PATCH, cmdline, date);
   printf(
       "# backend=%s  P=%d  capacity C=%llu  hidden H=%llu  N=%llu  dtype=bf16 (fp32 accumulation)"
       "  iters=%d  warmup=%d\n",
-      o.cuda ? "cuda" : "sim", o.tp, (unsigned long long)o.capacity, (unsigned long long)o.hidden,
-      (unsigned long long)o.n, o.iters, o.warmup);
-  if (o.cuda) {
-    bench_cuda_header(&o);
+      o->cuda ? "cuda" : "sim", o->tp, (unsigned long long)o->capacity,
+      (unsigned long long)o->hidden, (unsigned long long)o->n, o->iters, o->warmup);
+  if (o->cuda) {
+    bench_cuda_header(o);
   } else {
     printf(
         "# NOTE: simulator times are CPU times of a pthread simulator on this host (its GEMM is a "
@@ -460,33 +494,37 @@ int tpf_cmd_bench(int argc, char **argv) {
   printf("# size = T*H*2 bytes (the whole [T, H] array), time = median us, algbw = size/time, "
          "busbw = algbw*(P-1)/P,\n# #wrong = result elements outside SPEC §7 tolerance (checked "
          "in the same run on sampled rows).\n");
+}
 
-  if (o.sections & BENCH_SEC_TP) {
-    char ps[64] = "", ts[BENCH_MAX_TS * 21] = "";
-    for (int i = 0, l = 0; i < o.nps; i++)
-      l += snprintf(ps + l, sizeof ps - (size_t)l, "%s%d", i ? "," : "", o.ps[i]);
-    for (int i = 0, l = 0; i < o.ntps; i++)
-      l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
-                    (unsigned long long)o.tps[i]);
-    static const char *const mode_names[] = {"", "threads", "procs", "both"};
-    char ops[BENCH_TP_NSEL * 32] = "";
-    for (int i = 0, l = 0; i < BENCH_TP_NSEL && o.tp_sel != BENCH_TP_SEL_ALL; i++)
-      if (o.tp_sel & (1u << i))
-        l += snprintf(ops + l, sizeof ops - (size_t)l, "%s%s",
-                      l ? "," : "  ops=", bench_tp_sel_name(i));
-    printf("# tp section: mode=%s  P=%s  T=%s%s", mode_names[o.modes & 3u], ps, ts, ops);
-    if (o.adaptive)
-      printf("  adaptive: cost table %s, model %s", o.cost_used,
-             o.dedicated ? "dedicated" : "shared");
-    printf("\n");
-  }
+/* The tp section's line of the header: modes, P and T values, operations, the adaptive table. */
+static void print_tp_header(const bench_opts *o) {
+  char ps[64] = "", ts[BENCH_MAX_TS * 21] = "";
+  for (int i = 0, l = 0; i < o->nps; i++)
+    l += snprintf(ps + l, sizeof ps - (size_t)l, "%s%d", i ? "," : "", o->ps[i]);
+  for (int i = 0, l = 0; i < o->ntps; i++)
+    l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
+                  (unsigned long long)o->tps[i]);
+  static const char *const mode_names[] = {"", "threads", "procs", "both"};
+  char ops[BENCH_TP_NSEL * 32] = "";
+  for (int i = 0, l = 0; i < BENCH_TP_NSEL && o->tp_sel != BENCH_TP_SEL_ALL; i++)
+    if (o->tp_sel & (1u << i))
+      l += snprintf(ops + l, sizeof ops - (size_t)l, "%s%s",
+                    l ? "," : "  ops=", bench_tp_sel_name(i));
+  printf("# tp section: mode=%s  P=%s  T=%s%s", mode_names[o->modes & 3u], ps, ts, ops);
+  if (o->adaptive)
+    printf("  adaptive: cost table %s, model %s", o->cost_used,
+           o->dedicated ? "dedicated" : "shared");
+  printf("\n");
+}
 
+/* Every selected section in order; nonzero when one failed. */
+static int run_sections(const bench_opts *o) {
   int rc = 0;
-  if (o.sections & BENCH_SEC_SETSHAPE) rc |= bench_section_setshape(&o);
-  if (o.sections & BENCH_SEC_DYNAMIC) rc |= bench_section_dynamic(&o);
-  if (o.sections & BENCH_SEC_CHUNKING) {
-    if (o.cuda) {
-      rc |= bench_cuda_section_chunking(&o);
+  if (o->sections & BENCH_SEC_SETSHAPE) rc |= bench_section_setshape(o);
+  if (o->sections & BENCH_SEC_DYNAMIC) rc |= bench_section_dynamic(o);
+  if (o->sections & BENCH_SEC_CHUNKING) {
+    if (o->cuda) {
+      rc |= bench_cuda_section_chunking(o);
     } else {
       bench_table("chunking", "Section 3: chunking tax (one GPU, cuBLASLt)", 1,
                   (const char *const[]){"status"});
@@ -494,12 +532,37 @@ int tpf_cmd_bench(int argc, char **argv) {
                  "run with --backend cuda");
     }
   }
-  if (o.sections & BENCH_SEC_TP) rc |= bench_section_tp(&o);
-  if (o.sections & BENCH_SEC_PLANNER) rc |= bench_section_planner(&o);
-  if (o.sections & BENCH_SEC_HOST) rc |= bench_section_host(&o);
+  if (o->sections & BENCH_SEC_TP) rc |= bench_section_tp(o);
+  if (o->sections & BENCH_SEC_PLANNER) rc |= bench_section_planner(o);
+  if (o->sections & BENCH_SEC_HOST) rc |= bench_section_host(o);
+  return rc;
+}
+
+/* Every table into one of the files (--csv, --json); 0, or 1 after saying why. */
+static int write_file(const char *opt, const char *path, void (*write)(FILE *)) {
+  FILE *f = fopen(path, "w");
+  if (!f) {
+    fprintf(stderr, "tpflex bench: cannot write '%s': %s\n", path, strerror(errno));
+    return 1;
+  }
+  write(f);
+  char what[1100];
+  snprintf(what, sizeof what, "%s '%s'", opt, path);
+  return cli_finish_output("tpflex bench", f, what);
+}
+
+int tpf_cmd_bench(int argc, char **argv) {
+  static const cli_ctx ctx = {"tpflex bench", false, NULL};
+  bench_opts o;
+  memset(&o, 0, sizeof(o));
+  int prc = parse_bench(&ctx, argc, argv, &o);
+  if (prc >= 0) return prc;
+  print_header(&o, argc, argv);
+  if (o.sections & BENCH_SEC_TP) print_tp_header(&o);
+  int rc = run_sections(&o);
   bench_progress_done();
-  if (o.csv) rc |= bench_report_write_csv(o.csv);
-  if (o.json) rc |= bench_report_write_json(o.json);
+  if (o.csv) rc |= write_file("--csv", o.csv, bench_report_write_csv);
+  if (o.json) rc |= write_file("--json", o.json, bench_report_write_json);
   printf("\n# %s\n",
          rc ? "bench finished with failures (see above)" : "bench finished: all checks passed");
   bench_report_free();
