@@ -329,6 +329,12 @@ static tpf_status ref_gemm_scaled(const tpf_matrix *x, const tpf_matrix *w, floa
 static uint64_t pad_ld(uint64_t cols, uint64_t T, int P) {
   return ((T / (uint64_t)P) % 3 == 2) ? cols + 3 : cols;
 }
+/* An fp8 case pads by 16 elements: cuBLASLt's fp8 GEMM wants 16-byte multiples for every
+ * leading dimension and row offset (bf16/fp16/fp32 D of an fp8 GEMM included). */
+static uint64_t pad_ld_dt(uint64_t cols, uint64_t T, int P, tpf_dtype dt) {
+  const uint64_t ld = pad_ld(cols, T, P);
+  return (dt == TPF_FP8_E4M3 || dt == TPF_FP8_E5M2) && ld != cols ? cols + 16 : ld;
+}
 
 enum { ROLE_X = 1, ROLE_W, ROLE_A, ROLE_B, ROLE_PART };
 
@@ -352,11 +358,12 @@ static tpf_status case_ag(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   TPF_CHECK_GOTO(fp8_opts_new(cx, dt, &f8), rc, out);
   TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, H, dt), rc, out);
   tpf_ref_fill(&x, seed_of(cx, kind, dt, T, ROLE_X, 0), -1.0f, 1.0f);
-  TPF_CHECK_GOTO(mat_new(cx, &w, N, H, pad_ld(H, T, run->P), w_dtype(dt, T, run->P)), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &w, N, H, pad_ld_dt(H, T, run->P, dt), w_dtype(dt, T, run->P)), rc,
+                 out);
   tpf_ref_fill(&w.host, seed_of(cx, kind, dt, T, ROLE_W, cx->rank), -1.0f, 1.0f);
   TPF_CHECK_GOTO(mat_upload(cx, &w), rc, out);
   tpf_dtype od = out_dtype(dt, T, run->P);
-  TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, run->P), od), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld_dt(N, T, run->P, dt), od), rc, out);
   TPF_CHECK_GOTO(tpf_stage_put_local(cx->run->env, cx->rank, c, &x), rc, out);
 
   TPF_CHECK_GOTO(tpf_ag_gemm_ex(c, &w.dev, &d.dev, &f8.o, cx->stream), rc, out);
@@ -431,14 +438,14 @@ static tpf_status case_rs(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, uin
   tpf_status rc;
   fp8_opts f8;
   TPF_CHECK_GOTO(fp8_opts_new(cx, dt, &f8), rc, out);
-  TPF_CHECK_GOTO(mat_new(cx, &x, T, K, pad_ld(K, T, run->P), dt), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &x, T, K, pad_ld_dt(K, T, run->P, dt), dt), rc, out);
   TPF_CHECK_GOTO(mat_new(cx, &w, H, K, K, w_dtype(dt, T, run->P)), rc, out);
   tpf_ref_fill(&x.host, seed_of(cx, kind, dt, T, ROLE_X, cx->rank), -1.0f, 1.0f);
   tpf_ref_fill(&w.host, seed_of(cx, kind, dt, T, ROLE_W, cx->rank), -1.0f, 1.0f);
   TPF_CHECK_GOTO(mat_upload(cx, &x), rc, out);
   TPF_CHECK_GOTO(mat_upload(cx, &w), rc, out);
   tpf_dtype od = out_dtype(comm_dtype(kind, dt), T, run->P);
-  TPF_CHECK_GOTO(mat_new(cx, &o, R, H, pad_ld(H, T, run->P), od), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &o, R, H, pad_ld_dt(H, T, run->P, dt), od), rc, out);
 
   TPF_CHECK_GOTO(tpf_gemm_rs_ex(c, &x.dev, &w.dev, &o.dev, &f8.o, cx->stream), rc, out);
   TPF_CHECK_GOTO(run->env->sync(run->env, cx->rank, cx->be), rc, out);
@@ -479,14 +486,14 @@ static tpf_status case_bulk(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   fp8_opts f8;
   TPF_CHECK_GOTO(fp8_opts_new(cx, dt, &f8), rc, out);
   /* The independent GEMM: a [T, K] x b [N, K]^T (a dgrad/wgrad stand-in). */
-  TPF_CHECK_GOTO(mat_new(cx, &a, T, K, pad_ld(K, T, P), dt), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &a, T, K, pad_ld_dt(K, T, P, dt), dt), rc, out);
   TPF_CHECK_GOTO(mat_new(cx, &b, N, K, K, w_dtype(dt, T, P)), rc, out);
   tpf_ref_fill(&a.host, seed_of(cx, kind, dt, T, ROLE_A, cx->rank), -1.0f, 1.0f);
   tpf_ref_fill(&b.host, seed_of(cx, kind, dt, T, ROLE_B, cx->rank), -1.0f, 1.0f);
   TPF_CHECK_GOTO(mat_upload(cx, &a), rc, out);
   TPF_CHECK_GOTO(mat_upload(cx, &b), rc, out);
   tpf_dtype od = out_dtype(dt, T, P);
-  TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld(N, T, P), od), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &d, T, N, pad_ld_dt(N, T, P, dt), od), rc, out);
 
   if (!rs) {
     TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, H, cd), rc, out);
