@@ -1,4 +1,5 @@
-/* `tpflex bench --section host`: the host cost of one operation (issue 24 items 2, 3, 5).
+/* `tpflex bench --section host`: the host cost of one operation: what the core and a backend
+ * spend on the host per call, apart from the device work.
  *
  * Per operation kind, P and T: the median host microseconds per call (median over blocks of
  * calls, each block timed as a whole), the calls into the backend per operation, and the core's

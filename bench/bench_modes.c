@@ -1,4 +1,4 @@
-/* Section 4/5 of `tpflex bench` in both modes (issue 13): ranks as threads of this process
+/* Section 4/5 of `tpflex bench` in both modes: ranks as threads of this process
  * (bench_ops.c's table, with the host-wall figures taken in the same run) and ranks as processes,
  * each started by the launcher (harness/launcher.h) as `tpflex bench --proc-worker FILE ...`,
  * then the modes table that puts them side by side. Calls bench_ops.c, bench_group.c and

@@ -1,4 +1,4 @@
-/* `tpflex bench --section planner`: the proof of the T-adaptive planner (issue 14). For P = 2, 4,
+/* `tpflex bench --section planner`: the proof of the T-adaptive planner. For P = 2, 4,
  * 8 ranks, N in {3584, 1024} (or --n) and T = C/64 .. C, one adaptive communicator per
  * (operation, P, N) runs, in every repetition, the fixed split count (RING AG: P; PIPELINE RS:
  * 4; RING RS: P), the other candidates (RING AG: P/2 with aggregate; PIPELINE RS: 2 and 8), no
