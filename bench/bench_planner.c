@@ -160,8 +160,26 @@ static const char *op_row(int op) {
   return op == PL_AG ? "ring_ag+gemm" : op == PL_PIPE ? "gemm+pipeline_rs" : "gemm+ring_rs";
 }
 
-int bench_section_planner(const bench_opts *o) {
-  const bool gpu = o->cuda;
+/* What the planner section gathers across its rows: the model table's entries and the adaptive
+ * rows' summary. */
+typedef struct {
+  pl_entry *ents;
+  int nent, rc, rows, within, beat, nsrc[3];
+  double worst, lsum;
+  char worst_at[96];
+} pl_state;
+
+/* One (op, P, N) of the planner section: its variants, the names and the adaptive one. */
+typedef struct {
+  int op, P;
+  uint64_t N;
+  const bench_variants *v;
+  const char *names[BENCH_MAX_VARIANTS];
+  int adapt;
+} pl_case;
+
+/* The planner table's title and columns, and the note on the table's sched points. */
+static void planner_table(const bench_opts *o) {
   static const char *const cols[] = {
       "op",           "P",        "N",      "T",         "fixed(us)", "no_ovl(us)",
       "adaptive(us)", "chose",    "src",    "adapt/min", "best",      "best(us)",
@@ -170,7 +188,7 @@ int bench_section_planner(const bench_opts *o) {
   snprintf(title, sizeof title,
            "Section 6: T-adaptive planner vs fixed split vs no overlap, P ranks on one %s, C=%llu "
            "H=%llu (medians; model: %s, %s%s)",
-           gpu ? "GPU" : "host (simulator)", (ull)o->capacity, (ull)o->hidden,
+           o->cuda ? "GPU" : "host (simulator)", (ull)o->capacity, (ull)o->hidden,
            o->dedicated ? "dedicated" : "shared", o->cost_used,
            o->cost->nsched > 0 ? "; tuned: the table has measured schedule points" : "");
   bench_table("planner", title, 17, cols);
@@ -186,146 +204,147 @@ int bench_section_planner(const bench_opts *o) {
                o->dedicated ? "dedicated" : "shared",
                !o->dedicated || o->cost->shared_device ? "shared" : "dedicated");
   }
-  const uint64_t C = o->capacity, H = o->hidden;
-  uint64_t ts[BENCH_MAX_TS];
-  const int nts = t_sweep(o, ts);
-  pl_entry *ents = calloc(3 * PL_NOPS * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS, sizeof *ents);
-  int nent = 0, rc = 0, rows = 0, within = 0, beat = 0, nsrc[3] = {0, 0, 0};
-  double worst = 0, lsum = 0;
-  char worst_at[96] = "";
-  tpf_cost_table *model = malloc(sizeof *model);
-  if (!ents || !model) {
-    bench_note("FAILED: no memory");
-    free(ents);
-    free(model);
-    return 1;
-  }
-  static const int Ps[] = {2, 4, 8};
-  for (size_t pi = 0; pi < 3; pi++) {
-    const int P = Ps[pi];
-    if (P > o->tp && P > 2) continue;
-    bench_cost_model(o, model); /* --model shared: as P ranks on one device see it */
-    /* The group's timing storage: every variant of every repetition. */
-    bench_opts og = *o;
-    og.iters = o->planner_iters * BENCH_MAX_VARIANTS;
-    bench_group *g = NULL;
-    tpf_status st = bench_group_create(&og, P, &g);
-    if (st != TPF_OK) {
-      bench_note("FAILED: group of %d: %s (%s)", P, tpf_status_name(st), tpf_last_error());
-      rc = 1;
-      continue;
+}
+
+/* Every schedule's prediction at T index i, for the model table. */
+static void planner_entries(pl_state *st, const pl_case *pc, int i, const tpf_plan_result *pr,
+                            const tpf_plan_candidate *cc, const char *chose) {
+  const bench_variants *v = pc->v;
+  for (int k = 0; k < v->nvar; k++) {
+    if (!v->legal[k][i]) continue;
+    pl_entry *e = &st->ents[st->nent++];
+    const bool aggr = is_aggr(pc->op, pc->P, v->splits[k]);
+    e->op = pc->op;
+    e->P = pc->P;
+    e->N = pc->N;
+    e->T = v->ts[i];
+    char sl[16];
+    if (k == pc->adapt)
+      snprintf(e->label, sizeof e->label, "adaptive (%s)", chose);
+    else {
+      splits_label(sl, sizeof sl, v->splits[k], aggr);
+      snprintf(e->label, sizeof e->label, "%s (%s)", pc->names[k], sl);
     }
-    for (int op = 0; op < PL_NOPS; op++)
-      for (int ni = 0; ni < o->pnns; ni++) {
-        const uint64_t N = o->pns[ni];
-        bench_variants *v = calloc(1, sizeof *v);
-        if (!v) {
-          rc = 1;
-          continue;
-        }
-        v->cost = model;
-        /* Variants: fixed first, no overlap, the other candidates, the planner's choice last. */
-        const char *names[BENCH_MAX_VARIANTS];
-        const int fixed = 0, noovl = 1;
-        const int adapt = variants_of(o, op, P, N, ts, nts, true, v, names);
-        bench_progress("[planner] P=%d %s N=%llu: %d schedules x %d values of T", P, op_name(op),
-                       (ull)N, v->nvar, v->nts);
-        st = bench_run_variants(g, v);
-        if (st != TPF_OK) {
-          bench_note("FAILED P=%d %s N=%llu: %s", P, op_name(op), (ull)N, v->err);
-          rc = 1;
-        }
-        for (int i = 0; i < v->nts; i++) {
-          const uint64_t T = v->ts[i];
-          tpf_layout_desc d = layout_of(op, P, C, H, T, 0);
-          tpf_gemm_dims gd = {T, op == PL_AG ? N : H, op == PL_AG ? H : N};
-          tpf_plan_result pr; /* the same table as the communicators': the same choice */
-          if (tpf_plan_predict(model, &d, &gd, &pr) != TPF_OK) pr.ncand = 0;
-          const tpf_plan_result *cr = &v->plan[i]; /* what the communicator decided */
-          const tpf_plan_candidate *cc = cr->ncand ? &cr->cand[cr->chosen] : NULL;
-          int cs = cc ? cc->num_splits : 0;
-          bool ca = cc ? cc->aggregate : false;
-          char chose[16];
-          splits_label(chose, sizeof chose, cs, ca);
-          if (cc && cc->algo != op_algo(op)) /* RING RS: the pull baseline (PIPELINE, 1 block) */
-            snprintf(chose, sizeof chose, "%dp", cs);
-          /* pa: the MODEL's time of the choice; plan: the time the decision used. */
-          double pa = cc ? cc->model_us : NAN, plan = cc ? cc->predicted_us : NAN;
-          if (cc) nsrc[cc->source <= TPF_PLAN_SRC_SCALED ? cc->source : 0]++;
-          if (pr.ncand && cr->ncand &&
-              (pr.cand[pr.chosen].num_splits != cs || pr.cand[pr.chosen].aggregate != ca))
-            bench_note("P=%d N=%llu T=%llu: the communicator chose %s, tpf_plan_predict %d%s", P,
-                       (ull)N, (ull)T, chose, pr.cand[pr.chosen].num_splits,
-                       pr.cand[pr.chosen].aggregate ? "a" : "");
-          double tf = v->us[fixed][i], tn = v->us[noovl][i], ta = v->us[adapt][i];
-          double mn = fmin(tf, tn), best = NAN;
-          int bi = -1;
-          for (int k = 0; k < adapt; k++)
-            if (!isnan(v->us[k][i]) && (bi < 0 || v->us[k][i] < best)) {
-              best = v->us[k][i];
-              bi = k;
-            }
-          char bl[16] = "-";
-          if (bi >= 0) splits_label(bl, sizeof bl, v->splits[bi], is_aggr(op, P, v->splits[bi]));
-          bench_cell_s(op_row(op));
-          bench_cell_i(P);
-          bench_cell_i((long long)N);
-          bench_cell_i((long long)T);
-          bench_cell_f(tf, 1);
-          bench_cell_f(tn, 1);
-          bench_cell_f(ta, 1);
-          bench_cell_s(chose);
-          bench_cell_s(cc ? tpf_plan_source_name(cc->source) : "-");
-          bench_cell_f(ta / mn, 3);
-          bench_cell_s(bl);
-          bench_cell_f(best, 1);
-          bench_cell_f(ta / best, 3);
-          bench_cell_f(pa, 1);
-          bench_cell_f(100.0 * (pa - ta) / ta, 1);
-          bench_cell_f(plan, 1);
-          bench_cell_i(v->wrong[i]);
-          bench_row_end();
-          if (v->wrong[i] != 0) rc = 1;
-          if (!isnan(ta / mn)) {
-            double q = ta / mn;
-            rows++;
-            within += q <= 1.03;
-            beat += q < 0.97;
-            lsum += log(q);
-            if (q > worst) {
-              worst = q;
-              snprintf(worst_at, sizeof worst_at, "%s P=%d N=%llu T=%llu", op_name(op), P, (ull)N,
-                       (ull)T);
-            }
-          }
-          /* Every schedule's prediction, for the model table. */
-          for (int k = 0; k < v->nvar; k++) {
-            if (!v->legal[k][i]) continue;
-            pl_entry *e = &ents[nent++];
-            e->op = op;
-            e->P = P;
-            e->N = N;
-            e->T = T;
-            char sl[16];
-            if (k == adapt)
-              snprintf(e->label, sizeof e->label, "adaptive (%s)", chose);
-            else {
-              splits_label(sl, sizeof sl, v->splits[k], is_aggr(op, P, v->splits[k]));
-              snprintf(e->label, sizeof e->label, "%s (%s)", names[k], sl);
-            }
-            e->meas = v->us[k][i];
-            const tpf_plan_candidate *pc =
-                k == adapt ? cc : cand_of(&pr, v->splits[k], is_aggr(op, P, v->splits[k]));
-            e->pred = pc ? pc->model_us : NAN;
-            e->tuned = pc ? pc->predicted_us : NAN;
-            e->src = pc ? pc->source : TPF_PLAN_SRC_MODEL;
-          }
-        }
-        free(v);
-      }
-    bench_group_destroy(g);
+    e->meas = v->us[k][i];
+    const tpf_plan_candidate *c = k == pc->adapt ? cc : cand_of(pr, v->splits[k], aggr);
+    e->pred = c ? c->model_us : NAN;
+    e->tuned = c ? c->predicted_us : NAN;
+    e->src = c ? c->source : TPF_PLAN_SRC_MODEL;
   }
-  free(model);
+}
+
+/* The adaptive row's ratio q = adaptive / min(fixed, no overlap) into the summary. */
+static void planner_count(pl_state *st, const pl_case *pc, uint64_t T, double q) {
+  if (isnan(q)) return;
+  st->rows++;
+  st->within += q <= 1.03;
+  st->beat += q < 0.97;
+  st->lsum += log(q);
+  if (q > st->worst) {
+    st->worst = q;
+    snprintf(st->worst_at, sizeof st->worst_at, "%s P=%d N=%llu T=%llu", op_name(pc->op), pc->P,
+             (ull)pc->N, (ull)T);
+  }
+}
+
+/* The fastest measured schedule at T index i other than the adaptive one: its time (NaN for
+ * none) and its label in bl. */
+static double planner_best(const pl_case *pc, int i, char *bl, size_t len) {
+  const bench_variants *v = pc->v;
+  double best = NAN;
+  int bi = -1;
+  for (int k = 0; k < pc->adapt; k++)
+    if (!isnan(v->us[k][i]) && (bi < 0 || v->us[k][i] < best)) {
+      best = v->us[k][i];
+      bi = k;
+    }
+  snprintf(bl, len, "-");
+  if (bi >= 0) splits_label(bl, len, v->splits[bi], is_aggr(pc->op, pc->P, v->splits[bi]));
+  return best;
+}
+
+/* The planner row of T index i: the fixed, no-overlap and adaptive times, the decision, the best
+ * schedule and the model's prediction. */
+static void planner_row(pl_state *st, const pl_case *pc, const tpf_cost_table *model, int i,
+                        const bench_opts *o) {
+  const bench_variants *v = pc->v;
+  const int op = pc->op, P = pc->P;
+  const uint64_t T = v->ts[i], N = pc->N;
+  tpf_layout_desc d = layout_of(op, P, o->capacity, o->hidden, T, 0);
+  tpf_gemm_dims gd = {T, op == PL_AG ? N : o->hidden, op == PL_AG ? o->hidden : N};
+  tpf_plan_result pr; /* the same table as the communicators': the same choice */
+  if (tpf_plan_predict(model, &d, &gd, &pr) != TPF_OK) pr.ncand = 0;
+  const tpf_plan_result *cr = &v->plan[i]; /* what the communicator decided */
+  const tpf_plan_candidate *cc = cr->ncand ? &cr->cand[cr->chosen] : NULL;
+  int cs = cc ? cc->num_splits : 0;
+  bool ca = cc ? cc->aggregate : false;
+  char chose[16];
+  splits_label(chose, sizeof chose, cs, ca);
+  if (cc && cc->algo != op_algo(op)) /* RING RS: the pull baseline (PIPELINE, 1 block) */
+    snprintf(chose, sizeof chose, "%dp", cs);
+  /* pa: the MODEL's time of the choice; plan: the time the decision used. */
+  double pa = cc ? cc->model_us : NAN, plan = cc ? cc->predicted_us : NAN;
+  if (cc) st->nsrc[cc->source <= TPF_PLAN_SRC_SCALED ? cc->source : 0]++;
+  if (pr.ncand && cr->ncand &&
+      (pr.cand[pr.chosen].num_splits != cs || pr.cand[pr.chosen].aggregate != ca))
+    bench_note("P=%d N=%llu T=%llu: the communicator chose %s, tpf_plan_predict %d%s", P, (ull)N,
+               (ull)T, chose, pr.cand[pr.chosen].num_splits,
+               pr.cand[pr.chosen].aggregate ? "a" : "");
+  double tf = v->us[0][i], tn = v->us[1][i], ta = v->us[pc->adapt][i]; /* fixed, no overlap */
+  char bl[16];
+  double best = planner_best(pc, i, bl, sizeof bl);
+  bench_cell_s(op_row(op));
+  bench_cell_i(P);
+  bench_cell_i((long long)N);
+  bench_cell_i((long long)T);
+  bench_cell_f(tf, 1);
+  bench_cell_f(tn, 1);
+  bench_cell_f(ta, 1);
+  bench_cell_s(chose);
+  bench_cell_s(cc ? tpf_plan_source_name(cc->source) : "-");
+  bench_cell_f(ta / fmin(tf, tn), 3);
+  bench_cell_s(bl);
+  bench_cell_f(best, 1);
+  bench_cell_f(ta / best, 3);
+  bench_cell_f(pa, 1);
+  bench_cell_f(100.0 * (pa - ta) / ta, 1);
+  bench_cell_f(plan, 1);
+  bench_cell_i(v->wrong[i]);
+  bench_row_end();
+  if (v->wrong[i] != 0) st->rc = 1;
+  planner_count(st, pc, T, ta / fmin(tf, tn));
+  planner_entries(st, pc, i, &pr, cc, chose);
+}
+
+/* Every operation and N at P ranks on group g: the variants run, then one row per T. */
+static void planner_group(pl_state *st, const bench_opts *o, bench_group *g, int P,
+                          tpf_cost_table *model, const uint64_t *ts, int nts) {
+  for (int op = 0; op < PL_NOPS; op++)
+    for (int ni = 0; ni < o->pnns; ni++) {
+      const uint64_t N = o->pns[ni];
+      bench_variants *v = calloc(1, sizeof *v);
+      if (!v) {
+        st->rc = 1;
+        continue;
+      }
+      v->cost = model;
+      /* Variants: fixed first, no overlap, the other candidates, the planner's choice last. */
+      pl_case pc = {op, P, N, v, {NULL}, 0};
+      pc.adapt = variants_of(o, op, P, N, ts, nts, true, v, pc.names);
+      bench_progress("[planner] P=%d %s N=%llu: %d schedules x %d values of T", P, op_name(op),
+                     (ull)N, v->nvar, v->nts);
+      if (bench_run_variants(g, v) != TPF_OK) {
+        bench_note("FAILED P=%d %s N=%llu: %s", P, op_name(op), (ull)N, v->err);
+        st->rc = 1;
+      }
+      for (int i = 0; i < v->nts; i++)
+        planner_row(st, &pc, model, i, o);
+      free(v);
+    }
+}
+
+/* The notes under the planner table: what the columns mean and the adaptive rows' summary. */
+static void planner_notes(const bench_opts *o, const pl_state *st) {
   bench_note("fixed: the communicator's default split count (RING AG P, PIPELINE RS 4, RING RS "
              "P); no_ovl: splits 1 (RING AG: the whole exchange, then one GEMM; PIPELINE RS: one "
              "GEMM, then the pull reduce-scatter; RING RS: one GEMM, then the ring exchange); "
@@ -338,9 +357,10 @@ int bench_section_planner(const bench_opts *o) {
              "- measured) / measured; src = where the decision's time came from (measured: "
              "sched points, interpolated in T; scaled: the model x measured/model at the nearest "
              "measured T; model: the model alone), plan = that time");
-  if (rows > 0)
-    bench_note("decisions by source: %d measured, %d scaled, %d model", nsrc[TPF_PLAN_SRC_MEASURED],
-               nsrc[TPF_PLAN_SRC_SCALED], nsrc[TPF_PLAN_SRC_MODEL]);
+  if (st->rows > 0)
+    bench_note("decisions by source: %d measured, %d scaled, %d model",
+               st->nsrc[TPF_PLAN_SRC_MEASURED], st->nsrc[TPF_PLAN_SRC_SCALED],
+               st->nsrc[TPF_PLAN_SRC_MODEL]);
   bench_note("model %s: %s", o->dedicated ? "dedicated" : "shared",
              o->dedicated ? "the cost table as it is (one device per rank)"
                           : "the cost table with shared_device 1 (every rank's GEMMs take the "
@@ -349,18 +369,20 @@ int bench_section_planner(const bench_opts *o) {
   bench_note("every schedule runs once per repetition, in turn, each timed on its own; %d timed "
              "repetitions after %d warm-up rounds; #wrong: all schedules' outputs checked",
              o->planner_iters, o->planner_warmup);
-  if (rows > 0)
+  if (st->rows > 0)
     bench_note("adaptive <= 1.03 x min(fixed, no_ovl) in %d of %d rows (< 0.97 x in %d); "
                "geometric mean %.3f; worst %.3f at %s",
-               within, rows, beat, exp(lsum / rows), worst, worst_at);
-  if (gpu)
+               st->within, st->rows, st->beat, exp(st->lsum / st->rows), st->worst, st->worst_at);
+  if (o->cuda)
     bench_note("all P ranks share one GPU: 'peer' copies are device-local and the ranks' GEMMs "
                "share its SMs; not a multi-GPU measurement (for that, see tpflex plan --project)");
   else
     bench_note("simulator: CPU times of a host simulator (its GEMM is a CPU loop); they exercise "
                "the path, they do not predict a GPU");
+}
 
-  /* The model against every measured schedule. */
+/* Section 6b: the model against every measured schedule of the planner table's runs. */
+static void planner_model_table(const pl_entry *ents, int nent) {
   static const char *const mcols[] = {
       "op",        "P",        "N",   "T",        "measured(us)", "predicted(us)",
       "pred/meas", "schedule", "src", "plan(us)", "plan/meas"};
@@ -404,26 +426,92 @@ int bench_section_planner(const bench_opts *o) {
     bench_note("sched points (src measured or scaled) |plan/meas - 1| over %d schedules: median "
                "%.1f %% (the calibration run against this one: run-to-run spread, not the model)",
                ntuned, 100 * bench_median(terrs, ntuned));
-  free(ents);
-  return rc;
+}
+
+/* A group of P ranks whose timing storage holds every variant of every repetition. */
+static tpf_status planner_group_create(const bench_opts *o, int P, bench_group **g) {
+  bench_opts og = *o;
+  og.iters = o->planner_iters * BENCH_MAX_VARIANTS;
+  return bench_group_create(&og, P, g);
+}
+
+int bench_section_planner(const bench_opts *o) {
+  planner_table(o);
+  uint64_t ts[BENCH_MAX_TS];
+  const int nts = t_sweep(o, ts);
+  pl_state st = {0};
+  st.ents = calloc(3 * PL_NOPS * 2 * BENCH_MAX_TS * BENCH_MAX_VARIANTS, sizeof *st.ents);
+  tpf_cost_table *model = malloc(sizeof *model);
+  if (!st.ents || !model) {
+    bench_note("FAILED: no memory");
+    free(st.ents);
+    free(model);
+    return 1;
+  }
+  static const int Ps[] = {2, 4, 8};
+  for (size_t pi = 0; pi < 3; pi++) {
+    const int P = Ps[pi];
+    if (P > o->tp && P > 2) continue;
+    bench_cost_model(o, model); /* --model shared: as P ranks on one device see it */
+    bench_group *g = NULL;
+    tpf_status gs = planner_group_create(o, P, &g);
+    if (gs != TPF_OK) {
+      bench_note("FAILED: group of %d: %s (%s)", P, tpf_status_name(gs), tpf_last_error());
+      st.rc = 1;
+      continue;
+    }
+    planner_group(&st, o, g, P, model, ts, nts);
+    bench_group_destroy(g);
+  }
+  free(model);
+  planner_notes(o, &st);
+  planner_model_table(st.ents, st.nent);
+  free(st.ents);
+  return st.rc;
 }
 
 /* ---- measured schedule points (tpflex calibrate --schedules) ------------------------------- */
 
+/* The measured times of v's first nvar variants (every legal, timed T) as sched points of t.
+ * 0, or 1 with err set when t is full. */
+static int sched_points(tpf_cost_table *t, const bench_variants *v, int op, int P, uint64_t N,
+                        int nvar, char *err, size_t errlen) {
+  for (int k = 0; k < nvar; k++)
+    for (int i = 0; i < v->nts; i++) {
+      if (!v->legal[k][i] || !(v->us[k][i] > 0)) continue; /* not run (or not timed) */
+      if (t->nsched >= TPF_COST_MAX_SCHED_POINTS) {
+        snprintf(err, errlen, "more than %d sched points (TPF_COST_MAX_SCHED_POINTS)",
+                 TPF_COST_MAX_SCHED_POINTS);
+        return 1;
+      }
+      tpf_cost_sched_point *p = &t->sched[t->nsched++];
+      memset(p, 0, sizeof *p);
+      p->shared = true; /* bench groups run every rank on the one device */
+      p->algo = v->algo;
+      p->coll = op_coll(op);
+      p->tp_size = P;
+      p->num_splits = v->splits[k];
+      p->aggregate = is_aggr(op, P, v->splits[k]);
+      p->dtype = TPF_BF16;
+      p->hidden = v->H;
+      p->n = N;
+      p->rows = v->ts[i];
+      p->us = v->us[k][i];
+    }
+  return 0;
+}
+
 int bench_planner_sched(const bench_opts *o, tpf_cost_table *t, char *err, size_t errlen) {
   uint64_t ts[BENCH_MAX_TS];
   const int nts = t_sweep(o, ts);
-  const uint64_t H = o->hidden;
   int before = t->nsched;
   err[0] = '\0';
   static const int Ps[] = {2, 4, 8};
   for (size_t pi = 0; pi < 3; pi++) {
     const int P = Ps[pi];
     if (P > o->tp && P > 2) continue;
-    bench_opts og = *o;
-    og.iters = o->planner_iters * BENCH_MAX_VARIANTS;
     bench_group *g = NULL;
-    tpf_status st = bench_group_create(&og, P, &g);
+    tpf_status st = planner_group_create(o, P, &g);
     if (st != TPF_OK) {
       snprintf(err, errlen, "group of %d ranks: %s (%s)", P, tpf_status_name(st), tpf_last_error());
       return 1;
@@ -456,30 +544,11 @@ int bench_planner_sched(const bench_opts *o, tpf_cost_table *t, char *err, size_
           bench_group_destroy(g);
           return 1;
         }
-        for (int k = 0; k < nvar; k++)
-          for (int i = 0; i < v->nts; i++) {
-            if (!v->legal[k][i] || !(v->us[k][i] > 0)) continue; /* not run (or not timed) */
-            if (t->nsched >= TPF_COST_MAX_SCHED_POINTS) {
-              snprintf(err, errlen, "more than %d sched points (TPF_COST_MAX_SCHED_POINTS)",
-                       TPF_COST_MAX_SCHED_POINTS);
-              free(v);
-              bench_group_destroy(g);
-              return 1;
-            }
-            tpf_cost_sched_point *p = &t->sched[t->nsched++];
-            memset(p, 0, sizeof *p);
-            p->shared = true; /* bench groups run every rank on the one device */
-            p->algo = v->algo;
-            p->coll = op_coll(op);
-            p->tp_size = P;
-            p->num_splits = v->splits[k];
-            p->aggregate = is_aggr(op, P, v->splits[k]);
-            p->dtype = TPF_BF16;
-            p->hidden = H;
-            p->n = N;
-            p->rows = v->ts[i];
-            p->us = v->us[k][i];
-          }
+        if (sched_points(t, v, op, P, N, nvar, err, errlen) != 0) {
+          free(v);
+          bench_group_destroy(g);
+          return 1;
+        }
         free(v);
       }
     bench_group_destroy(g);
