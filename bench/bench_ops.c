@@ -453,14 +453,30 @@ static bool pair_rep(bench_rank *rk, bench_job *j, tpf_comm *pc, const tpf_matri
   return skip;
 }
 
-static tpf_status op_rank(bench_rank *rk, void *arg) {
-  bench_job *j = arg;
-  bench_group *g = rk->g;
-  const int P = rk->tp, r = rk->rank;
-  const bool ag = is_ag(j->op);
-  tpf_comm *c = NULL;
-  void *dmem = NULL;
-  tpf_status st;
+/* One rank's state in op_rank: the operation's communicator and the paired baseline's, the
+ * output, the current T's views and the timing arrays. */
+typedef struct {
+  bench_rank *rk;
+  bench_job *j;
+  bench_variants *var;
+  int nv;    /* variants (1 without) */
+  bool ag;   /* an all-gather operation (else a reduce-scatter) */
+  bool pair; /* the paired serial baseline runs (the same on every rank) */
+  bool skip; /* this rank skips the rest of the current T */
+  tpf_comm *c, *pc;
+  void *dmem;
+  uint64_t dcols;
+  tpf_matrix d, buf, local, plocal;  /* the current T's output and the communicators' views */
+  tpf_cuda_enqueue_stats enq0, excl; /* before the first host-wall repetition; the baseline's */
+  bool have_enq0;
+  double *us, *one, *hus, *pus, *ratio;
+} op_ctx;
+
+/* The operation's communicator (adaptive with a cost table), its output and, with pair, the
+ * paired serial baseline's FIXED communicator; failures are the job's. */
+static void op_setup(op_ctx *x) {
+  bench_job *j = x->j;
+  bench_rank *rk = x->rk;
   char name[64];
   snprintf(name, sizeof(name), "bench_%s%s", kOps[j->op].name, j->cost ? "_adaptive" : "");
   tpf_comm_config cfg = {.name = name,
@@ -470,211 +486,270 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
                          .capacity = {j->C, j->H},
                          .num_splits = kOps[j->op].splits,
                          .aggregate = kOps[j->op].aggregate};
-  bench_variants *var = j->var;
-  if ((var && var->cost) || j->cost) {
+  if ((x->var && x->var->cost) || j->cost) {
     cfg.plan = TPF_PLAN_ADAPTIVE;
-    cfg.cost = var ? var->cost : j->cost;
+    cfg.cost = x->var ? x->var->cost : j->cost;
   }
-  const int nv = var ? var->nvar : 1;
-  st = tpf_comm_create(rk->be, &cfg, &c);
+  tpf_status st = tpf_comm_create(rk->be, &cfg, &x->c);
   if (st != TPF_OK) job_fail(j, st, "tpf_comm_create");
   /* Output: AG d [C, N]; RS out [C/P, H]. */
-  uint64_t drows = ag ? j->C : j->C / (uint64_t)P, dcols = ag ? j->N : j->H;
+  uint64_t drows = x->ag ? j->C : j->C / (uint64_t)rk->tp;
+  x->dcols = x->ag ? j->N : j->H;
   if (st == TPF_OK) {
-    dmem = bench_mem_alloc(g, drows * dcols * 2);
-    if (!dmem) job_fail(j, TPF_ENOMEM, "output allocation");
+    x->dmem = bench_mem_alloc(rk->g, drows * x->dcols * 2);
+    if (!x->dmem) job_fail(j, TPF_ENOMEM, "output allocation");
   }
   /* The paired serial baseline: its own FIXED communicator, run after the operation in every
    * host-wall repetition on the same operands and output, timed alike. pair is the same on
    * every rank (the options), so the repetitions' agreements pair up even where pc failed. */
-  const bool pair = j->pair && !var && j->host_iters > 0 && 2 * j->host_iters <= BENCH_MAX_ITERS;
-  tpf_comm *pc = NULL;
-  if (pair && st == TPF_OK) {
-    const bench_op sop = ag ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL;
+  x->pair = j->pair && !x->var && j->host_iters > 0 && 2 * j->host_iters <= BENCH_MAX_ITERS;
+  if (x->pair && st == TPF_OK) {
+    const bench_op sop = x->ag ? BOP_RING_AG_SERIAL : BOP_PIPE_RS_SERIAL;
     tpf_comm_config pcfg = {.name = "bench_paired_serial",
                             .algo = kOps[sop].algo,
                             .coll = kOps[sop].coll,
                             .dtype = TPF_BF16,
                             .capacity = {j->C, j->H},
                             .num_splits = kOps[sop].splits};
-    st = tpf_comm_create(rk->be, &pcfg, &pc);
+    st = tpf_comm_create(rk->be, &pcfg, &x->pc);
     if (st != TPF_OK) job_fail(j, st, "tpf_comm_create (the paired serial baseline)");
   }
-  tpf_cuda_enqueue_stats excl; /* the paired baseline's share of the enqueue statistics */
-  double *us = calloc((size_t)j->iters * (size_t)nv + 1, sizeof(double));
-  double *one = calloc((size_t)j->iters + 1, sizeof(double));
-  double *hus = calloc((size_t)j->host_iters + 1, sizeof(double));
-  double *pus = calloc((size_t)j->host_iters + 1, sizeof(double));
-  double *ratio = calloc((size_t)j->host_iters + 1, sizeof(double));
-  if (!us || !one || !hus || !pus || !ratio) job_fail(j, TPF_ENOMEM, "timing arrays");
-  for (int ti = 0; ti < j->nts; ti++) {
-    const uint64_t T = j->ts[ti], R = T / (uint64_t)P;
-    bool skip = bench_agree_failed(rk, &j->failed);
-    if (!skip) {
-      st = tpf_comm_set_active_shape(c, (tpf_shape){T, j->H});
-      if (st != TPF_OK) {
-        job_fail(j, st, "tpf_comm_set_active_shape");
-        skip = true;
-      }
-    }
-    tpf_matrix buf = {0}, local = {0};
-    if (!skip && ((st = tpf_comm_buffer(c, &buf)) != TPF_OK ||
-                  (ag && (st = tpf_comm_local_chunk(c, &local)) != TPF_OK))) {
-      job_fail(j, st, "tpf_comm_buffer");
-      skip = true;
-    }
-    tpf_matrix plocal = {0};
-    if (!skip && pc &&
-        ((st = tpf_comm_set_active_shape(pc, (tpf_shape){T, j->H})) != TPF_OK ||
-         (ag && (st = tpf_comm_local_chunk(pc, &plocal)) != TPF_OK))) {
-      job_fail(j, st, "the paired serial baseline's shape");
-      skip = true;
-    }
-    tpf_matrix d = {dmem, ag ? T : R, dcols, dcols, TPF_BF16};
-    const int total = j->warmup + j->iters + j->host_iters + 1;
-    tpf_cuda_enqueue_stats enq0; /* before the first host-wall repetition */
-    bool have_enq0 = false;
-    memset(&excl, 0, sizeof excl);
-    for (int it = 0; it < total; it++)
-      for (int v = 0; v < nv; v++) {
-        const bool timed = it >= j->warmup && it < j->warmup + j->iters;
-        const bool htimed = it >= j->warmup + j->iters && it < total - 1;
-        const bool check = it == total - 1;
-        const int slot = (it - j->warmup) * nv + v;
-        const int hslot = it - j->warmup - j->iters; /* host_iters > 0 only without variants */
-        const bool run = !var || var->legal[v][ti];  /* the same on every rank */
-        if (check) { /* everything before is done everywhere; poison what the op must write */
-          if (!skip) bench_sync(rk);
-          skip = bench_agree_failed(rk, &j->failed) || skip;
-          if (!skip && run) {
-            bench_mem_poison(rk, d.ptr, d.rows * d.ld * 2);
-            if (ag) bench_mem_poison(rk, buf.ptr, buf.rows * buf.ld * 2);
-            bench_sync(rk);
-          }
-          bench_barrier(rk);
-        }
-        /* Operands at this repetition's offsets. */
-        const uint16_t *src = g->src;
-        tpf_matrix x = {0}, w = {0};
-        if (!skip && run) {
-          if (ag) {
-            w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
-            st = bench_mem_copy(rk, local.ptr, src + operand_off(j, r, it, 0), R * j->H * 2);
-          } else {
-            x = (tpf_matrix){(void *)(src + operand_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
-            w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
-            st = TPF_OK;
-          }
-          if (st != TPF_OK) {
-            job_fail(j, st, "input copy");
-            skip = true;
-          }
-        }
-        if (timed) bench_time_begin(rk, slot);
-        if (htimed && hslot == 0) have_enq0 = enq_snap(rk, &enq0);
-        if (htimed && pair && hslot % 2 == 1) /* odd repetitions: the baseline first */
-          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d, have_enq0,
-                          &excl) ||
-                 skip;
-        if (htimed) skip = bench_host_begin(rk, hslot, &j->failed) || skip;
-        if (!skip && run) {
-          const double e0 = bench_now_ns();
-          if (var) {
-            tpf_op_options opt = TPF_OP_OPTIONS_INIT;
-            opt.num_splits = var->splits[v];
-            st = ag ? tpf_ag_gemm_ex(c, &w, &d, &opt, rk->stream)
-                    : tpf_gemm_rs_ex(c, &x, &w, &d, &opt, rk->stream);
-          } else {
-            st = ag ? tpf_ag_gemm(c, &w, &d, rk->stream) : tpf_gemm_rs(c, &x, &w, &d, rk->stream);
-          }
-          if (htimed) g->enq[r * BENCH_MAX_ITERS + hslot] = bench_now_ns() - e0;
-          if (st != TPF_OK) {
-            job_fail(j, st, kOps[j->op].name);
-            skip = true;
-          } else if (var && var->cost && var->splits[v] == 0 && check && r == 0 &&
-                     tpf_comm_plan_info(c, &var->plan[ti]) != TPF_OK) {
-            var->plan[ti].ncand = 0; /* the decision just made: read before any other op */
-          } else if (!var && j->cost && check && r == 0) {
-            tpf_plan_result pr; /* the decision for this T (the same on every rank) */
-            if (tpf_comm_plan_info(c, &pr) == TPF_OK && pr.ncand > 0) {
-              j->chose[ti] = pr.cand[pr.chosen].num_splits;
-              j->chose_aggr[ti] = pr.cand[pr.chosen].aggregate;
-              j->chose_pull[ti] = pr.cand[pr.chosen].algo != kOps[j->op].algo;
-            }
-          }
-        }
-        if (timed)
-          bench_time_end(rk, slot);
-        else if (htimed)
-          bench_host_end(rk, hslot);
-        else
-          bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
-        if (htimed && hslot == j->host_iters - 1 && have_enq0) enq_record(rk, j, ti, &enq0, &excl);
-        if (htimed && pair && hslot % 2 == 0) /* even repetitions: the operation first */
-          skip = pair_rep(rk, j, pc, &plocal, it, j->host_iters + hslot, &w, &x, &d, have_enq0,
-                          &excl) ||
-                 skip;
-        if (check && !skip && run) {
-          st = bench_sync(rk);
-          if (st != TPF_OK) {
-            job_fail(j, st, "synchronize");
-            skip = true;
-          } else {
-            long long checked = 0;
-            long long wr = check_output(rk, j, T, it, &d, ag ? &buf : NULL, &checked);
-            if (wr < 0)
-              job_fail(j, TPF_ENOMEM, "check");
-            else {
-              atomic_fetch_add(&j->wrong[ti], wr);
-              atomic_fetch_add(&j->checked[ti], checked);
-            }
-          }
-        }
-      }
-    if (j->iters > 0) bench_time_collect(rk, j->iters * nv, us);
-    double enq = NAN;
-    if (j->host_iters > 0 && bench_host_collect(rk, j->host_iters, hus, &enq) != TPF_OK)
-      job_fail(j, TPF_ETIMEOUT, "host timing exchange");
-    double penq = NAN;
-    if (pair && bench_host_collect_at(rk, j->host_iters, j->host_iters, pus, &penq) != TPF_OK)
-      job_fail(j, TPF_ETIMEOUT, "host timing exchange (the paired serial baseline)");
-    if (r == g->rank0 && j->host_iters > 0) {
-      const bool bad = atomic_load(&j->failed) || !hus || !pus || !ratio;
-      const int n = j->host_iters;
-      if (pair && !bad) { /* before the medians sort hus and pus */
-        for (int i = 0; i < n; i++)
-          ratio[i] = pus[i] / hus[i];
-        j->spd[ti] = bench_median(ratio, n); /* sorts ratio */
-        j->spd_q1[ti] = bench_quantile(ratio, n, 0.25);
-        j->spd_q3[ti] = bench_quantile(ratio, n, 0.75);
-        j->pair_us[ti] = bench_median(pus, n);
-      }
-      j->host_us[ti] = bad ? NAN : bench_median(hus, n);
-      j->enq_us[ti] = bad ? NAN : enq;
-    }
-    if (r == 0 && j->iters > 0)
-      for (int v = 0; v < nv; v++) {
-        for (int i = 0; i < j->iters; i++)
-          one[i] = us[i * nv + v];
-        const bool run = !var || var->legal[v][ti];
-        double med = atomic_load(&j->failed) || !run || !one ? NAN : bench_median(one, j->iters);
-        if (var)
-          var->us[v][ti] = med;
-        else
-          j->us[ti] = med;
-      }
+  x->us = calloc((size_t)j->iters * (size_t)x->nv + 1, sizeof(double));
+  x->one = calloc((size_t)j->iters + 1, sizeof(double));
+  x->hus = calloc((size_t)j->host_iters + 1, sizeof(double));
+  x->pus = calloc((size_t)j->host_iters + 1, sizeof(double));
+  x->ratio = calloc((size_t)j->host_iters + 1, sizeof(double));
+  if (!x->us || !x->one || !x->hus || !x->pus || !x->ratio)
+    job_fail(j, TPF_ENOMEM, "timing arrays");
+}
+
+/* Both communicators at active T and the views of this T (x->skip after a failure). */
+static void op_shape(op_ctx *x, uint64_t T) {
+  bench_job *j = x->j;
+  tpf_status st;
+  x->skip = bench_agree_failed(x->rk, &j->failed);
+  if (!x->skip && (st = tpf_comm_set_active_shape(x->c, (tpf_shape){T, j->H})) != TPF_OK) {
+    job_fail(j, st, "tpf_comm_set_active_shape");
+    x->skip = true;
   }
-  free(us);
-  free(one);
-  free(hus);
-  free(pus);
-  free(ratio);
+  x->buf = x->local = x->plocal = (tpf_matrix){0};
+  if (!x->skip && ((st = tpf_comm_buffer(x->c, &x->buf)) != TPF_OK ||
+                   (x->ag && (st = tpf_comm_local_chunk(x->c, &x->local)) != TPF_OK))) {
+    job_fail(j, st, "tpf_comm_buffer");
+    x->skip = true;
+  }
+  if (!x->skip && x->pc &&
+      ((st = tpf_comm_set_active_shape(x->pc, (tpf_shape){T, j->H})) != TPF_OK ||
+       (x->ag && (st = tpf_comm_local_chunk(x->pc, &x->plocal)) != TPF_OK))) {
+    job_fail(j, st, "the paired serial baseline's shape");
+    x->skip = true;
+  }
+  const uint64_t R = T / (uint64_t)x->rk->tp;
+  x->d = (tpf_matrix){x->dmem, x->ag ? T : R, x->dcols, x->dcols, TPF_BF16};
+  x->have_enq0 = false;
+  memset(&x->excl, 0, sizeof x->excl);
+}
+
+/* The checked repetition's start: everything before is done everywhere; poisons what the
+ * operation must write. */
+static void op_check_begin(op_ctx *x, bool run) {
+  bench_rank *rk = x->rk;
+  if (!x->skip) bench_sync(rk);
+  x->skip = bench_agree_failed(rk, &x->j->failed) || x->skip;
+  if (!x->skip && run) {
+    bench_mem_poison(rk, x->d.ptr, x->d.rows * x->d.ld * 2);
+    if (x->ag) bench_mem_poison(rk, x->buf.ptr, x->buf.rows * x->buf.ld * 2);
+    bench_sync(rk);
+  }
+  bench_barrier(rk);
+}
+
+/* Operands w and a (RS only) at repetition it's offsets; the AG input copied into the local
+ * chunk. */
+static void op_operands(op_ctx *x, uint64_t T, int it, tpf_matrix *a, tpf_matrix *w) {
+  bench_job *j = x->j;
+  const int r = x->rk->rank;
+  const uint16_t *src = x->rk->g->src;
+  tpf_status st = TPF_OK;
+  if (x->ag) {
+    *w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
+    st = bench_mem_copy(x->rk, x->local.ptr, src + operand_off(j, r, it, 0),
+                        T / (uint64_t)x->rk->tp * j->H * 2);
+  } else {
+    *a = (tpf_matrix){(void *)(src + operand_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
+    *w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
+  }
+  if (st != TPF_OK) {
+    job_fail(j, st, "input copy");
+    x->skip = true;
+  }
+}
+
+/* The adaptive communicator's decision just made at T index ti (rank 0, the checked
+ * repetition): read before any other operation. */
+static void op_plan_info(op_ctx *x, int ti, int v) {
+  bench_job *j = x->j;
+  if (x->var && x->var->cost && x->var->splits[v] == 0) {
+    if (tpf_comm_plan_info(x->c, &x->var->plan[ti]) != TPF_OK) x->var->plan[ti].ncand = 0;
+  } else if (!x->var && j->cost) {
+    tpf_plan_result pr; /* the decision for this T (the same on every rank) */
+    if (tpf_comm_plan_info(x->c, &pr) == TPF_OK && pr.ncand > 0) {
+      j->chose[ti] = pr.cand[pr.chosen].num_splits;
+      j->chose_aggr[ti] = pr.cand[pr.chosen].aggregate;
+      j->chose_pull[ti] = pr.cand[pr.chosen].algo != kOps[j->op].algo;
+    }
+  }
+}
+
+/* The operation itself (variant v); its host enqueue time into host-wall slot hslot (< 0: none). */
+static void op_call(op_ctx *x, int v, const tpf_matrix *a, const tpf_matrix *w, int hslot) {
+  bench_rank *rk = x->rk;
+  tpf_status st;
+  const double e0 = bench_now_ns();
+  if (x->var) {
+    tpf_op_options opt = TPF_OP_OPTIONS_INIT;
+    opt.num_splits = x->var->splits[v];
+    st = x->ag ? tpf_ag_gemm_ex(x->c, w, &x->d, &opt, rk->stream)
+               : tpf_gemm_rs_ex(x->c, a, w, &x->d, &opt, rk->stream);
+  } else {
+    st = x->ag ? tpf_ag_gemm(x->c, w, &x->d, rk->stream)
+               : tpf_gemm_rs(x->c, a, w, &x->d, rk->stream);
+  }
+  if (hslot >= 0) rk->g->enq[rk->rank * BENCH_MAX_ITERS + hslot] = bench_now_ns() - e0;
+  if (st != TPF_OK) {
+    job_fail(x->j, st, kOps[x->j->op].name);
+    x->skip = true;
+  }
+}
+
+/* The checked repetition's end: the output against the reference, counted into the job. */
+static void op_check_end(op_ctx *x, uint64_t T, int it, int ti) {
+  bench_job *j = x->j;
+  tpf_status st = bench_sync(x->rk);
+  if (st != TPF_OK) {
+    job_fail(j, st, "synchronize");
+    x->skip = true;
+    return;
+  }
+  long long checked = 0;
+  long long wr = check_output(x->rk, j, T, it, &x->d, x->ag ? &x->buf : NULL, &checked);
+  if (wr < 0) {
+    job_fail(j, TPF_ENOMEM, "check");
+  } else {
+    atomic_fetch_add(&j->wrong[ti], wr);
+    atomic_fetch_add(&j->checked[ti], checked);
+  }
+}
+
+/* Repetition it of variant v at T index ti: warm-up, device-timed, host-timed (with the paired
+ * baseline before or after) or the last, checked one. */
+static void op_rep(op_ctx *x, int ti, int it, int v) {
+  bench_job *j = x->j;
+  bench_rank *rk = x->rk;
+  const uint64_t T = j->ts[ti];
+  const int total = j->warmup + j->iters + j->host_iters + 1;
+  const bool timed = it >= j->warmup && it < j->warmup + j->iters;
+  const bool htimed = it >= j->warmup + j->iters && it < total - 1;
+  const bool check = it == total - 1;
+  const int slot = (it - j->warmup) * x->nv + v;
+  const int hslot = it - j->warmup - j->iters;      /* host_iters > 0 only without variants */
+  const bool run = !x->var || x->var->legal[v][ti]; /* the same on every rank */
+  const int pslot = j->host_iters + hslot;
+  if (check) op_check_begin(x, run);
+  tpf_matrix a = {0}, w = {0};
+  if (!x->skip && run) op_operands(x, T, it, &a, &w);
+  if (timed) bench_time_begin(rk, slot);
+  if (htimed && hslot == 0) x->have_enq0 = enq_snap(rk, &x->enq0);
+  if (htimed && x->pair && hslot % 2 == 1) /* odd repetitions: the baseline first */
+    x->skip =
+        pair_rep(rk, j, x->pc, &x->plocal, it, pslot, &w, &a, &x->d, x->have_enq0, &x->excl) ||
+        x->skip;
+  if (htimed) x->skip = bench_host_begin(rk, hslot, &j->failed) || x->skip;
+  if (!x->skip && run) {
+    op_call(x, v, &a, &w, htimed ? hslot : -1);
+    if (!x->skip && check && rk->rank == 0) op_plan_info(x, ti, v);
+  }
+  if (timed)
+    bench_time_end(rk, slot);
+  else if (htimed)
+    bench_host_end(rk, hslot);
+  else
+    bench_barrier(rk); /* lockstep enqueue: no rank runs an operation ahead of the others */
+  if (htimed && hslot == j->host_iters - 1 && x->have_enq0)
+    enq_record(rk, j, ti, &x->enq0, &x->excl);
+  if (htimed && x->pair && hslot % 2 == 0) /* even repetitions: the operation first */
+    x->skip =
+        pair_rep(rk, j, x->pc, &x->plocal, it, pslot, &w, &a, &x->d, x->have_enq0, &x->excl) ||
+        x->skip;
+  if (check && !x->skip && run) op_check_end(x, T, it, ti);
+}
+
+/* T index ti's figures: the host-wall medians and paired speedups (the group's first rank), the
+ * device-timed medians per variant (rank 0). */
+static void op_collect(op_ctx *x, int ti) {
+  bench_job *j = x->j;
+  bench_rank *rk = x->rk;
+  if (j->iters > 0) bench_time_collect(rk, j->iters * x->nv, x->us);
+  double enq = NAN;
+  if (j->host_iters > 0 && bench_host_collect(rk, j->host_iters, x->hus, &enq) != TPF_OK)
+    job_fail(j, TPF_ETIMEOUT, "host timing exchange");
+  double penq = NAN;
+  if (x->pair && bench_host_collect_at(rk, j->host_iters, j->host_iters, x->pus, &penq) != TPF_OK)
+    job_fail(j, TPF_ETIMEOUT, "host timing exchange (the paired serial baseline)");
+  if (rk->rank == rk->g->rank0 && j->host_iters > 0) {
+    const bool bad = atomic_load(&j->failed) || !x->hus || !x->pus || !x->ratio;
+    const int n = j->host_iters;
+    if (x->pair && !bad) { /* before the medians sort hus and pus */
+      for (int i = 0; i < n; i++)
+        x->ratio[i] = x->pus[i] / x->hus[i];
+      j->spd[ti] = bench_median(x->ratio, n); /* sorts ratio */
+      j->spd_q1[ti] = bench_quantile(x->ratio, n, 0.25);
+      j->spd_q3[ti] = bench_quantile(x->ratio, n, 0.75);
+      j->pair_us[ti] = bench_median(x->pus, n);
+    }
+    j->host_us[ti] = bad ? NAN : bench_median(x->hus, n);
+    j->enq_us[ti] = bad ? NAN : enq;
+  }
+  if (rk->rank == 0 && j->iters > 0)
+    for (int v = 0; v < x->nv; v++) {
+      for (int i = 0; i < j->iters; i++)
+        x->one[i] = x->us[i * x->nv + v];
+      const bool run = !x->var || x->var->legal[v][ti];
+      double med =
+          atomic_load(&j->failed) || !run || !x->one ? NAN : bench_median(x->one, j->iters);
+      if (x->var)
+        x->var->us[v][ti] = med;
+      else
+        j->us[ti] = med;
+    }
+}
+
+static tpf_status op_rank(bench_rank *rk, void *arg) {
+  op_ctx x = {.rk = rk, .j = arg};
+  bench_job *j = x.j;
+  x.var = j->var;
+  x.nv = x.var ? x.var->nvar : 1;
+  x.ag = is_ag(j->op);
+  op_setup(&x);
+  const int total = j->warmup + j->iters + j->host_iters + 1;
+  for (int ti = 0; ti < j->nts; ti++) {
+    op_shape(&x, j->ts[ti]);
+    for (int it = 0; it < total; it++)
+      for (int v = 0; v < x.nv; v++)
+        op_rep(&x, ti, it, v);
+    op_collect(&x, ti);
+  }
+  free(x.us);
+  free(x.one);
+  free(x.hus);
+  free(x.pus);
+  free(x.ratio);
   job_enq_reduce(rk, j);
   job_gather(rk, j);
   bench_barrier(rk);
-  if (c) tpf_comm_destroy(c);
-  if (pc) tpf_comm_destroy(pc);
-  if (dmem) bench_mem_free(g, dmem);
+  if (x.c) tpf_comm_destroy(x.c);
+  if (x.pc) tpf_comm_destroy(x.pc);
+  if (x.dmem) bench_mem_free(rk->g, x.dmem);
   return TPF_OK;
 }
 
