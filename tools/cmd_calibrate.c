@@ -774,7 +774,9 @@ static void cal_free(cal_cu *c) {
   if (c->status_host) cudaFreeHost(c->status_host);
 }
 
-static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
+/* The device, its description in rep->gpu, the stream, events, operands, the backend's status
+ * word and workspace, and the cuBLASLt handle. */
+static tpf_status cal_setup(cal_cu *c, cal_report *rep) {
   const cal_opts *o = c->o;
   const tpf_dtype dt = o->dtype;
   const uint64_t e = tpf_dtype_size(dt), H = o->hidden;
@@ -820,38 +822,49 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
       cal_env_u64("TPF_CUDA_WORKSPACE_BYTES", 32ull << 20, 0, 1ull << 40); /* the backend's */
   CAL_CU(cudaMalloc(&c->ws, c->ws_bytes), "cudaMalloc(workspace)");
   CAL_LT(cublasLtCreate(&c->lt), "cublasLtCreate");
+  return TPF_OK;
+}
 
-  /* The plan: GEMM shapes, copy sizes, reductions. */
+/* The measurement's grid: GEMM rows, copy sizes, reduction counts and rows (--quick: fewer). */
+typedef struct {
+  const uint64_t *ms, *sz, *rows;
+  const int *cnt;
+  int nm, nsz, ncnt, nrows;
+} cal_grid;
+
+static cal_grid cal_grid_of(const cal_opts *o) {
   static const uint64_t ms_full[] = {64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768};
   static const uint64_t ms_quick[] = {64, 256, 1024, 4096, 16384, 32768};
-  const uint64_t *ms = o->quick ? ms_quick : ms_full;
-  const int nm = o->quick ? 6 : 10;
   static const uint64_t sz_full[] = {64ull << 10, 256ull << 10, 1ull << 20,  4ull << 20,
                                      16ull << 20, 64ull << 20,  256ull << 20};
   static const uint64_t sz_quick[] = {256ull << 10, 4ull << 20, 64ull << 20};
-  const uint64_t *sz = o->quick ? sz_quick : sz_full;
-  const int nsz = o->quick ? 3 : 7;
   static const int cnt_full[] = {2, 4, 8}, cnt_quick[] = {4};
-  const int *cnt = o->quick ? cnt_quick : cnt_full;
-  const int ncnt = o->quick ? 1 : 3;
   static const uint64_t rows_red[] = {16, 64, 256, 1024, 4096};
-  const int nrows = o->quick ? 3 : 5;
-  c->points = 2 * o->nns * nm + 2 * nsz + ncnt * nrows + 5;
-  c->t0_ns = cal_now_ns();
-  fprintf(stderr, "calibrate: %s; %s GEMMs, %d repetitions per point\n", rep->gpu,
-          tpf_dtype_name(dt), o->iters);
+  cal_grid g = {o->quick ? ms_quick : ms_full,
+                o->quick ? sz_quick : sz_full,
+                o->quick ? rows_red + 1 : rows_red,
+                o->quick ? cnt_quick : cnt_full,
+                o->quick ? 6 : 10,
+                o->quick ? 3 : 7,
+                o->quick ? 1 : 3,
+                o->quick ? 3 : 5};
+  return g;
+}
 
-  /* GEMMs: AG [m, N, H] then RS [m, H, N] for each N. */
+/* GEMMs: AG [m, N, H] then RS [m, H, N] for each N, as gemm points of t. */
+static tpf_status cal_gemms(cal_cu *c, const cal_grid *gr, tpf_cost_table *t, cal_report *rep) {
+  const cal_opts *o = c->o;
+  const tpf_dtype dt = o->dtype;
   rep->gemm_tf_lo = 1e300;
   rep->gemm_tf_hi = 0;
   for (int ni = 0; ni < o->nns; ni++)
     for (int shape = 0; shape < 2; shape++)
-      for (int mi = 0; mi < nm; mi++) {
+      for (int mi = 0; mi < gr->nm; mi++) {
         cal_gemm_arg g;
         memset(&g, 0, sizeof g);
-        g.m = ms[mi];
-        g.n = shape == 0 ? o->ns[ni] : H;
-        g.k = shape == 0 ? H : o->ns[ni];
+        g.m = gr->ms[mi];
+        g.n = shape == 0 ? o->ns[ni] : o->hidden;
+        g.k = shape == 0 ? o->hidden : o->ns[ni];
         uint64_t b = CAL_MAX_M / g.m;
         g.batch = (int)(b > 4 ? 4 : b < 1 ? 1 : b);
         double us = 0;
@@ -869,76 +882,93 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
                      tpf_dtype_name(dt), shape == 0 ? "AG" : "RS", (ull)g.m, (ull)g.n, (ull)g.k, us,
                      tf, g.batch);
       }
+  return TPF_OK;
+}
 
-  /* Copies: local, then peer. */
+/* A 256 MiB destination on the peer device, with peer access enabled from --device. */
+static tpf_status cal_peer_alloc(const cal_opts *o, void **peer_dst) {
+  int can = 0;
+  CAL_CU(cudaDeviceCanAccessPeer(&can, o->device, o->peer), "cudaDeviceCanAccessPeer");
+  TPF_RETURN_IF(!can, TPF_EUNSUPPORTED,
+                "calibrate: device %d cannot access device %d as a peer (no P2P between them)",
+                o->device, o->peer);
+  cudaError_t pe = cudaDeviceEnablePeerAccess(o->peer, 0);
+  if (pe == cudaErrorPeerAccessAlreadyEnabled)
+    (void)cudaGetLastError();
+  else if (pe != cudaSuccess)
+    return cal_cu_err(pe, "cudaDeviceEnablePeerAccess");
+  CAL_CU(cudaSetDevice(o->peer), "cudaSetDevice(peer)");
+  cudaError_t ae = cudaMalloc(peer_dst, 256ull << 20);
+  CAL_CU(cudaSetDevice(o->device), "cudaSetDevice");
+  if (ae != cudaSuccess) return cal_cu_err(ae, "cudaMalloc(peer)");
+  return TPF_OK;
+}
+
+/* Copies: local, then peer, each fitted into t's link. */
+static tpf_status cal_copies(cal_cu *c, const cal_grid *gr, tpf_cost_table *t, cal_report *rep) {
+  const cal_opts *o = c->o;
   void *peer_dst = NULL;
   rep->peer_other = o->peer != o->device;
-  if (rep->peer_other) {
-    int can = 0;
-    CAL_CU(cudaDeviceCanAccessPeer(&can, o->device, o->peer), "cudaDeviceCanAccessPeer");
-    TPF_RETURN_IF(!can, TPF_EUNSUPPORTED,
-                  "calibrate: device %d cannot access device %d as a peer (no P2P between them)",
-                  o->device, o->peer);
-    cudaError_t pe = cudaDeviceEnablePeerAccess(o->peer, 0);
-    if (pe == cudaErrorPeerAccessAlreadyEnabled)
-      (void)cudaGetLastError();
-    else if (pe != cudaSuccess)
-      return cal_cu_err(pe, "cudaDeviceEnablePeerAccess");
-    CAL_CU(cudaSetDevice(o->peer), "cudaSetDevice(peer)");
-    cudaError_t ae = cudaMalloc(&peer_dst, 256ull << 20);
-    CAL_CU(cudaSetDevice(o->device), "cudaSetDevice");
-    if (ae != cudaSuccess) return cal_cu_err(ae, "cudaMalloc(peer)");
-  }
+  if (rep->peer_other) TPF_CHECK(cal_peer_alloc(o, &peer_dst));
   double xs[16], ys[16];
   for (int kind = 0; kind < 2; kind++) { /* 0 local, 1 peer */
-    for (int i = 0; i < nsz; i++) {
+    for (int i = 0; i < gr->nsz; i++) {
       cal_copy_arg a = {kind == 1 && peer_dst ? peer_dst : c->d,
                         kind == 1 ? o->peer : o->device,
                         c->a,
                         o->device,
-                        sz[i],
+                        gr->sz[i],
                         kind == 1};
       tpf_status st = cal_time(c, cal_copy_rep, &a, 1, &ys[i]);
       if (st != TPF_OK) {
         if (peer_dst) cudaFree(peer_dst);
         return st;
       }
-      xs[i] = (double)sz[i];
+      xs[i] = (double)gr->sz[i];
       cal_progress(c, "copy %s %llu KiB: %.2f us (%.1f GB/s)", kind ? "peer" : "local",
-                   (ull)(sz[i] >> 10), ys[i], xs[i] / (ys[i] * 1e3));
+                   (ull)(gr->sz[i] >> 10), ys[i], xs[i] / (ys[i] * 1e3));
     }
-    cal_fit(xs, ys, nsz, kind ? &t->peer : &t->local, kind ? &rep->peer_res : &rep->local_res);
+    cal_fit(xs, ys, gr->nsz, kind ? &t->peer : &t->local, kind ? &rep->peer_res : &rep->local_res);
   }
   if (peer_dst) cudaFree(peer_dst);
+  return TPF_OK;
+}
 
-  /* Reductions: count views of [rows, H] from A into D. */
+/* Reductions: count views of [rows, H] from A into D, fitted over the bytes read. */
+static tpf_status cal_reductions(cal_cu *c, const cal_grid *gr, tpf_cost_table *t,
+                                 cal_report *rep) {
+  const uint64_t H = c->o->hidden, e = tpf_dtype_size(c->o->dtype);
   rep->ctas = (int)cal_env_u64("TPF_CUDA_COMM_CTAS", 16, 1, 1024);
   if (rep->ctas < 1) rep->ctas = 1;
   if (rep->ctas > 1024) rep->ctas = 1024;
+  double xs[16], ys[16];
   int nr = 0;
-  for (int ci = 0; ci < ncnt; ci++)
-    for (int ri = 0; ri < nrows; ri++) {
+  for (int ci = 0; ci < gr->ncnt; ci++)
+    for (int ri = 0; ri < gr->nrows; ri++) {
       cal_reduce_arg a;
       memset(&a, 0, sizeof a);
-      const uint64_t rows = rows_red[o->quick ? ri + 1 : ri];
-      for (int q = 0; q < cnt[ci]; q++)
+      const uint64_t rows = gr->rows[ri];
+      for (int q = 0; q < gr->cnt[ci]; q++)
         a.ra.srcs[q] = (const char *)c->a + (uint64_t)q * rows * H * e;
       a.ra.dst = c->d;
       a.ra.src_ld = a.ra.dst_ld = H;
       a.ra.rows = rows;
       a.ra.cols = H;
-      a.ra.count = cnt[ci];
-      a.ra.src_dtype = a.ra.dst_dtype = (int32_t)dt;
+      a.ra.count = gr->cnt[ci];
+      a.ra.src_dtype = a.ra.dst_dtype = (int32_t)c->o->dtype;
       a.ctas = rep->ctas;
       TPF_CHECK(cal_time(c, cal_reduce_rep, &a, 1, &ys[nr]));
-      xs[nr] = (double)cnt[ci] * (double)rows * (double)H * (double)e;
-      cal_progress(c, "reduce %d x [%llu, %llu]: %.2f us (%.1f GB/s read)", cnt[ci], (ull)rows,
+      xs[nr] = (double)gr->cnt[ci] * (double)rows * (double)H * (double)e;
+      cal_progress(c, "reduce %d x [%llu, %llu]: %.2f us (%.1f GB/s read)", gr->cnt[ci], (ull)rows,
                    (ull)H, ys[nr], xs[nr] / (ys[nr] * 1e3));
       nr++;
     }
   cal_fit(xs, ys, nr, &t->reduce, &rep->reduce_res);
+  return TPF_OK;
+}
 
-  /* Host costs. */
+/* Host costs: the enqueue of a GEMM, a copy, an event pair and an empty kernel; launch_us. */
+static tpf_status cal_hosts(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   cudaStream_t other = NULL;
   cudaEvent_t ev = NULL;
   CAL_CU(cudaStreamCreateWithFlags(&other, cudaStreamNonBlocking), "cudaStreamCreate");
@@ -947,7 +977,7 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   memset(&small, 0, sizeof small);
   small.m = 64;
   small.n = c->nmax < 1024 ? c->nmax : 1024;
-  small.k = H;
+  small.k = c->o->hidden;
   small.batch = 1;
   tpf_status st = cal_gemm_plan(c, &small);
   if (st == TPF_OK) st = cal_host_us(c, H_GEMM, other, ev, &small, &rep->h_gemm);
@@ -964,6 +994,21 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   cudaStreamDestroy(other);
   TPF_CHECK(st);
   t->launch_us = 0.5 * (rep->h_gemm + rep->h_copy) + rep->h_event;
+  return TPF_OK;
+}
+
+static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
+  const cal_opts *o = c->o;
+  TPF_CHECK(cal_setup(c, rep));
+  const cal_grid gr = cal_grid_of(o);
+  c->points = 2 * o->nns * gr.nm + 2 * gr.nsz + gr.ncnt * gr.nrows + 5;
+  c->t0_ns = cal_now_ns();
+  fprintf(stderr, "calibrate: %s; %s GEMMs, %d repetitions per point\n", rep->gpu,
+          tpf_dtype_name(o->dtype), o->iters);
+  TPF_CHECK(cal_gemms(c, &gr, t, rep));
+  TPF_CHECK(cal_copies(c, &gr, t, rep));
+  TPF_CHECK(cal_reductions(c, &gr, t, rep));
+  TPF_CHECK(cal_hosts(c, t, rep));
   double hs_us = 0;
   TPF_CHECK(cal_handshake(o->device, &hs_us));
   cal_progress(c, "host: in-process handshake round of 2 ranks %.2f us", hs_us);
@@ -971,6 +1016,67 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   t->barrier_us = hs_us;
   rep->seconds = (cal_now_ns() - c->t0_ns) * 1e-9;
   return TPF_OK;
+}
+
+/* The measured table's comment lines: the command, the machine and the method. */
+static void cal_cuda_comments(const cal_opts *o, const cal_report *rep, const cal_sched_report *sr,
+                              char *comments, size_t len) {
+  char date[64], sched[1024] = "";
+  if (o->schedules) cal_sched_comments(o, sr, sched, sizeof sched);
+  cal_date(date, sizeof date);
+  snprintf(
+      comments, len,
+      "# tpflex cost table MEASURED by `%s`, %s.\n"
+      "# Machine: %s.\n"
+      "# Format: include/tpflex/tpflex_cost.h. Method (tools/cmd_calibrate.c): medians of %d "
+      "repetitions timed\n"
+      "# with CUDA events, each after a 256 MiB memset that evicts the L2.\n"
+      "# gemm: cuBLASLt as the CUDA backend calls it, %s [m,k]x[n,k]^T; AG shapes [m, N, H] then "
+      "RS shapes [m, H, N];\n"
+      "#   one sample = min(4, 32768/m) GEMMs back to back / their count. The cost model "
+      "interpolates by flops\n"
+      "#   alone over every point of a dtype (equal flops: the first line listed wins).\n"
+      "# copy local: cudaMemcpyAsync device to device on device %d (fit: worst residual %.1f %%).\n"
+      "# copy peer: cudaMemcpyPeerAsync device %d -> device %d%s (fit: worst residual %.1f %%).\n"
+      "# reduce: the backend's reduction kernel, %d CTAs, over bytes read (fit: worst residual "
+      "%.1f %%).\n"
+      "# launch_us: host time per step = (GEMM enqueue %.2f + cudaMemcpyAsync enqueue %.2f) / 2 "
+      "+ event record\n"
+      "#   and stream wait %.2f us (empty kernel launch: %.2f us, not used).\n"
+      "# handshake_us, barrier_us: host rendezvous of 2 in-process rank threads (event record, "
+      "publish, wait\n"
+      "#   for the peer, stream wait), per round.\n%s",
+      o->cmdline, date, rep->gpu, o->iters, tpf_dtype_name(o->dtype), o->device,
+      100 * rep->local_res, o->device, o->peer,
+      rep->peer_other ? "" : " (the same device: ranks sharing one GPU copy through its HBM)",
+      100 * rep->peer_res, rep->ctas, 100 * rep->reduce_res, rep->h_gemm, rep->h_copy, rep->h_event,
+      rep->h_kernel, sched);
+}
+
+/* The summary of what was measured (stdout with --out, else stderr). */
+static void cal_cuda_summary(const cal_opts *o, const cal_report *rep, const cal_sched_report *sr,
+                             const tpf_cost_table *t) {
+  FILE *s = o->out ? stdout : stderr;
+  fprintf(s, "calibrate summary (%s, %.1f s):\n", rep->gpu, rep->seconds);
+  fprintf(s, "  gemm       %d points, %s, %.1f .. %.1f TFLOP/s\n", t->ngemm,
+          tpf_dtype_name(o->dtype), rep->gemm_tf_lo, rep->gemm_tf_hi);
+  fprintf(s, "  copy local %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%)\n",
+          t->local.latency_us, t->local.gbps, 100 * rep->local_res);
+  fprintf(
+      s,
+      "  copy peer  %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%), device %d -> %d%s\n",
+      t->peer.latency_us, t->peer.gbps, 100 * rep->peer_res, o->device, o->peer,
+      rep->peer_other ? "" : " (same device)");
+  fprintf(s,
+          "  reduce     %.2f us + bytes read / %.1f GB/s (worst fit residual %.1f %%), %d CTAs\n",
+          t->reduce.latency_us, t->reduce.gbps, 100 * rep->reduce_res, rep->ctas);
+  fprintf(s, "  launch_us  %.2f (GEMM %.2f, copy %.2f, event pair %.2f; empty kernel %.2f)\n",
+          t->launch_us, rep->h_gemm, rep->h_copy, rep->h_event, rep->h_kernel);
+  fprintf(s, "  handshake_us %.2f, barrier_us %.2f\n", t->handshake_us, t->barrier_us);
+  if (o->schedules)
+    fprintf(s, "  schedules  %d points, P 2..%d sharing the GPU, T %llu..%llu, %.1f s\n",
+            sr->points, sr->pmax, (ull)sr->tmin, (ull)sr->tmax, sr->seconds);
+  fprintf(s, "  table written to %s\n", o->out ? o->out : "stdout");
 }
 
 static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
@@ -1005,59 +1111,11 @@ static int cal_cuda(const cli_ctx *ctx, const cal_opts *o) {
   cal_sched_report sr;
   memset(&sr, 0, sizeof sr);
   if (o->schedules && cal_schedules(o, &t, &sr) != 0) return 1;
-  char date[64], comments[6144], sched[1024] = "";
-  if (o->schedules) cal_sched_comments(o, &sr, sched, sizeof sched);
-  cal_date(date, sizeof date);
-  snprintf(
-      comments, sizeof comments,
-      "# tpflex cost table MEASURED by `%s`, %s.\n"
-      "# Machine: %s.\n"
-      "# Format: include/tpflex/tpflex_cost.h. Method (tools/cmd_calibrate.c): medians of %d "
-      "repetitions timed\n"
-      "# with CUDA events, each after a 256 MiB memset that evicts the L2.\n"
-      "# gemm: cuBLASLt as the CUDA backend calls it, %s [m,k]x[n,k]^T; AG shapes [m, N, H] then "
-      "RS shapes [m, H, N];\n"
-      "#   one sample = min(4, 32768/m) GEMMs back to back / their count. The cost model "
-      "interpolates by flops\n"
-      "#   alone over every point of a dtype (equal flops: the first line listed wins).\n"
-      "# copy local: cudaMemcpyAsync device to device on device %d (fit: worst residual %.1f %%).\n"
-      "# copy peer: cudaMemcpyPeerAsync device %d -> device %d%s (fit: worst residual %.1f %%).\n"
-      "# reduce: the backend's reduction kernel, %d CTAs, over bytes read (fit: worst residual "
-      "%.1f %%).\n"
-      "# launch_us: host time per step = (GEMM enqueue %.2f + cudaMemcpyAsync enqueue %.2f) / 2 "
-      "+ event record\n"
-      "#   and stream wait %.2f us (empty kernel launch: %.2f us, not used).\n"
-      "# handshake_us, barrier_us: host rendezvous of 2 in-process rank threads (event record, "
-      "publish, wait\n"
-      "#   for the peer, stream wait), per round.\n%s",
-      o->cmdline, date, rep.gpu, o->iters, tpf_dtype_name(o->dtype), o->device, 100 * rep.local_res,
-      o->device, o->peer,
-      rep.peer_other ? "" : " (the same device: ranks sharing one GPU copy through its HBM)",
-      100 * rep.peer_res, rep.ctas, 100 * rep.reduce_res, rep.h_gemm, rep.h_copy, rep.h_event,
-      rep.h_kernel, sched);
+  char comments[6144];
+  cal_cuda_comments(o, &rep, &sr, comments, sizeof comments);
   int rc = cal_emit(ctx, o, comments, &t);
   if (rc >= 0) return rc;
-  FILE *s = o->out ? stdout : stderr;
-  fprintf(s, "calibrate summary (%s, %.1f s):\n", rep.gpu, rep.seconds);
-  fprintf(s, "  gemm       %d points, %s, %.1f .. %.1f TFLOP/s\n", t.ngemm,
-          tpf_dtype_name(o->dtype), rep.gemm_tf_lo, rep.gemm_tf_hi);
-  fprintf(s, "  copy local %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%)\n",
-          t.local.latency_us, t.local.gbps, 100 * rep.local_res);
-  fprintf(
-      s,
-      "  copy peer  %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%), device %d -> %d%s\n",
-      t.peer.latency_us, t.peer.gbps, 100 * rep.peer_res, o->device, o->peer,
-      rep.peer_other ? "" : " (same device)");
-  fprintf(s,
-          "  reduce     %.2f us + bytes read / %.1f GB/s (worst fit residual %.1f %%), %d CTAs\n",
-          t.reduce.latency_us, t.reduce.gbps, 100 * rep.reduce_res, rep.ctas);
-  fprintf(s, "  launch_us  %.2f (GEMM %.2f, copy %.2f, event pair %.2f; empty kernel %.2f)\n",
-          t.launch_us, rep.h_gemm, rep.h_copy, rep.h_event, rep.h_kernel);
-  fprintf(s, "  handshake_us %.2f, barrier_us %.2f\n", t.handshake_us, t.barrier_us);
-  if (o->schedules)
-    fprintf(s, "  schedules  %d points, P 2..%d sharing the GPU, T %llu..%llu, %.1f s\n", sr.points,
-            sr.pmax, (ull)sr.tmin, (ull)sr.tmax, sr.seconds);
-  fprintf(s, "  table written to %s\n", o->out ? o->out : "stdout");
+  cal_cuda_summary(o, &rep, &sr, &t);
   return 0;
 }
 
