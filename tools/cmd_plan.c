@@ -164,6 +164,43 @@ static int capacity_error(const cli_ctx *ctx, const tpf_layout_desc *base, const
   return cli_error(ctx, "%s: %s", tpf_status_name(st), why); /* no capacity fixes it */
 }
 
+/* --project's T values: --tokens (checked against every projected layout), else C/64 .. C.
+ * -1 on success; else the exit status after reporting. */
+static int project_tokens(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
+  const uint64_t C = a->d.capacity.rows;
+  if (v[O_TOKENS].set) {
+    if (v[O_TOKENS].u > C)
+      return cli_error(ctx, "--tokens '%s' is above the capacity %llu", v[O_TOKENS].s, (ull)C);
+    for (int i = 0; i < a->nops; i++) {
+      tpf_layout_desc d = a->d;
+      d.algo = a->palgo[i];
+      d.coll = a->pcoll[i];
+      d.active.rows = v[O_TOKENS].u;
+      tpf_status st = tpf_layout_check(&d);
+      uint64_t legal = 0;
+      if (st != TPF_OK) {
+        char detail[512];
+        snprintf(detail, sizeof detail, "%s", tpf_last_error());
+        if (tpf_layout_legal_rows(&d, d.active.rows, &legal) == TPF_OK)
+          return cli_error(ctx,
+                           "--tokens '%s' (%s %s): %s: %s (the smallest legal --tokens >= %s "
+                           "is %llu)",
+                           v[O_TOKENS].s, tpf_algo_name(d.algo), tpf_coll_name(d.coll),
+                           tpf_status_name(st), detail, v[O_TOKENS].s, (ull)legal);
+        return cli_error(ctx, "--tokens '%s' (%s %s): %s: %s", v[O_TOKENS].s, tpf_algo_name(d.algo),
+                         tpf_coll_name(d.coll), tpf_status_name(st), detail);
+      }
+    }
+    a->ts[a->nts++] = v[O_TOKENS].u;
+    return -1;
+  }
+  /* C/64, 2C/64, ... up to C; from 1 when C < 64 (doubling 0 would never end). */
+  for (uint64_t t = C / 64 ? C / 64 : 1; t <= C && a->nts < 16; t *= 2)
+    a->ts[a->nts++] = t;
+  if (a->nts == 0 || a->ts[a->nts - 1] != C) a->ts[a->nts < 16 ? a->nts++ : 15] = C;
+  return -1;
+}
+
 /* --project: the grid of the projection. -1 on success; else the exit status after reporting. */
 static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
   static const int refused[] = {O_SPLITS, O_AGG, O_RANK, O_JSON, O_K};
@@ -207,36 +244,8 @@ static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
     tpf_status st = tpf_layout_check(&d);
     if (st != TPF_OK) return capacity_error(ctx, &a->d, a->palgo, a->pcoll, a->nops, st);
   }
-  if (v[O_TOKENS].set) {
-    if (v[O_TOKENS].u > C)
-      return cli_error(ctx, "--tokens '%s' is above the capacity %llu", v[O_TOKENS].s, (ull)C);
-    for (int i = 0; i < a->nops; i++) {
-      tpf_layout_desc d = a->d;
-      d.algo = a->palgo[i];
-      d.coll = a->pcoll[i];
-      d.active.rows = v[O_TOKENS].u;
-      tpf_status st = tpf_layout_check(&d);
-      uint64_t legal = 0;
-      if (st != TPF_OK) {
-        char detail[512];
-        snprintf(detail, sizeof detail, "%s", tpf_last_error());
-        if (tpf_layout_legal_rows(&d, d.active.rows, &legal) == TPF_OK)
-          return cli_error(ctx,
-                           "--tokens '%s' (%s %s): %s: %s (the smallest legal --tokens >= %s "
-                           "is %llu)",
-                           v[O_TOKENS].s, tpf_algo_name(d.algo), tpf_coll_name(d.coll),
-                           tpf_status_name(st), detail, v[O_TOKENS].s, (ull)legal);
-        return cli_error(ctx, "--tokens '%s' (%s %s): %s: %s", v[O_TOKENS].s, tpf_algo_name(d.algo),
-                         tpf_coll_name(d.coll), tpf_status_name(st), detail);
-      }
-    }
-    a->ts[a->nts++] = v[O_TOKENS].u;
-  } else {
-    /* C/64, 2C/64, ... up to C; from 1 when C < 64 (doubling 0 would never end). */
-    for (uint64_t t = C / 64 ? C / 64 : 1; t <= C && a->nts < 16; t *= 2)
-      a->ts[a->nts++] = t;
-    if (a->nts == 0 || a->ts[a->nts - 1] != C) a->ts[a->nts < 16 ? a->nts++ : 15] = C;
-  }
+  int rc = project_tokens(ctx, v, a);
+  if (rc >= 0) return rc;
   if (v[O_N].set) {
     a->ns[a->nns++] = v[O_N].u;
   } else {
@@ -251,59 +260,9 @@ static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
   return -1;
 }
 
-/* -1 on success; else the exit status after reporting. */
-static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
-  cli_val v[O_NOPTS];
-  memset(a, 0, sizeof *a);
-  int rc = cli_parse(ctx, kPlanOpts, O_NOPTS, argc, argv, v, plan_usage);
-  if (rc >= 0) return rc;
-  if (v[O_PROJECT].set) return parse_project(ctx, v, a);
-  static const char *const req[] = {"--tp", "--capacity", "--hidden", "--algo", "--coll"};
-  static const int reqi[] = {O_TP, O_CAP, O_HIDDEN, O_ALGO, O_COLL};
-  for (int i = 0; i < 5; i++)
-    if (!v[reqi[i]].set)
-      return cli_error(ctx,
-                       "%s is required (--tp, --capacity, --hidden, --algo and --coll are; "
-                       "see --help)",
-                       req[i]);
-  static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK};
-  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
-  const unsigned amask = 1u << v[O_ALGO].u;
-  const bool ag = v[O_COLL].u == 0;
-  for (int i = 0; i < O_NOPTS; i++)
-    if (v[i].set && kPlanOpts[i].applies && !(kPlanOpts[i].applies & amask))
-      return cli_error(ctx, "%s does not apply to --algo %s", kPlanOpts[i].name, v[O_ALGO].s);
-  if (v[O_AGG].set && !ag) return cli_error(ctx, "--aggregate applies to --coll ag only");
-  if (v[O_N].set && !ag && amask != A_BULK)
-    return cli_error(ctx, "--n does not apply to --coll rs with --algo %s (its N is H)",
-                     v[O_ALGO].s);
-  if (v[O_K].set && ag && amask != A_BULK)
-    return cli_error(ctx, "--k does not apply to --coll ag with --algo %s (its K is H)",
-                     v[O_ALGO].s);
-  a->json = v[O_JSON].set;
-  a->predict = v[O_PREDICT].set;
-  a->cost = v[O_COST].set ? v[O_COST].s : NULL;
-  if (a->cost && !a->predict)
-    return cli_error(ctx, "--cost applies with --predict or --project only");
-  if (a->predict && (v[O_SPLITS].set || v[O_AGG].set))
-    return cli_error(ctx, "%s does not apply with --predict (it prices every candidate)",
-                     v[O_SPLITS].set ? "--splits" : "--aggregate");
-  a->d.tp_size = (int)v[O_TP].u;
-  a->d.capacity.rows = v[O_CAP].u;
-  a->d.capacity.cols = v[O_HIDDEN].u;
-  a->d.active.rows = v[O_TOKENS].set ? v[O_TOKENS].u : v[O_CAP].u;
-  a->d.active.cols = a->d.capacity.cols;
-  a->d.algo = algos[v[O_ALGO].u];
-  a->d.coll = ag ? TPF_COLL_AG : TPF_COLL_RS;
-  a->d.num_splits = (int)v[O_SPLITS].u;
-  a->d.aggregate = v[O_AGG].set;
-  a->d.dtype = v[O_DTYPE].set ? dts[v[O_DTYPE].u] : TPF_BF16;
-  a->only_rank = v[O_RANK].set ? (int)v[O_RANK].u : -1;
-  if (a->d.active.rows > a->d.capacity.rows)
-    return cli_error(ctx, "--tokens '%s' is above --capacity %llu", v[O_TOKENS].s,
-                     (ull)a->d.capacity.rows);
-  if (a->only_rank >= a->d.tp_size)
-    return cli_error(ctx, "--rank '%s' is not below --tp %d", v[O_RANK].s, a->d.tp_size);
+/* The GEMM of the layout (--n, --k, else H), its operand sizes checked for overflow. -1 on
+ * success; else the exit status after reporting. */
+static int plan_gemm_dims(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
   uint64_t H = a->d.capacity.cols, T = a->d.active.rows, C = a->d.capacity.rows;
   uint64_t n = v[O_N].set ? v[O_N].u : H, k = v[O_K].set ? v[O_K].u : H;
   const uint64_t e = 4; /* the widest element any operand or the fp32 accumulation uses */
@@ -328,6 +287,73 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
     a->g.n = H;
     a->g.k = k;
   }
+  return -1;
+}
+
+/* The options that do not apply to --algo or --coll. -1, or the exit status after reporting. */
+static int plan_scope(const cli_ctx *ctx, const cli_val *v) {
+  const unsigned amask = 1u << v[O_ALGO].u;
+  const bool ag = v[O_COLL].u == 0;
+  for (int i = 0; i < O_NOPTS; i++)
+    if (v[i].set && kPlanOpts[i].applies && !(kPlanOpts[i].applies & amask))
+      return cli_error(ctx, "%s does not apply to --algo %s", kPlanOpts[i].name, v[O_ALGO].s);
+  if (v[O_AGG].set && !ag) return cli_error(ctx, "--aggregate applies to --coll ag only");
+  if (v[O_N].set && !ag && amask != A_BULK)
+    return cli_error(ctx, "--n does not apply to --coll rs with --algo %s (its N is H)",
+                     v[O_ALGO].s);
+  if (v[O_K].set && ag && amask != A_BULK)
+    return cli_error(ctx, "--k does not apply to --coll ag with --algo %s (its K is H)",
+                     v[O_ALGO].s);
+  return -1;
+}
+
+/* -1 on success; else the exit status after reporting. */
+static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
+  cli_val v[O_NOPTS];
+  memset(a, 0, sizeof *a);
+  int rc = cli_parse(ctx, kPlanOpts, O_NOPTS, argc, argv, v, plan_usage);
+  if (rc >= 0) return rc;
+  if (v[O_PROJECT].set) return parse_project(ctx, v, a);
+  static const char *const req[] = {"--tp", "--capacity", "--hidden", "--algo", "--coll"};
+  static const int reqi[] = {O_TP, O_CAP, O_HIDDEN, O_ALGO, O_COLL};
+  for (int i = 0; i < 5; i++)
+    if (!v[reqi[i]].set)
+      return cli_error(ctx,
+                       "%s is required (--tp, --capacity, --hidden, --algo and --coll are; "
+                       "see --help)",
+                       req[i]);
+  static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK};
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  const bool ag = v[O_COLL].u == 0;
+  rc = plan_scope(ctx, v);
+  if (rc >= 0) return rc;
+  a->json = v[O_JSON].set;
+  a->predict = v[O_PREDICT].set;
+  a->cost = v[O_COST].set ? v[O_COST].s : NULL;
+  if (a->cost && !a->predict)
+    return cli_error(ctx, "--cost applies with --predict or --project only");
+  if (a->predict && (v[O_SPLITS].set || v[O_AGG].set))
+    return cli_error(ctx, "%s does not apply with --predict (it prices every candidate)",
+                     v[O_SPLITS].set ? "--splits" : "--aggregate");
+  a->d.tp_size = (int)v[O_TP].u;
+  a->d.capacity.rows = v[O_CAP].u;
+  a->d.capacity.cols = v[O_HIDDEN].u;
+  a->d.active.rows = v[O_TOKENS].set ? v[O_TOKENS].u : v[O_CAP].u;
+  a->d.active.cols = a->d.capacity.cols;
+  a->d.algo = algos[v[O_ALGO].u];
+  a->d.coll = ag ? TPF_COLL_AG : TPF_COLL_RS;
+  a->d.num_splits = (int)v[O_SPLITS].u;
+  a->d.aggregate = v[O_AGG].set;
+  a->d.dtype = v[O_DTYPE].set ? dts[v[O_DTYPE].u] : TPF_BF16;
+  a->only_rank = v[O_RANK].set ? (int)v[O_RANK].u : -1;
+  if (a->d.active.rows > a->d.capacity.rows)
+    return cli_error(ctx, "--tokens '%s' is above --capacity %llu", v[O_TOKENS].s,
+                     (ull)a->d.capacity.rows);
+  if (a->only_rank >= a->d.tp_size)
+    return cli_error(ctx, "--rank '%s' is not below --tp %d", v[O_RANK].s, a->d.tp_size);
+  rc = plan_gemm_dims(ctx, v, a);
+  if (rc >= 0) return rc;
+  const uint64_t T = a->d.active.rows;
   tpf_layout_desc at_cap = a->d;
   at_cap.active = at_cap.capacity;
   tpf_status st = tpf_layout_check(&at_cap);
@@ -688,22 +714,29 @@ static void fmt_or_na(char *buf, size_t len, double v, int prec) {
     snprintf(buf, len, "%.*f", prec, v);
 }
 
-static int project(const cli_ctx *ctx, const plan_args *a) {
-  static tpf_cost_table t;
-  static char used[1024];
-  int lrc = cli_load_cost(ctx, "--cost", a->cost, "h200.txt", &t, used, sizeof used);
-  if (lrc >= 0) return lrc;
-  const int P = a->d.tp_size;
-  const uint64_t C = a->d.capacity.rows, H = a->d.capacity.cols;
+/* One row of the projection: computed first, so that the choice column fits the longest
+ * label. */
+typedef struct {
+  char op[16];
+  uint64_t N, T;
+  bool ok;
+  char err[300];
+  double gemm, comm, serial, fixed, planned, e, ef, sp;
+  char choice[sizeof(((tpf_plan_candidate *)0)->label)];
+} prow;
+
+/* The projection's header: what is projected, with which table, and how to read the columns. */
+static void project_header(const plan_args *a, const tpf_cost_table *t, const char *used) {
   printf("PROJECTION (predicted by the cost model, not measured): P=%d ranks, each on its own GPU, "
          "C=%llu, H=%llu, %s\n",
-         P, (ull)C, (ull)H, tpf_dtype_name(a->d.dtype));
+         a->d.tp_size, (ull)a->d.capacity.rows, (ull)a->d.capacity.cols,
+         tpf_dtype_name(a->d.dtype));
   printf("cost table: %s\n", used);
   printf("links: peer %.2f us + bytes / %.1f GB/s (the table's 'copy peer': in the shipped H200 "
          "table the documented NVLink4 parameter, 374 GB/s per direction), local %.2f us + %.1f "
          "GB/s, reduce %.2f us + %.1f GB/s; launch %.2f us/step, handshake %.2f us\n",
-         t.peer.latency_us, t.peer.gbps, t.local.latency_us, t.local.gbps, t.reduce.latency_us,
-         t.reduce.gbps, t.launch_us, t.handshake_us);
+         t->peer.latency_us, t->peer.gbps, t->local.latency_us, t->local.gbps, t->reduce.latency_us,
+         t->reduce.gbps, t->launch_us, t->handshake_us);
   printf(
       "gemm = the no-overlap schedule's one GEMM of all T rows (AG [T,H]x[N,H]^T, RS "
       "[T,N]x[H,N]^T: K = N); serial = the no-overlap schedule (RING AG: splits 1, the exchange, "
@@ -715,66 +748,49 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
          "E = (gemm + comm - t) / min(gemm, comm) for t = planned (E) and fixed (E_fixed); "
          "speedup = serial / planned; E > 1 where the chunked GEMMs are predicted faster than the "
          "one GEMM, E < 0 where the schedule is predicted slower than no overlap\n");
-  /* Every row is computed first, so that the choice column fits the longest label. */
-  typedef struct {
-    char op[16];
-    uint64_t N, T;
-    bool ok;
-    char err[300];
-    double gemm, comm, serial, fixed, planned, e, ef, sp;
-    char choice[sizeof(((tpf_plan_candidate *)0)->label)];
-  } prow;
-  const int nrows = a->nops * a->nns * a->nts;
-  prow *pr = calloc((size_t)(nrows > 0 ? nrows : 1), sizeof *pr);
-  if (!pr) {
-    fprintf(stderr, "tpflex plan: out of memory\n");
-    return 1;
+}
+
+/* The projected row of layout d (active T rows) and GEMM width N; w->ok false with w->err when it
+ * cannot be projected. */
+static void project_row(const tpf_cost_table *t, const tpf_layout_desc *d, uint64_t N, prow *w) {
+  const uint64_t T = d->active.rows, H = d->capacity.cols;
+  w->N = N;
+  w->T = T;
+  tpf_gemm_dims g = {T, d->coll == TPF_COLL_AG ? N : H, d->coll == TPF_COLL_AG ? H : N};
+  snprintf(w->op, sizeof w->op, "%s %s", tpf_algo_name(d->algo), tpf_coll_name(d->coll));
+  tpf_plan_result r;
+  tpf_status rc = tpf_layout_check(d);
+  if (rc == TPF_OK) rc = tpf_plan_predict(t, d, &g, &r);
+  if (rc == TPF_OK && r.baseline < 0) rc = TPF_EUNSUPPORTED;
+  double gemm = 0;
+  if (rc == TPF_OK) rc = tpf_cost_gemm_us(t, d->dtype, g.m, g.n, g.k, &gemm);
+  if (rc != TPF_OK) {
+    snprintf(w->err, sizeof w->err, "%s: %s", tpf_status_name(rc), tpf_last_error());
+    return;
   }
-  int n = 0, cw = (int)strlen("choice");
-  for (int oi = 0; oi < a->nops; oi++)
-    for (int ni = 0; ni < a->nns; ni++)
-      for (int ti = 0; ti < a->nts; ti++) {
-        prow *w = &pr[n++];
-        tpf_layout_desc d = a->d;
-        d.algo = a->palgo[oi];
-        d.coll = a->pcoll[oi];
-        d.active.rows = a->ts[ti];
-        const uint64_t N = a->ns[ni], T = a->ts[ti];
-        w->N = N;
-        w->T = T;
-        tpf_gemm_dims g = {T, d.coll == TPF_COLL_AG ? N : H, d.coll == TPF_COLL_AG ? H : N};
-        snprintf(w->op, sizeof w->op, "%s %s", tpf_algo_name(d.algo), tpf_coll_name(d.coll));
-        tpf_plan_result r;
-        tpf_status rc = tpf_layout_check(&d);
-        if (rc == TPF_OK) rc = tpf_plan_predict(&t, &d, &g, &r);
-        if (rc == TPF_OK && r.baseline < 0) rc = TPF_EUNSUPPORTED;
-        double gemm = 0;
-        if (rc == TPF_OK) rc = tpf_cost_gemm_us(&t, d.dtype, g.m, g.n, g.k, &gemm);
-        if (rc != TPF_OK) {
-          snprintf(w->err, sizeof w->err, "%s: %s", tpf_status_name(rc), tpf_last_error());
-          continue;
-        }
-        const tpf_plan_candidate *ch = &r.cand[r.chosen];
-        const int fi = default_candidate(&r, d.algo, P);
-        /* PIPELINE with one block is its own no-overlap schedule (the GEMM, then the pull
-         * reduce-scatter), the one tpflex bench measures; the priced RS baseline models a ring
-         * exchange instead. */
-        int si = r.baseline;
-        for (int i = 0; d.algo == TPF_ALGO_PIPELINE && i < r.ncand; i++)
-          if (r.cand[i].runnable && !r.cand[i].baseline && r.cand[i].num_splits == 1) si = i;
-        w->ok = true;
-        w->gemm = gemm;
-        w->serial = r.cand[si].predicted_us;
-        w->comm = w->serial - gemm;
-        w->planned = ch->predicted_us;
-        w->fixed = fi >= 0 ? r.cand[fi].predicted_us : NAN;
-        double lo = gemm < w->comm ? gemm : w->comm;
-        w->e = lo > 0 ? (w->serial - w->planned) / lo : NAN;
-        w->ef = lo > 0 ? (w->serial - w->fixed) / lo : NAN;
-        w->sp = w->serial / w->planned;
-        snprintf(w->choice, sizeof w->choice, "%s", ch->label);
-        if ((int)strlen(w->choice) > cw) cw = (int)strlen(w->choice);
-      }
+  const tpf_plan_candidate *ch = &r.cand[r.chosen];
+  const int fi = default_candidate(&r, d->algo, d->tp_size);
+  /* PIPELINE with one block is its own no-overlap schedule (the GEMM, then the pull
+   * reduce-scatter), the one tpflex bench measures; the priced RS baseline models a ring
+   * exchange instead. */
+  int si = r.baseline;
+  for (int i = 0; d->algo == TPF_ALGO_PIPELINE && i < r.ncand; i++)
+    if (r.cand[i].runnable && !r.cand[i].baseline && r.cand[i].num_splits == 1) si = i;
+  w->ok = true;
+  w->gemm = gemm;
+  w->serial = r.cand[si].predicted_us;
+  w->comm = w->serial - gemm;
+  w->planned = ch->predicted_us;
+  w->fixed = fi >= 0 ? r.cand[fi].predicted_us : NAN;
+  double lo = gemm < w->comm ? gemm : w->comm;
+  w->e = lo > 0 ? (w->serial - w->planned) / lo : NAN;
+  w->ef = lo > 0 ? (w->serial - w->fixed) / lo : NAN;
+  w->sp = w->serial / w->planned;
+  snprintf(w->choice, sizeof w->choice, "%s", ch->label);
+}
+
+/* The table of the n rows (choice column cw wide) and its summary; the exit status. */
+static int project_print(const prow *pr, int n, int cw) {
   printf("%-12s %6s %7s %10s %10s %10s %10s %11s  %-*s %7s %7s %8s\n", "op", "N", "T", "gemm(us)",
          "comm(us)", "serial(us)", "fixed(us)", "planned(us)", cw, "choice", "E", "E_fixed",
          "speedup");
@@ -800,7 +816,6 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
     if (w->sp < smin) smin = w->sp;
     if (w->sp > smax) smax = w->sp;
   }
-  free(pr);
   char erange[64] = "n/a";
   if (emin <= emax) snprintf(erange, sizeof erange, "%.3f .. %.3f", emin, emax);
   if (rows > 0)
@@ -810,6 +825,35 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
   else
     printf("summary: nothing could be projected\n");
   return rows > 0 ? 0 : 1;
+}
+
+static int project(const cli_ctx *ctx, const plan_args *a) {
+  static tpf_cost_table t;
+  static char used[1024];
+  int lrc = cli_load_cost(ctx, "--cost", a->cost, "h200.txt", &t, used, sizeof used);
+  if (lrc >= 0) return lrc;
+  project_header(a, &t, used);
+  const int nrows = a->nops * a->nns * a->nts;
+  prow *pr = calloc((size_t)(nrows > 0 ? nrows : 1), sizeof *pr);
+  if (!pr) {
+    fprintf(stderr, "tpflex plan: out of memory\n");
+    return 1;
+  }
+  int n = 0, cw = (int)strlen("choice");
+  for (int oi = 0; oi < a->nops; oi++)
+    for (int ni = 0; ni < a->nns; ni++)
+      for (int ti = 0; ti < a->nts; ti++) {
+        prow *w = &pr[n++];
+        tpf_layout_desc d = a->d;
+        d.algo = a->palgo[oi];
+        d.coll = a->pcoll[oi];
+        d.active.rows = a->ts[ti];
+        project_row(&t, &d, a->ns[ni], w);
+        if (w->ok && (int)strlen(w->choice) > cw) cw = (int)strlen(w->choice);
+      }
+  int rc = project_print(pr, n, cw);
+  free(pr);
+  return rc;
 }
 
 int tpf_cmd_plan(int argc, char **argv) {
