@@ -151,83 +151,72 @@ static int sample_rows(uint64_t parts, uint64_t R, uint64_t *rows, int cap) {
   return n;
 }
 
-/* Checks this rank's output of the last (poisoned, then re-run) repetition `it`. Returns
- * elements wrong; *checked gets the elements compared. */
-static long long check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
-                              const tpf_matrix *buf, long long *checked) {
-  bench_group *g = rk->g;
-  const int P = rk->tp, r = rk->rank;
-  const uint64_t R = T / (uint64_t)P, H = j->H, N = j->N;
-  const bool ag = is_ag(j->op);
-  uint64_t rows[3 * 64 + 3];
-  int nr = ag ? sample_rows((uint64_t)P, R, rows, 3 * 64) : sample_rows(1, R, rows, 3);
-  const uint64_t ncols_out = ag ? N : H, kdim = ag ? H : N;
-  const uint64_t nc = ncols_out < 64 ? ncols_out : 64;
-  uint64_t cols[64];
-  for (uint64_t c = 0; c < nc; c++)
-    cols[c] = c * ncols_out / nc;
-  long long wrong = 0;
-  *checked = 0;
-  uint16_t *row = malloc(((ncols_out > H ? ncols_out : H) + 1) * 2);
-  uint16_t *xs = malloc((size_t)nr * kdim * 2), *ws = malloc(nc * kdim * 2);
-  float *want = calloc((size_t)nr * nc, sizeof(float)),
-        *part = malloc((size_t)nr * nc * sizeof(float));
-  float *slack = calloc((size_t)nr * nc, sizeof(float));
-  uint16_t *got = malloc((size_t)nr * nc * 2);
-  if (!row || !xs || !ws || !want || !part || !got || !slack) {
-    wrong = -1;
-    goto out;
-  }
-  /* Reference: want = sampled rows x sampled columns of the operation, from src values. */
-  for (int src_rank = 0; src_rank < (ag ? 1 : P); src_rank++) {
-    for (int i = 0; i < nr; i++) {
+/* The sampled check of one rank's output (check_output): the sampled rows and columns, the
+ * reference values and slack, and the values read back. */
+typedef struct {
+  bench_rank *rk;
+  const bench_job *j;
+  uint64_t T, R, ncols_out, kdim, nc;
+  int it, nr;
+  bool ag;
+  uint64_t rows[3 * 64 + 3], cols[64];
+  uint16_t *row, *xs, *ws, *got;
+  float *want, *part, *slack;
+} chk;
+
+/* The reference: want = sampled rows x sampled columns of the operation from the source values,
+ * with the rounding and (CUDA) accumulation-order slack. TPF_OK or the failure. */
+static tpf_status chk_reference(chk *k) {
+  const bench_job *j = k->j;
+  const bench_group *g = k->rk->g;
+  const int P = k->rk->tp, r = k->rk->rank;
+  const uint64_t kdim = k->kdim, nc = k->nc, R = k->R;
+  for (int src_rank = 0; src_rank < (k->ag ? 1 : P); src_rank++) {
+    for (int i = 0; i < k->nr; i++) {
       uint64_t base;
-      if (ag) { /* gathered row t lives in chunk t / R, from that rank's chunk operand */
-        uint64_t t = rows[i], q = t / R;
-        base = operand_off(j, (int)q, it, 0) + (t - q * R) * H;
+      if (k->ag) { /* gathered row t lives in chunk t / R, from that rank's chunk operand */
+        uint64_t t = k->rows[i], q = t / R;
+        base = operand_off(j, (int)q, k->it, 0) + (t - q * R) * j->H;
       } else { /* rank src_rank's x row (global row r*R + i) */
-        base = operand_off(j, src_rank, it, 0) + ((uint64_t)r * R + rows[i]) * N;
+        base = operand_off(j, src_rank, k->it, 0) + ((uint64_t)r * R + k->rows[i]) * j->N;
       }
-      for (uint64_t k = 0; k < kdim; k++)
-        xs[(uint64_t)i * kdim + k] = g->pool[(base + k) % g->pool_elems];
+      for (uint64_t q = 0; q < kdim; q++)
+        k->xs[(uint64_t)i * kdim + q] = g->pool[(base + q) % g->pool_elems];
     }
-    int wr = ag ? r : src_rank;
+    int wr = k->ag ? r : src_rank;
     for (uint64_t c = 0; c < nc; c++) {
-      uint64_t base = operand_off(j, wr, it, 1) + cols[c] * kdim;
-      for (uint64_t k = 0; k < kdim; k++)
-        ws[c * kdim + k] = g->pool[(base + k) % g->pool_elems];
+      uint64_t base = operand_off(j, wr, k->it, 1) + k->cols[c] * kdim;
+      for (uint64_t q = 0; q < kdim; q++)
+        k->ws[c * kdim + q] = g->pool[(base + q) % g->pool_elems];
     }
-    tpf_matrix mx = {xs, (uint64_t)nr, kdim, kdim, TPF_BF16};
-    tpf_matrix mw = {ws, nc, kdim, kdim, TPF_BF16};
-    if (tpf_ref_gemm_f32(&mx, &mw, part) != TPF_OK) {
-      wrong = -1;
-      goto out;
-    }
+    tpf_matrix mx = {k->xs, (uint64_t)k->nr, kdim, kdim, TPF_BF16};
+    tpf_matrix mw = {k->ws, nc, kdim, kdim, TPF_BF16};
+    tpf_status st = tpf_ref_gemm_f32(&mx, &mw, k->part);
+    if (st != TPF_OK) return st;
     /* RS partials pass through the bf16 buffer before the fp32 sum (as the conformance tests
      * model them); AG has a single product. */
-    for (uint64_t e = 0; e < (uint64_t)nr * nc; e++) {
-      want[e] += ag ? part[e] : tpf_ref_round(TPF_BF16, part[e]);
-      if (!ag) slack[e] += ulp_bf16(part[e]);
+    for (uint64_t e = 0; e < (uint64_t)k->nr * nc; e++) {
+      k->want[e] += k->ag ? k->part[e] : tpf_ref_round(TPF_BF16, k->part[e]);
+      if (!k->ag) k->slack[e] += ulp_bf16(k->part[e]);
     }
     /* CUDA's cuBLASLt sums over k in its own order: SPEC §7's accumulation-order slack,
      * gamma_K sum_k |x_ik w_jk| of this product (the simulator sums in the reference's order). */
-    if (g->cuda && tpf_ref_order_slack_add(&mx, &mw, 1.0, slack) != TPF_OK) {
-      wrong = -1;
-      goto out;
-    }
+    if (g->cuda && (st = tpf_ref_order_slack_add(&mx, &mw, 1.0, k->slack)) != TPF_OK) return st;
   }
-  /* Got: the sampled rows of d. */
-  for (int i = 0; i < nr; i++) {
-    const uint8_t *p = (const uint8_t *)d->ptr + rows[i] * d->ld * 2;
-    if (bench_mem_download(rk, row, p, ncols_out * 2) != TPF_OK) {
-      wrong = -1;
-      goto out;
-    }
-    for (uint64_t c = 0; c < nc; c++)
-      got[(uint64_t)i * nc + c] = row[cols[c]];
+  return TPF_OK;
+}
+
+/* The sampled elements of d against the reference: elements wrong (-1 on a failure), *checked
+ * gets the elements compared. */
+static long long chk_compare(chk *k, const tpf_matrix *d, long long *checked) {
+  for (int i = 0; i < k->nr; i++) {
+    const uint8_t *p = (const uint8_t *)d->ptr + k->rows[i] * d->ld * 2;
+    if (bench_mem_download(k->rk, k->row, p, k->ncols_out * 2) != TPF_OK) return -1;
+    for (uint64_t c = 0; c < k->nc; c++)
+      k->got[(uint64_t)i * k->nc + c] = k->row[k->cols[c]];
   }
-  tpf_matrix mg = {got, (uint64_t)nr, nc, nc, TPF_BF16};
-  tpf_matrix mwant = {want, (uint64_t)nr, nc, nc, TPF_FP32};
+  tpf_matrix mg = {k->got, (uint64_t)k->nr, k->nc, k->nc, TPF_BF16};
+  tpf_matrix mwant = {k->want, (uint64_t)k->nr, k->nc, k->nc, TPF_FP32};
   tpf_ref_result res;
   /* RS: each partial is rounded to the bf16 buffer before the sum. A backend whose fp32
    * accumulation order differs from the reference's may round a partial to the other bf16
@@ -240,44 +229,77 @@ static long long check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, 
    * slack also holds every product's accumulation-order slack (AG included); an AG result on the
    * simulator is judged by SPEC §7 alone. */
   const tpf_status cst =
-      (ag && !g->cuda)
+      (k->ag && !k->rk->g->cuda)
           ? tpf_ref_compare(&mg, &mwant, tpf_ref_tolerance(TPF_BF16), &res)
-          : tpf_ref_compare_slack(&mg, &mwant, slack, tpf_ref_tolerance(TPF_BF16), &res);
-  if (cst != TPF_OK) {
-    wrong = -1;
-    goto out;
-  }
+          : tpf_ref_compare_slack(&mg, &mwant, k->slack, tpf_ref_tolerance(TPF_BF16), &res);
+  if (cst != TPF_OK) return -1;
   /* SPEC §7 per element: res.pass is res.wrong == 0 (NaN/inf mismatches are wrong elements). */
-  wrong += (long long)res.wrong;
   *checked += (long long)res.compared;
   if (!res.pass) {
     char line[TPF_REF_FORMAT_LEN];
     tpf_ref_format(&res, line, sizeof(line));
-    fprintf(stderr, "bench: %s rank %d T=%llu: %s\n", kOps[j->op].name, r, (unsigned long long)T,
-            line);
+    fprintf(stderr, "bench: %s rank %d T=%llu: %s\n", kOps[k->j->op].name, k->rk->rank,
+            (unsigned long long)k->T, line);
   }
-  /* AG: the buffer must hold the gathered input exactly (sampled rows, every column). */
-  if (ag && buf) {
-    for (int i = 0; i < nr; i++) {
-      uint64_t t = rows[i], q = t / R, base = operand_off(j, (int)q, it, 0) + (t - q * R) * H;
-      if (bench_mem_download(rk, row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) !=
-          TPF_OK) {
-        wrong = -1;
-        goto out;
-      }
-      for (uint64_t k = 0; k < H; k++)
-        wrong += row[k] != g->pool[(base + k) % g->pool_elems];
-      *checked += (long long)H;
+  return (long long)res.wrong;
+}
+
+/* AG: the buffer must hold the gathered input exactly (sampled rows, every column). Elements
+ * wrong (-1 on a failure); *checked counts the elements compared. */
+static long long chk_buffer(chk *k, const tpf_matrix *buf, long long *checked) {
+  const bench_group *g = k->rk->g;
+  const uint64_t H = k->j->H, R = k->R;
+  long long wrong = 0;
+  for (int i = 0; i < k->nr; i++) {
+    uint64_t t = k->rows[i], q = t / R,
+             base = operand_off(k->j, (int)q, k->it, 0) + (t - q * R) * H;
+    if (bench_mem_download(k->rk, k->row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) !=
+        TPF_OK)
+      return -1;
+    for (uint64_t c = 0; c < H; c++)
+      wrong += k->row[c] != g->pool[(base + c) % g->pool_elems];
+    *checked += (long long)H;
+  }
+  return wrong;
+}
+
+/* Checks this rank's output of the last (poisoned, then re-run) repetition `it`. Returns
+ * elements wrong; *checked gets the elements compared. */
+static long long check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
+                              const tpf_matrix *buf, long long *checked) {
+  chk k = {.rk = rk, .j = j, .T = T, .it = it, .ag = is_ag(j->op)};
+  const uint64_t H = j->H, N = j->N;
+  k.R = T / (uint64_t)rk->tp;
+  k.nr = k.ag ? sample_rows((uint64_t)rk->tp, k.R, k.rows, 3 * 64) : sample_rows(1, k.R, k.rows, 3);
+  k.ncols_out = k.ag ? N : H;
+  k.kdim = k.ag ? H : N;
+  k.nc = k.ncols_out < 64 ? k.ncols_out : 64;
+  for (uint64_t c = 0; c < k.nc; c++)
+    k.cols[c] = c * k.ncols_out / k.nc;
+  long long wrong = -1;
+  *checked = 0;
+  k.row = malloc(((k.ncols_out > H ? k.ncols_out : H) + 1) * 2);
+  k.xs = malloc((size_t)k.nr * k.kdim * 2);
+  k.ws = malloc(k.nc * k.kdim * 2);
+  k.want = calloc((size_t)k.nr * k.nc, sizeof(float));
+  k.part = malloc((size_t)k.nr * k.nc * sizeof(float));
+  k.slack = calloc((size_t)k.nr * k.nc, sizeof(float));
+  k.got = malloc((size_t)k.nr * k.nc * 2);
+  if (k.row && k.xs && k.ws && k.want && k.part && k.got && k.slack &&
+      chk_reference(&k) == TPF_OK) {
+    wrong = chk_compare(&k, d, checked);
+    if (wrong >= 0 && k.ag && buf) {
+      long long bw = chk_buffer(&k, buf, checked);
+      wrong = bw < 0 ? -1 : wrong + bw;
     }
   }
-out:
-  free(row);
-  free(xs);
-  free(ws);
-  free(want);
-  free(part);
-  free(got);
-  free(slack);
+  free(k.row);
+  free(k.xs);
+  free(k.ws);
+  free(k.want);
+  free(k.part);
+  free(k.got);
+  free(k.slack);
   return wrong;
 }
 
@@ -998,6 +1020,45 @@ static void ss_row(const char *method, int P, const bench_opts *o, long long cal
   bench_row_end();
 }
 
+/* Section 1's rows after the timed set_active_shape loops (phase 1): the communicator's and
+ * the manager's, then phase 2 (destroy + create) and its row; regs0 is the registrations count
+ * before phase 1 (< 0: not counted). The status of the group's run. */
+static tpf_status ss_table_rows(bench_group *g, bench_ss *s, long long regs0) {
+  const bench_opts *o = s->o;
+  const int P = o->tp;
+  long long regs1 = bench_group_registrations(g);
+  double nregs = regs0 < 0 ? NAN : (double)(regs1 - regs0) / (double)(2 * s->calls);
+  ss_row("tpf_comm_set_active_shape", P, o, s->calls, s->comm_med_ns, s->comm_p99_ns,
+         (double)s->comm_allocs / (double)s->calls, nregs,
+         o->cuda ? (double)s->dev_delta / 1048576.0 / (double)(2 * s->calls) : NAN,
+         o->cuda ? "tpflex: one communicator"
+                 : "tpflex: one communicator (+ sim canary fill of inactive bytes)");
+  ss_row("tpf_manager_set_active_shape", P, o, s->calls, s->mgr_med_ns, s->mgr_p99_ns,
+         (double)s->mgr_allocs / (double)s->calls, nregs, NAN,
+         o->cuda ? "tpflex: manager of 4 communicators"
+                 : "tpflex: manager of 4 communicators (+ sim canary fill)");
+  bench_progress("[1/4 setshape] timing %d destroy + create (re-registration)", s->realloc_n);
+  s->phase = 2;
+  tpf_status st = bench_group_run(g, ss_rank, s);
+  long long regs2 = bench_group_registrations(g);
+  if (st == TPF_OK && !s->failed)
+    ss_row("tpf_comm_destroy+create", P, o, s->realloc_n, s->realloc_med_ns, s->realloc_p99_ns,
+           (double)s->realloc_allocs / (double)(s->realloc_n * P),
+           regs0 < 0 ? NAN : (double)(regs2 - regs1) / (double)s->realloc_n, NAN,
+           o->cuda ? "alternative: re-register at the new size (cudaMalloc path)"
+                   : "alternative: re-register at the new size (arena path)");
+  bench_note("allocs/call: allocations through tpflex's allocator per call (all ranks for "
+             "destroy+create, per rank); live allocations changed by %lld over the "
+             "set_active_shape loops",
+             s->live_delta);
+  if (regs0 >= 0)
+    bench_note("regs/call: collective registrations the simulator counted per call");
+  else
+    bench_note("regs/call: not counted by this backend; devMB/call: device memory in use "
+               "(cudaMemGetInfo) before minus after, per call");
+  return st;
+}
+
 int bench_section_setshape(const bench_opts *o0) {
   /* The simulator's reg_activate writes a canary over every inactive byte (a check only the
    * simulator makes), so its set_active_shape costs O(C*H); a narrow buffer keeps 1e5 calls
@@ -1040,38 +1101,7 @@ int bench_section_setshape(const bench_opts *o0) {
     s->phase = 1;
     st = bench_group_run(g, ss_rank, s);
   }
-  long long regs1 = bench_group_registrations(g);
-  if (st == TPF_OK && !s->failed) {
-    double nregs = regs0 < 0 ? NAN : (double)(regs1 - regs0) / (double)(2 * s->calls);
-    ss_row("tpf_comm_set_active_shape", P, o, s->calls, s->comm_med_ns, s->comm_p99_ns,
-           (double)s->comm_allocs / (double)s->calls, nregs,
-           o->cuda ? (double)s->dev_delta / 1048576.0 / (double)(2 * s->calls) : NAN,
-           o->cuda ? "tpflex: one communicator"
-                   : "tpflex: one communicator (+ sim canary fill of inactive bytes)");
-    ss_row("tpf_manager_set_active_shape", P, o, s->calls, s->mgr_med_ns, s->mgr_p99_ns,
-           (double)s->mgr_allocs / (double)s->calls, nregs, NAN,
-           o->cuda ? "tpflex: manager of 4 communicators"
-                   : "tpflex: manager of 4 communicators (+ sim canary fill)");
-    bench_progress("[1/4 setshape] timing %d destroy + create (re-registration)", s->realloc_n);
-    s->phase = 2;
-    st = bench_group_run(g, ss_rank, s);
-    long long regs2 = bench_group_registrations(g);
-    if (st == TPF_OK && !s->failed)
-      ss_row("tpf_comm_destroy+create", P, o, s->realloc_n, s->realloc_med_ns, s->realloc_p99_ns,
-             (double)s->realloc_allocs / (double)(s->realloc_n * P),
-             regs0 < 0 ? NAN : (double)(regs2 - regs1) / (double)s->realloc_n, NAN,
-             o->cuda ? "alternative: re-register at the new size (cudaMalloc path)"
-                     : "alternative: re-register at the new size (arena path)");
-    bench_note("allocs/call: allocations through tpflex's allocator per call (all ranks for "
-               "destroy+create, per rank); live allocations changed by %lld over the "
-               "set_active_shape loops",
-               s->live_delta);
-    if (regs0 >= 0)
-      bench_note("regs/call: collective registrations the simulator counted per call");
-    else
-      bench_note("regs/call: not counted by this backend; devMB/call: device memory in use "
-                 "(cudaMemGetInfo) before minus after, per call");
-  }
+  if (st == TPF_OK && !s->failed) st = ss_table_rows(g, s, regs0);
   if (st != TPF_OK || s->failed) {
     bench_note("FAILED: %s", s->failed ? s->err : tpf_last_error());
     rc = 1;
@@ -1307,6 +1337,46 @@ tpf_status bench_tp_run(bench_group *g, const bench_opts *o, bool events, bench_
   return first;
 }
 
+/* The threads table's rows of one P (result rs): per T the whole-layer GEMMs (AG layer and RS
+ * layer) on the one-rank group g1, then one row per operation. 1 when a row has wrong elements. */
+static int tp_rows(const bench_opts *o, bench_group *g1, const bench_tp_result *rs) {
+  const bool gpu = o->cuda;
+  const int P = rs->P;
+  int rc = 0;
+  for (int i = 0; i < rs->nts; i++) {
+    const uint64_t T = rs->ts[i];
+    double lay_ag = NAN, lay_rs = NAN;
+    bench_progress("[4/4 tp] P=%d whole-layer GEMMs at T=%llu", P, (unsigned long long)T);
+    if (layer_gemm(o, g1, T, o->n * (uint64_t)P, o->hidden, &lay_ag) != TPF_OK ||
+        layer_gemm(o, g1, T, o->hidden, o->n * (uint64_t)P, &lay_rs) != TPF_OK) {
+      bench_note("layer GEMM at T=%llu failed: %s", (unsigned long long)T, tpf_last_error());
+    }
+    for (int k = 0; k < rs->nops; k++) {
+      const bool ag = rs->ag[k];
+      double t = rs->dev_us[k][i], size = (double)T * (double)o->hidden * 2.0;
+      double lay = ag ? lay_ag : lay_rs, ser = rs->dev_us[rs->serial[k]][i];
+      const double flops = 2.0 * (double)T * (double)o->hidden * (double)o->n;
+      bench_cell_s(rs->op[k]);
+      bench_cell_i(P);
+      bench_cell_i((long long)T);
+      bench_cell_i((long long)size);
+      bench_cell_i((long long)(T * o->hidden));
+      bench_cell_f(t, 1);
+      bench_cell_f(size / (t * 1e3), 2);
+      bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
+      bench_cell_i(rs->wrong[k][i]);
+      bench_cell_f(flops * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
+      bench_cell_f(lay, 1);
+      bench_cell_f(lay / t, 3);
+      bench_cell_f(ser, 1);
+      bench_cell_f(ser / t, 3);
+      bench_row_end();
+      if (rs->wrong[k][i] != 0) rc = 1;
+    }
+  }
+  return rc;
+}
+
 int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
   const bool gpu = o->cuda;
   const char *cols[] = {"op",
@@ -1358,38 +1428,7 @@ int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res) {
         bench_note("FAILED P=%d %s: %s", P, rs->op[k], rs->err[k]);
         rc = 1;
       }
-    /* Whole-layer GEMM per T (AG layer and RS layer), then the rows. */
-    for (int i = 0; i < rs->nts; i++) {
-      const uint64_t T = rs->ts[i];
-      double lay_ag = NAN, lay_rs = NAN;
-      bench_progress("[4/4 tp] P=%d whole-layer GEMMs at T=%llu", P, (unsigned long long)T);
-      if (layer_gemm(o, g1, T, o->n * (uint64_t)P, o->hidden, &lay_ag) != TPF_OK ||
-          layer_gemm(o, g1, T, o->hidden, o->n * (uint64_t)P, &lay_rs) != TPF_OK) {
-        bench_note("layer GEMM at T=%llu failed: %s", (unsigned long long)T, tpf_last_error());
-      }
-      for (int k = 0; k < rs->nops; k++) {
-        const bool ag = rs->ag[k];
-        double t = rs->dev_us[k][i], size = (double)T * (double)o->hidden * 2.0;
-        double lay = ag ? lay_ag : lay_rs, ser = rs->dev_us[rs->serial[k]][i];
-        const double flops = 2.0 * (double)T * (double)o->hidden * (double)o->n;
-        bench_cell_s(rs->op[k]);
-        bench_cell_i(P);
-        bench_cell_i((long long)T);
-        bench_cell_i((long long)size);
-        bench_cell_i((long long)(T * o->hidden));
-        bench_cell_f(t, 1);
-        bench_cell_f(size / (t * 1e3), 2);
-        bench_cell_f(size / (t * 1e3) * (P - 1) / P, 2);
-        bench_cell_i(rs->wrong[k][i]);
-        bench_cell_f(flops * P / (t * 1e-6) / (gpu ? 1e12 : 1e9), gpu ? 1 : 3);
-        bench_cell_f(lay, 1);
-        bench_cell_f(lay / t, 3);
-        bench_cell_f(ser, 1);
-        bench_cell_f(ser / t, 3);
-        bench_row_end();
-        if (rs->wrong[k][i] != 0) rc = 1;
-      }
-    }
+    if (tp_rows(o, g1, rs) != 0) rc = 1;
   }
   bench_note("all P ranks share one %s: FLOP/s counts every rank's GEMMs together; efficiency = "
              "one GEMM of the whole layer / the P-rank run",
