@@ -12,10 +12,10 @@ from typing import Any, Optional, Tuple
 import torch
 
 from ._lib import Matrix, Shape
-from ._types import GEMM_DTYPES, TORCH_TO_TPF
+from ._types import FP8_DTYPES, FP8_PAIRS, GEMM_DTYPES, TORCH_TO_TPF
 from ._args import (I32_MAX, U32_MAX, U64_MAX, bool_arg, int_arg,  # noqa: F401 (re-exported)
                     shape_str)
-from .errors import TpflexInvalidError, TpflexShapeError
+from .errors import TpflexInvalidError, TpflexShapeError, TpflexUnsupportedError
 
 
 def as_shape(where: str, what: str, shape: Any) -> Shape:
@@ -78,7 +78,47 @@ def matrix(t: torch.Tensor, ld: int) -> Matrix:
 
 
 def out_dtypes(dtype: torch.dtype) -> Tuple[torch.dtype, ...]:
+    if dtype in FP8_DTYPES:  # an fp8 GEMM writes bf16, fp16 or fp32 (SPEC §11)
+        return GEMM_DTYPES
     return (dtype, torch.float32) if dtype != torch.float32 else (dtype,)
+
+
+def default_out_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of an output allocated for the caller: the operands', bf16 for fp8 ones."""
+    return torch.bfloat16 if dtype in FP8_DTYPES else dtype
+
+
+def check_fp8(where: str, a_what: str, a_dtype: torch.dtype, w_what: str, w_dtype: torch.dtype,
+              a_scale: Any, w_scale: Any, device: torch.device) -> None:
+    """The fp8 rules (SPEC §11) for a GEMM's operands a and w: both fp8 in a pair the library
+    runs (no e5m2 x e5m2), each with its scale_inv (a one-element float32 tensor on `device`);
+    scales on operands that are not fp8 are refused. Messages name the tensor."""
+    a8, w8 = a_dtype in FP8_DTYPES, w_dtype in FP8_DTYPES
+    for what, dt, is8, s, sname in ((a_what, a_dtype, a8, a_scale, "a_scale_inv"),
+                                    (w_what, w_dtype, w8, w_scale, "w_scale_inv")):
+        if not is8:
+            if s is not None:
+                raise TpflexInvalidError(f"{sname} is given but {what} has dtype {dt}; scales "
+                                         f"apply to fp8 operands only", where)
+            continue
+        if s is None:
+            raise TpflexInvalidError(f"{what} has dtype {dt} and needs its scale: pass {sname}= "
+                                     f"(a one-element float32 tensor, TE's scale_inv)", where)
+        need_tensor(where, sname, s)
+        if s.dtype != torch.float32 or s.numel() != 1:
+            raise TpflexInvalidError(f"{sname} (the scale of {what}) has dtype {s.dtype} and shape "
+                                     f"{shape_str(s.shape)}, expected one float32 element", where)
+        if s.device != device:
+            raise TpflexInvalidError(f"{sname} (the scale of {what}) is on {s.device}, expected "
+                                     f"{device}", where)
+    if a8 != w8:
+        raise TpflexInvalidError(f"{a_what if a8 else w_what} has dtype "
+                                 f"{a_dtype if a8 else w_dtype} but {w_what if a8 else a_what} "
+                                 f"has {w_dtype if a8 else a_dtype}: an fp8 GEMM takes two fp8 "
+                                 f"operands (float8_e4m3fn or float8_e5m2)", where)
+    if a8 and (a_dtype, w_dtype) not in FP8_PAIRS:
+        raise TpflexUnsupportedError(f"{a_what} and {w_what} are both {a_dtype}: fp8 GEMMs take "
+                                     f"e4m3 x e4m3, e4m3 x e5m2 or e5m2 x e4m3", where)
 
 
 def check_bias(where: str, b: Optional[torch.Tensor], n: Any, out_dtype: torch.dtype,
@@ -105,28 +145,39 @@ def beta_needs_out(where: str, beta: float, shape: Tuple[Any, Any]) -> TpflexInv
 
 def plan_ag_gemm(where: str, device: torch.device, dtype: torch.dtype, T: Any, H: Any,
                  weight: Any, out: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                 trans_w: bool) -> Tuple[Any, Any, Any]:
+                 trans_w: bool, a_scale: Any = None, w_scale: Any = None) -> Tuple[Any, Any, Any]:
     """ag_gemm's checks against the active shape [T, H]: (N, ld of weight, ld of out or None)."""
     wr, wc = dims(where, "weight", weight)
     N = wc if trans_w else wr
     ld_w = check_mat(where, "weight (trans_w: [H, N])" if trans_w else "weight", weight,
-                     (H, None) if trans_w else (None, H), (dtype,), device)
+                     (H, None) if trans_w else (None, H),
+                     FP8_DTYPES if dtype in FP8_DTYPES else (dtype,), device)
+    check_fp8(where, "the buffer", dtype, "weight", weight.dtype, a_scale, w_scale, device)
     ld_d = None if out is None else check_mat(where, "out", out, (T, N), out_dtypes(dtype),
                                               device)
-    check_bias(where, bias, N, dtype if out is None else out.dtype, device)
+    check_bias(where, bias, N, default_out_dtype(dtype) if out is None else out.dtype, device)
     return N, ld_w, ld_d
 
 
 def plan_gemm_rs(where: str, device: torch.device, dtype: torch.dtype, T: Any, H: Any, P: int,
                  x: Any, weight: Any, out: Optional[torch.Tensor], bias: Optional[torch.Tensor],
-                 trans_a: bool, trans_w: bool) -> Tuple[Any, Any, Any, Any]:
-    """gemm_rs's checks: (output rows T/P, ld of x, ld of weight, ld of out or None)."""
+                 trans_a: bool, trans_w: bool, a_scale: Any = None,
+                 w_scale: Any = None) -> Tuple[Any, Any, Any, Any]:
+    """gemm_rs's checks: (output rows T/P, ld of x, ld of weight, ld of out or None). x and
+    weight may be fp8 on a bf16/fp16/fp32 communicator (its partials; SPEC §11)."""
     xr, xc = dims(where, "x", x)
     K = xr if trans_a else xc
+    ops = (dtype,) + FP8_DTYPES
     ld_x = check_mat(where, "x (trans_a: [K, T])" if trans_a else "x", x,
-                     (None, T) if trans_a else (T, None), (dtype,), device)
+                     (None, T) if trans_a else (T, None), ops, device)
     ld_w = check_mat(where, "weight (trans_w: [K, H])" if trans_w else "weight", weight,
-                     (K, H) if trans_w else (H, K), (dtype,), device)
+                     (K, H) if trans_w else (H, K), ops, device)
+    if x.dtype in FP8_DTYPES or weight.dtype in FP8_DTYPES or a_scale is not None or \
+            w_scale is not None:
+        check_fp8(where, "x", x.dtype, "weight", weight.dtype, a_scale, w_scale, device)
+    elif x.dtype != weight.dtype:
+        raise TpflexInvalidError(f"weight has dtype {weight.dtype}, expected {x.dtype} (x's)",
+                                 where)
     rows = T // P
     ld_d = None if out is None else check_mat(where, "out", out, (rows, H), out_dtypes(dtype),
                                               device)
@@ -135,18 +186,20 @@ def plan_gemm_rs(where: str, device: torch.device, dtype: torch.dtype, T: Any, H
 
 
 def plan_bulk(where: str, device: torch.device, a: Any, b: Any, out: Optional[torch.Tensor],
-              bias: Optional[torch.Tensor], trans_a: bool,
-              trans_w: bool) -> Tuple[Any, Any, Any, Any, Any]:
+              bias: Optional[torch.Tensor], trans_a: bool, trans_w: bool, a_scale: Any = None,
+              w_scale: Any = None) -> Tuple[Any, Any, Any, Any, Any]:
     """bulk_overlap's checks: (M, N, ld of a, ld of b, ld of out or None)."""
     ar, ac = dims(where, "a", a)
     M, K = (ac, ar) if trans_a else (ar, ac)
     ld_a = check_mat(where, "a (trans_a: [K, M])" if trans_a else "a", a, (None, None),
-                     GEMM_DTYPES, device)
+                     GEMM_DTYPES + FP8_DTYPES, device)
     br, bc = dims(where, "b", b)
     N = bc if trans_w else br
+    f8 = a.dtype in FP8_DTYPES
     ld_b = check_mat(where, "b (trans_w: [K, N])" if trans_w else "b", b,
-                     (K, None) if trans_w else (None, K), (a.dtype,), device)
+                     (K, None) if trans_w else (None, K), FP8_DTYPES if f8 else (a.dtype,), device)
+    check_fp8(where, "a", a.dtype, "b", b.dtype, a_scale, w_scale, device)
     ld_d = None if out is None else check_mat(where, "out", out, (M, N), out_dtypes(a.dtype),
                                               device)
-    check_bias(where, bias, N, a.dtype if out is None else out.dtype, device)
+    check_bias(where, bias, N, default_out_dtype(a.dtype) if out is None else out.dtype, device)
     return M, N, ld_a, ld_b, ld_d

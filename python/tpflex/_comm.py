@@ -38,6 +38,16 @@ def _bare_errors(impl: Any, *args: Any) -> Any:
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
+def _no_scales_in_ops(where: str, o: Opts) -> None:
+    """fp8 scales reach the C library on the direct (eager) path only: the torch.library ops
+    (torch.compile, inputs that need grad) do not take them yet."""
+    if o.a_scale_inv is not None or o.w_scale_inv is not None:
+        raise TpflexUnsupportedError("fp8 scales (a_scale_inv / w_scale_inv) run in eager mode "
+                                     "only, with plain tensors that do not require grad; the "
+                                     "torch.library ops (torch.compile) do not take them yet",
+                                     where)
+
+
 def _direct(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether an operation may call its implementation directly instead of through its
     torch.library custom op (the op's dispatch costs tens of µs per call): in
@@ -320,20 +330,24 @@ class Communicator:
             if o.beta != 0.0:
                 T, H = buf.shape
                 N = plan_ag_gemm(where, self.device, self.dtype, T, H, weight, None, None,
-                                 o.trans_w)[0]
+                                 o.trans_w, o.a_scale_inv, o.w_scale_inv)[0]
                 raise beta_needs_out(where, o.beta, (T, N))
             dims(where, "weight", weight)
             if _direct(buf, weight, o.bias):
                 return _ops._ag_gemm_impl(self.name, self.key, buf, weight, None, o.bias,
-                                          o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream)
+                                          o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream,
+                                          o.a_scale_inv, o.w_scale_inv)
+            _no_scales_in_ops(where, o)
             return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w,
                                    o.alpha, o.gelu, o.num_splits, stream)
         dims(where, "weight", weight)
         need_tensor(where, "out", out)
         if _direct(buf, weight, out, o.bias):
             _ops._ag_gemm_impl(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
-                               o.beta, o.gelu, o.num_splits, stream)
+                               o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
+                               o.w_scale_inv)
             return out
+        _no_scales_in_ops(where, o)
         _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
                             o.beta, o.gelu, o.num_splits, stream)
         return out
@@ -358,20 +372,23 @@ class Communicator:
             if o.beta != 0.0:
                 T, H = chunk.shape[0] * self.tp_size, chunk.shape[1]
                 rows = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x,
-                                    weight, None, None, o.trans_a, o.trans_w)[0]
+                                    weight, None, None, o.trans_a, o.trans_w, o.a_scale_inv,
+                                    o.w_scale_inv)[0]
                 raise beta_needs_out(where, o.beta, (rows, H))
             if _direct(buf, x, weight, o.bias):
                 return _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, None,
                                           o.bias, o.trans_a, o.trans_w, o.alpha, 0.0, o.gelu,
-                                          o.num_splits, stream)
+                                          o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
+            _no_scales_in_ops(where, o)
             return _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
                                    o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
         need_tensor(where, "out", out)
         if _direct(buf, x, weight, out, o.bias):
             _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
                                o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits,
-                               stream)
+                               stream, o.a_scale_inv, o.w_scale_inv)
             return out
+        _no_scales_in_ops(where, o)
         _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
                             o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out
@@ -395,18 +412,23 @@ class Communicator:
         dims(where, "b", b)
         if out is None:
             if o.beta != 0.0:
-                M, N = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w)[:2]
+                M, N = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w,
+                                 o.a_scale_inv, o.w_scale_inv)[:2]
                 raise beta_needs_out(where, o.beta, (M, N))
             if _direct(buf, a, b, o.bias):
                 return _ops._bulk_impl(self.name, self.key, buf, a, b, None, o.bias, o.trans_a,
-                                       o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream)
+                                       o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream,
+                                       o.a_scale_inv, o.w_scale_inv)
+            _no_scales_in_ops(where, o)
             return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a,
                                         o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
         need_tensor(where, "out", out)
         if _direct(buf, a, b, out, o.bias):
             _ops._bulk_impl(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
-                            o.alpha, o.beta, o.gelu, o.num_splits, stream)
+                            o.alpha, o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
+                            o.w_scale_inv)
             return out
+        _no_scales_in_ops(where, o)
         _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
                                  o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
         return out

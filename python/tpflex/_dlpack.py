@@ -61,8 +61,10 @@ _incref.restype = None
 _decref = ctypes.pythonapi.Py_DecRef
 _decref.argtypes = [ctypes.c_void_p]
 _decref.restype = None
-# (kDLFloat = 2, kDLBfloat = 4; bits)
-DL_DTYPE = {torch.bfloat16: (4, 16), torch.float16: (2, 16), torch.float32: (2, 32)}
+# (kDLFloat = 2, kDLBfloat = 4, kDLFloat8_e4m3fn = 10, kDLFloat8_e5m2 = 12; bits), as torch's
+# own to_dlpack writes them
+DL_DTYPE = {torch.bfloat16: (4, 16), torch.float16: (2, 16), torch.float32: (2, 32),
+            torch.float8_e4m3fn: (10, 8), torch.float8_e5m2: (12, 8)}
 DL_CPU, DL_CUDA = 1, 2
 
 _DELETER_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)

@@ -26,7 +26,7 @@ from typing import List, Optional
 from .errors import TpflexError, error_for
 
 TPF_OK = 0
-DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2}
+DTYPES = {"bf16": 0, "fp16": 1, "fp32": 2, "fp8_e4m3": 3, "fp8_e5m2": 4}
 ALGOS = {"bulk": 0, "pipeline": 1, "ring": 2}
 COLLS = {"ag": 0, "rs": 1}
 
@@ -59,13 +59,16 @@ class SimStats(ctypes.Structure):
 class OpOptions(ctypes.Structure):
     """tpf_op_options (0.2): start from op_options_default()."""
     _fields_ = [("size", c_size_t), ("trans_a", c_bool), ("trans_w", c_bool), ("alpha", c_float),
-                ("beta", c_float), ("bias", c_void_p), ("gelu", c_bool), ("num_splits", c_int)]
+                ("beta", c_float), ("bias", c_void_p), ("gelu", c_bool), ("num_splits", c_int),
+                # appended after 0.2 (SPEC §11): fp8 per-tensor scales, float* or NULL (= 1)
+                ("a_scale_inv", c_void_p), ("w_scale_inv", c_void_p)]
 
 
 def op_options_default() -> OpOptions:
     """TPF_OP_OPTIONS_INIT."""
     return OpOptions(size=ctypes.sizeof(OpOptions), trans_a=False, trans_w=False, alpha=1.0,
-                     beta=0.0, bias=None, gelu=False, num_splits=0)
+                     beta=0.0, bias=None, gelu=False, num_splits=0, a_scale_inv=None,
+                     w_scale_inv=None)
 
 
 SIM_FN = ctypes.CFUNCTYPE(c_int, c_void_p, c_int, c_void_p)

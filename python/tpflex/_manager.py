@@ -106,8 +106,8 @@ class Manager:
             raise TpflexInvalidError(f"'{name}': method '{method}' / coll '{coll}' (methods: "
                                      f"{', '.join(ALGO)}; colls: {', '.join(COLL)})", "add")
         if dtype not in TORCH_TO_TPF:
-            raise TpflexInvalidError(f"'{name}': dtype {dtype} not supported (bf16, fp16, fp32)",
-                                     "add")
+            raise TpflexInvalidError(f"'{name}': dtype {dtype} not supported (bf16, fp16, fp32, "
+                                     f"float8_e4m3fn, float8_e5m2)", "add")
         cfg = CommConfig(size=ctypes.sizeof(CommConfig), name=name.encode(), algo=ALGO[method],
                          coll=COLL[coll], dtype=TORCH_TO_TPF[dtype], capacity=capacity,
                          num_splits=num_splits, aggregate=aggregate, external=external)

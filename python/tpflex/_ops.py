@@ -12,7 +12,7 @@ from typing import Any, Optional, Tuple
 
 import torch
 
-from ._checks import dims, matrix, plan_ag_gemm, plan_bulk, plan_gemm_rs
+from ._checks import default_out_dtype, dims, matrix, plan_ag_gemm, plan_bulk, plan_gemm_rs
 from ._lib import lib
 from ._options import make_opts
 from ._state import resolve
@@ -24,15 +24,17 @@ OP_NAMES = ("ag_gemm", "ag_gemm_out", "gemm_rs", "gemm_rs_out", "bulk_overlap",
 def _ag_gemm_impl(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
                   out: Optional[torch.Tensor], bias: Optional[torch.Tensor], trans_w: bool,
                   alpha: float, beta: float, gelu: bool, num_splits: int,
-                  stream: Optional[int]) -> torch.Tensor:
+                  stream: Optional[int], a_scale_inv: Optional[torch.Tensor] = None,
+                  w_scale_inv: Optional[torch.Tensor] = None) -> torch.Tensor:
     where = f"ag_gemm on '{comm}'"
     c = resolve(comm, key, where)
-    o = make_opts(False, trans_w, alpha, beta, bias, gelu, num_splits)
+    o = make_opts(False, trans_w, alpha, beta, bias, gelu, num_splits, a_scale_inv, w_scale_inv)
     T, H = c.active_shape
     live = c._registration_arg(where, buffer)
-    N, ld_w, ld_d = plan_ag_gemm(where, c.device, c.dtype, T, H, weight, out, bias, trans_w)
+    N, ld_w, ld_d = plan_ag_gemm(where, c.device, c.dtype, T, H, weight, out, bias, trans_w,
+                                 a_scale_inv, w_scale_inv)
     if out is None:
-        out, ld_d = torch.empty((T, N), dtype=c.dtype, device=c.device), N
+        out, ld_d = torch.empty((T, N), dtype=default_out_dtype(c.dtype), device=c.device), N
     c._call(where, lib.tpf_ag_gemm, lib.tpf_ag_gemm_ex, (matrix(weight, ld_w), matrix(out, ld_d)),
             o, bias, stream, buffer, live)
     return out
@@ -41,14 +43,17 @@ def _ag_gemm_impl(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tenso
 def _gemm_rs_impl(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: torch.Tensor,
                   weight: torch.Tensor, out: Optional[torch.Tensor], bias: Optional[torch.Tensor],
                   trans_a: bool, trans_w: bool, alpha: float, beta: float, gelu: bool,
-                  num_splits: int, stream: Optional[int]) -> torch.Tensor:
+                  num_splits: int, stream: Optional[int],
+                  a_scale_inv: Optional[torch.Tensor] = None,
+                  w_scale_inv: Optional[torch.Tensor] = None) -> torch.Tensor:
     where = f"gemm_rs on '{comm}'"
     c = resolve(comm, key, where)
-    o = make_opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits)
+    o = make_opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits, a_scale_inv,
+                  w_scale_inv)
     T, H = c.active_shape
     live = c._registration_arg(where, buffer)
     rows, ld_x, ld_w, ld_d = plan_gemm_rs(where, c.device, c.dtype, T, H, c.tp_size, x, weight,
-                                          out, bias, trans_a, trans_w)
+                                          out, bias, trans_a, trans_w, a_scale_inv, w_scale_inv)
     if out is None:
         out, ld_d = torch.empty((rows, H), dtype=c.dtype, device=c.device), H
     c._call(where, lib.tpf_gemm_rs, lib.tpf_gemm_rs_ex,
@@ -60,14 +65,17 @@ def _gemm_rs_impl(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: to
 def _bulk_impl(comm: str, key: int, buffer: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
                out: Optional[torch.Tensor], bias: Optional[torch.Tensor], trans_a: bool,
                trans_w: bool, alpha: float, beta: float, gelu: bool, num_splits: int,
-               stream: Optional[int]) -> torch.Tensor:
+               stream: Optional[int], a_scale_inv: Optional[torch.Tensor] = None,
+               w_scale_inv: Optional[torch.Tensor] = None) -> torch.Tensor:
     where = f"bulk_overlap on '{comm}'"
     c = resolve(comm, key, where)
-    o = make_opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits)
+    o = make_opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits, a_scale_inv,
+                  w_scale_inv)
     live = c._registration_arg(where, buffer)
-    M, N, ld_a, ld_b, ld_d = plan_bulk(where, c.device, a, b, out, bias, trans_a, trans_w)
+    M, N, ld_a, ld_b, ld_d = plan_bulk(where, c.device, a, b, out, bias, trans_a, trans_w,
+                                       a_scale_inv, w_scale_inv)
     if out is None:
-        out, ld_d = torch.empty((M, N), dtype=a.dtype, device=c.device), N
+        out, ld_d = torch.empty((M, N), dtype=default_out_dtype(a.dtype), device=c.device), N
     c._call(where, lib.tpf_bulk_overlap, lib.tpf_bulk_overlap_ex,
             (matrix(a, ld_a), matrix(b, ld_b), matrix(out, ld_d)), o, bias, stream, buffer,
             live)

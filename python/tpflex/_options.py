@@ -7,6 +7,9 @@
     bias             1-D tensor of N elements, D's dtype, on the communicator's device
     gelu=True        D = gelu_tanh(...) after the bias
     num_splits       this operation's split count (alias ``splits``; 0/None = the communicator's)
+    a_scale_inv      fp8 a (ag_gemm: the buffer; gemm_rs: x; bulk_overlap: a): a one-element
+                     float32 tensor on the operands' device, TE's Float8Tensor scale_inv (SPEC §11)
+    w_scale_inv      the same for an fp8 weight (bulk_overlap: b)
     stream           CUDA stream (torch.cuda.Stream or a cudaStream_t int); sim: must be None
 """
 from __future__ import annotations
@@ -22,7 +25,7 @@ from ._lib import OpOptions
 from .errors import TpflexInvalidError, TpflexUnsupportedError
 
 OPTION_NAMES = ("trans_a", "trans_w", "alpha", "beta", "accumulate", "bias", "gelu", "num_splits",
-                "splits", "stream")
+                "splits", "stream", "a_scale_inv", "w_scale_inv")
 _TRANS = ("tpflex names the transposes by operand: trans_a (gemm_rs x / bulk_overlap a stored "
           "[K, M]) and trans_w (the weight stored [K, N]); BLAS-style transa/transb would be "
           "ambiguous (the default already uses the weight transposed)")
@@ -37,7 +40,8 @@ FLOAT_MAX = 3.4028234663852886e38  # the largest finite float (alpha and beta ar
 
 class Opts:
     """Parsed options of one call (plain attributes, cheap to build)."""
-    __slots__ = ("trans_a", "trans_w", "alpha", "beta", "bias", "gelu", "num_splits", "stream")
+    __slots__ = ("trans_a", "trans_w", "alpha", "beta", "bias", "gelu", "num_splits", "stream",
+                 "a_scale_inv", "w_scale_inv")
 
     def __init__(self) -> None:
         self.trans_a = False
@@ -48,16 +52,22 @@ class Opts:
         self.gelu = False
         self.num_splits = 0
         self.stream: Any = None
+        self.a_scale_inv: Optional[torch.Tensor] = None
+        self.w_scale_inv: Optional[torch.Tensor] = None
 
     def struct(self, bias_ptr: Optional[int]) -> OpOptions:
+        sa, sw = self.a_scale_inv, self.w_scale_inv
         return OpOptions(size=ctypes.sizeof(OpOptions), trans_a=self.trans_a,
                          trans_w=self.trans_w, alpha=self.alpha, beta=self.beta, bias=bias_ptr,
-                         gelu=self.gelu, num_splits=self.num_splits)
+                         gelu=self.gelu, num_splits=self.num_splits,
+                         a_scale_inv=None if sa is None else sa.data_ptr(),
+                         w_scale_inv=None if sw is None else sw.data_ptr())
 
     @property
     def is_default(self) -> bool:
         return (not self.trans_a and not self.trans_w and self.alpha == 1.0 and self.beta == 0.0
-                and self.bias is None and not self.gelu and self.num_splits == 0)
+                and self.bias is None and not self.gelu and self.num_splits == 0
+                and self.a_scale_inv is None and self.w_scale_inv is None)
 
 
 DEFAULT_OPTS = Opts()
@@ -83,11 +93,14 @@ def _splits(where: str, k: str, v: Any) -> int:
 
 
 def make_opts(trans_a: bool, trans_w: bool, alpha: float, beta: float,
-              bias: Optional[torch.Tensor], gelu: bool, num_splits: int) -> Opts:
+              bias: Optional[torch.Tensor], gelu: bool, num_splits: int,
+              a_scale_inv: Optional[torch.Tensor] = None,
+              w_scale_inv: Optional[torch.Tensor] = None) -> Opts:
     """Opts from the custom ops' arguments (already typed by their schema)."""
     o = Opts()
     o.trans_a, o.trans_w, o.alpha, o.beta = bool(trans_a), bool(trans_w), float(alpha), float(beta)
     o.bias, o.gelu, o.num_splits = bias, bool(gelu), int(num_splits)
+    o.a_scale_inv, o.w_scale_inv = a_scale_inv, w_scale_inv
     return o
 
 
@@ -127,6 +140,11 @@ def parse_options(where: str, options: Dict[str, Any]) -> Opts:
             splits = n
         elif k == "stream":
             o.stream = v
+        elif k in ("a_scale_inv", "w_scale_inv"):
+            if v is not None and not isinstance(v, torch.Tensor):
+                raise TpflexInvalidError(f"{k} must be a one-element float32 torch.Tensor or "
+                                         f"None, got {type(v).__name__}", where)
+            setattr(o, k, v)
         else:
             raise TpflexInvalidError(f"unknown option '{k}' (known: {', '.join(OPTION_NAMES)})",
                                      where)

@@ -9,7 +9,11 @@ TE's ub_cfgs keys, and what tpflex does with each:
                       is accepted too
     num_splits        honoured: the communicator's default split count (0: the library's default)
     aggregate         honoured (RING AG, even P)
-    fp8_buf           honoured as TE does: it only matters with use_fp8 (refused for now)
+    fp8_buf           honoured as TE does: with use_fp8 the all-gather sites TE lists
+                      (FP8_AG_SITES) and every AG site with fp8_buf=True register in FP8
+                      (SPEC §11): torch.float8_e4m3fn, torch.float8_e5m2 for the sites that
+                      gather gradients (proj_dgrad, fc2_dgrad: TE's HYBRID recipe); fp8_buf=True
+                      on a reduce-scatter site is refused (its buffer holds partial sums)
     use_ce            True is what tpflex always does (peer copies on the copy engine); False is
                       ignored with a warning
     atomic_gemm       False accepted; True refused (TpflexUnsupportedError)
@@ -35,7 +39,7 @@ from ._comm import Communicator
 from ._lib import Shape
 from ._manager import Manager
 from ._state import state
-from ._types import TORCH_TO_TPF
+from ._types import GEMM_DTYPES
 from .errors import (TpflexConfigWarning, TpflexInvalidError, TpflexStateError,
                      TpflexUnsupportedError)
 
@@ -71,6 +75,11 @@ IGNORED_KEYS: Dict[str, str] = {
 }
 BOOTSTRAP_BACKENDS: Tuple[str, ...] = ("gloo", "mpi", "nccl")
 _DGRAD_RS = ("qkv_dgrad", "fc1_dgrad")
+# TE's layers_all_gather_overlap: the sites whose buffers are FP8 under use_fp8 (fp8_buf).
+FP8_AG_SITES: Tuple[str, ...] = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fprop", "fc1_dgrad",
+                                 "fc2_dgrad")
+# The sites that gather a gradient (dY): E5M2 under TE's HYBRID recipe; the others E4M3.
+FP8_E5M2_SITES: Tuple[str, ...] = ("proj_dgrad", "fc2_dgrad")
 
 
 class SiteConfig(NamedTuple):
@@ -80,6 +89,14 @@ class SiteConfig(NamedTuple):
     external: bool
     num_splits: int
     aggregate: bool
+    fp8_buf: bool = False  # TE's fp8_buf as given (FP8 only with use_fp8: fp8_dtype)
+
+
+def fp8_dtype(site: str, c: SiteConfig, use_fp8: bool) -> Optional[torch.dtype]:
+    """The FP8 dtype `site` registers in under use_fp8 (None: the unquantized dtype)."""
+    if not use_fp8 or c.external or c.coll != "ag" or not (c.fp8_buf or site in FP8_AG_SITES):
+        return None
+    return torch.float8_e5m2 if site in FP8_E5M2_SITES else torch.float8_e4m3fn
 
 
 def _method(where: str, site: str, v: Any) -> str:
@@ -157,13 +174,18 @@ def resolve_cfgs(ub_cfgs: Any, where: str = "initialize_ub") -> Dict[str, SiteCo
             raise TpflexUnsupportedError(
                 f"ub_cfgs['{site}']['atomic_gemm']=True: tpflex has no atomic GEMM overlap "
                 f"(TE's beta cuBLAS API, FP8 only); leave it False", where)
-        bool_arg(where, f"ub_cfgs['{site}']['fp8_buf']", c.get("fp8_buf", False))
+        fp8_buf = bool_arg(where, f"ub_cfgs['{site}']['fp8_buf']", c.get("fp8_buf", False))
+        if fp8_buf and coll == "rs":
+            raise TpflexUnsupportedError(
+                f"ub_cfgs['{site}']['fp8_buf']=True on a reduce-scatter site: its buffer would "
+                f"hold partial sums in fp8; tpflex keeps RS sites in the unquantized dtype and "
+                f"takes fp8 x and weight there (SPEC §11)", where)
         if not bool_arg(where, f"ub_cfgs['{site}']['use_ce']", c.get("use_ce", True)):
             ignored.setdefault("use_ce", []).append(site)
         for k in IGNORED_KEYS:
             if k in user:
                 ignored.setdefault(k, []).append(site)
-        out[site] = SiteConfig(method, coll, external, num_splits, aggregate)
+        out[site] = SiteConfig(method, coll, external, num_splits, aggregate, fp8_buf)
     for k, sites in ignored.items():
         why = (IGNORED_KEYS[k] if k != "use_ce" else
                "tpflex always moves peer data on the copy engine")
@@ -173,23 +195,21 @@ def resolve_cfgs(ub_cfgs: Any, where: str = "initialize_ub") -> Dict[str, SiteCo
     return out
 
 
-def _quantization(where: str, use_fp8: Any, quantization_modes: Any) -> None:
-    """TE's use_fp8 / quantization_modes: only unquantized buffers for now."""
-    if bool_arg(where, "use_fp8", use_fp8):
-        raise TpflexUnsupportedError("use_fp8=True: FP8 communicators are not implemented yet "
-                                     "(docs/SPEC.md §11); register unquantized buffers", where)
+def _quantization(where: str, use_fp8: Any, quantization_modes: Any) -> bool:
+    """TE's use_fp8 / quantization_modes: whether the fp8_buf sites register in FP8 (SPEC §11)."""
+    fp8 = bool_arg(where, "use_fp8", use_fp8)
     if quantization_modes is None:
-        return
+        return fp8
     modes = quantization_modes if isinstance(quantization_modes, (list, tuple)) else \
         [quantization_modes]
     for m in modes:
         name = str(getattr(m, "name", m)).lower()
         if name.endswith("fp8"):
-            raise TpflexUnsupportedError(f"quantization_modes={quantization_modes!r}: FP8 "
-                                         "communicators are not implemented yet", where)
-        if not name.endswith("none"):
+            fp8 = True
+        elif not name.endswith("none"):
             raise TpflexInvalidError(f"quantization_modes: unknown mode {m!r} (NONE or FP8)",
                                      where)
+    return fp8
 
 
 def _bootstrap_backend(where: str, v: Any, backend: str) -> None:
@@ -221,20 +241,21 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     module's docstring for every key) at capacity `shape` = [max_tokens, hidden], once.
     Collective over the tp group. Returns the manager (also the module's current one).
 
-    TE's arguments: use_fp8=True and FP8 quantization_modes raise TpflexUnsupportedError (FP8
-    communicators come later); bootstrap_backend takes TE's values ("gloo", "mpi", "nccl") and
+    TE's arguments: use_fp8=True (or an FP8 quantization mode) registers TE's fp8_buf sites in
+    FP8 (fp8_dtype: float8_e4m3fn, float8_e5m2 for proj_dgrad / fc2_dgrad); their operations
+    take fp8 weights and a_scale_inv= / w_scale_inv= (SPEC §11); bootstrap_backend takes TE's values ("gloo", "mpi", "nccl") and
     tpflex bootstraps over gloo whatever it says (a warning names what is ignored).
     tpflex's: backend "sim" (inside tpflex.sim.run), "cuda" (torch.distributed initialised;
     `group` is the tp group, default the world; `device` default torch.cuda.current_device();
     timeout_ms bounds every device-side wait, default 30 s or TPF_CUDA_TIMEOUT_MS), or None for
     "sim" inside tpflex.sim.run and "cuda" otherwise."""
     where = "initialize_ub"
-    if not isinstance(dtype, torch.dtype) or dtype not in TORCH_TO_TPF:
+    if not isinstance(dtype, torch.dtype) or dtype not in GEMM_DTYPES:
         raise TpflexInvalidError(f"dtype={dtype!r} not supported (torch.bfloat16, torch.float16, "
-                                 "torch.float32)", where)
+                                 "torch.float32; FP8 sites come from use_fp8=True)", where)
     cap = as_shape(where, "shape", shape)
     P = int_arg(where, "tp_size", tp_size, 1, I32_MAX, ctype="int")
-    _quantization(where, use_fp8, quantization_modes)
+    use_fp8 = _quantization(where, use_fp8, quantization_modes)
     if timeout_ms is not None:
         timeout_ms = int_arg(where, "timeout_ms", timeout_ms, 1, U32_MAX, ctype="unsigned")
     if backend is None:
@@ -259,11 +280,11 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
                                      "(the simulator world has its own timeout)", where)
         mgr = Manager(ctx.backend, P, ctx.rank, torch.device("cpu"), keep_world=ctx.keep_alive)
     else:
-        mgr = _cuda_manager(cap, P, dtype, cfgs, group, device, timeout_ms)
+        mgr = _cuda_manager(cap, P, dtype, cfgs, group, device, timeout_ms, use_fp8)
     try:
         for name, c in cfgs.items():
-            mgr.add(name, c.method, c.coll, dtype, cap, external=c.external,
-                    num_splits=c.num_splits, aggregate=c.aggregate)
+            mgr.add(name, c.method, c.coll, fp8_dtype(name, c, use_fp8) or dtype, cap,
+                    external=c.external, num_splits=c.num_splits, aggregate=c.aggregate)
     except BaseException:
         mgr.destroy()
         raise
@@ -273,7 +294,8 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
 
 
 def _cuda_manager(cap: Shape, tp_size: int, dtype: torch.dtype, cfgs: Dict[str, SiteConfig],
-                  group: Any, device: Any, timeout_ms: Optional[int]) -> Manager:
+                  group: Any, device: Any, timeout_ms: Optional[int],
+                  use_fp8: bool = False) -> Manager:
     where = "initialize_ub"
     if not _lib.HAVE_CUDA:
         raise TpflexUnsupportedError(f"the loaded libtpflex ({_lib.LIBRARY_PATH}) has no CUDA "
@@ -306,7 +328,8 @@ def _cuda_manager(cap: Shape, tp_size: int, dtype: torch.dtype, cfgs: Dict[str, 
     boot = GlooBootstrap(gloo_group(group))
     # Every rank's arguments agree before the backend or any registration exists.
     desc: List[Tuple[str, Any]] = [("tp_size", tp_size), ("shape", [int(cap.rows), int(cap.cols)]),
-                                   ("dtype", str(dtype)), ("communicators", list(cfgs))]
+                                   ("dtype", str(dtype)), ("use_fp8", use_fp8),
+                                   ("communicators", list(cfgs))]
     for name, c in cfgs.items():
         for k, v in c._asdict().items():
             desc.append((f"{name}.{k}", v))

@@ -48,6 +48,7 @@ STRUCTS = [
 CONSTANTS = {
     "TPF_OK": L.TPF_OK,
     "TPF_BF16": L.DTYPES["bf16"], "TPF_FP16": L.DTYPES["fp16"], "TPF_FP32": L.DTYPES["fp32"],
+    "TPF_FP8_E4M3": L.DTYPES["fp8_e4m3"], "TPF_FP8_E5M2": L.DTYPES["fp8_e5m2"],
     "TPF_ALGO_BULK": L.ALGOS["bulk"], "TPF_ALGO_PIPELINE": L.ALGOS["pipeline"],
     "TPF_ALGO_RING": L.ALGOS["ring"],
     "TPF_COLL_AG": L.COLLS["ag"], "TPF_COLL_RS": L.COLLS["rs"],
@@ -162,7 +163,9 @@ class Mirrors(unittest.TestCase):
     def test_dtype_table(self) -> None:
         self.assertEqual(T.TORCH_TO_TPF, {torch.bfloat16: self.c[("C", "TPF_BF16")][0],
                                           torch.float16: self.c[("C", "TPF_FP16")][0],
-                                          torch.float32: self.c[("C", "TPF_FP32")][0]})
+                                          torch.float32: self.c[("C", "TPF_FP32")][0],
+                                          torch.float8_e4m3fn: self.c[("C", "TPF_FP8_E4M3")][0],
+                                          torch.float8_e5m2: self.c[("C", "TPF_FP8_E5M2")][0]})
 
     def test_the_test_sees_a_drift(self) -> None:
         """The comparison itself: a mirror with two fields swapped differs from C."""
