@@ -163,6 +163,61 @@ static tpf_status sim_rank(tpf_backend *be, int r, void *arg) {
   return rc != TPF_OK ? rc : d;
 }
 
+/* One row of the core-only table: operation kind k at P ranks and T rows on a backend that does
+ * nothing (rank 0 of P), timed with the schedule cache on and off. 1 when it failed (printed). */
+static int host_core_row(int k, int P, uint64_t T, operands *mp, int blocks, int calls) {
+  int failed = 0;
+  noop_be be;
+  memset(&be, 0, sizeof be);
+  be.hdr.ops = &noop_ops;
+  be.hdr.tp_size = P;
+  be.hdr.rank = 0;
+  tpf_comm_config cfg;
+  memset(&cfg, 0, sizeof cfg);
+  cfg.name = kKind[k];
+  cfg.algo = kAlgo[k];
+  cfg.coll = kColl[k];
+  cfg.dtype = TPF_FP32;
+  cfg.capacity = (tpf_shape){C, H};
+  tpf_comm *c = NULL;
+  tpf_status rc = tpf_comm_create(&be.hdr, &cfg, &c);
+  if (rc == TPF_OK) rc = tpf_comm_set_active_shape(c, (tpf_shape){T, H});
+  double on = 0, off = 0;
+  long per_op = 0;
+  int steps = 0;
+  if (rc == TPF_OK) {
+    long c0 = be.calls;
+    rc = op(c, k, T, P, mp);
+    per_op = be.calls - c0;
+    on = timed(c, k, T, P, mp, blocks, calls, &rc);
+  }
+  if (rc == TPF_OK) {
+    tpf__comm_set_schedule_cache(c, false);
+    off = timed(c, k, T, P, mp, blocks, calls, &rc);
+    tpf__comm_set_schedule_cache(c, true);
+    tpf_layout_desc d = tpf__comm_desc(c, (tpf_shape){T, H});
+    tpf_gemm_dims g = {kAlgo[k] == TPF_ALGO_BULK ? 64 : T,
+                       kColl[k] == TPF_COLL_AG && kAlgo[k] != TPF_ALGO_BULK ? N
+                       : kAlgo[k] == TPF_ALGO_BULK                          ? N
+                                                                            : H,
+                       kColl[k] == TPF_COLL_AG && kAlgo[k] != TPF_ALGO_BULK ? H : K};
+    tpf_schedule s;
+    if (tpf_schedule_build(&d, &g, &s) == TPF_OK) {
+      steps = s.nsteps;
+      tpf_schedule_free(&s);
+    }
+  }
+  if (rc != TPF_OK) {
+    printf("%-8s %3d %5llu  FAILED: %s\n", kKind[k], P, (unsigned long long)T, tpf_last_error());
+    failed = 1;
+  } else {
+    printf("%-8s %3d %5llu %10.3f %10.3f %7.2fx %14ld %9d\n", kKind[k], P, (unsigned long long)T,
+           on, off, on > 0 ? off / on : 0.0, per_op, steps);
+  }
+  if (c) tpf_comm_destroy(c);
+  return failed;
+}
+
 int bench_section_host(const bench_opts *o) {
   const bool quick = o->quick;
   const int blocks = quick ? 5 : 15, calls = quick ? 200 : 2000;
@@ -179,57 +234,7 @@ int bench_section_host(const bench_opts *o) {
   for (int k = 0; k < NKIND; k++)
     for (size_t pi = 0; pi < TPF_ARRAY_SIZE(Ps); pi++)
       for (size_t ti = 0; ti < TPF_ARRAY_SIZE(Ts); ti++) {
-        const int P = Ps[pi];
-        const uint64_t T = Ts[ti];
-        noop_be be;
-        memset(&be, 0, sizeof be);
-        be.hdr.ops = &noop_ops;
-        be.hdr.tp_size = P;
-        be.hdr.rank = 0;
-        tpf_comm_config cfg;
-        memset(&cfg, 0, sizeof cfg);
-        cfg.name = kKind[k];
-        cfg.algo = kAlgo[k];
-        cfg.coll = kColl[k];
-        cfg.dtype = TPF_FP32;
-        cfg.capacity = (tpf_shape){C, H};
-        tpf_comm *c = NULL;
-        tpf_status rc = tpf_comm_create(&be.hdr, &cfg, &c);
-        if (rc == TPF_OK) rc = tpf_comm_set_active_shape(c, (tpf_shape){T, H});
-        double on = 0, off = 0;
-        long per_op = 0;
-        int steps = 0;
-        if (rc == TPF_OK) {
-          long c0 = be.calls;
-          rc = op(c, k, T, P, &m);
-          per_op = be.calls - c0;
-          on = timed(c, k, T, P, &m, blocks, calls, &rc);
-        }
-        if (rc == TPF_OK) {
-          tpf__comm_set_schedule_cache(c, false);
-          off = timed(c, k, T, P, &m, blocks, calls, &rc);
-          tpf__comm_set_schedule_cache(c, true);
-          tpf_layout_desc d = tpf__comm_desc(c, (tpf_shape){T, H});
-          tpf_gemm_dims g = {kAlgo[k] == TPF_ALGO_BULK ? 64 : T,
-                             kColl[k] == TPF_COLL_AG && kAlgo[k] != TPF_ALGO_BULK ? N
-                             : kAlgo[k] == TPF_ALGO_BULK                          ? N
-                                                                                  : H,
-                             kColl[k] == TPF_COLL_AG && kAlgo[k] != TPF_ALGO_BULK ? H : K};
-          tpf_schedule s;
-          if (tpf_schedule_build(&d, &g, &s) == TPF_OK) {
-            steps = s.nsteps;
-            tpf_schedule_free(&s);
-          }
-        }
-        if (rc != TPF_OK) {
-          printf("%-8s %3d %5llu  FAILED: %s\n", kKind[k], P, (unsigned long long)T,
-                 tpf_last_error());
-          fails++;
-        } else {
-          printf("%-8s %3d %5llu %10.3f %10.3f %7.2fx %14ld %9d\n", kKind[k], P,
-                 (unsigned long long)T, on, off, on > 0 ? off / on : 0.0, per_op, steps);
-        }
-        if (c) tpf_comm_destroy(c);
+        fails += host_core_row(k, Ps[pi], Ts[ti], &m, blocks, calls);
       }
   free(m.x);
   free(m.w);

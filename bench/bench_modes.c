@@ -252,6 +252,51 @@ static void chose_notes(const bench_tp_result *rs, const char *mode) {
   }
 }
 
+/* The modes table's notes: the method, the columns, the modes' caveats and the adaptive rows'
+ * decisions (thr, prc: the modes' results, NULL for a mode not run). */
+static void modes_notes(const bench_opts *o, const bench_tp_result *thr,
+                        const bench_tp_result *prc) {
+  bench_note("time(us): host wall, median of %d repetitions; each: %san agreement of every rank "
+             "(threads: a barrier; procs: the socket bootstrap's allgather), t0 = CLOCK_MONOTONIC, "
+             "the tpf_* call, %s, t1; time = max t1 - min t0 over all ranks",
+             o->iters, o->cuda ? "rank 0's 1 GiB memset synchronised (L2 eviction), " : "",
+             o->cuda ? "cudaStreamSynchronize"
+                     : "(the simulator returns with the operation complete)");
+  bench_note(
+      "serial(us): the serial baseline (serial_ag,gemm for AG, serial_gemm,rs for RS) on its "
+      "own communicator, PAIRED: every repetition runs the operation and the baseline on "
+      "the same operands, in alternating order (even repetitions the operation first), "
+      "each timed as above; serial(us) is the baseline's median; "
+      "speedup = the median over repetitions of serial_i / time_i, spd_q1 and spd_q3 its "
+      "quartiles; the serial rows pair with themselves (an A/A control: their speedup "
+      "spread is the method's own); tT/tC = time / time at T = C; tT/tC/(T/C) = 1 when the "
+      "time scales with T");
+  bench_note("enqueue(us): host time of the tpf_* call itself (call to return), median over ranks "
+             "and repetitions; vs_threads = time / the threads row's time");
+  if (o->cuda)
+    bench_note("procs: every rank its own process (exec'd by the launcher), all sharing GPU %d "
+               "through CUDA IPC: P CUDA contexts on one GPU, whose kernels do not run "
+               "concurrently unless MPS is on; the device-event table above is threads only",
+               o->device);
+  else if (prc)
+    bench_note("simulator procs rows: every process runs a whole simulator world of P ranks (the "
+               "simulator cannot span processes), joined by the socket bootstrap: they check the "
+               "process-mode path (launch, exec, agreements, gathers, result file), their times "
+               "are not process-mode figures");
+  if (o->adaptive) {
+    bench_note("[adaptive]: the operation on a TPF_PLAN_ADAPTIVE communicator (num_splits 0: per "
+               "T the planner picks an overlap schedule or no overlap), cost table %s, model %s; "
+               "speedup against the same serial baseline as the fixed rows; 'planner chose "
+               "splits': rank 0's tpf_comm_plan_info after its check run (1 = no overlap, 'a' = "
+               "aggregate, '1p' = the pull baseline on a RING RS communicator, '?' = not run)",
+               o->cost_used, o->dedicated ? "dedicated" : "shared");
+    for (int pi = 0; pi < o->nps; pi++) {
+      if (thr) chose_notes(&thr[pi], "threads");
+      if (prc) chose_notes(&prc[pi], "procs");
+    }
+  }
+}
+
 int bench_section_tp(const bench_opts *o) {
   const bool thr_on = (o->modes & BENCH_MODE_THREADS) != 0,
              prc_on = (o->modes & BENCH_MODE_PROCS) != 0;
@@ -293,45 +338,7 @@ int bench_section_tp(const bench_opts *o) {
       for (int k = 0; rs && k < rs->nops; k++)
         if (rs->failed[k]) bench_note("FAILED %s P=%d %s: %s", mode, rs->P, rs->op[k], rs->err[k]);
     }
-  bench_note("time(us): host wall, median of %d repetitions; each: %san agreement of every rank "
-             "(threads: a barrier; procs: the socket bootstrap's allgather), t0 = CLOCK_MONOTONIC, "
-             "the tpf_* call, %s, t1; time = max t1 - min t0 over all ranks",
-             o->iters, o->cuda ? "rank 0's 1 GiB memset synchronised (L2 eviction), " : "",
-             o->cuda ? "cudaStreamSynchronize"
-                     : "(the simulator returns with the operation complete)");
-  bench_note(
-      "serial(us): the serial baseline (serial_ag,gemm for AG, serial_gemm,rs for RS) on its "
-      "own communicator, PAIRED: every repetition runs the operation and the baseline on "
-      "the same operands, in alternating order (even repetitions the operation first), "
-      "each timed as above; serial(us) is the baseline's median; "
-      "speedup = the median over repetitions of serial_i / time_i, spd_q1 and spd_q3 its "
-      "quartiles; the serial rows pair with themselves (an A/A control: their speedup "
-      "spread is the method's own); tT/tC = time / time at T = C; tT/tC/(T/C) = 1 when the "
-      "time scales with T");
-  bench_note("enqueue(us): host time of the tpf_* call itself (call to return), median over ranks "
-             "and repetitions; vs_threads = time / the threads row's time");
-  if (o->cuda)
-    bench_note("procs: every rank its own process (exec'd by the launcher), all sharing GPU %d "
-               "through CUDA IPC: P CUDA contexts on one GPU, whose kernels do not run "
-               "concurrently unless MPS is on; the device-event table above is threads only",
-               o->device);
-  else if (prc_on)
-    bench_note("simulator procs rows: every process runs a whole simulator world of P ranks (the "
-               "simulator cannot span processes), joined by the socket bootstrap: they check the "
-               "process-mode path (launch, exec, agreements, gathers, result file), their times "
-               "are not process-mode figures");
-  if (o->adaptive) {
-    bench_note("[adaptive]: the operation on a TPF_PLAN_ADAPTIVE communicator (num_splits 0: per "
-               "T the planner picks an overlap schedule or no overlap), cost table %s, model %s; "
-               "speedup against the same serial baseline as the fixed rows; 'planner chose "
-               "splits': rank 0's tpf_comm_plan_info after its check run (1 = no overlap, 'a' = "
-               "aggregate, '1p' = the pull baseline on a RING RS communicator, '?' = not run)",
-               o->cost_used, o->dedicated ? "dedicated" : "shared");
-    for (int pi = 0; pi < o->nps; pi++) {
-      if (thr_on) chose_notes(&thr[pi], "threads");
-      if (prc_on) chose_notes(&prc[pi], "procs");
-    }
-  }
+  modes_notes(o, thr_on ? thr : NULL, prc_on ? prc : NULL);
   for (int pi = 0; pi < o->nps; pi++)
     if (bench_tp_nops(o, o->ps[pi]) == 0)
       bench_note("P=%d: no operation of --ops runs at this P (ring_ag_aggr+gemm needs an even "
