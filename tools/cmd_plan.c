@@ -72,8 +72,8 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
     [O_AGG] = {"--aggregate", CLI_FLAG, 0, 0, NULL, NULL,
                "optional, ring ag only: 2-chunk messages after a pair swap (even P)", A_RING,
                false},
-    [O_DTYPE] = {"--dtype", CLI_CHOICE, 0, 0, "bf16|fp16|fp32", NULL,
-                 "optional: buffer dtype (default bf16)", 0, false},
+    [O_DTYPE] = {"--dtype", CLI_CHOICE, 0, 0, "bf16|fp16|fp32|fp8_e4m3|fp8_e5m2", NULL,
+                 "optional: buffer dtype (default bf16; fp8: 1-byte elements)", 0, false},
     [O_N] = {"--n", CLI_U64, 1, PLAN_MAX_DIM, NULL, "N",
              "optional, ag and bulk: GEMM output columns (default H)", 0, false},
     [O_K] = {"--k", CLI_U64, 1, PLAN_MAX_DIM, NULL, "K",
@@ -213,7 +213,7 @@ static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
   if (v[O_ALGO].set && v[O_ALGO].u == 2)
     return cli_error(ctx, "--algo bulk has nothing to project (its GEMM is independent of the "
                           "collective: no overlap schedule to choose)");
-  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32, TPF_FP8_E4M3, TPF_FP8_E5M2};
   a->project = true;
   a->predict = true;
   a->cost = v[O_COST].set ? v[O_COST].s : NULL;
@@ -323,7 +323,7 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
                        "see --help)",
                        req[i]);
   static const tpf_algo algos[] = {TPF_ALGO_RING, TPF_ALGO_PIPELINE, TPF_ALGO_BULK};
-  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
+  static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32, TPF_FP8_E4M3, TPF_FP8_E5M2};
   const bool ag = v[O_COLL].u == 0;
   rc = plan_scope(ctx, v);
   if (rc >= 0) return rc;

@@ -54,7 +54,7 @@ NUMS = [
 # Choice options: (command, option, valid words).
 CHOICES = [
     ("plan", "--algo", ["ring", "pipeline", "bulk"]), ("plan", "--coll", ["ag", "rs"]),
-    ("plan", "--dtype", ["bf16", "fp16", "fp32"]),
+    ("plan", "--dtype", ["bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2"]),
     ("demo", "--backend", ["sim"]), ("demo", "--dtype", ["bf16", "fp16", "fp32"]),
     ("bench", "--backend", ["sim"]),
     ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all", "planner"]),
