@@ -371,31 +371,55 @@ done:
   return 0;
 }
 
+/* Starts the IPC peer (`tpflex bench --ipc-peer`) on pipes: to[1] writes to it, from[0] reads
+ * its answers. True when it started and could use CUDA. */
+static bool ipc_peer_spawn(int to[2], int from[2], pid_t *pid) {
+  bool peer = false;
+  if (pipe(to) != 0 || pipe(from) != 0) return false;
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, to[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, from[1], 1);
+  posix_spawn_file_actions_addclose(&fa, to[1]);
+  posix_spawn_file_actions_addclose(&fa, from[0]);
+  char *argv[] = {"tpflex", "bench", "--ipc-peer", NULL};
+  if (posix_spawn(pid, "/proc/self/exe", &fa, NULL, argv, environ) == 0) {
+    unsigned char ok = 0;
+    close(to[0]);
+    close(from[1]);
+    to[0] = from[1] = -1;
+    peer = read(from[0], &ok, 1) == 1 && ok == 1;
+  }
+  posix_spawn_file_actions_destroy(&fa);
+  return peer;
+}
+
+/* One row of section 1's table for an alternative: n samples, median and p99 of v (sorted). */
+static void alt_row(const bench_opts *o, const char *method, int P, double *v, int n,
+                    const char *what) {
+  double med = bench_median(v, n), p99 = bench_quantile(v, n, 0.99);
+  bench_cell_s(method);
+  bench_cell_i(P);
+  bench_cell_i((long long)o->capacity);
+  bench_cell_i((long long)o->hidden);
+  bench_cell_i(n);
+  bench_cell_f(med, 0);
+  bench_cell_f(p99, 0);
+  bench_cell_f(NAN, 2);
+  bench_cell_f(1, 2);
+  bench_cell_f(NAN, 1);
+  bench_cell_s(what);
+  bench_row_end();
+}
+
 int bench_cuda_setshape_alternatives(const bench_opts *o) {
   const int n = o->realloc_iters;
   double *a = calloc((size_t)n, sizeof(double)), *b = calloc((size_t)n, sizeof(double)),
          *c = calloc((size_t)n, sizeof(double));
   int to_child[2] = {-1, -1}, from_child[2] = {-1, -1};
   pid_t pid = -1;
-  bool peer = false;
+  bool peer = ipc_peer_spawn(to_child, from_child, &pid);
   int rc = 0;
-  if (pipe(to_child) == 0 && pipe(from_child) == 0) {
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_adddup2(&fa, to_child[0], 0);
-    posix_spawn_file_actions_adddup2(&fa, from_child[1], 1);
-    posix_spawn_file_actions_addclose(&fa, to_child[1]);
-    posix_spawn_file_actions_addclose(&fa, from_child[0]);
-    char *argv[] = {"tpflex", "bench", "--ipc-peer", NULL};
-    if (posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ) == 0) {
-      unsigned char ok = 0;
-      close(to_child[0]);
-      close(from_child[1]);
-      to_child[0] = from_child[1] = -1;
-      peer = read(from_child[0], &ok, 1) == 1 && ok == 1;
-    }
-    posix_spawn_file_actions_destroy(&fa);
-  }
   void *buf = NULL;
   int done = 0;
   const uint64_t flags_bytes = 64ull * 128 * 8 + 64 * 8; /* tpflex's flag area, for realism */
@@ -439,46 +463,11 @@ int bench_cuda_setshape_alternatives(const bench_opts *o) {
   if (from_child[0] >= 0) close(from_child[0]);
   if (buf) cudaFree(buf);
   if (done > 0) {
-    double ma = bench_median(a, done), pa = bench_quantile(a, done, 0.99);
-    double mb = bench_median(b, done), pb = bench_quantile(b, done, 0.99);
-    bench_cell_s("cudaFree+cudaMalloc");
-    bench_cell_i(1);
-    bench_cell_i((long long)o->capacity);
-    bench_cell_i((long long)o->hidden);
-    bench_cell_i(done);
-    bench_cell_f(ma, 0);
-    bench_cell_f(pa, 0);
-    bench_cell_f(NAN, 2);
-    bench_cell_f(1, 2);
-    bench_cell_f(NAN, 1);
-    bench_cell_s("alternative: new buffer of T*H*2 bytes");
-    bench_row_end();
-    bench_cell_s("+cudaIpcGetMemHandle");
-    bench_cell_i(1);
-    bench_cell_i((long long)o->capacity);
-    bench_cell_i((long long)o->hidden);
-    bench_cell_i(done);
-    bench_cell_f(mb, 0);
-    bench_cell_f(pb, 0);
-    bench_cell_f(NAN, 2);
-    bench_cell_f(1, 2);
-    bench_cell_f(NAN, 1);
-    bench_cell_s("alternative: ... and export it");
-    bench_row_end();
+    alt_row(o, "cudaFree+cudaMalloc", 1, a, done, "alternative: new buffer of T*H*2 bytes");
+    alt_row(o, "+cudaIpcGetMemHandle", 1, b, done, "alternative: ... and export it");
     if (peer) {
-      double mc = bench_median(c, done), pc = bench_quantile(c, done, 0.99);
-      bench_cell_s("+peer cudaIpcOpenMemHandle");
-      bench_cell_i(2);
-      bench_cell_i((long long)o->capacity);
-      bench_cell_i((long long)o->hidden);
-      bench_cell_i(done);
-      bench_cell_f(mc, 0);
-      bench_cell_f(pc, 0);
-      bench_cell_f(NAN, 2);
-      bench_cell_f(1, 2);
-      bench_cell_f(NAN, 1);
-      bench_cell_s("alternative: ... one peer process closes old, opens new");
-      bench_row_end();
+      alt_row(o, "+peer cudaIpcOpenMemHandle", 2, c, done,
+              "alternative: ... one peer process closes old, opens new");
       bench_note("the +peer row is one peer process on the same GPU (pipe round trip included); "
                  "a TP group repeats the open on P-1 peers");
     } else {
