@@ -2,7 +2,7 @@
 registers TE's fp8_buf sites in FP8 (torch.float8_e4m3fn, float8_e5m2 for the gradient sites),
 they follow the active shape, and every operation with fp8 operands and a_scale_inv= /
 w_scale_inv= matches an fp32 reference (the fp8 values decoded exactly, products summed in fp32,
-scaled once) under SPEC §7's per-element verdict in D's dtype. Errors name the tensor."""
+scaled once) under SPEC §7's per-element verdict (bf16's tolerances for FP8 inputs, any D). Errors name the tensor."""
 import os
 import sys
 import unittest
@@ -21,6 +21,7 @@ H, C = 32, 64
 E4, E5 = torch.float8_e4m3fn, torch.float8_e5m2
 SA, SW = 0.75, 2.0  # the scales: without them every result is off by 1.5x
 CFGS = {"ring_rs": {"method": "ring", "coll": "rs"}}
+BF16_TOL = torch.bfloat16  # SPEC §7: FP8-input GEMMs are judged with bf16's tolerances, any D
 
 
 def fp8(shape, dtype, seed):
@@ -59,7 +60,7 @@ def ag_case(P, r, site, wdt, T, out_dtype):
     x = torch.cat(shards)
     ref = mm(x, w) * (SA * SW)
     gathered_ok = torch.equal(c.buffer().view(torch.uint8), x.view(torch.uint8))
-    return d.dtype, close(d, ref, d.dtype), gathered_ok
+    return d.dtype, close(d, ref, BF16_TOL), gathered_ok
 
 
 class Fp8(unittest.TestCase):
@@ -115,7 +116,7 @@ class Fp8(unittest.TestCase):
                         parts = [(mm(xs[q], ws[q]) * (SA * SW))[r * R:(r + 1) * R]
                                  for q in range(P)]
                         ref, slack = rs_reference(parts, torch.bfloat16)  # the bf16 buffer
-                        res.append((site, T, got.dtype, close_rs(got, ref, slack, got.dtype)))
+                        res.append((site, T, got.dtype, close_rs(got, ref, slack, BF16_TOL, got.dtype)))
                 return res
             for r, res in enumerate(run(P, body)):
                 for site, T, dt, ok in res:
@@ -132,7 +133,7 @@ class Fp8(unittest.TestCase):
                 a, b = fp8((8, 16), E5, 600 + r), fp8((24, 16), E4, 700 + r)
                 sa, sw = scales()
                 d = c.bulk_overlap(a, b, a_scale_inv=sa, w_scale_inv=sw)
-                ok = close(d, mm(a, b) * (SA * SW), d.dtype)
+                ok = close(d, mm(a, b) * (SA * SW), BF16_TOL)
                 x = torch.cat(shards)
                 return ok, d.dtype, torch.equal(c.buffer().view(torch.uint8), x.view(torch.uint8))
             for r, (ok, dt, gathered) in enumerate(run(P, body)):
@@ -148,7 +149,7 @@ class Fp8(unittest.TestCase):
             w = fp8((24, H), E4, 2)
             one = torch.tensor([1.0])
             d = c.ag_gemm(w, a_scale_inv=one, w_scale_inv=one)
-            return close(d, mm(c.buffer(), w) * (SA * SW), d.dtype)
+            return close(d, mm(c.buffer(), w) * (SA * SW), BF16_TOL)
         self.assertFalse(run(1, body)[0])
 
     def test_errors_name_the_tensor(self):
