@@ -3,7 +3,7 @@
  * device-neutral memory and timing, the CUDA primitives, and the sections. The rooms, each calling
  * only the ones above it (bench/README.md, "Rooms"; bench/check_deps.py checks):
  *   bench_util.c           leaf: clock, statistics, allocator counts, the report (bench_util.h)
- *   bench_cuda_env.c       leaf: CUDA rank threads, device memory, event timing (stubs without
+ *   bench_cuda_dev.c       leaf: CUDA rank threads, device memory, event timing (stubs without
  *                          CUDA)
  *   bench_group.c          rank groups, the random source, memory and timing on either backend
  *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
@@ -89,7 +89,7 @@ typedef struct bench_group bench_group;
 typedef struct bench_rank bench_rank;
 typedef tpf_status (*bench_rank_fn)(bench_rank *rk, void *arg);
 /* A group of P ranks. The simulator's is a tpf_sim_world; CUDA's is P persistent threads with a
- * backend and a stream each (bench_cuda_env.c), all on one device. */
+ * backend and a stream each (bench_cuda_dev.c), all on one device. */
 struct bench_group {
   const bench_opts *o;
   bool cuda;
@@ -114,7 +114,7 @@ struct bench_group {
   double *h0, *h1; /* host-wall timing, either backend: [rank * BENCH_MAX_ITERS + it], ns */
   double *enq;     /* host time of the operation call: [rank * BENCH_MAX_ITERS + it], ns */
   void *sim_world;
-  void *cu; /* bench_cuda_env.c's state */
+  void *cu; /* bench_cuda_dev.c's state */
 };
 struct bench_rank {
   int rank, tp;
@@ -192,7 +192,7 @@ tpf_status bench_host_collect(bench_rank *rk, int n, double *us, double *enq_us)
  * repetitions timed alternately with the first (the paired serial baseline of the tp section). */
 tpf_status bench_host_collect_at(bench_rank *rk, int first, int n, double *us, double *enq_us);
 
-/* ---- CUDA primitives (bench_cuda_env.c; stubs returning TPF_EUNSUPPORTED without CUDA) ------- */
+/* ---- CUDA primitives (bench_cuda_dev.c; stubs returning TPF_EUNSUPPORTED without CUDA) ------- */
 /* What the timing flush writes before each timed repetition: more than the L2 holds. */
 #define BENCH_FLUSH_BYTES (1ull << 30)
 tpf_status bench_cuda_group_init(bench_group *g);

@@ -1,7 +1,7 @@
 /* `tpflex bench`'s rank groups: P ranks of one backend (a simulator world, or the in-process CUDA
- * ranks of bench_cuda_env.c), the random input source every operand view reads, device-neutral
+ * ranks of bench_cuda_dev.c), the random input source every operand view reads, device-neutral
  * memory (host memory on the simulator, device memory on CUDA) and the timing of one repetition
- * across all ranks. Calls bench_cuda_env.c and bench_util.c.
+ * across all ranks. Calls bench_cuda_dev.c and bench_util.c.
  *
  * Method: src[i] = pool[i % pool_elems] for a pool of random bf16 values uniform in [-1, 1)
  * (never zero-filled), so any element of any operand view into src is known on the host without

@@ -1,8 +1,15 @@
-/* The rank environment of the CUDA backend (rank_env.h), shared by conformance_cuda and `tpflex
- * demo --backend cuda`: P ranks as threads of this process on one GPU (device 0, or
- * TPF_CUDA_TEST_DEVICE), bootstrapped in-process; operands in device memory; one non-blocking
- * stream per rank. In process mode (conformance_cuda --procs) this process only holds the state
- * and each rank's process sets up its own device and stream (tpf_cuda_conf_env_enter_rank).
+/* The CUDA rank environment (cuda_env.h), shared by conformance_cuda, `tpflex demo --backend
+ * cuda` and `tpflex bench --backend cuda`.
+ *
+ * Rank threads (tpf_cuda_ranks): persistent threads, one per local rank, each with a backend and a
+ * stream; a run hands every thread the same function under a mutex and condition variable (a
+ * generation count), and waits until all are done. Backends are made and destroyed on their own
+ * rank's thread, as the CUDA backend's in-process bootstrap expects.
+ *
+ * The rank environment (tpf_conf_env): P ranks on one GPU (device 0, or TPF_CUDA_TEST_DEVICE),
+ * a rank group per run; operands in device memory; one non-blocking stream per rank, kept across
+ * runs. In process mode (conformance_cuda --procs) this process only holds the state and each
+ * rank's process sets up its own device and stream (tpf_cuda_conf_env_enter_rank).
  *
  * Operand memory uses the stream-ordered allocator (cudaMallocAsync/cudaFreeAsync): a plain
  * cudaFree may synchronise the whole device, and with several ranks on one GPU that would wait
@@ -28,16 +35,6 @@ typedef struct {
   cudaStream_t streams[TPF_MAX_RANKS];
 } cuda_env_state;
 
-typedef struct {
-  tpf_conf_env *env;
-  tpf_cuda_threads *group;
-  int rank;
-  tpf_conf_rank_fn fn;
-  void *arg;
-  tpf_status rc;
-  char detail[512];
-} cuda_rank_job;
-
 /* The stream-ordered pool keeps its memory: with the default release threshold (0) every
  * synchronisation returns it and the next cudaMallocAsync maps memory again, which may wait for the
  * device while a peer rank's spinning wait waits for this thread. */
@@ -53,33 +50,179 @@ static tpf_status cuda_fail(cudaError_t e, const char *what) {
   return tpf_set_error(TPF_EBACKEND, "%s: %s", what, cudaGetErrorString(e));
 }
 
-static void *cuda_rank_main(void *p) {
-  cuda_rank_job *job = p;
-  cuda_env_state *st = job->env->ctx;
-  tpf_backend *be = NULL;
+/* ---- rank threads ---------------------------------------------------------------------- */
+
+typedef struct {
+  tpf_cuda_ranks *g;
+  int local;
+} ranks_arg;
+
+struct tpf_cuda_ranks {
+  tpf_cuda_ranks_config cfg;
+  tpf_cuda_threads *tg; /* the in-process bootstrap (NULL in process mode) */
+  pthread_t th[TPF_MAX_RANKS];
+  ranks_arg args[TPF_MAX_RANKS];
+  tpf_backend *be[TPF_MAX_RANKS];
+  cudaStream_t stream[TPF_MAX_RANKS];
+  bool own_stream[TPF_MAX_RANKS];
+  tpf_status rc[TPF_MAX_RANKS];  /* the last run's, or the setup's */
+  tpf_status fin[TPF_MAX_RANKS]; /* the backend destroy's */
+  char why[TPF_MAX_RANKS][512];
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int started, ready, done, gen;
+  bool quit;
+  tpf_cuda_rank_fn fn;
+  void *arg;
+};
+
+/* On rank `local`'s thread: device, bootstrap, backend and stream. */
+static tpf_status ranks_setup(tpf_cuda_ranks *g, int local) {
+  const tpf_cuda_ranks_config *c = &g->cfg;
   tpf_bootstrap boot;
-  tpf_status rc = TPF_OK;
-  cudaError_t e = cudaSetDevice(st->device);
-  if (e != cudaSuccess) {
-    rc = cuda_fail(e, "cudaSetDevice");
-    goto out;
+  cudaError_t e = cudaSetDevice(c->device);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+  tpf_status st = TPF_OK;
+  if (g->tg)
+    st = tpf_cuda_threads_bootstrap(g->tg, local, c->device, &boot);
+  else
+    boot = *c->xboot; /* process mode: the processes' bootstrap, this process's rank */
+  if (st == TPF_OK) st = tpf_cuda_backend_create(&boot, &g->be[local]);
+  if (st != TPF_OK) return st;
+  if (c->streams) {
+    g->stream[local] = (cudaStream_t)c->streams[local];
+    return TPF_OK;
   }
-  rc = tpf_cuda_threads_bootstrap(job->group, job->rank, st->device, &boot);
-  if (rc == TPF_OK) rc = tpf_cuda_backend_create(&boot, &be);
-  if (rc == TPF_OK) rc = job->fn(be, job->rank, job->arg);
-  if (be != NULL) {
+  e = cudaStreamCreateWithFlags(&g->stream[local], cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaStreamCreateWithFlags");
+  g->own_stream[local] = true;
+  return TPF_OK;
+}
+
+/* Records rank `local`'s status and error text (its thread's). */
+static void ranks_note(tpf_cuda_ranks *g, int local, tpf_status rc) {
+  g->rc[local] = rc;
+  snprintf(g->why[local], sizeof g->why[local], "%s", rc == TPF_OK ? "" : tpf_last_error());
+}
+
+static void *ranks_thread(void *p) {
+  ranks_arg *a = p;
+  tpf_cuda_ranks *g = a->g;
+  const int r = a->local;
+  tpf_status st = ranks_setup(g, r);
+  pthread_mutex_lock(&g->mu);
+  ranks_note(g, r, st);
+  g->ready++;
+  pthread_cond_broadcast(&g->cv);
+  int seen = 0;
+  for (;;) {
+    while (g->gen == seen && !g->quit)
+      pthread_cond_wait(&g->cv, &g->mu);
+    if (g->quit) break;
+    seen = g->gen;
+    pthread_mutex_unlock(&g->mu);
+    tpf_status rc = g->be[r] ? g->fn(g->cfg.rank0 + r, g->be[r], g->stream[r], g->arg)
+                             : tpf_set_error(TPF_EBACKEND, "no backend");
+    pthread_mutex_lock(&g->mu);
+    ranks_note(g, r, rc);
+    g->done++;
+    pthread_cond_broadcast(&g->cv);
+  }
+  pthread_mutex_unlock(&g->mu);
+  if (g->stream[r]) cudaStreamSynchronize(g->stream[r]);
+  if (g->be[r]) g->fin[r] = tpf_cuda_backend_destroy(g->be[r]);
+  if (g->own_stream[r]) cudaStreamDestroy(g->stream[r]);
+  return NULL;
+}
+
+tpf_status tpf_cuda_ranks_create(const tpf_cuda_ranks_config *cfg, tpf_cuda_ranks **out) {
+  *out = NULL;
+  if (cfg->nlocal < 1 || cfg->nlocal > TPF_MAX_RANKS || cfg->tp < cfg->nlocal ||
+      (cfg->xboot == NULL && cfg->nlocal != cfg->tp))
+    return tpf_set_error(TPF_EINVAL, "CUDA rank group: %d rank threads of P = %d (at most %d)",
+                         cfg->nlocal, cfg->tp, TPF_MAX_RANKS);
+  tpf_cuda_ranks *g = calloc(1, sizeof *g);
+  if (g == NULL) return tpf_set_error(TPF_ENOMEM, "CUDA rank group: no memory");
+  g->cfg = *cfg;
+  pthread_mutex_init(&g->mu, NULL);
+  pthread_cond_init(&g->cv, NULL);
+  tpf_status st = cfg->xboot ? TPF_OK : tpf_cuda_threads_create(cfg->tp, &g->tg);
+  for (int r = 0; st == TPF_OK && r < cfg->nlocal; r++) {
+    g->args[r] = (ranks_arg){g, r};
+    if (pthread_create(&g->th[r], NULL, ranks_thread, &g->args[r]) != 0)
+      st = tpf_set_error(TPF_EBACKEND, "pthread_create failed for rank %d", cfg->rank0 + r);
+    else
+      g->started++;
+  }
+  pthread_mutex_lock(&g->mu);
+  while (g->ready < g->started)
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+  for (int r = 0; st == TPF_OK && r < cfg->nlocal; r++)
+    if (g->rc[r] != TPF_OK)
+      st = tpf_set_error(g->rc[r], "CUDA rank group of %d%s: rank %d: %s", cfg->tp,
+                         cfg->xboot ? " (processes)" : "", cfg->rank0 + r, g->why[r]);
+  if (st != TPF_OK) {
     char saved[512];
     snprintf(saved, sizeof saved, "%s", tpf_last_error());
-    tpf_status rc2 = tpf_cuda_backend_destroy(be);
-    if (rc == TPF_OK)
-      rc = rc2;
-    else
-      tpf_set_error(rc, "%s", saved);
+    tpf_cuda_ranks_destroy(g);
+    return tpf_set_error(st, "%s", saved);
   }
-out:
-  job->rc = rc;
-  snprintf(job->detail, sizeof job->detail, "%s", rc == TPF_OK ? "" : tpf_last_error());
-  return NULL;
+  *out = g;
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_ranks_run(tpf_cuda_ranks *g, tpf_cuda_rank_fn fn, void *arg) {
+  pthread_mutex_lock(&g->mu);
+  g->fn = fn;
+  g->arg = arg;
+  g->done = 0;
+  g->gen++;
+  pthread_cond_broadcast(&g->cv);
+  while (g->done < g->cfg.nlocal)
+    pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
+  for (int r = 0; r < g->cfg.nlocal; r++)
+    if (g->rc[r] != TPF_OK)
+      return tpf_set_error(g->rc[r], "rank %d: %s", g->cfg.rank0 + r, g->why[r]);
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_ranks_status(const tpf_cuda_ranks *g, int i, const char **why) {
+  *why = g->why[i];
+  return g->rc[i];
+}
+
+tpf_status tpf_cuda_ranks_destroy(tpf_cuda_ranks *g) {
+  if (g == NULL) return TPF_OK;
+  pthread_mutex_lock(&g->mu);
+  g->quit = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+  for (int r = 0; r < g->started; r++)
+    pthread_join(g->th[r], NULL);
+  if (g->tg) tpf_cuda_threads_destroy(g->tg);
+  tpf_status st = TPF_OK;
+  for (int r = 0; r < g->started && st == TPF_OK; r++)
+    if (g->fin[r] != TPF_OK)
+      st = tpf_set_error(g->fin[r], "rank %d: the backend's destroy failed", g->cfg.rank0 + r);
+  pthread_mutex_destroy(&g->mu);
+  pthread_cond_destroy(&g->cv);
+  free(g);
+  return st;
+}
+
+/* ---- the rank environment ----------------------------------------------------------------- */
+
+typedef struct {
+  tpf_conf_rank_fn fn;
+  void *arg;
+} conf_job;
+
+static tpf_status conf_rank(int rank, tpf_backend *be, void *stream, void *arg) {
+  (void)stream; /* the environment's: env->stream(env, rank) */
+  const conf_job *j = arg;
+  return j->fn(be, rank, j->arg);
 }
 
 static tpf_status cuda_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *arg) {
@@ -94,35 +237,27 @@ static tpf_status cuda_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *
     }
   }
   st->P = P;
-  tpf_cuda_threads *group = NULL;
-  tpf_status rc = tpf_cuda_threads_create(P, &group);
+  void *streams[TPF_MAX_RANKS];
+  for (int r = 0; r < P; r++)
+    streams[r] = st->streams[r];
+  const tpf_cuda_ranks_config cfg = {st->device, P, P, 0, NULL, streams};
+  tpf_cuda_ranks *g = NULL;
+  tpf_status rc = tpf_cuda_ranks_create(&cfg, &g);
   if (rc != TPF_OK) return rc;
-  cuda_rank_job jobs[TPF_MAX_RANKS];
-  pthread_t th[TPF_MAX_RANKS];
-  memset(jobs, 0, sizeof jobs);
-  int started = 0;
-  for (int r = 0; r < P; r++) {
-    jobs[r] = (cuda_rank_job){.env = env, .group = group, .rank = r, .fn = fn, .arg = arg};
-    if (pthread_create(&th[r], NULL, cuda_rank_main, &jobs[r]) != 0) {
-      rc = tpf_set_error(TPF_EBACKEND, "pthread_create failed for rank %d", r);
-      break;
-    }
-    started++;
-  }
-  for (int r = 0; r < started; r++)
-    pthread_join(th[r], NULL);
-  tpf_cuda_threads_destroy(group);
-  if (rc != TPF_OK) return rc;
+  conf_job job = {fn, arg};
+  rc = tpf_cuda_ranks_run(g, conf_rank, &job);
   /* Every failing rank's reason on stderr: the first rank's is often a consequence. */
-  int first = -1;
-  for (int r = 0; r < P; r++) {
-    if (jobs[r].rc == TPF_OK) continue;
-    fprintf(stderr, "conformance[cuda] P=%d rank %d: %s: %s\n", P, r, tpf_status_name(jobs[r].rc),
-            jobs[r].detail);
-    if (first < 0) first = r;
+  for (int r = 0; rc != TPF_OK && r < P; r++) {
+    const char *why = NULL;
+    tpf_status rr = tpf_cuda_ranks_status(g, r, &why);
+    if (rr != TPF_OK)
+      fprintf(stderr, "conformance[cuda] P=%d rank %d: %s: %s\n", P, r, tpf_status_name(rr), why);
   }
-  if (first >= 0) return tpf_set_error(jobs[first].rc, "rank %d: %s", first, jobs[first].detail);
-  return TPF_OK;
+  char saved[512];
+  snprintf(saved, sizeof saved, "%s", tpf_last_error());
+  tpf_status drc = tpf_cuda_ranks_destroy(g);
+  if (rc != TPF_OK) return tpf_set_error(rc, "%s", saved);
+  return drc;
 }
 
 static void *cuda_mem_alloc(tpf_conf_env *env, int rank, size_t bytes) {

@@ -1,7 +1,8 @@
-/* `tpflex bench`'s CUDA primitives: in-process CUDA rank groups (P threads on one device, each
- * with a tpflex CUDA backend and a stream), device memory, copies and event timing. Without the
- * CUDA backend, stubs that return TPF_EUNSUPPORTED. A leaf: it calls no other bench file (the
- * group's barrier is bench.h's inline bench_barrier).
+/* `tpflex bench`'s CUDA primitives: its rank groups on the harness's CUDA rank threads
+ * (harness/cuda_env.h, tpf_cuda_ranks: P threads on one device, each with a tpflex CUDA backend
+ * and a stream; in process mode one rank here over the processes' bootstrap), device memory,
+ * copies and event timing. Without the CUDA backend, stubs that return TPF_EUNSUPPORTED. A leaf:
+ * it calls no other bench file (the group's barrier is bench.h's inline bench_barrier).
  *
  * Timing method: before each timed repetition rank 0 enqueues a 1 GiB memset (it evicts the L2,
  * so no input is served from cache, and it keeps the GPU busy while the host enqueues the
@@ -23,7 +24,7 @@
 
 #ifdef TPF_HAVE_CUDA
 
-#include "tpflex/tpflex_cuda.h"
+#include "cuda_env.h" /* the harness's CUDA rank threads */
 
 #include <cuda_runtime.h>
 #include <math.h>
@@ -40,91 +41,29 @@ static tpf_status cuda_err(cudaError_t e, const char *what) {
 
 typedef struct {
   int tp, device;
-  int nlocal, rank0; /* rank threads here, the global rank of the first */
-  pthread_t th[64];
-  tpf_cuda_threads *tg;
-  tpf_backend *be[64];
-  cudaStream_t stream[64];
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int gen, done, ready;
-  bool quit;
-  bench_rank_fn fn;
-  void *arg;
-  tpf_status rc[64];
-  tpf_status init_rc[64];
-  char init_err[256];
+  tpf_cuda_ranks *ranks; /* NULL for a group without ranks (tp 0) */
   int nev;
   cudaEvent_t *ev_start, *ev_stop, *ev_end; /* [nev], [nev], [tp * nev] */
   void *flush;
-  bench_group *g;
 } cuda_group;
 
+/* A bench rank function on the harness's rank threads. */
 typedef struct {
-  cuda_group *cu;
-  int rank; /* local index */
-} rank_arg;
-static rank_arg rank_args[64];
+  bench_group *g;
+  bench_rank_fn fn;
+  void *arg;
+} bench_call;
 
-static void *rank_thread(void *p) {
-  rank_arg *a = p;
-  cuda_group *cu = a->cu;
-  const int r = a->rank, grank = cu->rank0 + a->rank;
-  tpf_status st = TPF_OK;
-  tpf_bootstrap boot;
-  if (cudaSetDevice(cu->device) != cudaSuccess)
-    st = tpf_set_error(TPF_EBACKEND, "cudaSetDevice(%d) failed", cu->device);
-  if (st == TPF_OK) {
-    if (cu->tg)
-      st = tpf_cuda_threads_bootstrap(cu->tg, r, cu->device, &boot);
-    else
-      boot = *cu->g->xboot; /* procs mode: the processes' bootstrap, this process's rank */
-  }
-  if (st == TPF_OK) st = tpf_cuda_backend_create(&boot, &cu->be[r]);
-  if (st == TPF_OK &&
-      cudaStreamCreateWithFlags(&cu->stream[r], cudaStreamNonBlocking) != cudaSuccess)
-    st = tpf_set_error(TPF_EBACKEND, "cudaStreamCreate failed");
-  pthread_mutex_lock(&cu->mu);
-  cu->init_rc[r] = st;
-  if (st != TPF_OK && !cu->init_err[0])
-    snprintf(cu->init_err, sizeof(cu->init_err), "rank %d: %s", grank, tpf_last_error());
-  cu->ready++;
-  pthread_cond_broadcast(&cu->cv);
-  int seen = 0;
-  for (;;) {
-    while (cu->gen == seen && !cu->quit)
-      pthread_cond_wait(&cu->cv, &cu->mu);
-    if (cu->quit) break;
-    seen = cu->gen;
-    pthread_mutex_unlock(&cu->mu);
-    bench_rank rk = {
-        .rank = grank, .tp = cu->tp, .stream = cu->stream[r], .g = cu->g, .be = cu->be[r]};
-    tpf_status rc = cu->be[r] ? cu->fn(&rk, cu->arg) : TPF_EBACKEND;
-    pthread_mutex_lock(&cu->mu);
-    cu->rc[r] = rc;
-    cu->done++;
-    pthread_cond_broadcast(&cu->cv);
-  }
-  pthread_mutex_unlock(&cu->mu);
-  if (cu->stream[r]) cudaStreamSynchronize(cu->stream[r]);
-  if (cu->be[r]) tpf_cuda_backend_destroy(cu->be[r]);
-  if (cu->stream[r]) cudaStreamDestroy(cu->stream[r]);
-  return NULL;
+static tpf_status bench_rank_call(int rank, tpf_backend *be, void *stream, void *arg) {
+  const bench_call *c = arg;
+  bench_rank rk = {.rank = rank, .tp = c->g->tp, .stream = stream, .g = c->g, .be = be};
+  return c->fn(&rk, c->arg);
 }
 
-tpf_status bench_cuda_group_init(bench_group *g) {
-  cuda_group *cu = calloc(1, sizeof(*cu));
-  if (!cu) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
-  g->cu = cu;
-  cu->g = g;
-  cu->tp = g->tp;
-  cu->nlocal = g->nlocal;
-  cu->rank0 = g->rank0;
-  cu->device = g->o->device;
-  BENCH_CU(cudaSetDevice(cu->device), "cudaSetDevice");
-  if (g->tp == 0) return TPF_OK;
-  if (g->nlocal > 64) return tpf_set_error(TPF_EINVAL, "bench: at most 64 rank threads");
-  cu->nev = g->xboot ? 0 : g->o->iters; /* no interprocess event timing */
+/* The timing events (threads mode only: interprocess events cannot be timed) and, in global rank
+ * 0's process, the flush buffer. */
+static tpf_status cuda_group_events(cuda_group *cu, const bench_group *g) {
+  cu->nev = g->xboot ? 0 : g->o->iters;
   cu->ev_start = calloc((size_t)cu->nev + 1, sizeof(cudaEvent_t));
   cu->ev_stop = calloc((size_t)cu->nev + 1, sizeof(cudaEvent_t));
   cu->ev_end = calloc((size_t)cu->nev * (size_t)g->tp + 1, sizeof(cudaEvent_t));
@@ -136,58 +75,36 @@ tpf_status bench_cuda_group_init(bench_group *g) {
   }
   for (int i = 0; i < cu->nev * g->tp; i++)
     BENCH_CU(cudaEventCreate(&cu->ev_end[i]), "cudaEventCreate");
-  if (cu->rank0 == 0) /* only global rank 0 flushes */
+  if (g->rank0 == 0) /* only global rank 0 flushes */
     BENCH_CU(cudaMalloc(&cu->flush, BENCH_FLUSH_BYTES), "cudaMalloc(flush)");
-  pthread_mutex_init(&cu->mu, NULL);
-  pthread_cond_init(&cu->cv, NULL);
-  if (!g->xboot) {
-    tpf_status st = tpf_cuda_threads_create(g->tp, &cu->tg);
-    if (st != TPF_OK) return st;
-  }
-  for (int r = 0; r < cu->nlocal; r++) {
-    rank_args[r] = (rank_arg){cu, r};
-    pthread_create(&cu->th[r], NULL, rank_thread, &rank_args[r]);
-  }
-  pthread_mutex_lock(&cu->mu);
-  while (cu->ready < cu->nlocal)
-    pthread_cond_wait(&cu->cv, &cu->mu);
-  pthread_mutex_unlock(&cu->mu);
-  for (int r = 0; r < cu->nlocal; r++)
-    if (cu->init_rc[r] != TPF_OK)
-      return tpf_set_error(cu->init_rc[r], "CUDA rank group of %d%s: %s", g->tp,
-                           g->xboot ? " (processes)" : "", cu->init_err);
   return TPF_OK;
+}
+
+tpf_status bench_cuda_group_init(bench_group *g) {
+  cuda_group *cu = calloc(1, sizeof(*cu));
+  if (!cu) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  g->cu = cu;
+  cu->tp = g->tp;
+  cu->device = g->o->device;
+  BENCH_CU(cudaSetDevice(cu->device), "cudaSetDevice");
+  if (g->tp == 0) return TPF_OK;
+  tpf_status st = cuda_group_events(cu, g);
+  if (st != TPF_OK) return st;
+  const tpf_cuda_ranks_config cfg = {cu->device, g->tp, g->nlocal, g->rank0, g->xboot, NULL};
+  return tpf_cuda_ranks_create(&cfg, &cu->ranks);
 }
 
 tpf_status bench_cuda_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
   cuda_group *cu = g->cu;
-  if (!cu || cu->tp == 0) return tpf_set_error(TPF_EINVAL, "bench: group has no ranks");
-  pthread_mutex_lock(&cu->mu);
-  cu->fn = fn;
-  cu->arg = arg;
-  cu->done = 0;
-  cu->gen++;
-  pthread_cond_broadcast(&cu->cv);
-  while (cu->done < cu->nlocal)
-    pthread_cond_wait(&cu->cv, &cu->mu);
-  pthread_mutex_unlock(&cu->mu);
-  for (int r = 0; r < cu->nlocal; r++)
-    if (cu->rc[r] != TPF_OK) return cu->rc[r];
-  return TPF_OK;
+  if (!cu || !cu->ranks) return tpf_set_error(TPF_EINVAL, "bench: group has no ranks");
+  bench_call c = {g, fn, arg};
+  return tpf_cuda_ranks_run(cu->ranks, bench_rank_call, &c);
 }
 
 void bench_cuda_group_fini(bench_group *g) {
   cuda_group *cu = g->cu;
   if (!cu) return;
-  if (cu->tp > 0 && cu->ready > 0) {
-    pthread_mutex_lock(&cu->mu);
-    cu->quit = true;
-    pthread_cond_broadcast(&cu->cv);
-    pthread_mutex_unlock(&cu->mu);
-    for (int r = 0; r < cu->nlocal; r++)
-      pthread_join(cu->th[r], NULL);
-  }
-  if (cu->tg) tpf_cuda_threads_destroy(cu->tg);
+  tpf_cuda_ranks_destroy(cu->ranks);
   for (int i = 0; i < cu->nev; i++) {
     if (cu->ev_start && cu->ev_start[i]) cudaEventDestroy(cu->ev_start[i]);
     if (cu->ev_stop && cu->ev_stop[i]) cudaEventDestroy(cu->ev_stop[i]);
