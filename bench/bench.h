@@ -2,14 +2,18 @@
  * tools/cmd_bench.c): options, rank groups (simulator world or in-process CUDA ranks),
  * device-neutral memory and timing, the CUDA primitives, and the sections. The rooms, each calling
  * only the ones above it (bench/README.md, "Rooms"; bench/check_deps.py checks):
+ *
  *   bench_util.c           leaf: clock, statistics, allocator counts, the report (bench_util.h)
- *   bench_cuda_dev.c       leaf: CUDA rank groups (harness tpf_cuda_ranks), device memory, event
- * timing (stubs without CUDA) bench_group.c          rank groups, the random source, memory and
- * timing on either backend bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section
- * 1's IPC alternative bench_ops.c            sections 1, 2, 4/5 and the variants runner, through
- * the public API bench_planner.c        section 6, the planner bench_host.c           --section
- * host: the core's host cost per operation bench_modes.c          section 4/5 in both modes: ranks
- * as threads, ranks as processes (the launcher, the hidden worker), the modes table */
+ *   bench_cuda_dev.c       leaf: CUDA rank groups (harness tpf_cuda_ranks), device memory,
+ *                          event timing (stubs without CUDA)
+ *   bench_group.c          rank groups, the random source, memory and timing on either backend
+ *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
+ *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
+ *   bench_planner.c        section 6, the planner
+ *   bench_host.c           --section host: the core's host cost per operation
+ *   bench_modes.c          section 4/5 in both modes: ranks as threads, ranks as processes (the
+ *                          launcher, the hidden worker), the modes table
+ */
 #ifndef TPF_BENCH_H
 #define TPF_BENCH_H
 
