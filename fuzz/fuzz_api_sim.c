@@ -125,7 +125,7 @@ static tpf_layout_desc desc_of(int p, const tpf_comm_config *cfg, tpf_shape acti
 }
 
 static bool eligible(const model_comm *c) {
-  return !model_quantized(c->cfg.dtype) && !c->cfg.external;
+  return !c->cfg.external; /* fp8 communicators follow the shape too (SPEC §11) */
 }
 
 /* The status tpf_comm_set_active_shape must return (SPEC §3, simulator alignment). */
@@ -288,7 +288,7 @@ static void model_step(tpf_fuzz_input *in, int p, model_comm *m, bool *mgr, int 
       c->want = TPF_EUNSUPPORTED;
       break;
     }
-    if (model_quantized(mc->cfg.dtype)) {
+    if (model_fp8(mc->cfg.dtype) && mc->cfg.coll == TPF_COLL_RS) { /* fp8 partial sums */
       c->kind = CMD_OP;
       c->want = TPF_EUNSUPPORTED;
       break;
@@ -367,7 +367,8 @@ static float part_v(int r, uint64_t t, uint64_t c) {
  * numbers when the model says it succeeds. */
 static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool wrong) {
   if (!cm || c->want == TPF_EUNSUPPORTED) {
-    /* NULL communicator, wrong kind or quantized: refused before any operand is looked at. */
+    /* NULL communicator, wrong kind or an fp8 RS buffer: refused before any operand is looked
+     * at. */
     int op = cm ? op_of(tpf_comm_config_of(cm)) : 0;
     if (wrong) op = (op + 1) % 3;
     tpf_status st = op == 0   ? tpf_ag_gemm(cm, NULL, NULL, NULL)
@@ -380,7 +381,11 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
   tpf_shape act = tpf_comm_active_shape(cm);
   const int P = pg->p;
   const uint64_t T = act.rows, H = act.cols, R = T / (uint64_t)P;
-  const tpf_dtype bt = cfg->dtype, ot = c->out_fp32 ? TPF_FP32 : bt;
+  /* fp8 buffers (AG, BULK AG): fp8 operands (the values here are small integers, exact in
+   * e4m3 and e5m2) and a bf16 D unless fp32 (an fp8 GEMM's D is bf16, fp16 or fp32). */
+  const tpf_dtype bt = cfg->dtype,
+                  ot = c->out_fp32 ? TPF_FP32 : model_fp8(bt) ? TPF_BF16 : bt,
+                  wt = bt == TPF_FP8_E5M2 ? TPF_FP8_E4M3 : bt; /* no e5m2 x e5m2 */
   tpf_matrix buf, local;
   FUZZ_ASSERT_STATUS(tpf_comm_buffer(cm, &buf), TPF_OK);
   FUZZ_ASSERT_STATUS(tpf_comm_local_chunk(cm, &local), TPF_OK);
@@ -391,7 +396,7 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
     for (uint64_t i = 0; i < local.rows; i++)
       for (uint64_t j = 0; j < H; j++)
         put(&local, i, j, shard_v(rank, i, j));
-    mat w = mat_new(c->gn, H, bt), d = mat_new(T, c->gn, ot);
+    mat w = mat_new(c->gn, H, wt), d = mat_new(T, c->gn, ot);
     for (uint64_t n = 0; n < c->gn; n++)
       put(&w.m, n, n % H, 1.f);
     st = tpf_ag_gemm(cm, &w.m, &d.m, NULL);
@@ -447,7 +452,7 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
         for (uint64_t j = 0; j < H; j++)
           put(&buf, t, j, part_v(rank, t, j));
     }
-    mat a = mat_new(c->gm, c->gk, bt), b = mat_new(c->gn, c->gk, bt), d = mat_new(c->gm, c->gn, ot);
+    mat a = mat_new(c->gm, c->gk, bt), b = mat_new(c->gn, c->gk, wt), d = mat_new(c->gm, c->gn, ot);
     for (uint64_t i = 0; i < c->gm; i++)
       for (uint64_t k = 0; k < c->gk; k++)
         put(&a.m, i, k, w_v(i, k));

@@ -143,8 +143,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   d.capacity.cols = huge ? tpf_fuzz_dim(&in, 16) : 8 * tpf_fuzz_range(&in, 1, 2048);
   uint64_t cap_chunks = d.capacity.rows / p;
   d.active.rows = p * tpf_fuzz_range(&in, 1, cap_chunks ? cap_chunks : 1);
-  if (d.dtype >= TPF_FP8_E4M3 && tpf_fuzz_bool(&in))
-    d.active.rows = d.capacity.rows; /* quantized layouts are valid only at capacity */
   d.active.cols = d.capacity.cols;
 
   layout l, again;
@@ -177,9 +175,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   FUZZ_ASSERT_MSG(same_chunks(&l, &lo), "rank %d and rank %d see different chunks", d.rank,
                   other.rank);
 
-  /* Packed: another capacity that still holds T gives the same active chunks (a quantized
-   * layout must stay at capacity, so it is left out). */
-  if (d.dtype < TPF_FP8_E4M3) {
+  /* Packed: another capacity that still holds T gives the same active chunks (fp8 too). */
+  {
     tpf_layout_desc bigger = d;
     bigger.capacity.rows = d.active.rows + p * tpf_fuzz_range(&in, 0, 64);
     layout lb;

@@ -15,7 +15,8 @@
  *  - every answer is deterministic (asked twice, same status and same detail).
  *
  * Precedence when several rules fail follows the documented order (core/layout.c): arguments,
- * shape, capacity, divisibility, 64-bit overflow, alignment, quantized communicators.
+ * shape, capacity, divisibility, 64-bit overflow, alignment (fp8: 1-byte elements), external
+ * communicators.
  */
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h"
@@ -214,7 +215,7 @@ static void check_comm(tpf_fuzz_input *in, const tpf_layout_desc *d) {
     tpf_layout_desc nd = *d;
     nd.active = next;
     tpf_status w = model_check(&nd, b.ops.align_bytes);
-    if (model_quantized(d->dtype) || cfg.external) w = TPF_EUNSUPPORTED;
+    if (cfg.external) w = TPF_EUNSUPPORTED;
     int acts = b.last->activations;
     FUZZ_ASSERT_STATUS(tpf_comm_set_active_shape(c, next), w);
     tpf_shape got = tpf_comm_active_shape(c);

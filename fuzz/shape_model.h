@@ -4,7 +4,8 @@
  * core/layout.c, and uses exact 128-bit arithmetic instead of the core's checked 64-bit helpers.
  *
  * Precedence when several rules fail follows the documented order (core/layout.c, "Method"):
- * arguments, shape, capacity, divisibility, 64-bit overflow, alignment, quantized layouts.
+ * arguments, shape, capacity, divisibility, 64-bit overflow, alignment (fp8 layouts follow the
+ * active shape like any other, with 1-byte elements: SPEC §11).
  */
 #ifndef TPF_FUZZ_SHAPE_MODEL_H
 #define TPF_FUZZ_SHAPE_MODEL_H
@@ -31,7 +32,8 @@ static inline uint64_t model_elem_bytes(tpf_dtype t) {
   }
 }
 
-static inline bool model_quantized(tpf_dtype t) {
+/* fp8 dtypes: 1-byte elements; operations on an fp8 RS buffer are refused (SPEC §11). */
+static inline bool model_fp8(tpf_dtype t) {
   return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
 }
 
@@ -127,8 +129,6 @@ static inline tpf_status model_check(const tpf_layout_desc *d, uint64_t align) {
     if (d->algo == TPF_ALGO_PIPELINE && (z.block % align != 0 || z.part % align != 0))
       return TPF_EALIGN;
   }
-  /* A quantized layout stays at its capacity shape. */
-  if (model_quantized(d->dtype) && d->active.rows != d->capacity.rows) return TPF_EUNSUPPORTED;
   return TPF_OK;
 }
 
