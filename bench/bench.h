@@ -219,6 +219,18 @@ tpf_status bench_cuda_enq_stats(bench_rank *rk, tpf_cuda_enqueue_stats *out);
 int bench_cuda_device_count(char *why, size_t len);
 long long bench_cuda_dev_used(void); /* bytes in use on the device, -1 without CUDA */
 
+#ifdef TPF_HAVE_CUDA
+#include <cuda_runtime.h>
+/* A CUDA runtime failure as TPF_EBACKEND naming the call, CUDA's error name and text. */
+tpf_status bench_cuda_err(cudaError_t e, const char *what);
+/* Returns bench_cuda_err from the enclosing function when `call` fails. */
+#define BENCH_CU(call, what)                                                                       \
+  do {                                                                                             \
+    cudaError_t e_ = (call);                                                                       \
+    if (e_ != cudaSuccess) return bench_cuda_err(e_, what);                                        \
+  } while (0)
+#endif
+
 /* ---- GPU-only sections and baselines (bench_cuda_sections.c; stubs without CUDA) ---------- */
 /* Median time of one cuBLASLt GEMM d[m, n] = x[m, k] * w[n, k]^T (bf16, fp32 accumulation) on
  * pool inputs; the whole-layer baseline of the tp section. */

@@ -29,15 +29,10 @@
 #include <cuda_runtime.h>
 #include <math.h>
 
-static tpf_status cuda_err(cudaError_t e, const char *what) {
+tpf_status bench_cuda_err(cudaError_t e, const char *what) {
   return tpf_set_error(TPF_EBACKEND, "%s: %s (%s)", what, cudaGetErrorName(e),
                        cudaGetErrorString(e));
 }
-#define BENCH_CU(call, what)                                                                       \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) return cuda_err(e_, what);                                              \
-  } while (0)
 
 typedef struct {
   int tp, device;
@@ -194,7 +189,7 @@ tpf_status bench_cuda_time_collect(bench_rank *rk, int n, double *us) {
       if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, cu->ev_start[it], cu->ev_stop[it]);
       us[it] = e == cudaSuccess ? (double)ms * 1e3 : NAN;
     }
-    if (e != cudaSuccess) st = cuda_err(e, "event timing");
+    if (e != cudaSuccess) st = bench_cuda_err(e, "event timing");
   }
   bench_barrier(rk);
   return st;

@@ -28,16 +28,6 @@
 
 extern char **environ;
 
-static tpf_status cuda_err(cudaError_t e, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "%s: %s (%s)", what, cudaGetErrorName(e),
-                       cudaGetErrorString(e));
-}
-#define BENCH_CU(call, what)                                                                       \
-  do {                                                                                             \
-    cudaError_t e_ = (call);                                                                       \
-    if (e_ != cudaSuccess) return cuda_err(e_, what);                                              \
-  } while (0)
-
 /* ---- cuBLASLt: d[m, n] = x[m, k] * w[n, k]^T, row-major, bf16 in/out, fp32 accumulation ---- */
 
 typedef struct {
@@ -222,7 +212,7 @@ static tpf_status lt_time(bench_group *g, lt_ctx *lt, uint64_t m, uint64_t n, ui
     if (it == total && st == TPF_OK) {
       cudaError_t e = cudaStreamSynchronize(lt->s);
       if (e != cudaSuccess)
-        st = cuda_err(e, "GEMM");
+        st = bench_cuda_err(e, "GEMM");
       else
         *wrong = lt_check(g, d, m, n, k, xo, wo, parts);
     }
@@ -230,7 +220,7 @@ static tpf_status lt_time(bench_group *g, lt_ctx *lt, uint64_t m, uint64_t n, ui
   for (int i = 0; st == TPF_OK && i < iters; i++) {
     float ms;
     cudaError_t e = cudaEventElapsedTime(&ms, lt->e0[i], lt->e1[i]);
-    if (e != cudaSuccess) st = cuda_err(e, "cudaEventElapsedTime");
+    if (e != cudaSuccess) st = bench_cuda_err(e, "cudaEventElapsedTime");
     v[i] = ms * 1e3;
   }
   if (st == TPF_OK) *us = bench_median(v, iters);
