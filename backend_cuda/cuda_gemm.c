@@ -520,10 +520,10 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
                 "cuBLASLt has no fp8 GEMM algorithm for %s x %s -> %s, m %llu n %llu k %llu, "
                 "lda %llu ldw %llu ldd %llu, alignments a %d w %d d %d bytes (fp8 wants 16-byte "
                 "aligned operands); the plain kernel has no fp8 path",
-                tpf_dtype_name(at), tpf_dtype_name(wt), tpf_dtype_name(dt),
-                (unsigned long long)m, (unsigned long long)n, (unsigned long long)k,
-                (unsigned long long)lda, (unsigned long long)ldw, (unsigned long long)ldd,
-                key.align_a, key.align_w, key.align_d);
+                tpf_dtype_name(at), tpf_dtype_name(wt), tpf_dtype_name(dt), (unsigned long long)m,
+                (unsigned long long)n, (unsigned long long)k, (unsigned long long)lda,
+                (unsigned long long)ldw, (unsigned long long)ldd, key.align_a, key.align_w,
+                key.align_d);
   if (en->fallback)
     return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
   if (f8) {

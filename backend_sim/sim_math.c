@@ -1,11 +1,11 @@
 /* The simulator's arithmetic: a portable CPU GEMM and the fp32 reductions.
  *
- * Method: operands of any of bf16/fp16/fp32/fp8 (E4M3, E5M2) are staged row by row into fp32 scratch with the
- * core's element conversions (tpf_elem_to_float, round-to-nearest-even on the way back), so
- * every GEMM accumulates in fp32 over k in increasing order and rounds once to the output dtype,
- * as SPEC §1 asks. The weight block is staged once per step; the activation one row at a time,
- * which keeps the scratch at (n + 1) * k floats. Reductions sum their sources in the order given
- * (the schedule's order) in fp32 and round once.
+ * Method: operands of any of bf16/fp16/fp32/fp8 (E4M3, E5M2) are staged row by row into fp32
+ * scratch with the core's element conversions (tpf_elem_to_float, round-to-nearest-even on the way
+ * back), so every GEMM accumulates in fp32 over k in increasing order and rounds once to the output
+ * dtype, as SPEC §1 asks. The weight block is staged once per step; the activation one row at a
+ * time, which keeps the scratch at (n + 1) * k floats. Reductions sum their sources in the order
+ * given (the schedule's order) in fp32 and round once.
  */
 #include "sim_internal.h"
 

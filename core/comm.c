@@ -846,8 +846,8 @@ static tpf_status ag_gemm_body(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
                          want_or_fp8(c->cfg.dtype, f8, w), false));
   TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': weight w has 0 %s", c->cfg.name,
                 o.trans_w ? "columns (trans_w)" : "rows");
-  TPF_CHECK(check_matrix(c, "output d", d, T, N, f8 && d && gemm_dtype(d->dtype) ? d->dtype : c->cfg.dtype,
-                         true));
+  /* fp8: D's dtype is checked by check_fp8_gemm, whose message names the fp8 rule. */
+  TPF_CHECK(check_matrix(c, "output d", d, T, N, f8 && d ? d->dtype : c->cfg.dtype, true));
   if (f8)
     TPF_CHECK(check_fp8_gemm(c, "tpf_ag_gemm", "the buffer", c->cfg.dtype, "weight w", w->dtype,
                              "output d", d->dtype));
@@ -924,8 +924,7 @@ static tpf_status bulk_body(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
                          want_or_fp8(a->dtype, f8, b), false));
   TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': b has 0 %s", c->cfg.name,
                 o.trans_w ? "columns (trans_w)" : "rows");
-  TPF_CHECK(check_matrix(c, "d", d, M, N, f8 && d && gemm_dtype(d->dtype) ? d->dtype : a->dtype,
-                         true));
+  TPF_CHECK(check_matrix(c, "d", d, M, N, f8 && d ? d->dtype : a->dtype, true));
   if (f8)
     TPF_CHECK(check_fp8_gemm(c, "tpf_bulk_overlap", "a", a->dtype, "b", b->dtype, "d", d->dtype));
   TPF_CHECK(check_scales(c, "tpf_bulk_overlap", &o, "a", a->dtype, "b", b->dtype));

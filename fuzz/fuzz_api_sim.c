@@ -384,7 +384,9 @@ static void run_op(const program *pg, int rank, tpf_comm *cm, const cmd *c, bool
   /* fp8 buffers (AG, BULK AG): fp8 operands (the values here are small integers, exact in
    * e4m3 and e5m2) and a bf16 D unless fp32 (an fp8 GEMM's D is bf16, fp16 or fp32). */
   const tpf_dtype bt = cfg->dtype,
-                  ot = c->out_fp32 ? TPF_FP32 : model_fp8(bt) ? TPF_BF16 : bt,
+                  ot = c->out_fp32     ? TPF_FP32
+                       : model_fp8(bt) ? TPF_BF16
+                                       : bt,
                   wt = bt == TPF_FP8_E5M2 ? TPF_FP8_E4M3 : bt; /* no e5m2 x e5m2 */
   tpf_matrix buf, local;
   FUZZ_ASSERT_STATUS(tpf_comm_buffer(cm, &buf), TPF_OK);

@@ -177,8 +177,9 @@ TPF_API tpf_status tpf_layout_chunk(const tpf_layout_desc *d, int j, tpf_region 
 TPF_API tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out);
 /* The smallest legal active row count >= rows for d's capacity (d->active is ignored): divisible
  * by P, every chunk, slot and pipeline block 16-byte aligned (docs/SPEC.md §3); rows 0 counts as
- * 1 (fp8 layouts too: 1-byte elements, so chunks of 16 elements). Use it to pad a microbatch: T = 1000 with P = 8, H = 4, bf16
- * gives 1008. TPF_ECAPACITY when no legal count <= C exists, with both numbers in the detail. */
+ * 1 (fp8 layouts too: 1-byte elements, so chunks of 16 elements). Use it to pad a microbatch: T =
+ * 1000 with P = 8, H = 4, bf16 gives 1008. TPF_ECAPACITY when no legal count <= C exists, with both
+ * numbers in the detail. */
 TPF_API tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows, uint64_t *legal);
 
 /* ---- Communicators -------------------------------------------------------------------------- */
@@ -295,9 +296,9 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
  * writes D in bf16, fp16 or fp32; ag_gemm on an fp8 buffer takes an fp8 w; gemm_rs takes fp8 x
  * and w on a bf16/fp16/fp32 communicator (the partials are kept and reduced in fp32/its dtype),
  * an fp8 RS buffer is refused (TPF_EUNSUPPORTED); bulk takes fp8 a and b. A scale set for an
- * operand that is not fp8 is TPF_EINVAL. Shapes are checked against the active shape: TPF_ESHAPE with
- * the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves the
- * communicator failed: every later operation returns TPF_ESTATE. The output must not share a
+ * operand that is not fp8 is TPF_EINVAL. Shapes are checked against the active shape: TPF_ESHAPE
+ * with the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves
+ * the communicator failed: every later operation returns TPF_ESTATE. The output must not share a
  * byte with any other operand (w, x, a, b, the bias; extents from each operand's rows, ld and
  * dtype): TPF_EINVAL naming both, before anything runs. Inputs may overlap each other (both
  * are only read); no operand (bias included) may overlap the registration. */

@@ -8,6 +8,7 @@
 #include "reference.h"
 
 #include <math.h>
+#include <stddef.h>
 #include <string.h>
 
 /* The expected value of code v, from the format: sign, exponent field e, mantissa m. */
@@ -147,6 +148,84 @@ static void test_fp8__every_midpoint(void **state) {
   check_midpoints(TPF_FP8_E5M2);
 }
 
+/* The core's operand rules for fp8 (SPEC §11), on the mock backend (which lacks TPF_BE_CAP_FP8):
+ * every refusal is decided before the backend sees anything, and names what is wrong. */
+enum { MP = 2, MC = 64, MH = 32, MK = 16, MN = 24 };
+static unsigned char g_buf[4][MC * 64 * 4];
+
+static tpf_comm *mk(tpf_mock_backend *be, tpf_algo algo, tpf_coll coll, tpf_dtype dt) {
+  tpf_comm_config cfg = tpf_test_config("fc1_fprop", algo, coll, dt, MC, MH);
+  tpf_comm *c = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be->hdr, &cfg, &c));
+  tpf_shape s = {16, MH};
+  TPF_ASSERT_OK(tpf_comm_set_active_shape(c, s)); /* fp8 follows the shape */
+  return c;
+}
+
+static void expect_err(tpf_status got, tpf_status want, const char *needle) {
+  TPF_ASSERT_STATUS(got, want);
+  if (!strstr(tpf_last_error(), needle))
+    fail_msg("detail '%s' lacks '%s'", tpf_last_error(), needle);
+}
+
+static void test_fp8__operand_rules(void **state) {
+  (void)state;
+  tpf_mock_backend be;
+  tpf_mock_init(&be, MP, 0);
+  tpf_comm *ag = mk(&be, TPF_ALGO_RING, TPF_COLL_AG, TPF_FP8_E5M2);
+  tpf_comm *rs = mk(&be, TPF_ALGO_PIPELINE, TPF_COLL_RS, TPF_BF16);
+  tpf_comm *rs8 = mk(&be, TPF_ALGO_RING, TPF_COLL_RS, TPF_FP8_E4M3);
+  tpf_comm *bk = mk(&be, TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16);
+  const int execs = be.executions;
+  tpf_matrix w = {g_buf[0], MN, MH, MH, TPF_FP8_E4M3}, d = {g_buf[1], 16, MN, MN, TPF_BF16};
+  const float one = 1.0f;
+  tpf_op_options o = TPF_OP_OPTIONS_INIT;
+  /* e5m2 buffer x e4m3 w is a pair cuBLASLt takes: refused only for the mock's missing cap. */
+  expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EUNSUPPORTED, "TPF_BE_CAP_FP8");
+  w.dtype = TPF_FP8_E5M2;
+  expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EUNSUPPORTED, "both fp8_e5m2");
+  w.dtype = TPF_BF16;
+  expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EINVAL, "weight w dtype bf16");
+  w.dtype = TPF_FP8_E4M3;
+  d.dtype = TPF_FP8_E4M3;
+  expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EINVAL,
+             "output d dtype fp8_e4m3; the output of an fp8 GEMM");
+  d.dtype = TPF_BF16;
+  /* gemm_rs: fp8 x and w on a bf16 RS buffer; mixed operands and stray scales refused. */
+  tpf_matrix x = {g_buf[2], 16, MK, MK, TPF_FP8_E4M3}, wr = {g_buf[0], MH, MK, MK, TPF_BF16},
+             out = {g_buf[1], 16 / MP, MH, MH, TPF_BF16};
+  expect_err(tpf_gemm_rs_ex(rs, &x, &wr, &out, NULL, NULL), TPF_EINVAL,
+             "input x is fp8_e4m3 but weight w is bf16");
+  wr.dtype = TPF_FP8_E5M2;
+  expect_err(tpf_gemm_rs_ex(rs, &x, &wr, &out, NULL, NULL), TPF_EUNSUPPORTED, "TPF_BE_CAP_FP8");
+  x.dtype = wr.dtype = TPF_BF16;
+  o.a_scale_inv = &one;
+  expect_err(tpf_gemm_rs_ex(rs, &x, &wr, &out, &o, NULL), TPF_EINVAL,
+             "a_scale_inv is set but input x is bf16");
+  o.a_scale_inv = NULL;
+  expect_err(tpf_gemm_rs_ex(rs8, &x, &wr, &out, NULL, NULL), TPF_EUNSUPPORTED,
+             "fp8_e4m3 RS buffer");
+  /* bulk: fp8 a with a bf16 b; a w scale on a bf16 b. */
+  tpf_matrix a = {g_buf[2], 8, MK, MK, TPF_FP8_E4M3}, b = {g_buf[0], MN, MK, MK, TPF_BF16},
+             db = {g_buf[1], 8, MN, MN, TPF_FP32};
+  expect_err(tpf_bulk_overlap_ex(bk, &a, &b, &db, NULL, NULL), TPF_EINVAL,
+             "b dtype bf16, expected fp8_e4m3");
+  a.dtype = TPF_BF16;
+  o.w_scale_inv = &one;
+  expect_err(tpf_bulk_overlap_ex(bk, &a, &b, &db, &o, NULL), TPF_EINVAL,
+             "w_scale_inv is set but b is bf16");
+  assert_int_equal(be.executions, execs); /* nothing reached the backend */
+  /* 0.2's options size (without the scales) is still accepted. */
+  tpf_op_options o2 = TPF_OP_OPTIONS_INIT;
+  o2.size = offsetof(tpf_op_options, a_scale_inv);
+  TPF_ASSERT_OK(tpf_bulk_overlap_ex(bk, &a, &b, &db, &o2, NULL));
+  assert_int_equal(be.executions, execs + 1);
+  TPF_ASSERT_OK(tpf_comm_destroy(ag));
+  TPF_ASSERT_OK(tpf_comm_destroy(rs));
+  TPF_ASSERT_OK(tpf_comm_destroy(rs8));
+  TPF_ASSERT_OK(tpf_comm_destroy(bk));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_fp8__decode_every_e4m3_code),
@@ -154,6 +233,7 @@ int main(void) {
       cmocka_unit_test(test_fp8__encode_ties_and_saturation_e4m3),
       cmocka_unit_test(test_fp8__encode_ties_and_saturation_e5m2),
       cmocka_unit_test(test_fp8__every_midpoint),
+      cmocka_unit_test(test_fp8__operand_rules),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
