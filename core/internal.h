@@ -64,7 +64,7 @@ tpf_status tpf__layout_geometry(const tpf_layout_desc *d, uint64_t align_bytes,
 uint64_t tpf__layout_validations(void);
 /* The split count a descriptor resolves to (num_splits, or its default). d must be valid. */
 int tpf__layout_splits(const tpf_layout_desc *d);
-/* True for fp8 dtypes (quantized communicators). */
+/* True for fp8 dtypes (1-byte elements; they follow the active shape like any other, SPEC §11). */
 bool tpf__dtype_quantized(tpf_dtype t);
 
 /* ---- schedule.c ---- */
