@@ -2,11 +2,11 @@
  *
  * Method: a layout is a pure function of the descriptor. Validation runs the rules in a fixed
  * order (argument errors, shape, capacity, divisibility, 64-bit overflow, alignment; fp8 layouts
- * follow the same rules with 1-byte elements) over both the capacity and the active shape, so that a given bad descriptor
- * always reports the same status and the same detail. Every size and offset is computed once,
- * with the checked helpers, by compute_sizes(); the queries below only read its result. Chunk j
- * of the active layout starts at j * S_T (packed), never at j * S_C: the gathered result is a
- * contiguous [T, H] prefix of the registration.
+ * follow the same rules with 1-byte elements) over both the capacity and the active shape, so that
+ * a given bad descriptor always reports the same status and the same detail. Every size and offset
+ * is computed once, with the checked helpers, by compute_sizes(); the queries below only read its
+ * result. Chunk j of the active layout starts at j * S_T (packed), never at j * S_C: the gathered
+ * result is a contiguous [T, H] prefix of the registration.
  */
 #include "internal.h"
 

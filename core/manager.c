@@ -1,8 +1,8 @@
 /* The manager: named communicators of one TP group that share one active shape.
  *
  * tpf_manager_set_active_shape is all-or-nothing: every eligible communicator (every one not
- * external, fp8 included) is validated first, and only when all accept the shape is it applied. Should a
- * backend refuse while applying (it must not, but a fault-injecting backend may), the
+ * external, fp8 included) is validated first, and only when all accept the shape is it applied.
+ * Should a backend refuse while applying (it must not, but a fault-injecting backend may), the
  * communicators already changed are put back to their previous shapes. */
 #include "comm_internal.h"
 
