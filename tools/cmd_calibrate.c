@@ -213,14 +213,14 @@ static int cal_schedules(const cal_opts *o, tpf_cost_table *t, cal_sched_report 
     return 1;
   }
   /* Measured points decide the planner's choice, but one schedule's time varies between runs
-   * (on one H200, session 4: median 1.7-2.3 %, some small-T rows 5-13 %): keep the better of the
-   * communicator's own split count and no overlap unless another candidate is faster by more
-   * than 5 % (include/tpflex/tpflex_cost.h, prefer_margin). */
+   * (the session-4 H200 runs, docs/results/: median 1.7-2.3 %, some small-T rows 5-13 %): keep the
+   * better of the communicator's own split count and no overlap unless another candidate is faster
+   * by more than 5 % (include/tpflex/tpflex_cost.h, prefer_margin). */
   t->prefer_margin = 0.05;
   /* And the promise of the adaptive planner, never slower than no overlap: an overlap schedule
    * must be predicted more than 5 % faster than the fastest no-overlap one (baseline_margin). On
-   * one H200 (session 5) RING AG splits 8, measured 2 % faster than no overlap at T = 4096, ran
-   * 1-4 % slower than the serial baseline in `tpflex bench`. */
+   * the session-5 H200 runs (docs/results/) RING AG splits 8, measured 2 % faster than no overlap
+   * at T = 4096, ran 1-4 % slower than the serial baseline in `tpflex bench`. */
   t->baseline_margin = 0.05;
   memset(rep, 0, sizeof *rep);
   rep->points = t->nsched - before;
