@@ -218,7 +218,7 @@ static int cal_schedules(const cal_opts *o, tpf_cost_table *t, cal_sched_report 
    * by more than 5 % (include/tpflex/tpflex_cost.h, prefer_margin). */
   t->prefer_margin = 0.05;
   /* And the promise of the adaptive planner, never slower than no overlap: an overlap schedule
-   * must be predicted more than 5 % faster than the fastest no-overlap one (baseline_margin). On
+   * must be predicted more than 5 % faster than the fastest no-overlap one (baseline_margin). In
    * the session-5 H200 runs (docs/results/) RING AG splits 8, measured 2 % faster than no overlap
    * at T = 4096, ran 1-4 % slower than the serial baseline in `tpflex bench`. */
   t->baseline_margin = 0.05;
