@@ -252,7 +252,7 @@ TPF_API const tpf_comm_config *tpf_comm_config_of(const tpf_comm *c);
 TPF_API tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full);
 /* This rank's [T/P, H] view (see tpf_layout_local). */
 TPF_API tpf_status tpf_comm_local_chunk(tpf_comm *c, tpf_matrix *local);
-/* As tpf_layout_legal_rows for this communicator, with its backend's alignment; external and
+/* As tpf_layout_legal_rows for this communicator, with its backend's alignment; external
  * communicators answer their capacity rows. */
 TPF_API tpf_status tpf_comm_legal_rows(const tpf_comm *c, uint64_t rows, uint64_t *legal);
 /* The whole registered data region (capacity bytes). */
