@@ -138,9 +138,11 @@ static void *ranks_thread(void *p) {
 tpf_status tpf_cuda_ranks_create(const tpf_cuda_ranks_config *cfg, tpf_cuda_ranks **out) {
   *out = NULL;
   if (cfg->nlocal < 1 || cfg->nlocal > TPF_MAX_RANKS || cfg->tp < cfg->nlocal ||
-      (cfg->xboot == NULL && cfg->nlocal != cfg->tp))
-    return tpf_set_error(TPF_EINVAL, "CUDA rank group: %d rank threads of P = %d (at most %d)",
-                         cfg->nlocal, cfg->tp, TPF_MAX_RANKS);
+      (cfg->xboot == NULL && (cfg->nlocal != cfg->tp || cfg->rank0 != 0)))
+    return tpf_set_error(TPF_EINVAL,
+                         "CUDA rank group: %d rank threads from rank %d of P = %d (at most %d; "
+                         "without a bootstrap between processes, all P from rank 0)",
+                         cfg->nlocal, cfg->rank0, cfg->tp, TPF_MAX_RANKS);
   tpf_cuda_ranks *g = calloc(1, sizeof *g);
   if (g == NULL) return tpf_set_error(TPF_ENOMEM, "CUDA rank group: no memory");
   g->cfg = *cfg;

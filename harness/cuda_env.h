@@ -35,8 +35,9 @@ typedef struct {
 } tpf_cuda_ranks_config;
 
 /* Starts the rank threads; each selects the device, bootstraps and creates its backend (and
- * stream). TPF_EINVAL for a bad configuration (nlocal above TPF_MAX_RANKS), TPF_ENOMEM, or the
- * first rank's failure as "CUDA rank group of P: rank r: why"; nothing is left running then. */
+ * stream). TPF_EINVAL for a bad configuration (nlocal outside 1..TPF_MAX_RANKS or above tp;
+ * without xboot, not all tp ranks from rank 0), TPF_ENOMEM, or the first rank's failure as
+ * "CUDA rank group of P: rank r: why"; nothing is left running then. */
 tpf_status tpf_cuda_ranks_create(const tpf_cuda_ranks_config *cfg, tpf_cuda_ranks **out);
 /* Calls fn on every local rank concurrently and waits for all. The first failing rank's status,
  * with the error "rank r: why" (tpf_cuda_ranks_status names every rank's). */
