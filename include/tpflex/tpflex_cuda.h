@@ -87,6 +87,28 @@ TPF_API tpf_status tpf_cuda_threads_destroy(tpf_cuda_threads *g);
 TPF_API tpf_status tpf_cuda_nccl_bootstrap(void *nccl_comm, int device, tpf_bootstrap *out);
 TPF_API void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b);
 
+/* Measurement probes (what `tpflex calibrate` times; backend_cuda/cuda_probe.c). Each enqueues
+ * one of the backend's own kernels on `stream` (a cudaStream_t, NULL: the legacy default stream)
+ * exactly as the backend's steps launch it, and returns without waiting; the caller times it
+ * (CUDA events around it, or the host time of the call). They make the backend's device current
+ * (cudaSetDevice). The kernels read a status area that only device-side waits write; the probes
+ * share one per device, allocated the first time a probe runs there (cudaMalloc: do not time the
+ * first call) and kept until the process exits. Every argument is checked before any CUDA call:
+ * TPF_EINVAL naming the bad value; TPF_EBACKEND for a failed launch.
+ *
+ * tpf_cuda_probe_reduce: the reduction kernel of a reduce-scatter step (TPF_STEP_REDUCE),
+ * TPF_CUDA_COMM_CTAS CTAs as the backend launches it: dst[i, j] = sum over t < count of
+ * srcs[t][i, j] for i < rows, j < cols, accumulated in fp32 and rounded once to dtype (bf16,
+ * fp16 or fp32, the same for sources and destination). Row-major, leading dimensions src_ld
+ * (every source) and dst_ld in elements (>= cols); count 1..64 (TPF_MAX_RANKS); device pointers. */
+TPF_API tpf_status tpf_cuda_probe_reduce(tpf_backend *be, const void *const *srcs, int count,
+                                         uint64_t src_ld, void *dst, uint64_t dst_ld,
+                                         uint64_t rows, uint64_t cols, tpf_dtype dtype,
+                                         void *stream);
+/* The backend's 1-thread flag kernel with no peer to signal or wait for: a kernel launch that
+ * does nothing (the host cost of one launch). */
+TPF_API tpf_status tpf_cuda_probe_empty_launch(tpf_backend *be, void *stream);
+
 #ifdef __cplusplus
 }
 #endif
