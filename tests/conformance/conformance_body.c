@@ -1046,7 +1046,7 @@ int tpf_conformance_main(tpf_conf_env *env, bool own_order, int argc, char **arg
   }
 
   printf("conformance[%s]: P in {1,2,3,4,5,6,8} (up to %d), capacity %s, H 32, %d variants x "
-         "bf16/fp16/fp32, every T multiple of P%s\n",
+         "bf16/fp16/fp32/fp8_e4m3/fp8_e5m2, every T multiple of P%s\n",
          env->name, env->max_ranks, quick ? "4P" : "16P", NKINDS,
          histories ? ", shape histories vs fresh communicators" : "");
   if (options)
