@@ -58,56 +58,100 @@ static tpf_status tpf_cuda__launch_flags_checked(const tpf_cuda_flag_args *f, cu
   return TPF_OK;
 }
 
-static tpf_status tpf_cuda__fl_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
-                                         cudaStream_t s) {
+/* The words of a sender's captured operations in the owner's ready slot (cuda_state.h). */
+static uint64_t *tpf_cuda__slot(const tpf_reg *r, int owner, int sender, uint64_t off) {
+  return (uint64_t *)(r->peer_base[owner] + r->ready_off +
+                      (uint64_t)sender * TPF_CUDA_READY_STRIDE + off);
+}
+
+/* The flag `sender` raises in `owner`'s registration for tag: the eager one, or under capture
+ * the captured one (the "graph" section below). */
+static uint64_t *tpf_cuda__flag_word(const tpf_reg *r, int owner, int sender, uint32_t tag,
+                                     bool graph) {
+  if (graph) return tpf_cuda__slot(r, owner, sender, TPF_CUDA_SLOT_GRAPH_FLAGS) + tag;
+  return tpf_cuda__flags(r, owner) + (uint64_t)sender * TPF_MAX_TAGS + tag;
+}
+
+/* The kernel arguments of a step; graph: a captured operation's (its sequence number is read on
+ * the device from this rank's counter). */
+static void tpf_cuda__kn_init(tpf_cuda_backend *b, const tpf_reg *r, const tpf_exec_args *a,
+                              tpf_step_kind kind, uint32_t tag, bool graph, tpf_cuda_flag_args *f) {
+  const int me = b->base.rank;
+  tpf_cuda__flag_init(b, r, a, kind, tag, f);
+  if (graph) f->dev_seq = tpf_cuda__slot(r, me, me, TPF_CUDA_SLOT_GRAPH_SEQ);
+}
+
+static tpf_status tpf_cuda__kn_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                         cudaStream_t s, bool graph) {
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
   tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, r, a, TPF_STEP_HANDSHAKE, 0, &f);
+  tpf_cuda__kn_init(b, r, a, TPF_STEP_HANDSHAKE, 0, graph, &f);
   f.handshake = 1;
   f.store_value = TPF_READY_WORD(a->seq, sc->op_key, sc->rows);
   f.wait_value = a->seq & TPF_READY_SEQ_MASK;
   f.rows = TPF_READY_BODY(f.store_value);
   for (int q = 0; q < P; q++) {
     if (q == me) continue;
-    f.remote[q] = tpf_cuda__ready(r, q, me, a->seq);
-    f.local[q] = tpf_cuda__ready(r, me, q, a->seq);
+    /* Captured: the parity-0 word; the kernel adds the device sequence number's parity. */
+    f.remote[q] = graph ? tpf_cuda__slot(r, q, me, TPF_CUDA_SLOT_GRAPH_READY)
+                        : tpf_cuda__ready(r, q, me, a->seq);
+    f.local[q] = graph ? tpf_cuda__slot(r, me, q, TPF_CUDA_SLOT_GRAPH_READY)
+                       : tpf_cuda__ready(r, me, q, a->seq);
   }
   return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__kn_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                    const tpf_step *st, cudaStream_t s, bool graph) {
+  tpf_cuda_flag_args f;
+  tpf_cuda__kn_init(b, r, a, TPF_STEP_SEND, st->tag, graph, &f);
+  f.remote[st->peer] = tpf_cuda__flag_word(r, st->peer, b->base.rank, st->tag, graph);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__kn_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                    const tpf_step *st, cudaStream_t s, bool graph) {
+  tpf_cuda_flag_args f;
+  tpf_cuda__kn_init(b, r, a, TPF_STEP_RECV, st->tag, graph, &f);
+  f.local[st->peer] = tpf_cuda__flag_word(r, b->base.rank, st->peer, st->tag, graph);
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__kn_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                       const tpf_step *st, cudaStream_t s, bool graph) {
+  const int P = b->base.tp_size, me = b->base.rank;
+  tpf_cuda_flag_args f;
+  tpf_cuda__kn_init(b, r, a, TPF_STEP_BARRIER, st->tag, graph, &f);
+  for (int q = 0; q < P; q++) {
+    if (q == me) continue;
+    f.remote[q] = tpf_cuda__flag_word(r, q, me, st->tag, graph);
+    f.local[q] = tpf_cuda__flag_word(r, me, q, st->tag, graph);
+  }
+  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+}
+
+static tpf_status tpf_cuda__fl_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                         cudaStream_t s) {
+  return tpf_cuda__kn_handshake(b, r, a, s, false);
 }
 
 static tpf_status tpf_cuda__fl_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
-  const int me = b->base.rank;
-  tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, r, a, TPF_STEP_SEND, st->tag, &f);
-  f.remote[st->peer] = tpf_cuda__flags(r, st->peer) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_send(b, r, a, st, s, false);
 }
 
 static tpf_status tpf_cuda__fl_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
-  const int me = b->base.rank;
-  tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, r, a, TPF_STEP_RECV, st->tag, &f);
-  f.local[st->peer] = tpf_cuda__flags(r, me) + (uint64_t)st->peer * TPF_MAX_TAGS + st->tag;
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_recv(b, r, a, st, s, false);
 }
 
 static tpf_status tpf_cuda__fl_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                        int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
-  const int P = b->base.tp_size, me = b->base.rank;
-  tpf_cuda_flag_args f;
-  tpf_cuda__flag_init(b, r, a, TPF_STEP_BARRIER, st->tag, &f);
-  for (int q = 0; q < P; q++) {
-    if (q == me) continue;
-    f.remote[q] = tpf_cuda__flags(r, q) + (uint64_t)me * TPF_MAX_TAGS + st->tag;
-    f.local[q] = tpf_cuda__flags(r, me) + (uint64_t)q * TPF_MAX_TAGS + st->tag;
-  }
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_barrier(b, r, a, st, s, false);
 }
 
 /* Ranks in other processes agree on the host before anything is enqueued (cuda_hostsync.c). */
@@ -372,15 +416,6 @@ const tpf_cuda_transport tpf_cuda__transport_memops = {
  * TPF_EMISMATCH. Waits are bounded on the device as the flag kernels' always are. Used by every
  * rank mode: in-process ranks, whose eager transport is host-ordered, too. */
 
-static uint64_t *tpf_cuda__slot(const tpf_reg *r, int owner, int sender, uint64_t off) {
-  return (uint64_t *)(r->peer_base[owner] + r->ready_off + (uint64_t)sender * TPF_CUDA_READY_STRIDE +
-                      off);
-}
-
-static uint64_t *tpf_cuda__graph_flag(const tpf_reg *r, int owner, int sender, uint32_t tag) {
-  return tpf_cuda__slot(r, owner, sender, TPF_CUDA_SLOT_GRAPH_FLAGS) + tag;
-}
-
 tpf_status tpf_cuda__graph_begin(tpf_cuda_backend *b, tpf_reg *r, cudaStream_t s) {
   const int me = b->base.rank;
   if (b->base.tp_size == 1) return TPF_OK;
@@ -391,59 +426,27 @@ tpf_status tpf_cuda__graph_begin(tpf_cuda_backend *b, tpf_reg *r, cudaStream_t s
   return TPF_OK;
 }
 
-static void tpf_cuda__gr_init(tpf_cuda_backend *b, const tpf_reg *r, const tpf_exec_args *a,
-                              tpf_step_kind kind, uint32_t tag, tpf_cuda_flag_args *f) {
-  const int me = b->base.rank;
-  tpf_cuda__flag_init(b, r, a, kind, tag, f);
-  f->dev_seq = tpf_cuda__slot(r, me, me, TPF_CUDA_SLOT_GRAPH_SEQ);
-}
-
 static tpf_status tpf_cuda__gr_handshake(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                          cudaStream_t s) {
-  const tpf_schedule *sc = a->sched;
-  const int P = b->base.tp_size, me = b->base.rank;
-  tpf_cuda_flag_args f;
-  tpf_cuda__gr_init(b, r, a, TPF_STEP_HANDSHAKE, 0, &f);
-  f.handshake = 1;
-  f.rows = TPF_READY_BODY(TPF_READY_WORD(0, sc->op_key, sc->rows));
-  for (int q = 0; q < P; q++) {
-    if (q == me) continue;
-    f.remote[q] = tpf_cuda__slot(r, q, me, TPF_CUDA_SLOT_GRAPH_READY);
-    f.local[q] = tpf_cuda__slot(r, me, q, TPF_CUDA_SLOT_GRAPH_READY);
-  }
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_handshake(b, r, a, s, true);
 }
 
 static tpf_status tpf_cuda__gr_send(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
-  tpf_cuda_flag_args f;
-  tpf_cuda__gr_init(b, r, a, TPF_STEP_SEND, st->tag, &f);
-  f.remote[st->peer] = tpf_cuda__graph_flag(r, st->peer, b->base.rank, st->tag);
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_send(b, r, a, st, s, true);
 }
 
 static tpf_status tpf_cuda__gr_recv(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                     int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
-  tpf_cuda_flag_args f;
-  tpf_cuda__gr_init(b, r, a, TPF_STEP_RECV, st->tag, &f);
-  f.local[st->peer] = tpf_cuda__graph_flag(r, b->base.rank, st->peer, st->tag);
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_recv(b, r, a, st, s, true);
 }
 
 static tpf_status tpf_cuda__gr_barrier(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                        int idx, const tpf_step *st, cudaStream_t s) {
   (void)idx;
-  const int P = b->base.tp_size, me = b->base.rank;
-  tpf_cuda_flag_args f;
-  tpf_cuda__gr_init(b, r, a, TPF_STEP_BARRIER, st->tag, &f);
-  for (int q = 0; q < P; q++) {
-    if (q == me) continue;
-    f.remote[q] = tpf_cuda__graph_flag(r, q, me, st->tag);
-    f.local[q] = tpf_cuda__graph_flag(r, me, q, st->tag);
-  }
-  return TPF_CUDA_ENQ(b, SIGNAL, tpf_cuda__launch_flags_checked(&f, s));
+  return tpf_cuda__kn_barrier(b, r, a, st, s, true);
 }
 
 const tpf_cuda_transport tpf_cuda__transport_graph = {

@@ -26,25 +26,8 @@ import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 
 import tpflex.torch as te  # noqa: E402
+from thd_graphed_step import PlainBlock  # noqa: E402  (this rank's shards, plain torch)
 from thd_training_step import Block  # noqa: E402
-
-
-class PlainBlock(torch.nn.Module):
-    """Block's math on this rank's shards with plain torch ops: no tensor-parallel exchange (the
-    tpflex step's communication is what the ratio then shows, besides the host path)."""
-
-    def __init__(self, H: int, P: int, dt: torch.dtype, dev: torch.device) -> None:
-        super().__init__()
-        kw = dict(dtype=dt, device=dev)
-        self.ln = torch.nn.LayerNorm(H, **kw)
-        self.fc1 = torch.nn.Linear(H, 4 * H // P, **kw)
-        self.fc2 = torch.nn.Linear(4 * H // P, H, **kw)
-        self.qkv = torch.nn.Linear(H, 2 * H // P, **kw)
-        self.proj = torch.nn.Linear(2 * H // P, H, **kw)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.fc2(Fn.gelu(self.fc1(self.ln(x)), approximate="tanh"))
-        return x + self.proj(Fn.gelu(self.qkv(x), approximate="tanh"))
 
 
 def median_ms(step, iters: int) -> float:

@@ -44,22 +44,7 @@ import torch.nn.functional as Fn  # noqa: E402
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as te  # noqa: E402
 from graphed_buckets import packed  # noqa: E402
-
-UB = dict(ub_overlap_ag=True, ub_overlap_rs=True, ub_bulk_dgrad=True, ub_bulk_wgrad=True)
-
-
-class Block(torch.nn.Module):
-    """examples/thd_training_step.py's block: x + LayerNormMLP(x), then x + proj(gelu(qkv(x)))."""
-
-    def __init__(self, H, P, dt, dev):
-        super().__init__()
-        kw = dict(tp_size=P, sequence_parallel=True, params_dtype=dt, device=dev)
-        self.mlp = te.LayerNormMLP(H, 4 * H, set_parallel_mode=True, **UB, **kw)
-        self.qkv = te.Linear(H, 2 * H, parallel_mode="column", ub_name="qkv", **UB, **kw)
-        self.proj = te.Linear(2 * H, H, parallel_mode="row", ub_name="proj", **UB, **kw)
-
-    def forward(self, x):
-        return (x := x + self.mlp(x)) + self.proj(Fn.gelu(self.qkv(x), approximate="tanh"))
+from thd_training_step import Block  # noqa: E402  (the block of the training example)
 
 
 class PlainBlock(torch.nn.Module):
