@@ -20,6 +20,8 @@
  *   cuda_param.c             every environment knob, read once (TPF_DEBUG=INFO prints them)
  *   cuda_log.c               the TPF_DEBUG log ("tpflex:rank N LEVEL SUBSYS ...")
  *   cuda_error.c             cudaError_t / cublasStatus_t / ncclResult_t -> tpf_status
+ *   cuda_probe.c             the measurement probes (tpf_cuda_probe_*: one kernel each, for
+ *                            tpflex calibrate)
  *
  * Who calls whom (link-time references between the files, as tests/cuda_cpu/check_cuda_rooms.sh
  * lists them from the objects; it fails the build's tests on a cycle). By layer, each file
@@ -39,6 +41,8 @@
  *      cuda_reg.c                                        -> transport, status, log, error
  *   6  cuda_backend.c                                    -> reg, exec, status, gemm, bootstrap,
  *                                                           param, log, error
+ *   7  cuda_probe.c                                      -> backend (the ops table), kernels,
+ *                                                           error
  * cuda_exec.c and cuda_reg.c also call the transports through r->peer_tp / r->tp (function
  * pointers, not link-time edges; downwards all the same). Kernels get everything they need as
  * arguments (tpf_cuda_flag_args, tpf_cuda_reduce_args and the status pointer) and call nothing

@@ -40,8 +40,8 @@ ALLOWED = {
     "backend_sim": {"include"},
     "backend_cuda": {"include"},
     "harness": {"include", "core"},
-    "bench": {"include", "core", "harness", "tools"},
-    "tools": {"include", "core", "harness", "bench", "backend_cuda"},
+    "bench": {"include", "core", "harness"},
+    "tools": {"include", "core", "harness", "bench"},
     "fuzz": {"include"},
     "examples": {"include"},
 }

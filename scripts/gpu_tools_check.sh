@@ -11,7 +11,8 @@
 #                            procs mode at P = 2 (bench's groups: tpf_cuda_ranks in-process and over
 #                            the processes' bootstrap), and section 1 with its cudaMalloc/IPC rows
 #   bench-planner            --section planner --quick --tp 2 (the variants runner)
-#   calibrate                tpflex calibrate --backend cuda --quick (to $OUT/calibrated.txt)
+#   calibrate                tpflex calibrate --backend cuda --quick (to $OUT/calibrated.txt):
+#                            GEMMs as P = 1 operations, the tpf_cuda_probe_* probes
 #
 #   on the device, with .deps and .snap carried (bash scripts/gpu_snapshot.sh here first):
 #   OUT=$OUT bash scripts/gpu_tools_check.sh
@@ -32,4 +33,6 @@ for f in conf-quick conf-procs demo; do tail -1 "$OUT/$f.log" | tee -a "$S"; don
 for f in bench-tp bench-setshape bench-planner; do
   grep -E "^# bench finished|FAILED" "$OUT/$f.log" | head -5 | sed "s/^/$f: /" | tee -a "$S"
 done
-grep -E "^calibrate summary|FAILED" "$OUT/calibrate.log" | head -3 | tee -a "$S"
+# the GEMM points (P = 1 operations), reduce (tpf_cuda_probe_reduce) and launch_us (the enqueue
+# counters, tpf_cuda_probe_empty_launch): the public paths calibrate measures the backend through
+grep -E "^calibrate summary|^  (gemm|reduce|launch_us) |FAILED" "$OUT/calibrate.log" | head -5 | tee -a "$S"

@@ -2,9 +2,10 @@
  * writes it in the text format tpf_cost_table_parse reads.
  *
  * Method (CUDA; every figure a median of --iters repetitions timed with CUDA events):
- *   gemm     cuBLASLt called as the CUDA backend calls it (backend_cuda/cuda_gemm.c: the TN
- *            mapping, fp32 compute, the heuristic's first algorithm for the backend's workspace
- *            size, TPF_CUDA_WORKSPACE_BYTES or 32 MiB), row-major [m, k] x [n, k]^T in
+ *   gemm     the CUDA backend's own GEMM through the public API: a P = 1 BULK communicator's
+ *            tpf_bulk_overlap, which at P = 1 is exactly one GEMM step on the caller's stream
+ *            (core/schedule.c; the backend's execute_p1: cuBLASLt with its mapping, plan cache
+ *            and workspace, every SM; plus one event record), row-major [m, k] x [n, k]^T in
  *            --dtype, for m = 64 .. 32768 and the shapes the bench runs: AG [m, N, H] and RS
  *            [m, H, N] for N in {3584, 1024} (or --n), H = --hidden. A repetition is B = min(4,
  *            32768 / m) GEMMs back to back on different row blocks of A (as a split operation's
@@ -13,12 +14,16 @@
  *            --peer-device (by default the same device: the ranks of `tpflex bench` share one
  *            GPU, so their "peer" copies are device-local). Sizes 64 KiB .. 256 MiB, then
  *            latency + bytes / bandwidth fitted by least squares of the relative error.
- *   reduce   the backend's reduction kernel (tpf_cuda__launch_reduce, TPF_CUDA_COMM_CTAS CTAs as
- *            the backend launches it) summing 2, 4 and 8 views of [rows, H]; fitted like a copy
- *            over the bytes read (count * rows * H * e, what the cost model charges).
+ *   reduce   the backend's reduction kernel through tpf_cuda_probe_reduce (include/tpflex/
+ *            tpflex_cuda.h: TPF_CUDA_COMM_CTAS CTAs, as a reduce-scatter step launches it) summing
+ *            2, 4 and 8 views of [rows, H]; fitted like a copy over the bytes read
+ *            (count * rows * H * e, what the cost model charges).
  *   launch   host time of enqueueing one step, median of 200 calls each: (GEMM enqueue + copy
  *            enqueue) / 2 + one cudaEventRecord + cudaStreamWaitEvent (the in-process backend
- *            orders every cross-stream step through an event).
+ *            orders every cross-stream step through an event). The GEMM enqueue is the backend's
+ *            own count of its cuBLASLt call's host time in each P = 1 operation
+ *            (tpf_cuda_backend_enqueue_stats, kind gemm); the empty kernel launch (reported, not
+ *            used) is tpf_cuda_probe_empty_launch.
  *   handshake, barrier: the in-process ranks' host rendezvous (record an event, publish it, wait
  *            until the peer has published, make the stream wait on the peer's event) between two
  *            rank threads, per round; the backend's handshake and barrier are that mechanism.
@@ -347,9 +352,9 @@ static int cal_sim(const cli_ctx *ctx, const cal_opts *o) {
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "../backend_cuda/cuda_internal.h" /* the backend's reduction and flag kernels */
-#include "internal.h"                      /* TPF_CHECK, TPF_RETURN_IF */
-#include "reference.h"                     /* tpf_ref_store: random operands of any dtype */
+#include "internal.h"           /* TPF_CHECK, TPF_RETURN_IF */
+#include "reference.h"          /* tpf_ref_store: random operands of any dtype */
+#include "tpflex/tpflex_cuda.h" /* the P = 1 backend, its enqueue counters and probes */
 
 #define CAL_FLUSH_BYTES (256ull << 20)
 #define CAL_MAX_M 32768ull
@@ -363,10 +368,11 @@ typedef struct {
   void *a, *w, *d;           /* operands: A [32768, kmax], W [nmax, kmax], D [32768, nmax] */
   uint64_t kmax, nmax;       /* elements */
   uint64_t a_bytes, d_bytes; /* >= 256 MiB each: also the sources and targets of the copies */
-  cublasLtHandle_t lt;
-  void *ws; /* cuBLASLt workspace, the backend's size */
-  uint64_t ws_bytes;
-  tpf_cuda_status *status_host, *status_dev;
+  /* The CUDA backend at P = 1 (one rank thread: this one) and its BULK communicator, whose
+   * operations are one GEMM each; the probes run on the same backend. */
+  tpf_cuda_threads *grp;
+  tpf_backend *be;
+  tpf_comm *comm;
   int points, done; /* progress */
   double t0_ns;
 } cal_cu;
@@ -396,7 +402,7 @@ static tpf_status cal_cu_err(cudaError_t e, const char *what) {
     if (cal_e_ != cudaSuccess) return cal_cu_err(cal_e_, what);                                    \
   } while (0)
 
-/* A knob the CUDA backend also reads (backend_cuda/cuda_param.c), parsed as strictly as every
+/* A knob the CUDA backend also reads (its cuda_param.c), parsed as strictly as every
  * command-line number (cli_parse_u64: decimal, no sign, no wrap, in [lo, hi]); an invalid value
  * is named in a warning and the default is used, as the backend does. */
 static uint64_t cal_env_u64(const char *name, uint64_t dflt, uint64_t lo, uint64_t hi) {
@@ -464,9 +470,6 @@ static tpf_status cal_time(cal_cu *c, cal_rep_fn rep, void *arg, int per, double
     CAL_CU(cudaEventRecord(c->e1[i], c->s), "cudaEventRecord");
   }
   CAL_CU(cudaStreamSynchronize(c->s), "cudaStreamSynchronize");
-  TPF_RETURN_IF(c->status_host->code != 0, TPF_EBACKEND,
-                "calibrate: a backend kernel reported device error code %u",
-                (unsigned)c->status_host->code);
   double v[CAL_MAX_ITERS];
   for (int i = 0; i < n; i++) {
     float ms = 0;
@@ -477,83 +480,23 @@ static tpf_status cal_time(cal_cu *c, cal_rep_fn rep, void *arg, int per, double
   return TPF_OK;
 }
 
-/* ---- gemm: row-major d[m, n] = a[m, k] w[n, k]^T as the backend maps it onto cuBLASLt
- * (cuda_gemm.c): column-major D'[n, m] = op_T(w as k x n) * (a as k x m), fp32 compute and
- * scale, the heuristic's first algorithm for the backend's workspace size. ---- */
+/* ---- gemm: row-major d[m, n] = a[m, k] w[n, k]^T, the backend's GEMM through a P = 1 BULK
+ * communicator's tpf_bulk_overlap (one GEMM step on the caller's stream; the backend plans it
+ * with its cuBLASLt mapping and caches the plan per shape: the warm-up repetitions plan). */
 
 typedef struct {
   uint64_t m, n, k;
   int batch;
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t lw, la, ld;
-  cublasLtMatmulAlgo_t algo;
 } cal_gemm_arg;
-
-static tpf_status cal_lt_err(cublasStatus_t st, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "cuBLASLt %s failed: %s (%d)", what,
-                       cublasLtGetStatusString(st), (int)st);
-}
-#define CAL_LT(call, what)                                                                         \
-  do {                                                                                             \
-    cublasStatus_t cal_s_ = (call);                                                                \
-    if (cal_s_ != CUBLAS_STATUS_SUCCESS) return cal_lt_err(cal_s_, what);                          \
-  } while (0)
-
-static void cal_gemm_free(cal_gemm_arg *g) {
-  if (g->lw) cublasLtMatrixLayoutDestroy(g->lw);
-  if (g->la) cublasLtMatrixLayoutDestroy(g->la);
-  if (g->ld) cublasLtMatrixLayoutDestroy(g->ld);
-  if (g->desc) cublasLtMatmulDescDestroy(g->desc);
-  g->lw = g->la = g->ld = NULL;
-  g->desc = NULL;
-}
-
-static tpf_status cal_gemm_plan(cal_cu *c, cal_gemm_arg *g) {
-  const tpf_dtype dt = c->o->dtype;
-  const cudaDataType_t ty = dt == TPF_BF16 ? CUDA_R_16BF : dt == TPF_FP16 ? CUDA_R_16F : CUDA_R_32F;
-  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-  CAL_LT(cublasLtMatmulDescCreate(&g->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc create");
-  CAL_LT(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT),
-         "set TRANSA");
-  CAL_LT(cublasLtMatmulDescSetAttribute(g->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN),
-         "set TRANSB");
-  CAL_LT(cublasLtMatrixLayoutCreate(&g->lw, ty, g->k, g->n, (int64_t)g->k), "layout(w)");
-  CAL_LT(cublasLtMatrixLayoutCreate(&g->la, ty, g->k, g->m, (int64_t)g->k), "layout(a)");
-  CAL_LT(cublasLtMatrixLayoutCreate(&g->ld, ty, g->n, g->m, (int64_t)g->n), "layout(d)");
-  cublasLtMatmulPreference_t pref = NULL;
-  CAL_LT(cublasLtMatmulPreferenceCreate(&pref), "preference create");
-  uint64_t ws = c->ws_bytes;
-  cublasStatus_t st = cublasLtMatmulPreferenceSetAttribute(
-      pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-  /* The backend's rule (cuda_gemm.c): split-K only with compute-type (fp32) reductions. */
-  uint32_t reduction = CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
-                                              &reduction, sizeof reduction);
-  cublasLtMatmulHeuristicResult_t res;
-  memset(&res, 0, sizeof res);
-  int found = 0;
-  if (st == CUBLAS_STATUS_SUCCESS)
-    st = cublasLtMatmulAlgoGetHeuristic(c->lt, g->desc, g->lw, g->la, g->ld, g->ld, pref, 1, &res,
-                                        &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  CAL_LT(st, "heuristic");
-  TPF_RETURN_IF(found < 1, TPF_EBACKEND,
-                "cuBLASLt has no algorithm for %s [%llu,%llu]x[%llu,%llu]^T", tpf_dtype_name(dt),
-                (ull)g->m, (ull)g->k, (ull)g->n, (ull)g->k);
-  g->algo = res.algo;
-  return TPF_OK;
-}
 
 /* One GEMM of g on the row block `block` of A. */
 static tpf_status cal_gemm_one(cal_cu *c, const cal_gemm_arg *g, int block) {
-  const uint64_t e = tpf_dtype_size(c->o->dtype);
-  const char *a = (const char *)c->a + (uint64_t)block * g->m * g->k * e;
-  const float one = 1.0f, zero = 0.0f;
-  CAL_LT(cublasLtMatmul(c->lt, g->desc, &one, c->w, g->lw, a, g->la, &zero, c->d, g->ld, c->d,
-                        g->ld, &g->algo, c->ws, c->ws_bytes, c->s),
-         "cublasLtMatmul");
-  return TPF_OK;
+  const tpf_dtype dt = c->o->dtype;
+  const uint64_t e = tpf_dtype_size(dt);
+  tpf_matrix a = {(char *)c->a + (uint64_t)block * g->m * g->k * e, g->m, g->k, g->k, dt};
+  tpf_matrix w = {c->w, g->n, g->k, g->k, dt};
+  tpf_matrix d = {c->d, g->m, g->n, g->n, dt};
+  return tpf_bulk_overlap(c->comm, &a, &w, &d, c->s);
 }
 
 static tpf_status cal_gemm_rep(cal_cu *c, int rep, void *p) {
@@ -588,15 +531,16 @@ static tpf_status cal_copy_rep(cal_cu *c, int rep, void *p) {
 }
 
 typedef struct {
-  tpf_cuda_reduce_args ra;
-  int ctas;
+  const void *srcs[8];
+  int count;
+  uint64_t rows;
 } cal_reduce_arg;
 
 static tpf_status cal_reduce_rep(cal_cu *c, int rep, void *p) {
   (void)rep;
-  cal_reduce_arg *a = p;
-  CAL_CU(tpf_cuda__launch_reduce(&a->ra, c->status_dev, a->ctas, c->s), "reduce kernel launch");
-  return TPF_OK;
+  const cal_reduce_arg *a = p;
+  const uint64_t H = c->o->hidden;
+  return tpf_cuda_probe_reduce(c->be, a->srcs, a->count, H, c->d, H, a->rows, H, c->o->dtype, c->s);
 }
 
 /* us = lat + bytes / (gbps * 1e3), least squares of the relative error; *worst gets the largest
@@ -640,12 +584,20 @@ static tpf_status cal_host_us(cal_cu *c, cal_host_kind what, cudaStream_t other,
                               const cal_gemm_arg *small, double *us) {
   enum { N = 200 };
   double v[N];
+  tpf_cuda_enqueue_stats before, after;
+  memset(&before, 0, sizeof before);
+  memset(&after, 0, sizeof after);
   for (int i = -20; i < N; i++) {
     if (i >= 0 && i % 50 == 0) CAL_CU(cudaStreamSynchronize(c->s), "cudaStreamSynchronize");
     double t0 = cal_now_ns();
     switch (what) {
-    case H_GEMM:
+    case H_GEMM: /* the backend's own count of its cuBLASLt call's host time, not the op's */
+      TPF_CHECK(tpf_cuda_backend_enqueue_stats(c->be, &before));
       TPF_CHECK(cal_gemm_one(c, small, 0));
+      TPF_CHECK(tpf_cuda_backend_enqueue_stats(c->be, &after));
+      TPF_RETURN_IF(after.calls[TPF_CUDA_ENQ_GEMM] != before.calls[TPF_CUDA_ENQ_GEMM] + 1,
+                    TPF_EBACKEND, "calibrate: a P = 1 operation made %llu GEMM calls, not one",
+                    (ull)(after.calls[TPF_CUDA_ENQ_GEMM] - before.calls[TPF_CUDA_ENQ_GEMM]));
       break;
     case H_COPY:
       CAL_CU(cudaMemcpyAsync(c->d, c->a, 65536, cudaMemcpyDeviceToDevice, c->s), "cudaMemcpyAsync");
@@ -654,16 +606,14 @@ static tpf_status cal_host_us(cal_cu *c, cal_host_kind what, cudaStream_t other,
       CAL_CU(cudaEventRecord(ev, c->s), "cudaEventRecord");
       CAL_CU(cudaStreamWaitEvent(other, ev, 0), "cudaStreamWaitEvent");
       break;
-    case H_KERNEL: {
-      tpf_cuda_flag_args f;
-      memset(&f, 0, sizeof f);
-      f.status = c->status_dev; /* no peers: the backend's 1-thread kernel, doing nothing */
-      f.timeout_ns = 1000000000ull;
-      CAL_CU(tpf_cuda__launch_flags(&f, c->s), "flag kernel launch");
+    case H_KERNEL: /* the backend's 1-thread flag kernel with no peer, doing nothing */
+      TPF_CHECK(tpf_cuda_probe_empty_launch(c->be, c->s));
       break;
     }
-    }
-    if (i >= 0) v[i] = (cal_now_ns() - t0) * 1e-3;
+    if (i >= 0)
+      v[i] = what == H_GEMM
+                 ? (double)(after.ns[TPF_CUDA_ENQ_GEMM] - before.ns[TPF_CUDA_ENQ_GEMM]) * 1e-3
+                 : (cal_now_ns() - t0) * 1e-3;
   }
   CAL_CU(cudaStreamSynchronize(c->s), "cudaStreamSynchronize");
   CAL_CU(cudaStreamSynchronize(other), "cudaStreamSynchronize");
@@ -764,18 +714,22 @@ static void cal_free(cal_cu *c) {
     if (c->e0[i]) cudaEventDestroy(c->e0[i]);
     if (c->e1[i]) cudaEventDestroy(c->e1[i]);
   }
-  if (c->lt) cublasLtDestroy(c->lt);
-  if (c->ws) cudaFree(c->ws);
+  if (c->s) cudaStreamSynchronize(c->s);
+  if (c->comm) tpf_comm_destroy(c->comm);
+  if (c->be) tpf_cuda_backend_destroy(c->be);
+  if (c->grp) tpf_cuda_threads_destroy(c->grp);
+  c->comm = NULL;
+  c->be = NULL;
+  c->grp = NULL;
   if (c->s) cudaStreamDestroy(c->s);
   if (c->flush) cudaFree(c->flush);
   if (c->a) cudaFree(c->a);
   if (c->w) cudaFree(c->w);
   if (c->d) cudaFree(c->d);
-  if (c->status_host) cudaFreeHost(c->status_host);
 }
 
-/* The device, its description in rep->gpu, the stream, events, operands, the backend's status
- * word and workspace, and the cuBLASLt handle. */
+/* The device, its description in rep->gpu, the stream, events, operands, and the P = 1 backend
+ * with its BULK communicator (the GEMMs and probes run through them). */
 static tpf_status cal_setup(cal_cu *c, cal_report *rep) {
   const cal_opts *o = c->o;
   const tpf_dtype dt = o->dtype;
@@ -811,17 +765,18 @@ static tpf_status cal_setup(cal_cu *c, cal_report *rep) {
   TPF_CHECK(cal_fill(c->a, c->a_bytes / e, dt));
   TPF_CHECK(cal_fill(c->w, c->nmax * c->kmax, dt));
   CAL_CU(cudaMemset(c->d, 0, c->d_bytes), "cudaMemset(D)");
-  void *hs = NULL;
-  CAL_CU(cudaHostAlloc(&hs, sizeof(tpf_cuda_status), cudaHostAllocMapped), "cudaHostAlloc");
-  c->status_host = hs;
-  memset(hs, 0, sizeof(tpf_cuda_status));
-  void *ds = NULL;
-  CAL_CU(cudaHostGetDevicePointer(&ds, hs, 0), "cudaHostGetDevicePointer");
-  c->status_dev = ds;
-  c->ws_bytes =
-      cal_env_u64("TPF_CUDA_WORKSPACE_BYTES", 32ull << 20, 0, 1ull << 40); /* the backend's */
-  CAL_CU(cudaMalloc(&c->ws, c->ws_bytes), "cudaMalloc(workspace)");
-  CAL_LT(cublasLtCreate(&c->lt), "cublasLtCreate");
+  /* The backend at P = 1: one rank, this thread, on --device. */
+  TPF_CHECK(tpf_cuda_threads_create(1, &c->grp));
+  tpf_bootstrap boot;
+  TPF_CHECK(tpf_cuda_threads_bootstrap(c->grp, 0, o->device, &boot));
+  TPF_CHECK(tpf_cuda_backend_create(&boot, &c->be));
+  tpf_comm_config cfg = TPF_COMM_CONFIG_INIT;
+  cfg.name = "calibrate_gemm";
+  cfg.algo = TPF_ALGO_BULK; /* at P = 1 an operation is its one GEMM; the buffer is unused */
+  cfg.coll = TPF_COLL_AG;
+  cfg.dtype = dt;
+  cfg.capacity = (tpf_shape){128, 128};
+  TPF_CHECK(tpf_comm_create(c->be, &cfg, &c->comm));
   return TPF_OK;
 }
 
@@ -868,10 +823,7 @@ static tpf_status cal_gemms(cal_cu *c, const cal_grid *gr, tpf_cost_table *t, ca
         uint64_t b = CAL_MAX_M / g.m;
         g.batch = (int)(b > 4 ? 4 : b < 1 ? 1 : b);
         double us = 0;
-        tpf_status gst = cal_gemm_plan(c, &g);
-        if (gst == TPF_OK) gst = cal_time(c, cal_gemm_rep, &g, g.batch, &us);
-        cal_gemm_free(&g);
-        TPF_CHECK(gst);
+        TPF_CHECK(cal_time(c, cal_gemm_rep, &g, g.batch, &us));
         TPF_RETURN_IF(t->ngemm >= TPF_COST_MAX_GEMM_POINTS, TPF_EINVAL,
                       "calibrate: more than %d gemm points", TPF_COST_MAX_GEMM_POINTS);
         t->gemm[t->ngemm++] = (tpf_cost_gemm_point){dt, g.m, g.n, g.k, us};
@@ -949,14 +901,9 @@ static tpf_status cal_reductions(cal_cu *c, const cal_grid *gr, tpf_cost_table *
       memset(&a, 0, sizeof a);
       const uint64_t rows = gr->rows[ri];
       for (int q = 0; q < gr->cnt[ci]; q++)
-        a.ra.srcs[q] = (const char *)c->a + (uint64_t)q * rows * H * e;
-      a.ra.dst = c->d;
-      a.ra.src_ld = a.ra.dst_ld = H;
-      a.ra.rows = rows;
-      a.ra.cols = H;
-      a.ra.count = gr->cnt[ci];
-      a.ra.src_dtype = a.ra.dst_dtype = (int32_t)c->o->dtype;
-      a.ctas = rep->ctas;
+        a.srcs[q] = (const char *)c->a + (uint64_t)q * rows * H * e;
+      a.count = gr->cnt[ci];
+      a.rows = rows;
       TPF_CHECK(cal_time(c, cal_reduce_rep, &a, 1, &ys[nr]));
       xs[nr] = (double)gr->cnt[ci] * (double)rows * (double)H * (double)e;
       cal_progress(c, "reduce %d x [%llu, %llu]: %.2f us (%.1f GB/s read)", gr->cnt[ci], (ull)rows,
@@ -979,10 +926,8 @@ static tpf_status cal_hosts(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   small.n = c->nmax < 1024 ? c->nmax : 1024;
   small.k = c->o->hidden;
   small.batch = 1;
-  tpf_status st = cal_gemm_plan(c, &small);
-  if (st == TPF_OK) st = cal_host_us(c, H_GEMM, other, ev, &small, &rep->h_gemm);
+  tpf_status st = cal_host_us(c, H_GEMM, other, ev, &small, &rep->h_gemm);
   if (st == TPF_OK) cal_progress(c, "host: cublasLtMatmul enqueue %.2f us", rep->h_gemm);
-  cal_gemm_free(&small);
   if (st == TPF_OK) st = cal_host_us(c, H_COPY, other, ev, NULL, &rep->h_copy);
   if (st == TPF_OK) cal_progress(c, "host: cudaMemcpyAsync enqueue %.2f us", rep->h_copy);
   if (st == TPF_OK) st = cal_host_us(c, H_EVENT, other, ev, NULL, &rep->h_event);
@@ -1031,8 +976,8 @@ static void cal_cuda_comments(const cal_opts *o, const cal_report *rep, const ca
       "# Format: include/tpflex/tpflex_cost.h. Method (tools/cmd_calibrate.c): medians of %d "
       "repetitions timed\n"
       "# with CUDA events, each after a 256 MiB memset that evicts the L2.\n"
-      "# gemm: cuBLASLt as the CUDA backend calls it, %s [m,k]x[n,k]^T; AG shapes [m, N, H] then "
-      "RS shapes [m, H, N];\n"
+      "# gemm: the CUDA backend's GEMM (a P = 1 operation: one cuBLASLt call), %s [m,k]x[n,k]^T; "
+      "AG shapes [m, N, H] then RS shapes [m, H, N];\n"
       "#   one sample = min(4, 32768/m) GEMMs back to back / their count. The cost model "
       "interpolates by flops\n"
       "#   alone over every point of a dtype (equal flops: the first line listed wins).\n"
