@@ -8,24 +8,19 @@
  *   test_cuda_capture threads P      ranks as threads of this process (P in 1..8)
  *   test_cuda_capture procs P        ranks as processes sharing the GPU (CUDA IPC)
  */
-#define _DEFAULT_SOURCE /* MAP_ANONYMOUS */
 #define _POSIX_C_SOURCE 200809L
+#include "proc_boot.h"
 #include "tpflex/tpflex.h"
 #include "tpflex/tpflex_backend.h"
 #include "tpflex/tpflex_cuda.h"
 
 #include <cuda_runtime.h>
 #include <pthread.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #define MAXP 8
-#define SLOT 8192
 #define REPLAYS 12
 
 #define CHECK(cond, ...)                                                                           \
@@ -373,93 +368,34 @@ static int run_threads(int P) {
 
 /* ---- processes ---- */
 
-typedef struct {
-  pthread_barrier_t bar;
-  unsigned char buf[MAXP][SLOT];
-  int P;
-} shared_boot;
-
-typedef struct {
-  shared_boot *sh;
-  int rank;
-} proc_ctx;
-
-static tpf_status sh_barrier(void *ctx) {
-  pthread_barrier_wait(&((proc_ctx *)ctx)->sh->bar);
-  return TPF_OK;
+static void pb_barrier(void *ctx) {
+  proc_boot_barrier(ctx);
 }
 
-static void sh_barrier_void(void *ctx) {
-  (void)sh_barrier(ctx);
-}
-
-static tpf_status sh_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
-  proc_ctx *c = ctx;
-  if (bytes > SLOT) return tpf_set_error(TPF_EINVAL, "allgather of %zu bytes > %d", bytes, SLOT);
-  memcpy(c->sh->buf[c->rank], send, bytes);
-  pthread_barrier_wait(&c->sh->bar);
-  for (int r = 0; r < c->sh->P; r++)
-    memcpy((unsigned char *)recv + (size_t)r * bytes, c->sh->buf[r], bytes);
-  pthread_barrier_wait(&c->sh->bar);
-  return TPF_OK;
-}
-
-static int child(shared_boot *sh, int rank) {
-  proc_ctx ctx = {sh, rank};
+static int child(proc_boot *pb, int rank) {
   int ndev = 0;
   if (cudaGetDeviceCount(&ndev) != cudaSuccess || ndev < 1) {
     if (rank == 0) printf("skipped: no GPU\n");
     return 77;
   }
   cudaSetDevice(0);
-  tpf_bootstrap boot = {.tp_size = sh->P,
-                        .rank = rank,
-                        .device = 0,
-                        .allgather = sh_allgather,
-                        .barrier = sh_barrier,
-                        .ctx = &ctx};
-  rank_ctx k = {.rank = rank, .P = sh->P, .barrier = sh_barrier_void, .bctx = &ctx};
+  tpf_bootstrap boot;
+  proc_boot_fill(pb, rank, 0, &boot);
+  rank_ctx k = {.rank = rank, .P = boot.tp_size, .barrier = pb_barrier, .bctx = pb};
   if (tpf_cuda_backend_create(&boot, &k.be) != TPF_OK) {
     fprintf(stderr, "FAIL process rank %d: backend: %s\n", rank, tpf_last_error());
     return 1;
   }
   int rc = rank_body(&k);
   tpf_cuda_backend_destroy(k.be);
-  if (rank == 0 && rc == 0)
-    printf("procs P %d: %d replays per rank, all equal\n", sh->P, k.replays);
+  if (rank == 0 && rc == 0) printf("procs P %d: %d replays per rank, all equal\n", k.P, k.replays);
   fflush(stdout);
   return rc;
 }
 
 static int run_procs(int P) {
-  shared_boot *sh =
-      mmap(NULL, sizeof(shared_boot), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (sh == MAP_FAILED) return 1;
-  sh->P = P;
-  pthread_barrierattr_t ba;
-  pthread_barrierattr_init(&ba);
-  pthread_barrierattr_setpshared(&ba, PTHREAD_PROCESS_SHARED);
-  pthread_barrier_init(&sh->bar, &ba, (unsigned)P);
-  pid_t pids[MAXP];
-  for (int r = 0; r < P; r++) {
-    fflush(stdout);
-    pids[r] = fork();
-    if (pids[r] == 0) _exit(child(sh, r));
-  }
-  int worst = 0;
-  for (int done = 0; done < P; done++) {
-    int status = 0;
-    pid_t p = wait(&status);
-    if (p < 0) break;
-    const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-    if (code == 77) return 77; /* no GPU: every child says so */
-    if (code != 0) {
-      worst = code;
-      for (int r = 0; r < P; r++)
-        if (pids[r] != p) kill(pids[r], SIGTERM);
-    }
-  }
-  return worst;
+  proc_boot *pb = proc_boot_create(P);
+  return pb == NULL ? 1 : proc_boot_run(pb, child);
 }
 
 int main(int argc, char **argv) {
@@ -477,6 +413,7 @@ int main(int argc, char **argv) {
     return 77;
   }
   const int rc = strcmp(mode, "threads") == 0 ? run_threads(P) : run_procs(P);
+  if (rc == 77) return 77; /* every process found no GPU */
   printf("test_cuda_capture %s P %d: %s\n", mode, P, rc ? "FAILED" : "PASSED");
   return rc ? 1 : 0;
 }
