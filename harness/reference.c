@@ -272,17 +272,8 @@ tpf_status tpf_ref_gemm_f32(const tpf_matrix *x, const tpf_matrix *w, float *out
 
 tpf_status tpf_ref_rs_add_partial(const tpf_matrix *x_rows, const tpf_matrix *w, tpf_dtype buf,
                                   float *acc, float *slack) {
-  if (!x_rows || !w || !acc || !slack) return TPF_EINVAL;
-  const uint64_t n = x_rows->rows * w->rows;
-  float *p = malloc((size_t)(n ? n : 1) * sizeof(float));
-  if (!p) return TPF_ENOMEM;
-  tpf_status st = tpf_ref_gemm_f32(x_rows, w, p);
-  for (uint64_t i = 0; st == TPF_OK && i < n; i++) {
-    acc[i] += tpf_ref_round(buf, p[i]);
-    slack[i] += (float)tpf_ref_ulp(buf, p[i]);
-  }
-  free(p);
-  return st;
+  /* Scale 1 multiplies exactly: the unscaled partial. */
+  return tpf_ref_rs_add_partial_scaled(x_rows, w, buf, 1.0f, false, acc, slack);
 }
 
 tpf_status tpf_ref_rs_add_partial_scaled(const tpf_matrix *x_rows, const tpf_matrix *w,
@@ -305,9 +296,7 @@ tpf_status tpf_ref_rs_add_partial_scaled(const tpf_matrix *x_rows, const tpf_mat
 
 tpf_status tpf_ref_rs_add_partial_order(const tpf_matrix *x_rows, const tpf_matrix *w,
                                         tpf_dtype buf, bool own_order, float *acc, float *slack) {
-  tpf_status st = tpf_ref_rs_add_partial(x_rows, w, buf, acc, slack);
-  if (st == TPF_OK && own_order) st = tpf_ref_order_slack_add(x_rows, w, 1.0, slack);
-  return st;
+  return tpf_ref_rs_add_partial_scaled(x_rows, w, buf, 1.0f, own_order, acc, slack);
 }
 
 double tpf_ref_gamma(uint64_t k) {
