@@ -481,9 +481,9 @@ void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_sch
  * node, so that every replay records it. */
 static tpf_status tpf_cuda__record_done(tpf_cuda_backend *b, tpf_reg *r, cudaStream_t user) {
   TPF_CUDA_TRY(TPF_CUDA_ENQ(b, RECORD,
-                            b->capturing
-                                ? cudaEventRecordWithFlags(r->done_ev, user, cudaEventRecordExternal)
-                                : cudaEventRecord(r->done_ev, user)),
+                            b->capturing ? cudaEventRecordWithFlags(r->done_ev, user,
+                                                                    cudaEventRecordExternal)
+                                         : cudaEventRecord(r->done_ev, user)),
                "cudaEventRecord(done)");
   return TPF_OK;
 }

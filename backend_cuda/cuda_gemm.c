@@ -84,9 +84,9 @@ typedef struct {
 
 struct tpf_cuda_gemm {
   cublasLtHandle_t handle;
-  void *ws;          /* nworkspaces * ws_bytes of device memory */
-  uint64_t ws_bytes; /* per workspace */
-  void *scratch;     /* nworkspaces * TPF_CUDA_EPI_SCRATCH_BYTES of device memory (fp32) */
+  void *ws;                   /* nworkspaces * ws_bytes of device memory */
+  uint64_t ws_bytes;          /* per workspace */
+  void *scratch;              /* nworkspaces * TPF_CUDA_EPI_SCRATCH_BYTES of device memory (fp32) */
   tpf_cuda_status *ok_status; /* device memory, always TPF_CUDA_DEV_OK: the reduce kernel's */
   int nworkspaces;
   bool force_fallback; /* TPF_CUDA_GEMM_FALLBACK: every GEMM by the plain kernel */
@@ -367,17 +367,16 @@ static tpf_status tpf_cuda__gemm_fallback(tpf_cuda_gemm *g, const void *a, tpf_d
  * (cuBLASLt, no epilogue) and the reduce kernel (count 1, fp32 in) applies the whole epilogue in
  * fp32 and rounds once, row block by row block of the scratch. With rows too wide for the
  * scratch, the plain kernel does it all. */
-static tpf_status tpf_cuda__gemm_beta16(tpf_cuda_gemm *g, const void *a, tpf_dtype at,
-                                        uint64_t lda, const void *w, tpf_dtype wt, uint64_t ldw,
-                                        void *d, tpf_dtype dt, uint64_t ldd, uint64_t m,
-                                        uint64_t n, uint64_t k, unsigned flags,
-                                        const tpf_cuda_epi *e, int sm_target, int ws,
-                                        cudaStream_t s) {
+static tpf_status tpf_cuda__gemm_beta16(tpf_cuda_gemm *g, const void *a, tpf_dtype at, uint64_t lda,
+                                        const void *w, tpf_dtype wt, uint64_t ldw, void *d,
+                                        tpf_dtype dt, uint64_t ldd, uint64_t m, uint64_t n,
+                                        uint64_t k, unsigned flags, const tpf_cuda_epi *e,
+                                        int sm_target, int ws, cudaStream_t s) {
   const uint64_t block = TPF_CUDA_EPI_SCRATCH_BYTES / (n * sizeof(float));
   if (block == 0)
     return tpf_cuda__gemm_fallback(g, a, at, lda, w, ldw, d, dt, ldd, m, n, k, flags, e, s);
-  float *scratch =
-      (float *)((char *)g->scratch + (size_t)TPF_CUDA_EPI_SCRATCH_BYTES * (size_t)(ws % g->nworkspaces));
+  float *scratch = (float *)((char *)g->scratch +
+                             (size_t)TPF_CUDA_EPI_SCRATCH_BYTES * (size_t)(ws % g->nworkspaces));
   const uint64_t ea = tpf_dtype_size(at), ed = tpf_dtype_size(dt);
   for (uint64_t r0 = 0; r0 < m; r0 += block) {
     const uint64_t rows = m - r0 < block ? m - r0 : block;

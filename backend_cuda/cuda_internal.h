@@ -161,7 +161,8 @@ tpf_status tpf_cuda__gemm_run_ex(tpf_cuda_gemm *g, const void *a, tpf_dtype at, 
  * GEMMs run_ex enqueues next) and refuses, with TPF_EUNSUPPORTED and nothing enqueued, fp8 GEMM
  * steps cuBLASLt cannot run (transposed operands, leading dimensions not multiples of 16, a bias
  * on an fp32 D). */
-tpf_status tpf_cuda__gemm_fp8_prepare(tpf_cuda_gemm *g, const tpf_exec_args *a); /* g NULL: checks */
+tpf_status tpf_cuda__gemm_fp8_prepare(tpf_cuda_gemm *g,
+                                      const tpf_exec_args *a); /* g NULL: checks */
 /* How one step GEMM maps onto cuBLASLt's column-major D' = op(A') op(B') (the Method of
  * cuda_gemm.c), as plain numbers so that CPU tests can check the mapping without a GPU. Layouts
  * are column-major (rows, cols, ld); op_a / op_b are 1 for CUBLAS_OP_T. epilogue is the

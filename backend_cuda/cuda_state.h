@@ -88,9 +88,9 @@ struct tpf_reg {
   bool sync_owner;             /* events: this rank allocated sync (rank 0) */
   tpf_cuda_hostsync *hostsync; /* flags, ranks in other processes: host agreement; else NULL */
   cudaEvent_t ready_ev[2];     /* this rank's operation-start events, by parity */
-  cudaEvent_t done_ev; /* recorded on the caller's stream at the end of every operation (an
-                        * external record node under capture, so replays record it too):
-                        * reg_sync waits for it */
+  cudaEvent_t done_ev;         /* recorded on the caller's stream at the end of every operation (an
+                                * external record node under capture, so replays record it too):
+                                * reg_sync waits for it */
   atomic_int aborted;          /* tpf_comm_abort: host waits on this registration give up */
   tpf_status deferred;         /* first device-side failure of its operations (rank thread) */
   /* Its own device status area: the kernels of its operations report into it

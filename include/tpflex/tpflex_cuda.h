@@ -102,9 +102,8 @@ TPF_API void tpf_cuda_nccl_bootstrap_free(tpf_bootstrap *b);
  * fp16 or fp32, the same for sources and destination). Row-major, leading dimensions src_ld
  * (every source) and dst_ld in elements (>= cols); count 1..64 (TPF_MAX_RANKS); device pointers. */
 TPF_API tpf_status tpf_cuda_probe_reduce(tpf_backend *be, const void *const *srcs, int count,
-                                         uint64_t src_ld, void *dst, uint64_t dst_ld,
-                                         uint64_t rows, uint64_t cols, tpf_dtype dtype,
-                                         void *stream);
+                                         uint64_t src_ld, void *dst, uint64_t dst_ld, uint64_t rows,
+                                         uint64_t cols, tpf_dtype dtype, void *stream);
 /* The backend's 1-thread flag kernel with no peer to signal or wait for: a kernel launch that
  * does nothing (the host cost of one launch). */
 TPF_API tpf_status tpf_cuda_probe_empty_launch(tpf_backend *be, void *stream);

@@ -71,7 +71,7 @@ static void test_manager__applies_to_eligible_only(void **state) {
   assert_int_equal(rows_of(f->m, "fc1_dgrad"), 40);
   assert_int_equal(rows_of(f->m, "fc1_wgrad"), 40);
   assert_int_equal(rows_of(f->m, "fc2_fprop_fp8"), 40); /* fp8 follows the shape (SPEC §11) */
-  assert_int_equal(rows_of(f->m, "proj_wgrad"), 128);    /* external: capacity */
+  assert_int_equal(rows_of(f->m, "proj_wgrad"), 128);   /* external: capacity */
   assert_int_equal(f->be.reg_total, 6);
 }
 
