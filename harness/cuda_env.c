@@ -348,6 +348,7 @@ tpf_status tpf_cuda_conf_env_init(tpf_conf_env *env) {
       .download = cuda_download,
       .stream = cuda_stream,
       .sync = cuda_sync,
+      .fp8_tn_only = true, /* cuBLASLt's fp8 GEMM (tpf_cuda__gemm_fp8_prepare) */
       .ctx = st,
   };
   return TPF_OK;
@@ -381,6 +382,7 @@ tpf_status tpf_cuda_conf_env_init_lazy(tpf_conf_env *env) {
       .download = cuda_download,
       .stream = cuda_stream,
       .sync = cuda_sync,
+      .fp8_tn_only = true, /* cuBLASLt's fp8 GEMM (tpf_cuda__gemm_fp8_prepare) */
       .ctx = st,
   };
   return TPF_OK;

@@ -45,4 +45,5 @@ void tpf_conf_host_env(tpf_conf_env *env) {
   env->download = host_copy;
   env->stream = no_stream;
   env->sync = backend_sync;
+  env->fp8_tn_only = false;
 }

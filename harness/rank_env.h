@@ -8,6 +8,7 @@
 
 #include "tpflex/tpflex_backend.h"
 
+#include <stdbool.h>
 #include <stddef.h>
 
 typedef struct tpf_conf_env tpf_conf_env;
@@ -28,6 +29,9 @@ struct tpf_conf_env {
   /* The stream a rank passes to operations (NULL for sim), and a wait for it. */
   void *(*stream)(tpf_conf_env *env, int rank);
   tpf_status (*sync)(tpf_conf_env *env, int rank, tpf_backend *be);
+  /* The backend's fp8 GEMM takes only the TN layout (cuBLASLt on Hopper): an fp8 operation with
+   * trans_a or trans_w is refused with TPF_EUNSUPPORTED, and a bias needs a 16-bit D. */
+  bool fp8_tn_only;
   void *ctx; /* environment's own state */
 };
 

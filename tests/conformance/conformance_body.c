@@ -27,8 +27,10 @@
  * e4m3 sweep alternately e4m3 and e5m2 with T, so both cuBLASLt pairs run), with per-tensor scales
  * a_scale_inv 0.75 and w_scale_inv 2 (in backend memory); D alternates bf16 / fp32 / fp16. RS
  * sites keep a bf16 buffer (an fp8 one would hold fp8 partial sums; the core refuses it), so
- * their partials are reduced in fp32 and written in D's dtype. The options sweep stays on the
- * three wide dtypes.
+ * their partials are reduced in fp32 and written in D's dtype. The options sweep runs the fp8
+ * dtypes too, with the same operand dtypes and scales: a bias case writes a 16-bit D there, and
+ * on an environment whose fp8 GEMM is TN only (CUDA: tpf_conf_env.fp8_tn_only) every trans_a /
+ * trans_w case must be refused with TPF_EUNSUPPORTED, changing nothing.
  *
  * A backend that sums a GEMM's products in its own order (the CUDA driver says so:
  * tpf_conformance_main's own_order) gets SPEC §7's fp32 accumulation-order slack on every GEMM
@@ -84,9 +86,10 @@ typedef struct {
   int P;
   uint64_t C, H, K, N; /* capacity rows, buffer columns, RS inner dim, AG weight rows */
   bool histories;
-  bool options;   /* the API 0.2 options sweep (on unless --no-options) */
-  bool own_order; /* the backend sums over k in its own order: GEMMs get the order slack */
-  int only_kind;  /* -1: all */
+  bool options;     /* the API 0.2 options sweep (on unless --no-options) */
+  bool own_order;   /* the backend sums over k in its own order: GEMMs get the order slack */
+  bool fp8_tn_only; /* the environment's: fp8 with trans_a / trans_w is refused (cuBLASLt) */
+  int only_kind;    /* -1: all */
   uint64_t seed;
   int verbose;
   conf_rank_result rk[TPF_MAX_RANKS];
@@ -689,22 +692,34 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   memset(&bias, 0, sizeof bias);
   float *prod = NULL, *acc = NULL, *slack = NULL;
   tpf_status rc = TPF_OK;
-  const tpf_dtype od = out_dtype(dt, T, P);
+  const tpf_dtype cd = comm_dtype(kind, dt); /* the buffer's (fp8 RS sites: bf16) */
+  const tpf_dtype wd = w_dtype(dt, T, P);
+  /* An fp8 GEMM's bias is in a 16-bit D (cuBLASLt has no fp32-D bias for fp8): a bias case of an
+   * fp8 sweep writes bf16 where the T rotation would give fp32. */
+  tpf_dtype od = out_dtype(ag || bulk ? dt : cd, T, P); /* an RS D is the buffer's or fp32 */
+  if (is_fp8(dt) && o->bias && od == TPF_FP32) od = TPF_BF16;
+  /* A backend whose fp8 GEMM is TN only must refuse a transposed fp8 operand, before anything
+   * moves (the layout's refusal of a split count comes first: the core checks it). */
+  if (expect == TPF_OK && is_fp8(dt) && run->fp8_tn_only && (trans_a || o->trans_w))
+    expect = TPF_EUNSUPPORTED;
+  fp8_opts f8;
+  memset(&f8, 0, sizeof f8);
 
+  TPF_CHECK_GOTO(fp8_opts_new(cx, dt, &f8), rc, out);
   if (ag) {
-    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, cd), rc, out);
     tpf_ref_fill(&x, tpf_ref_mix(seed_base, 1), -1.0f, 1.0f);
     TPF_CHECK_GOTO(tpf_stage_put_local(run->env, cx->rank, c, &x), rc, out);
   } else {
     TPF_CHECK_GOTO(opt_operand(cx, trans_a, M, Kd, dt,
                                tpf_ref_mix(seed_base, 2 + (uint64_t)cx->rank),
-                               pad_ld(trans_a ? M : Kd, T, P), &a, &al),
+                               pad_ld_dt(trans_a ? M : Kd, T, P, dt), &a, &al),
                    rc, out);
   }
-  TPF_CHECK_GOTO(opt_weight(cx, o->trans_w, Nd, Kd, dt,
+  TPF_CHECK_GOTO(opt_weight(cx, o->trans_w, Nd, Kd, wd,
                             tpf_ref_mix(seed_base, 100 + (uint64_t)cx->rank), &w, &wl),
                  rc, out);
-  TPF_CHECK_GOTO(mat_new(cx, &d, Mo, Nd, pad_ld(Nd, T, P), od), rc, out);
+  TPF_CHECK_GOTO(mat_new(cx, &d, Mo, Nd, pad_ld_dt(Nd, T, P, dt), od), rc, out);
   if (o->beta != 0.0f) { /* D holds what the operation accumulates into */
     tpf_ref_fill(&d.host, tpf_ref_mix(seed_base, 200 + (uint64_t)cx->rank), -1.0f, 1.0f);
     TPF_CHECK_GOTO(mat_upload(cx, &d), rc, out);
@@ -719,7 +734,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     TPF_CHECK_GOTO(mat_upload(cx, &bias), rc, out);
   }
   if (bulk && k->coll == TPF_COLL_AG) {
-    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, dt), rc, out);
+    TPF_CHECK_GOTO(tpf_stage_host_new(&x, T, run->H, cd), rc, out);
     tpf_ref_fill(&x, tpf_ref_mix(seed_base, 1), -1.0f, 1.0f);
     TPF_CHECK_GOTO(tpf_stage_put_local(run->env, cx->rank, c, &x), rc, out);
   }
@@ -732,6 +747,8 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   opt.bias = o->bias ? bias.dev.ptr : NULL;
   opt.gelu = o->gelu;
   opt.num_splits = splits;
+  opt.a_scale_inv = f8.o.a_scale_inv; /* fp8: the per-tensor scales (NULL otherwise) */
+  opt.w_scale_inv = f8.o.w_scale_inv;
   const uint64_t epoch = tpf_comm_epoch(c);
   tpf_status st;
   if (ag)
@@ -761,13 +778,15 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
   }
   /* own_order: the accumulation-order slack of the product, scaled as the epilogue scales it
    * (|alpha|, GELU's slope bound 1.2), as the RS slack below. */
-  const double oscale = fabs((double)o->alpha) * (o->gelu ? 1.2 : 1.0);
-  if (ag) {
-    TPF_CHECK_GOTO(tpf_ref_gemm_f32(&x, &wl, prod), rc, out);
-    TPF_CHECK_GOTO(tpf_ref_order_slack(&x, &wl, oscale, run->own_order, &slack), rc, out);
-  } else if (bulk) {
-    TPF_CHECK_GOTO(tpf_ref_gemm_f32(&al, &wl, prod), rc, out);
-    TPF_CHECK_GOTO(tpf_ref_order_slack(&al, &wl, oscale, run->own_order, &slack), rc, out);
+  /* fp8: the GEMM's product is scaled by a_scale_inv * w_scale_inv (f8.scale, 1 otherwise)
+   * before the epilogue, as a backend folds the scales into the GEMM. */
+  const double oscale = fabs((double)o->alpha) * (o->gelu ? 1.2 : 1.0) * f8.scale;
+  if (ag || bulk) {
+    const tpf_matrix *lhs = ag ? &x : &al;
+    TPF_CHECK_GOTO(tpf_ref_gemm_f32(lhs, &wl, prod), rc, out);
+    for (uint64_t i = 0; i < Mo * Nd; i++)
+      prod[i] *= f8.scale;
+    TPF_CHECK_GOTO(tpf_ref_order_slack(lhs, &wl, oscale, run->own_order, &slack), rc, out);
   } else {
     acc = calloc((size_t)(Mo * Nd), sizeof(float));
     slack = calloc((size_t)(Mo * Nd), sizeof(float));
@@ -782,17 +801,19 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
       memset(&wq, 0, sizeof wq);
       /* Rank q's operands, regenerated from its seeds (host only: the uploads are unused). */
       rc = opt_operand(cx, trans_a, M, Kd, dt, tpf_ref_mix(seed_base, 2 + (uint64_t)q),
-                       pad_ld(trans_a ? M : Kd, T, P), &aq, &alq);
+                       pad_ld_dt(trans_a ? M : Kd, T, P, dt), &aq, &alq);
       if (rc == TPF_OK)
-        rc = opt_weight(cx, o->trans_w, Nd, Kd, dt, tpf_ref_mix(seed_base, 100 + (uint64_t)q), &wq,
+        rc = opt_weight(cx, o->trans_w, Nd, Kd, wd, tpf_ref_mix(seed_base, 100 + (uint64_t)q), &wq,
                         &wlq);
       if (rc == TPF_OK) {
         tpf_matrix mine = tpf_stage_rows(&alq, (uint64_t)cx->rank * R, R);
         rc = tpf_ref_gemm_f32(&mine, &wlq, prod);
       }
+      /* Each partial is the scaled product rounded to the buffer dtype, as its slot stores it. */
       for (uint64_t i = 0; rc == TPF_OK && i < Mo * Nd; i++) {
-        acc[i] += tpf_ref_round(dt, prod[i]);
-        slack[i] += (float)tpf_ref_ulp(dt, prod[i]) * fabsf(o->alpha) * (o->gelu ? 1.2f : 1.0f);
+        const float p = prod[i] * f8.scale;
+        acc[i] += tpf_ref_round(cd, p);
+        slack[i] += (float)tpf_ref_ulp(cd, p) * fabsf(o->alpha) * (o->gelu ? 1.2f : 1.0f);
       }
       if (rc == TPF_OK && run->own_order) {
         tpf_matrix mine = tpf_stage_rows(&alq, (uint64_t)cx->rank * R, R);
@@ -829,6 +850,7 @@ static tpf_status case_opts(conf_ctx *cx, tpf_comm *c, int kind, tpf_dtype dt, u
     check_exact(v, "gathered buffer", &bufh, &x);
   }
 out:
+  fp8_opts_free(cx, &f8);
   free(prod);
   free(acc);
   free(slack);
@@ -888,7 +910,6 @@ static tpf_status split_expect(conf_ctx *cx, const tpf_comm *c, int splits) {
 
 /* Every option combination and every split count on one communicator at a few T. */
 static tpf_status options_one(conf_ctx *cx, int kind, tpf_dtype dt) {
-  if (is_fp8(dt)) return TPF_OK; /* the options sweep covers the wide dtypes (see the header) */
   const uint64_t P = (uint64_t)cx->run->P, C = cx->run->C;
   const uint64_t Ts[] = {P, (C / P / 2 > 0 ? C / P / 2 : 1) * P, C};
   const conf_kind *k = &kKinds[kind];
@@ -1080,6 +1101,7 @@ int tpf_conformance_main(tpf_conf_env *env, bool own_order, int argc, char **arg
     run->histories = histories;
     run->options = options;
     run->own_order = own_order;
+    run->fp8_tn_only = env->fp8_tn_only;
     run->only_kind = only_kind;
     run->seed = seed;
     double t0 = now_s();
