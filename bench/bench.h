@@ -11,6 +11,7 @@
  *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
  *   bench_planner.c        section 6, the planner
  *   bench_host.c           --section host: the core's host cost per operation
+ *   bench_fp8.c            --section fp8: FP8 operations against bf16 (through bench_ops.c)
  *   bench_modes.c          section 4/5 in both modes: ranks as threads, ranks as processes (the
  *                          launcher, the hidden worker), the modes table
  */
@@ -37,7 +38,8 @@ enum {
   BENCH_SEC_TP = 1u << 3, /* one-GPU TP emulation and the serial baseline */
   BENCH_SEC_ALL = 0xFu,   /* sections 1-5; the planner section runs only when named */
   BENCH_SEC_PLANNER = 1u << 4,
-  BENCH_SEC_HOST = 1u << 5 /* bench_host.c: host cost per operation; only when named */
+  BENCH_SEC_HOST = 1u << 5, /* bench_host.c: host cost per operation; only when named */
+  BENCH_SEC_FP8 = 1u << 6   /* bench_fp8.c: FP8 against bf16 per operation; only when named */
 };
 
 #define BENCH_MAX_ITERS 1000
@@ -112,6 +114,11 @@ struct bench_group {
   uint64_t pool_elems;
   void *src; /* host (simulator) or device (CUDA) */
   uint64_t src_elems;
+  /* The FP8 (E4M3) source: src8[i] = pool8[i % pool_elems], pool8[i] = pool[i] rounded to E4M3
+   * (bench_src8_reserve; NULL until an FP8 operation needs it). */
+  uint8_t *pool8;
+  void *src8;
+  uint64_t src8_elems;
   double *t0, *t1; /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
   double *h0, *h1; /* host-wall timing, either backend: [rank * BENCH_MAX_ITERS + it], ns */
   double *enq;     /* host time of the operation call: [rank * BENCH_MAX_ITERS + it], ns */
@@ -171,6 +178,8 @@ tpf_status bench_mem_poison(bench_rank *rk, void *dev, uint64_t bytes); /* 0xFF:
 tpf_status bench_src_reserve(bench_group *g, uint64_t elems);
 /* Host value of src element i. */
 float bench_src_value(const bench_group *g, uint64_t i);
+/* The same for g->src8 (1-byte E4M3 elements; pool8 made on first use). Call between runs. */
+tpf_status bench_src8_reserve(bench_group *g, uint64_t elems);
 
 /* Timing of one repetition across all ranks: every rank calls begin, its operation, then end.
  * Afterwards rank 0's bench_time_collect gives the time from the earliest start to the latest
@@ -347,12 +356,52 @@ int bench_tp_threads_table(const bench_opts *o, bench_tp_result *res);
 int bench_tp_modes_rows(const bench_opts *o, const bench_tp_result *threads,
                         const bench_tp_result *procs);
 
+/* ---- one operation in a chosen dtype (bench_ops.c; the fp8 section, bench_fp8.c) ---------- */
+
+/* The operations that run in FP8 (SPEC §11): RING AG + GEMM, BULK AG beside an independent GEMM
+ * of the same size ([T, H] x [N, H]^T), the AG serial baseline (RING AG, 1 split), GEMM + RING
+ * RS, GEMM + PIPELINE RS and the RS serial baseline (PIPELINE RS, 1 split). */
+typedef enum {
+  BENCH_DOP_RING_AG = 0,
+  BENCH_DOP_BULK_AG,
+  BENCH_DOP_SERIAL_AG,
+  BENCH_DOP_RING_RS,
+  BENCH_DOP_PIPE_RS,
+  BENCH_DOP_SERIAL_RS,
+  BENCH_DOP_COUNT
+} bench_dop;
+/* The name the tables print (ring_ag+gemm, bulk_ag+gemm, serial_ag,gemm, ...). */
+const char *bench_dop_name(bench_dop op);
+/* One operation over a T sweep at dtype: TPF_BF16, or TPF_FP8_E4M3 for every GEMM operand and
+ * the AG buffer (RS buffers and D stay bf16; a_scale_inv 0.75, w_scale_inv 2 in backend memory),
+ * timed like the tp section's device-event table (o->warmup, then o->iters repetitions; CUDA
+ * events, the simulator's clock), then the output poisoned, run again and checked against
+ * harness/reference.c (SPEC §7, as every section). */
+typedef struct {
+  bench_dop op;
+  tpf_dtype dtype;
+  int nts; /* in: T values (those P divides and <= C run); out: the ones run */
+  uint64_t ts[BENCH_MAX_TS];
+  double us[BENCH_MAX_TS]; /* median, NaN where not run */
+  long long wrong[BENCH_MAX_TS], checked[BENCH_MAX_TS];
+  char err[300]; /* the first failure ("" when none) */
+} bench_dtype_run;
+/* Runs r on group g (P = g->tp; shape, repetitions from o). The status of the run. */
+tpf_status bench_run_dtype(bench_group *g, const bench_opts *o, bench_dtype_run *r);
+
 /* ---- sections (bench_ops.c, bench_planner.c, bench_modes.c; 3 is bench_cuda_sections.c) --- */
 int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
 int bench_section_planner(const bench_opts *o);
 int bench_section_host(const bench_opts *o); /* bench_host.c */
+int bench_section_fp8(const bench_opts *o);  /* bench_fp8.c */
+/* The fp8 section's line of the run header (P, T, operations, scales). */
+void bench_fp8_header(const bench_opts *o);
+/* Whether the fp8 section's layouts (RING AG and BULK AG on an E4M3 buffer; RING RS and PIPELINE
+ * RS on bf16) accept `rows` active rows at P with o->hidden columns; why gets the first rule
+ * broken. For the capacity and every T of --tokens (tools/cmd_bench.c). */
+bool bench_fp8_layouts_fit(const bench_opts *o, int P, uint64_t rows, char *why, size_t len);
 
 /* ---- measured schedule points (bench_planner.c; tpflex calibrate --schedules) -------------- */
 /* Times every candidate of the planner for RING AG and PIPELINE RS, for P = 2, 4, 8 (those <=

@@ -16,7 +16,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 
-#include "reference.h" /* tpf_ref_float_to_bf16, tpf_ref_bf16_to_float */
+#include "reference.h" /* tpf_ref_float_to_bf16, tpf_ref_bf16_to_float, tpf_ref_float_to_fp8 */
 #include "tpflex/tpflex_sim.h"
 
 #include <math.h>
@@ -51,17 +51,20 @@ float bench_src_value(const bench_group *g, uint64_t i) {
   return tpf_ref_bf16_to_float(g->pool[i % g->pool_elems]);
 }
 
-tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
-  if (elems <= g->src_elems) return TPF_OK;
-  if (g->src) bench_mem_free(g, g->src);
-  g->src = NULL;
-  g->src_elems = 0;
-  void *p = bench_mem_alloc(g, elems * 2);
+/* *dst (holding *have elements of esz bytes) made to hold `elems` elements tiled from `pool`
+ * (g->pool_elems elements). */
+static tpf_status src_fill(bench_group *g, const void *pool, size_t esz, uint64_t elems, void **dst,
+                           uint64_t *have) {
+  if (elems <= *have) return TPF_OK;
+  if (*dst) bench_mem_free(g, *dst);
+  *dst = NULL;
+  *have = 0;
+  void *p = bench_mem_alloc(g, elems * esz);
   if (!p)
     return tpf_set_error(TPF_ENOMEM, "bench: cannot allocate %llu bytes of inputs",
-                         (unsigned long long)(elems * 2));
+                         (unsigned long long)(elems * esz));
   if (g->cuda) { /* one upload of the pool, then doubling device copies */
-    tpf_status st = bench_cuda_tile(p, g->pool, g->pool_elems * 2, elems * 2);
+    tpf_status st = bench_cuda_tile(p, pool, g->pool_elems * esz, elems * esz);
     if (st != TPF_OK) {
       bench_mem_free(g, p);
       return st;
@@ -69,12 +72,26 @@ tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
   } else {
     for (uint64_t off = 0; off < elems; off += g->pool_elems) {
       uint64_t n = elems - off < g->pool_elems ? elems - off : g->pool_elems;
-      memcpy((uint16_t *)p + off, g->pool, n * 2);
+      memcpy((uint8_t *)p + off * esz, pool, n * esz);
     }
   }
-  g->src = p;
-  g->src_elems = elems;
+  *dst = p;
+  *have = elems;
   return TPF_OK;
+}
+
+tpf_status bench_src_reserve(bench_group *g, uint64_t elems) {
+  return src_fill(g, g->pool, 2, elems, &g->src, &g->src_elems);
+}
+
+tpf_status bench_src8_reserve(bench_group *g, uint64_t elems) {
+  if (!g->pool8) {
+    g->pool8 = malloc(g->pool_elems);
+    if (!g->pool8) return tpf_set_error(TPF_ENOMEM, "bench: no memory for the FP8 input pool");
+    for (uint64_t i = 0; i < g->pool_elems; i++)
+      g->pool8[i] = tpf_ref_float_to_fp8(TPF_FP8_E4M3, tpf_ref_bf16_to_float(g->pool[i]));
+  }
+  return src_fill(g, g->pool8, 1, elems, &g->src8, &g->src8_elems);
 }
 
 /* ---- groups ------------------------------------------------------------------------------- */
@@ -166,6 +183,7 @@ tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
 void bench_group_destroy(bench_group *g) {
   if (!g) return;
   if (g->src) bench_mem_free(g, g->src);
+  if (g->src8) bench_mem_free(g, g->src8);
   if (g->cuda) bench_cuda_group_fini(g);
 #ifdef TPF_HAVE_SIM
   else if (g->sim_world)
@@ -173,6 +191,7 @@ void bench_group_destroy(bench_group *g) {
 #endif
   if (g->tp > 0) pthread_barrier_destroy(&g->bar);
   free(g->pool);
+  free(g->pool8);
   free(g->t0);
   free(g->t1);
   free(g->h0);

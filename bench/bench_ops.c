@@ -45,6 +45,7 @@ typedef enum {
   BOP_RING_RS,
   BOP_PIPE_RS,
   BOP_PIPE_RS_SERIAL,
+  BOP_BULK_AG, /* the fp8 section's (bench_run_dtype): BULK AG beside d = a w^T */
   BOP_COUNT
 } bench_op;
 
@@ -61,11 +62,15 @@ static const struct {
     [BOP_RING_RS] = {"gemm+ring_rs", TPF_ALGO_RING, TPF_COLL_RS, 0, false},
     [BOP_PIPE_RS] = {"gemm+pipeline_rs", TPF_ALGO_PIPELINE, TPF_COLL_RS, 0, false},
     [BOP_PIPE_RS_SERIAL] = {"serial_gemm,rs", TPF_ALGO_PIPELINE, TPF_COLL_RS, 1, false},
+    [BOP_BULK_AG] = {"bulk_ag+gemm", TPF_ALGO_BULK, TPF_COLL_AG, 0, false},
 };
 
 /* One operation over a sweep of T at one capacity: inputs, results. */
 typedef struct {
   bench_op op;
+  /* The GEMM operands' dtype: TPF_BF16 (0, every section), or TPF_FP8_E4M3 (bench_run_dtype):
+   * then x/a, w and the AG buffer are E4M3 with kFp8ScaleA/W, RS buffers and D stay bf16. */
+  tpf_dtype dt;
   uint64_t C, H, N; /* AG: buffer [C, H], w [N, H]. RS: buffer cols H, x [C, N], w [H, N] */
   int nts;
   uint64_t ts[BENCH_MAX_TS];
@@ -114,11 +119,36 @@ static bool is_ag(bench_op op) {
   return kOps[op].coll == TPF_COLL_AG;
 }
 
+/* FP8 jobs (SPEC §11): the per-tensor scales (a_scale_inv, w_scale_inv; the conformance sweep's
+ * values) and their product, applied once to the fp32 product. */
+static const float kFp8ScaleA = 0.75f, kFp8ScaleW = 2.0f;
+static bool job_fp8(const bench_job *j) {
+  return j->dt == TPF_FP8_E4M3;
+}
+/* The buffer's dtype: an FP8 job's AG buffer is E4M3, an RS buffer holds bf16 partials. */
+static tpf_dtype buf_dtype(const bench_job *j) {
+  return is_ag(j->op) ? j->dt : TPF_BF16;
+}
+/* Operand element `off` of the job's source (src, or src8 for FP8). */
+static const void *src_at(const bench_group *g, const bench_job *j, uint64_t off) {
+  return job_fp8(j) ? (const void *)((const uint8_t *)g->src8 + off)
+                    : (const void *)((const uint16_t *)g->src + off);
+}
+/* dst[at] = the source's element i as stored (bf16 or E4M3 code). */
+static void pool_get(const bench_group *g, bool fp8, uint64_t i, void *dst, uint64_t at) {
+  if (fp8)
+    ((uint8_t *)dst)[at] = g->pool8[i % g->pool_elems];
+  else
+    ((uint16_t *)dst)[at] = g->pool[i % g->pool_elems];
+}
+
 /* Elements of src the job's operands can reach. */
 static uint64_t job_src_elems(const bench_job *j, int P) {
   uint64_t need;
   if (is_ag(j->op)) {
-    uint64_t chunk = j->C / (uint64_t)P * j->H, w = j->N * j->H;
+    /* BULK AG's GEMM reads a [T, H] of its own. */
+    uint64_t chunk = j->op == BOP_BULK_AG ? j->C * j->H : j->C / (uint64_t)P * j->H,
+             w = j->N * j->H;
     need = chunk > w ? chunk : w;
   } else {
     uint64_t x = j->C * j->N, w = j->H * j->N;
@@ -160,7 +190,8 @@ typedef struct {
   int it, nr;
   bool ag;
   uint64_t rows[3 * 64 + 3], cols[64];
-  uint16_t *row, *xs, *ws, *got;
+  uint16_t *row, *got;
+  void *xs, *ws; /* the job's operand dtype */
   float *want, *part, *slack;
 } chk;
 
@@ -171,37 +202,43 @@ static tpf_status chk_reference(chk *k) {
   const bench_group *g = k->rk->g;
   const int P = k->rk->tp, r = k->rk->rank;
   const uint64_t kdim = k->kdim, nc = k->nc, R = k->R;
+  const bool f8 = job_fp8(j);
+  const float sc = f8 ? kFp8ScaleA * kFp8ScaleW : 1.0f;
   for (int src_rank = 0; src_rank < (k->ag ? 1 : P); src_rank++) {
     for (int i = 0; i < k->nr; i++) {
       uint64_t base;
-      if (k->ag) { /* gathered row t lives in chunk t / R, from that rank's chunk operand */
+      if (j->op == BOP_BULK_AG) { /* the GEMM's own a [T, H] of this rank */
+        base = operand_off(j, r, k->it, 2) + k->rows[i] * j->H;
+      } else if (k->ag) { /* gathered row t lives in chunk t / R, from that rank's chunk operand */
         uint64_t t = k->rows[i], q = t / R;
         base = operand_off(j, (int)q, k->it, 0) + (t - q * R) * j->H;
       } else { /* rank src_rank's x row (global row r*R + i) */
         base = operand_off(j, src_rank, k->it, 0) + ((uint64_t)r * R + k->rows[i]) * j->N;
       }
       for (uint64_t q = 0; q < kdim; q++)
-        k->xs[(uint64_t)i * kdim + q] = g->pool[(base + q) % g->pool_elems];
+        pool_get(g, f8, base + q, k->xs, (uint64_t)i * kdim + q);
     }
     int wr = k->ag ? r : src_rank;
     for (uint64_t c = 0; c < nc; c++) {
       uint64_t base = operand_off(j, wr, k->it, 1) + k->cols[c] * kdim;
       for (uint64_t q = 0; q < kdim; q++)
-        k->ws[c * kdim + q] = g->pool[(base + q) % g->pool_elems];
+        pool_get(g, f8, base + q, k->ws, c * kdim + q);
     }
-    tpf_matrix mx = {k->xs, (uint64_t)k->nr, kdim, kdim, TPF_BF16};
-    tpf_matrix mw = {k->ws, nc, kdim, kdim, TPF_BF16};
+    tpf_matrix mx = {k->xs, (uint64_t)k->nr, kdim, kdim, j->dt};
+    tpf_matrix mw = {k->ws, nc, kdim, kdim, j->dt};
     tpf_status st = tpf_ref_gemm_f32(&mx, &mw, k->part);
     if (st != TPF_OK) return st;
     /* RS partials pass through the bf16 buffer before the fp32 sum (as the conformance tests
-     * model them); AG has a single product. */
+     * model them); AG has a single product. FP8: the scales multiply the fp32 product once. */
     for (uint64_t e = 0; e < (uint64_t)k->nr * nc; e++) {
-      k->want[e] += k->ag ? k->part[e] : tpf_ref_round(TPF_BF16, k->part[e]);
-      if (!k->ag) k->slack[e] += ulp_bf16(k->part[e]);
+      const float v = k->part[e] * sc;
+      k->want[e] += k->ag ? v : tpf_ref_round(TPF_BF16, v);
+      if (!k->ag) k->slack[e] += ulp_bf16(v);
     }
     /* CUDA's cuBLASLt sums over k in its own order: SPEC §7's accumulation-order slack,
      * gamma_K sum_k |x_ik w_jk| of this product (the simulator sums in the reference's order). */
-    if (g->cuda && (st = tpf_ref_order_slack_add(&mx, &mw, 1.0, k->slack)) != TPF_OK) return st;
+    if (g->cuda && (st = tpf_ref_order_slack_add(&mx, &mw, (double)sc, k->slack)) != TPF_OK)
+      return st;
   }
   return TPF_OK;
 }
@@ -249,15 +286,18 @@ static long long chk_compare(chk *k, const tpf_matrix *d, long long *checked) {
 static long long chk_buffer(chk *k, const tpf_matrix *buf, long long *checked) {
   const bench_group *g = k->rk->g;
   const uint64_t H = k->j->H, R = k->R;
+  const bool f8 = job_fp8(k->j);
+  const size_t es = tpf_dtype_size(buf->dtype);
   long long wrong = 0;
   for (int i = 0; i < k->nr; i++) {
     uint64_t t = k->rows[i], q = t / R,
              base = operand_off(k->j, (int)q, k->it, 0) + (t - q * R) * H;
-    if (bench_mem_download(k->rk, k->row, (const uint8_t *)buf->ptr + t * buf->ld * 2, H * 2) !=
+    if (bench_mem_download(k->rk, k->row, (const uint8_t *)buf->ptr + t * buf->ld * es, H * es) !=
         TPF_OK)
       return -1;
     for (uint64_t c = 0; c < H; c++)
-      wrong += k->row[c] != g->pool[(base + c) % g->pool_elems];
+      wrong += f8 ? ((const uint8_t *)k->row)[c] != g->pool8[(base + c) % g->pool_elems]
+                  : k->row[c] != g->pool[(base + c) % g->pool_elems];
     *checked += (long long)H;
   }
   return wrong;
@@ -446,15 +486,15 @@ static void job_enq_reduce(bench_rank *rk, bench_job *j) {
  * operation's breakdown leaves out. Returns true when this rank must skip from here on. */
 static bool pair_rep(bench_rank *rk, bench_job *j, tpf_comm *pc, const tpf_matrix *plocal, int it,
                      int pslot, const tpf_matrix *w, const tpf_matrix *x, tpf_matrix *d,
-                     bool have_enq0, tpf_cuda_enqueue_stats *excl) {
+                     const tpf_op_options *opt, bool have_enq0, tpf_cuda_enqueue_stats *excl) {
   bench_group *g = rk->g;
   const bool ag = is_ag(j->op);
   const uint64_t R = d->rows / (ag ? (uint64_t)rk->tp : 1u);
   bool skip = atomic_load(&j->failed) != 0 || pc == NULL;
   tpf_status st;
   if (!skip && ag &&
-      (st = bench_mem_copy(rk, plocal->ptr, g->src + operand_off(j, rk->rank, it, 0),
-                           R * j->H * 2)) != TPF_OK) {
+      (st = bench_mem_copy(rk, plocal->ptr, src_at(g, j, operand_off(j, rk->rank, it, 0)),
+                           R * j->H * tpf_dtype_size(j->dt))) != TPF_OK) {
     job_fail(j, st, "input copy (the paired serial baseline)");
     skip = true;
   }
@@ -463,7 +503,8 @@ static bool pair_rep(bench_rank *rk, bench_job *j, tpf_comm *pc, const tpf_matri
   skip = bench_host_begin(rk, pslot, &j->failed) || skip;
   if (!skip) {
     const double e0 = bench_now_ns();
-    st = ag ? tpf_ag_gemm(pc, w, d, rk->stream) : tpf_gemm_rs(pc, x, w, d, rk->stream);
+    st = ag ? tpf_ag_gemm_ex(pc, w, d, opt, rk->stream)
+            : tpf_gemm_rs_ex(pc, x, w, d, opt, rk->stream);
     g->enq[rk->rank * BENCH_MAX_ITERS + pslot] = bench_now_ns() - e0;
     if (st != TPF_OK) {
       job_fail(j, st, "the paired serial baseline");
@@ -491,6 +532,8 @@ typedef struct {
   tpf_matrix d, buf, local, plocal;  /* the current T's output and the communicators' views */
   tpf_cuda_enqueue_stats enq0, excl; /* before the first host-wall repetition; the baseline's */
   bool have_enq0;
+  float *scales;       /* FP8 jobs: {a_scale_inv, w_scale_inv} in backend memory, else NULL */
+  tpf_op_options fopt; /* FP8 jobs: the options carrying them */
   double *us, *one, *hus, *pus, *ratio;
 } op_ctx;
 
@@ -504,7 +547,7 @@ static void op_setup(op_ctx *x) {
   tpf_comm_config cfg = {.name = name,
                          .algo = kOps[j->op].algo,
                          .coll = kOps[j->op].coll,
-                         .dtype = TPF_BF16,
+                         .dtype = buf_dtype(j),
                          .capacity = {j->C, j->H},
                          .num_splits = kOps[j->op].splits,
                          .aggregate = kOps[j->op].aggregate};
@@ -521,6 +564,21 @@ static void op_setup(op_ctx *x) {
     x->dmem = bench_mem_alloc(rk->g, drows * x->dcols * 2);
     if (!x->dmem) job_fail(j, TPF_ENOMEM, "output allocation");
   }
+  if (st == TPF_OK && job_fp8(j)) { /* the scales, in backend memory (SPEC §11) */
+    const float host[2] = {kFp8ScaleA, kFp8ScaleW};
+    x->scales = bench_mem_alloc(rk->g, sizeof host);
+    if (!x->scales) {
+      job_fail(j, TPF_ENOMEM, "FP8 scale allocation");
+    } else if (rk->g->cuda) {
+      if ((st = bench_cuda_tile(x->scales, host, sizeof host, sizeof host)) != TPF_OK)
+        job_fail(j, st, "FP8 scale upload");
+    } else {
+      memcpy(x->scales, host, sizeof host);
+    }
+    x->fopt = (tpf_op_options)TPF_OP_OPTIONS_INIT;
+    x->fopt.a_scale_inv = x->scales;
+    x->fopt.w_scale_inv = x->scales ? x->scales + 1 : NULL;
+  }
   /* The paired serial baseline: its own FIXED communicator, run after the operation in every
    * host-wall repetition on the same operands and output, timed alike. pair is the same on
    * every rank (the options), so the repetitions' agreements pair up even where pc failed. */
@@ -530,7 +588,7 @@ static void op_setup(op_ctx *x) {
     tpf_comm_config pcfg = {.name = "bench_paired_serial",
                             .algo = kOps[sop].algo,
                             .coll = kOps[sop].coll,
-                            .dtype = TPF_BF16,
+                            .dtype = buf_dtype(j),
                             .capacity = {j->C, j->H},
                             .num_splits = kOps[sop].splits};
     st = tpf_comm_create(rk->be, &pcfg, &x->pc);
@@ -580,7 +638,8 @@ static void op_check_begin(op_ctx *x, bool run) {
   x->skip = bench_agree_failed(rk, &x->j->failed) || x->skip;
   if (!x->skip && run) {
     bench_mem_poison(rk, x->d.ptr, x->d.rows * x->d.ld * 2);
-    if (x->ag) bench_mem_poison(rk, x->buf.ptr, x->buf.rows * x->buf.ld * 2);
+    if (x->ag)
+      bench_mem_poison(rk, x->buf.ptr, x->buf.rows * x->buf.ld * tpf_dtype_size(x->buf.dtype));
     bench_sync(rk);
   }
   bench_barrier(rk);
@@ -591,15 +650,18 @@ static void op_check_begin(op_ctx *x, bool run) {
 static void op_operands(op_ctx *x, uint64_t T, int it, tpf_matrix *a, tpf_matrix *w) {
   bench_job *j = x->j;
   const int r = x->rk->rank;
-  const uint16_t *src = x->rk->g->src;
+  const bench_group *g = x->rk->g;
+  const tpf_dtype dt = j->dt;
   tpf_status st = TPF_OK;
   if (x->ag) {
-    *w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->N, j->H, j->H, TPF_BF16};
-    st = bench_mem_copy(x->rk, x->local.ptr, src + operand_off(j, r, it, 0),
-                        T / (uint64_t)x->rk->tp * j->H * 2);
+    *w = (tpf_matrix){(void *)src_at(g, j, operand_off(j, r, it, 1)), j->N, j->H, j->H, dt};
+    if (j->op == BOP_BULK_AG) /* BULK: the GEMM's own a [T, H] beside the all-gather */
+      *a = (tpf_matrix){(void *)src_at(g, j, operand_off(j, r, it, 2)), T, j->H, j->H, dt};
+    st = bench_mem_copy(x->rk, x->local.ptr, src_at(g, j, operand_off(j, r, it, 0)),
+                        T / (uint64_t)x->rk->tp * j->H * tpf_dtype_size(dt));
   } else {
-    *a = (tpf_matrix){(void *)(src + operand_off(j, r, it, 0)), T, j->N, j->N, TPF_BF16};
-    *w = (tpf_matrix){(void *)(src + operand_off(j, r, it, 1)), j->H, j->N, j->N, TPF_BF16};
+    *a = (tpf_matrix){(void *)src_at(g, j, operand_off(j, r, it, 0)), T, j->N, j->N, dt};
+    *w = (tpf_matrix){(void *)src_at(g, j, operand_off(j, r, it, 1)), j->H, j->N, j->N, dt};
   }
   if (st != TPF_OK) {
     job_fail(j, st, "input copy");
@@ -627,16 +689,17 @@ static void op_plan_info(op_ctx *x, int ti, int v) {
 static void op_call(op_ctx *x, int v, const tpf_matrix *a, const tpf_matrix *w, int hslot) {
   bench_rank *rk = x->rk;
   tpf_status st;
+  /* NULL options: the defaults (bf16 jobs without variants). */
+  tpf_op_options opt = x->scales ? x->fopt : (tpf_op_options)TPF_OP_OPTIONS_INIT;
+  if (x->var) opt.num_splits = x->var->splits[v];
+  const tpf_op_options *optp = x->var || x->scales ? &opt : NULL;
   const double e0 = bench_now_ns();
-  if (x->var) {
-    tpf_op_options opt = TPF_OP_OPTIONS_INIT;
-    opt.num_splits = x->var->splits[v];
-    st = x->ag ? tpf_ag_gemm_ex(x->c, w, &x->d, &opt, rk->stream)
-               : tpf_gemm_rs_ex(x->c, a, w, &x->d, &opt, rk->stream);
-  } else {
-    st = x->ag ? tpf_ag_gemm(x->c, w, &x->d, rk->stream)
-               : tpf_gemm_rs(x->c, a, w, &x->d, rk->stream);
-  }
+  if (x->j->op == BOP_BULK_AG)
+    st = tpf_bulk_overlap_ex(x->c, a, w, &x->d, optp, rk->stream);
+  else if (x->ag)
+    st = tpf_ag_gemm_ex(x->c, w, &x->d, optp, rk->stream);
+  else
+    st = tpf_gemm_rs_ex(x->c, a, w, &x->d, optp, rk->stream);
   if (hslot >= 0) rk->g->enq[rk->rank * BENCH_MAX_ITERS + hslot] = bench_now_ns() - e0;
   if (st != TPF_OK) {
     job_fail(x->j, st, kOps[x->j->op].name);
@@ -683,9 +746,9 @@ static void op_rep(op_ctx *x, int ti, int it, int v) {
   if (timed) bench_time_begin(rk, slot);
   if (htimed && hslot == 0) x->have_enq0 = enq_snap(rk, &x->enq0);
   if (htimed && x->pair && hslot % 2 == 1) /* odd repetitions: the baseline first */
-    x->skip =
-        pair_rep(rk, j, x->pc, &x->plocal, it, pslot, &w, &a, &x->d, x->have_enq0, &x->excl) ||
-        x->skip;
+    x->skip = pair_rep(rk, j, x->pc, &x->plocal, it, pslot, &w, &a, &x->d,
+                       x->scales ? &x->fopt : NULL, x->have_enq0, &x->excl) ||
+              x->skip;
   if (htimed) x->skip = bench_host_begin(rk, hslot, &j->failed) || x->skip;
   if (!x->skip && run) {
     op_call(x, v, &a, &w, htimed ? hslot : -1);
@@ -700,9 +763,9 @@ static void op_rep(op_ctx *x, int ti, int it, int v) {
   if (htimed && hslot == j->host_iters - 1 && x->have_enq0)
     enq_record(rk, j, ti, &x->enq0, &x->excl);
   if (htimed && x->pair && hslot % 2 == 0) /* even repetitions: the operation first */
-    x->skip =
-        pair_rep(rk, j, x->pc, &x->plocal, it, pslot, &w, &a, &x->d, x->have_enq0, &x->excl) ||
-        x->skip;
+    x->skip = pair_rep(rk, j, x->pc, &x->plocal, it, pslot, &w, &a, &x->d,
+                       x->scales ? &x->fopt : NULL, x->have_enq0, &x->excl) ||
+              x->skip;
   if (check && !x->skip && run) op_check_end(x, T, it, ti);
 }
 
@@ -772,6 +835,7 @@ static tpf_status op_rank(bench_rank *rk, void *arg) {
   if (x.c) tpf_comm_destroy(x.c);
   if (x.pc) tpf_comm_destroy(x.pc);
   if (x.dmem) bench_mem_free(rk->g, x.dmem);
+  if (x.scales) bench_mem_free(rk->g, x.scales);
   return TPF_OK;
 }
 
@@ -794,6 +858,7 @@ static tpf_status run_job(bench_group *g, bench_job *j) {
     j->enq_max[i] = NAN;
   }
   tpf_status st = bench_src_reserve(g, job_src_elems(j, g->tp));
+  if (st == TPF_OK && job_fp8(j)) st = bench_src8_reserve(g, job_src_elems(j, g->tp));
   if (st == TPF_OK) st = bench_group_run(g, op_rank, j);
   if (st != TPF_OK && j->st == TPF_OK) job_fail(j, st, "run");
   if (atomic_load(&j->failed) && j->st == TPF_OK) { /* only an agreement saw it */
@@ -843,6 +908,36 @@ tpf_status bench_run_variants(bench_group *g, bench_variants *v) {
   for (int i = 0; i < v->nts; i++)
     v->wrong[i] = atomic_load(&j->wrong[i]);
   snprintf(v->err, sizeof v->err, "%s", j->err);
+  free(j);
+  return st;
+}
+
+static const bench_op kDop[BENCH_DOP_COUNT] = {
+    [BENCH_DOP_RING_AG] = BOP_RING_AG,          [BENCH_DOP_BULK_AG] = BOP_BULK_AG,
+    [BENCH_DOP_SERIAL_AG] = BOP_RING_AG_SERIAL, [BENCH_DOP_RING_RS] = BOP_RING_RS,
+    [BENCH_DOP_PIPE_RS] = BOP_PIPE_RS,          [BENCH_DOP_SERIAL_RS] = BOP_PIPE_RS_SERIAL};
+
+const char *bench_dop_name(bench_dop op) {
+  return op >= 0 && op < BENCH_DOP_COUNT ? kOps[kDop[op]].name : "?";
+}
+
+tpf_status bench_run_dtype(bench_group *g, const bench_opts *o, bench_dtype_run *r) {
+  if (r->op < 0 || r->op >= BENCH_DOP_COUNT || (r->dtype != TPF_BF16 && r->dtype != TPF_FP8_E4M3))
+    return tpf_set_error(TPF_EINVAL, "bench: operation %d in %s: not one of the fp8 section's",
+                         (int)r->op, tpf_dtype_name(r->dtype));
+  bench_job *j = calloc(1, sizeof *j);
+  if (!j) return tpf_set_error(TPF_ENOMEM, "bench: no memory");
+  job_init(j, o, kDop[r->op], g->tp, r->nts, r->ts);
+  j->dt = r->dtype;
+  tpf_status st = run_job(g, j);
+  r->nts = j->nts;
+  memcpy(r->ts, j->ts, sizeof r->ts);
+  for (int i = 0; i < BENCH_MAX_TS; i++) {
+    r->us[i] = i < j->nts ? j->us[i] : NAN;
+    r->wrong[i] = i < j->nts ? atomic_load(&j->wrong[i]) : 0;
+    r->checked[i] = i < j->nts ? atomic_load(&j->checked[i]) : 0;
+  }
+  snprintf(r->err, sizeof r->err, "%s", st != TPF_OK ? j->err : "");
   free(j);
   return st;
 }

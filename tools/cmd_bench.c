@@ -68,9 +68,10 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_QUICK] = {"--quick", CLI_FLAG, 0, 0, NULL, NULL,
                  "fewer sizes and repetitions (a smoke test)", 0, false},
     [B_SECTION] = {"--section", CLI_CHOICE, 0, 0,
-                   "setshape|dynamic|chunking|tp|serial|all|planner|host", NULL,
-                   "sections to run (repeatable; default all = 1-5; serial = tp; planner = 6 and "
-                   "host = the host cost per operation, only when named)",
+                   "setshape|dynamic|chunking|tp|serial|all|planner|host|fp8", NULL,
+                   "sections to run (repeatable; default all = 1-5; serial = tp; planner = 6, "
+                   "host = the host cost per operation and fp8 = FP8 against bf16, only when "
+                   "named)",
                    0, true},
     [B_IPC_PEER] = {"--ipc-peer", CLI_FLAG, 0, 0, NULL, NULL,
                     "internal: the peer process of the CUDA IPC check", 0, false},
@@ -85,15 +86,17 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
     [B_MODE] = {"--mode", CLI_CHOICE, 0, 0, "threads|procs|both", NULL,
                 "tp section: ranks as threads of this process, as processes (each exec'd by the "
                 "launcher; on cuda sharing the GPU through CUDA IPC), or both side by side "
-                "(default: cuda both, sim threads)",
+                "(default: cuda both, sim threads); the fp8 section: threads only",
                 0, false},
     [B_TOKENS] = {"--tokens", CLI_STR, 0, 0, NULL, "LIST",
-                  "tp section: the T values, comma-separated decimals in [1, C], ascending, each "
+                  "tp and fp8 sections: the T values, comma-separated decimals in [1, C], "
+                  "ascending, each "
                   "a multiple of every P; C is always added (default cuda 1024, 2048, .. C; sim "
                   "C/8 .. C)",
                   0, false},
     [B_TP_LIST] = {"--tp-list", CLI_STR, 0, 0, NULL, "LIST",
-                   "tp section: the P values, comma-separated decimals in [1, 64], ascending "
+                   "tp and fp8 sections: the P values, comma-separated decimals in [1, 64], "
+                   "ascending "
                    "(default 2,4,8 up to --tp)",
                    0, false},
     [B_TIMEOUT] = {"--timeout", CLI_U64, 1, 86400, NULL, "S",
@@ -129,10 +132,15 @@ static const char kOutro[] =
     "planner)  P = 2,4,8 and T = C/64 .. C: fixed split, no overlap and the T-adaptive planner\n"
     "side by side, adaptive / min(fixed, no overlap), and the cost model's prediction and error\n"
     "(N = 3584 and 1024 on cuda, 256 and 64 on sim, or --n; --iters default cuda 15, sim 3).\n"
+    "fp8 (only with --section fp8): per P of --tp-list and T of --tokens (ranks as threads) each\n"
+    "operation that runs in FP8 (ring_ag+gemm, bulk_ag+gemm, gemm+ring_rs, gemm+pipeline_rs and\n"
+    "the serial baselines) in bf16 and in fp8_e4m3 side by side: bytes per rank, time, the serial\n"
+    "baseline of the same dtype, speedup, fp8/bf16 and #wrong.\n"
     "On the simulator every registration lives in one shared arena (--arena-mib, default\n"
     "1024): about P x C x H x 2 bytes per communicator must fit; a shape that does not is\n"
     "reported naming --arena-mib and its value. --capacity is checked up front against every\n"
-    "layout the sections use (P of --tp and the tp section, C/8 steps of section 1), and a bad\n"
+    "layout the sections use (P of --tp and the tp section, C/8 steps of section 1, the fp8\n"
+    "section's 1-byte layouts at C and every T), and a bad\n"
     "one is refused with the smallest capacity that fits.\n";
 
 /* An output file that cannot be opened or written (a full disk, /dev/full) fails the command
@@ -222,6 +230,7 @@ static bool capacity_fits(const bench_opts *o, uint64_t c, char *why, size_t len
                P);
       return false;
     }
+    if ((o->sections & BENCH_SEC_FP8) && !bench_fp8_layouts_fit(o, P, c, why, len)) return false;
     for (int k = 0; k < 3; k++) {
       tpf_layout_desc d;
       memset(&d, 0, sizeof d);
@@ -277,10 +286,18 @@ static int check_scope(const cli_ctx *ctx, const cli_val *v, unsigned sections, 
                      "so at most %d repetitions",
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
   const bool tp_sec = sections == 0 || (sections & BENCH_SEC_TP) != 0;
+  const bool fp8_sec = (sections & BENCH_SEC_FP8) != 0;
   static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS, B_ADAPTIVE};
-  for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++)
-    if (v[tp_only[i]].set)
-      return cli_error(ctx, "%s applies to --section tp only", kBenchOpts[tp_only[i]].name);
+  for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++) {
+    const bool shared = tp_only[i] == B_MODE || tp_only[i] == B_TOKENS || tp_only[i] == B_TP_LIST;
+    if (v[tp_only[i]].set && !(fp8_sec && shared))
+      return cli_error(ctx, "%s applies to --section tp only%s", kBenchOpts[tp_only[i]].name,
+                       shared ? " (and to --section fp8)" : "");
+  }
+  /* The fp8 section runs its ranks as threads of this process. */
+  if (fp8_sec && !tp_sec && v[B_MODE].set && v[B_MODE].u != 0)
+    return cli_error(ctx, "--mode %s: the fp8 section runs ranks as threads only (--mode threads)",
+                     v[B_MODE].s);
   o->tp_sel = BENCH_TP_SEL_ALL;
   if (v[B_OPS].set && (prc = parse_ops(ctx, v[B_OPS].s, &o->tp_sel)) >= 0) return prc;
   o->modes =
@@ -396,6 +413,14 @@ static int set_tokens(const cli_ctx *ctx, const cli_val *v, bench_opts *o) {
   }
   if (o->ntps == 0 || o->tps[o->ntps - 1] != o->capacity)
     o->tps[o->ntps < BENCH_MAX_TS ? o->ntps++ : o->ntps - 1] = o->capacity;
+  /* The fp8 section's 1-byte layouts at every T (16-byte chunks: SPEC §11). */
+  char why[384];
+  for (int i = 0; (o->sections & BENCH_SEC_FP8) && i < o->ntps; i++)
+    for (int pi = 0; pi < o->nps; pi++)
+      if (!bench_fp8_layouts_fit(o, o->ps[pi], o->tps[i], why, sizeof why))
+        return cli_error(ctx, "--section fp8: T = %llu does not fit: %s%s",
+                         (unsigned long long)o->tps[i], why,
+                         v[B_TOKENS].set ? " (choose other --tokens)" : "");
   return -1;
 }
 
@@ -417,8 +442,8 @@ static int parse_bench(const cli_ctx *ctx, int argc, char **argv, bench_opts *o)
   unsigned sections = 0;
   static const unsigned sec_bits[] = {BENCH_SEC_SETSHAPE, BENCH_SEC_DYNAMIC, BENCH_SEC_CHUNKING,
                                       BENCH_SEC_TP,       BENCH_SEC_TP,      BENCH_SEC_ALL,
-                                      BENCH_SEC_PLANNER,  BENCH_SEC_HOST};
-  for (unsigned b = 0; b < 8; b++)
+                                      BENCH_SEC_PLANNER,  BENCH_SEC_HOST,    BENCH_SEC_FP8};
+  for (unsigned b = 0; b < 9; b++)
     if (v[B_SECTION].u & (1ull << b)) sections |= sec_bits[b];
   o->adaptive = v[B_ADAPTIVE].set;
   if ((prc = check_scope(ctx, v, sections, o)) >= 0) return prc;
@@ -535,6 +560,7 @@ static int run_sections(const bench_opts *o) {
   if (o->sections & BENCH_SEC_TP) rc |= bench_section_tp(o);
   if (o->sections & BENCH_SEC_PLANNER) rc |= bench_section_planner(o);
   if (o->sections & BENCH_SEC_HOST) rc |= bench_section_host(o);
+  if (o->sections & BENCH_SEC_FP8) rc |= bench_section_fp8(o);
   return rc;
 }
 
@@ -559,6 +585,7 @@ int tpf_cmd_bench(int argc, char **argv) {
   if (prc >= 0) return prc;
   print_header(&o, argc, argv);
   if (o.sections & BENCH_SEC_TP) print_tp_header(&o);
+  if (o.sections & BENCH_SEC_FP8) bench_fp8_header(&o);
   int rc = run_sections(&o);
   bench_progress_done();
   if (o.csv) rc |= write_file("--csv", o.csv, bench_report_write_csv);
