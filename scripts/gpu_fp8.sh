@@ -10,13 +10,18 @@
 #   bench         FP8 vs bf16 at P = 1 on the CUDA backend through Python (tpflex.torch, one
 #                 process): ag_gemm (RING AG) and bulk_overlap (BULK AG) at K = H = 8192,
 #                 N = 3584, T = 1k / 4k / 16k; median ms of 20 after 5 warm-ups, bytes of the
-#                 gathered buffer, speedup fp8 / bf16 (figures.txt)
+#                 gathered buffer, speedup fp8 / bf16 (figures.txt); then `tpflex bench --section
+#                 fp8` at P = 8 rank threads on the one GPU (C = 32768, H = 8192, N = 3584, T = 1k
+#                 .. 32k): ring_ag+gemm, bulk_ag+gemm, gemm+ring_rs, gemm+pipeline_rs and the
+#                 serial baselines in bf16 and fp8_e4m3 side by side, #wrong checked
+#                 (bench-fp8-p8.log, bench_fp8_p8.csv / .json)
 # Each step is bounded and logged under $OUT/<step>.log; summary in $OUT/summary.txt.
 #
 #   usage: OUT=/path/to/out bash scripts/gpu_fp8.sh [STEP...]
 #   steps: plan threads procs python bench (default: all, about 6-8 minutes of device time after
-#   the build; under a 10-minute cap per command run them in two calls, e.g. "plan threads procs"
-#   then "python bench": the build is kept in $SRC/build-gpu between calls on the same machine)
+#   the build; under a 10-minute cap per command run them in calls of their own, e.g. "plan
+#   threads procs", then "python", then "bench" (its bounds add up to 9 minutes): the build is
+#   kept in $SRC/build-gpu between calls on the same machine)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-logs/fp8}
@@ -140,4 +145,6 @@ sys.exit(0)
 EOF
 step bench 240 "$PYENV python3 $OUT/fp8_bench.py"
 grep "|" "$OUT/bench.log" | tee "$OUT/figures.txt" | tee -a "$S"
+step bench-fp8-p8 300 "$BUILD/tpflex bench --backend cuda --section fp8 --tp-list 8 --mode threads --csv $OUT/bench_fp8_p8.csv --json $OUT/bench_fp8_p8.json"
+grep -E "^(ring|bulk|serial|gemm)|FAILED|bench finished" "$OUT/bench-fp8-p8.log" | tee -a "$S"
 note "done: logs in $OUT"
