@@ -8,11 +8,25 @@ first T (where the host time goes).
   torchrun --standalone --nproc-per-node 2 examples/bench_thd_step.py     (P = 2; under MPS)
 
 Prints, per T: the median ms of tpflex's step, of plain torch's, and their ratio (issue 24's
-target at P = 1: <= 1.2)."""
+target at P = 1: <= 1.2). --ops adds the aten operations per step of each (forward + backward,
+counted by a TorchDispatchMode) and those whose counts differ.
+
+--device cpu: the host path without a GPU (no torchrun: P = 1 on the simulator, fp32 by default,
+small shapes so that the arithmetic is small: H 64, T 16,64,256):
+
+  python3 examples/bench_thd_step.py --device cpu [--dtype fp32|bf16] [--blocks 9] [--iters 50]
+
+Per T: the host µs per step of tpflex's modules and of plain torch, timed in alternating blocks
+of --iters steps (the median of --blocks blocks each), their ratio and difference, and the aten
+operations per step of each (--ops: those whose counts differ). In fp32 the CPU takes the
+modules' CUDA code path (torch's kernels round as the operation does there); bf16 on the CPU
+takes the explicit fp32 path. CPU figures: the modules' own Python, autograd and dispatch work,
+not the GPU's."""
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 import warnings
@@ -23,11 +37,101 @@ sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
-import torch.nn.functional as Fn  # noqa: E402
+import torch.nn.functional as Fn  # noqa: E402,F401
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import tpflex.torch as te  # noqa: E402
 from thd_graphed_step import PlainBlock  # noqa: E402  (this rank's shards, plain torch)
 from thd_training_step import Block  # noqa: E402
+
+
+class AtenOps(TorchDispatchMode):
+    """Counts the aten operations dispatched (forward and autograd's backward) by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        n = func.overloadpacket.__name__
+        self.ops[n] = self.ops.get(n, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def aten_ops(step) -> dict:
+    """{aten operation: count} of one call of step()."""
+    with AtenOps() as c:
+        step()
+    return c.ops
+
+
+def ops_differ(ours: dict, theirs: dict) -> str:
+    """The aten operations whose counts differ, 'name tpflex/torch', or 'none'."""
+    d = [f"{k} {ours.get(k, 0)}/{theirs.get(k, 0)}" for k in sorted(set(ours) | set(theirs))
+         if ours.get(k, 0) != theirs.get(k, 0)]
+    return ", ".join(d) if d else "none"
+
+
+def host_us(steps, iters: int, blocks: int):
+    """The median over `blocks` of the mean host µs per call of each step, the steps timed in
+    alternating blocks of `iters` calls (CPU tensors: a call's time is the host's)."""
+    ts = [[] for _ in steps]
+    for _ in range(blocks):
+        for i, step in enumerate(steps):
+            t0 = time.perf_counter()
+            for _ in range(iters):
+                step()
+            ts[i].append(1e6 * (time.perf_counter() - t0) / iters)
+    return [statistics.median(t) for t in ts]
+
+
+def cpu_main(a) -> int:
+    """--device cpu: P = 1 on the simulator; host µs per step and aten operations."""
+    import tpflex.sim as sim
+    torch.set_num_threads(a.threads)
+    name = a.dtype or "fp32"
+    dt = {"fp32": torch.float32, "bf16": torch.bfloat16}[name]
+    H = a.hidden or 64
+    Ts = [int(t) for t in (a.T or "16,64,256").split(",")]
+    iters, dev = a.iters or 50, torch.device("cpu")
+
+    def body(rank):
+        te.initialize_ub([max(Ts), H], 1, dtype=dt, backend="sim")
+        lines = [f"bench_thd_step --device cpu: P 1 (simulator), H {H}, {name}, two blocks, "
+                 f"forward + backward; host µs per step: median of {a.blocks} alternating blocks "
+                 f"of {iters} steps; torch threads {torch.get_num_threads()}; CPU figures (no GPU)",
+                 f"{'T':>6} {'tpflex µs':>10} {'torch µs':>10} {'ratio':>7} {'excess µs':>10} "
+                 f"{'aten ops tpflex':>16} {'torch':>6}"]
+        try:
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(Block(H, 1, dt, dev), Block(H, 1, dt, dev))
+            plain = torch.nn.Sequential(PlainBlock(H, 1, dt, dev), PlainBlock(H, 1, dt, dev))
+            for T in (te.legal_rows(t) for t in Ts):
+                x = torch.randn(T, H, dtype=dt, requires_grad=True)
+                xp = torch.randn(T, H, dtype=dt, requires_grad=True)
+                with te.active_tokens(T):
+                    ours = lambda: model(x).sum().backward()  # noqa: E731
+                    theirs = lambda: plain(xp).sum().backward()  # noqa: E731
+                    for s in (ours, theirs):   # warm-up; the gradients allocated
+                        for _ in range(3):
+                            s()
+                    o, p = aten_ops(ours), aten_ops(theirs)
+                    u, v = host_us([ours, theirs], iters, a.blocks)
+                    if a.profile and T == te.legal_rows(Ts[0]):
+                        from torch.profiler import ProfilerActivity, profile
+                        with profile(activities=[ProfilerActivity.CPU]) as prof:
+                            ours()
+                        lines.append(prof.key_averages().table(sort_by="self_cpu_time_total",
+                                                               row_limit=18))
+                lines.append(f"{T:>6} {u:>10.1f} {v:>10.1f} {u / v:>7.2f} {u - v:>10.1f} "
+                             f"{sum(o.values()):>16} {sum(p.values()):>6}")
+                if a.ops:
+                    lines.append(f"       aten ops that differ (tpflex/torch): {ops_differ(o, p)}")
+        finally:
+            te.destroy_ub()
+        return lines
+    print("\n".join(sim.run(1, body, timeout_ms=600000)[0]))
+    return 0
 
 
 def median_ms(step, iters: int) -> float:
@@ -45,11 +149,22 @@ def median_ms(step, iters: int) -> float:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--T", default="1024,4096,16384")
-    ap.add_argument("--hidden", type=int, default=1024)
-    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--T", default="", help="cuda: 1024,4096,16384; cpu: 16,64,256")
+    ap.add_argument("--hidden", type=int, default=0, help="cuda: 1024; cpu: 64")
+    ap.add_argument("--iters", type=int, default=0,
+                    help="cuda: steps timed (20); cpu: steps per block (50)")
+    ap.add_argument("--dtype", default="", choices=("", "fp32", "bf16"),
+                    help="cpu: fp32 (default) or bf16; cuda runs bf16")
+    ap.add_argument("--blocks", type=int, default=9, help="cpu: alternating blocks timed")
+    ap.add_argument("--threads", type=int, default=1, help="cpu: torch threads")
+    ap.add_argument("--ops", action="store_true",
+                    help="the aten operations per step, and those whose counts differ")
     ap.add_argument("--profile", action="store_true")
     a = ap.parse_args()
+    if a.device == "cpu":
+        return cpu_main(a)
+    a.T, a.hidden, a.iters = a.T or "1024,4096,16384", a.hidden or 1024, a.iters or 20
     import torch.distributed as dist
     dist.init_process_group("gloo")
     P, rank = dist.get_world_size(), dist.get_rank()
@@ -75,9 +190,14 @@ def main() -> int:
                     model(x).sum().backward()
                     torch.cuda.synchronize()
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
+            o = aten_ops(lambda: model(x).sum().backward()) if a.ops else None
         theirs = median_ms(lambda: plain(xp).sum().backward(), a.iters)
+        p = aten_ops(lambda: plain(xp).sum().backward()) if a.ops else None
         if rank == 0:
             print(f"{T:>6} {ours:>10.3f} {theirs:>10.3f} {ours / theirs:>7.2f}")
+            if a.ops:
+                print(f"       aten ops per step: tpflex {sum(o.values())}, torch "
+                      f"{sum(p.values())}; differ (tpflex/torch): {ops_differ(o, p)}")
     te.destroy_ub()
     dist.destroy_process_group()
     return 0

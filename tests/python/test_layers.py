@@ -760,5 +760,105 @@ class CompileAndGradcheck(unittest.TestCase):
                                      f"{flags} direction {k}: analytic {a} vs FD {d}")
 
 
+
+# ---- the host path at tp_size 1 ----------------------------------------------------------------
+
+class _AtenOps(torch.utils._python_dispatch.TorchDispatchMode):
+    """Counts the aten operations dispatched (forward and autograd's backward) by name."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        n = func.overloadpacket.__name__
+        self.ops[n] = self.ops.get(n, 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+class PlainTorchBlock(torch.nn.Module):
+    """Block in torch.nn at tp_size 1: the same arithmetic on the same shapes."""
+
+    def __init__(self, dtype):
+        super().__init__()
+        self.ln = torch.nn.LayerNorm(H, dtype=dtype)
+        self.fc1, self.fc2 = torch.nn.Linear(H, F, dtype=dtype), torch.nn.Linear(F, H, dtype=dtype)
+        self.up, self.down = torch.nn.Linear(H, F, dtype=dtype), torch.nn.Linear(F, H, dtype=dtype)
+
+    def forward(self, x):
+        x = x + self.fc2(Fn.gelu(self.fc1(self.ln(x)), approximate="tanh"))
+        return x + self.down(Fn.gelu(self.up(x), approximate="tanh"))
+
+
+class HostPathP1(unittest.TestCase):
+    """tp_size 1 communicates nothing (TE turns sequence parallelism off), so the modules'
+    forward + backward must dispatch exactly torch.nn's aten operations for the same block:
+    plus 0 (the modules' autograd functions had added a contiguous copy of the output gradient,
+    mm + add for addmm and 16 views per step of two blocks: examples/bench_thd_step.py --device
+    cpu counts them). fp32 on the CPU runs the code path of CUDA (torch's kernels round as the
+    operation does there); the values agree with torch.nn's on the same weights."""
+
+    def _ops(self, model, x):
+        model(x).sum().backward()            # gradients allocated: the counted step accumulates
+        with _AtenOps() as c:
+            model(x).sum().backward()
+        return c.ops
+
+    def test_aten_ops_equal_torch_nn(self):
+        def f(rank):
+            torch.manual_seed(5)
+            ours = torch.nn.Sequential(Block(1, torch.float32), Block(1, torch.float32))
+            plain = torch.nn.Sequential(PlainTorchBlock(torch.float32),
+                                        PlainTorchBlock(torch.float32))
+            pairs = []   # (name, the module's parameter, torch.nn's)
+            for i, (b, p) in enumerate(zip(ours, plain)):
+                pairs += [(f"{i}.mlp.{n}", getattr(b.mlp, n), getattr(getattr(p, m), k))
+                          for n, m, k in (("layer_norm_weight", "ln", "weight"),
+                                          ("layer_norm_bias", "ln", "bias"),
+                                          ("fc1_weight", "fc1", "weight"),
+                                          ("fc1_bias", "fc1", "bias"),
+                                          ("fc2_weight", "fc2", "weight"),
+                                          ("fc2_bias", "fc2", "bias"))]
+                pairs += [(f"{i}.{m}.{k}", getattr(getattr(b, m), k), getattr(getattr(p, m), k))
+                          for m in ("up", "down") for k in ("weight", "bias")]
+            with torch.no_grad():
+                for _, src, dst in pairs:
+                    dst.copy_(src)
+            out = []
+            for T in (16, 40):
+                x = torch.randn(T, H)
+                with active_tokens(T):
+                    xs = [x.clone().requires_grad_(True) for _ in range(2)]
+                    out.append((T, self._ops(ours, xs[0]), self._ops(plain, xs[1]),
+                                [("input", xs[0].grad, xs[1].grad)] +
+                                [(n, a.grad, b.grad) for n, a, b in pairs]))
+                ours.zero_grad(set_to_none=True)
+                plain.zero_grad(set_to_none=True)
+            return out
+        for T, ours, plain, grads in _on_ranks(1, f)[0]:
+            self.assertEqual(ours, plain, f"T={T}: aten ops per step (tpflex vs torch.nn)")
+            self.assertEqual(len(grads), 21)
+            for n, g, pg in grads:
+                self.assertTrue(torch.allclose(g, pg, rtol=1e-5, atol=1e-5), f"T={T} {n}")
+
+    def test_3d_input_and_return_bias(self):
+        """[S, B, H] inputs keep their leading dimensions; return_bias returns the bias
+        unapplied (the native path at tp_size 1 as the others)."""
+        def f(rank):
+            torch.manual_seed(6)
+            m = LayerNormMLP(H, F, params_dtype=torch.float32, return_bias=True)
+            lin = Linear(H, F, parallel_mode="column", params_dtype=torch.float32)
+            x = torch.randn(4, 2, H)
+            with torch.no_grad():
+                m.fc2_bias.normal_()
+            y, b = m(x)
+            ref = Fn.linear(Fn.gelu(Fn.linear(Fn.layer_norm(x, (H,), m.layer_norm_weight,
+                                                            m.layer_norm_bias), m.fc1_weight,
+                                              m.fc1_bias), approximate="tanh"), m.fc2_weight)
+            return (tuple(y.shape), b is m.fc2_bias, bool(torch.allclose(y, ref, atol=1e-6)),
+                    tuple(lin(x).shape))
+        self.assertEqual(_on_ranks(1, f)[0], ((4, 2, H), True, True, (4, 2, F)))
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as Fn
 
 from ..errors import TpflexShapeError
-from ._sites import _Plain, _linear, _mm, _wgrad_into
+from ._sites import _Plain, _add_bias, _bias_grad, _linear, _mm, _wgrad_into
 
 
 # ---- one call's settings -----------------------------------------------------------------------
@@ -134,7 +134,7 @@ class _ColumnParallel(torch.autograd.Function):
                     dx = c.plain.ar(dx)
             if need_w:
                 dw = _wgrad_into(dy, x, weight, c)
-        db = dy.sum(0, dtype=torch.float32).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        db = _bias_grad(dy, dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx if need_dx else None, dw, db, None
 
 
@@ -151,7 +151,7 @@ class _RowParallel(torch.autograd.Function):
             part = _linear(x, weight, None)
             y = call.plain.rs(part) if call.sp else call.plain.ar(part)
             if bias is not None:
-                y = (y.float() + bias.float()).to(y.dtype)
+                y = _add_bias(y, bias)
         else:
             y = _linear(x, weight, bias)
         ctx.save_for_backward(x, weight)
@@ -177,5 +177,5 @@ class _RowParallel(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 dx = _mm(dyt, weight, dt)
         dw = _wgrad_into(dyt, x, weight, c) if need_w else None
-        db = dyt.sum(0, dtype=torch.float32).to(dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        db = _bias_grad(dyt, dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None

@@ -11,7 +11,7 @@ from .. import sim
 from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, TpflexShapeError,
                       TpflexStateError, TpflexUnsupportedError)
 from ._autograd import _Call, _check_tokens, _ColumnParallel, _RowParallel
-from ._sites import _Plain, _get, _need, _site_names, _tt
+from ._sites import _Plain, _get, _linear, _native, _need, _site_names, _tt
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -63,13 +63,17 @@ def _main_grad(where: str, p: torch.nn.Parameter, pname: str) -> torch.Tensor:
     return mg
 
 
-def _2d(where: str, inp: Any, K: int, what: str) -> torch.Tensor:
+def _last_dim(where: str, inp: Any, K: int, what: str) -> None:
     if not isinstance(inp, torch.Tensor):
         raise TpflexInvalidError(f"{what} must be a torch.Tensor, got {type(inp).__name__}", where)
     if inp.dim() < 1 or inp.shape[-1] != K:
         raise TpflexShapeError(f"{what} has shape {list(inp.shape)}; its last dimension must be "
                                f"{K}", where)
-    return inp.reshape(-1, K)
+
+
+def _2d(where: str, inp: Any, K: int, what: str) -> torch.Tensor:
+    _last_dim(where, inp, K, what)
+    return inp if inp.dim() == 2 else inp.reshape(-1, K)
 
 
 class _Site:
@@ -188,6 +192,9 @@ class Linear(torch.nn.Module):
                            _flag(where, "ub_bulk_dgrad", ub_bulk_dgrad),
                            _flag(where, "ub_bulk_wgrad", ub_bulk_wgrad))
         self._where = where
+        # No communication in either direction (tp_size 1, as TE turns sequence parallelism
+        # off there, or no parallel mode): forward() is torch's own linear (see there).
+        self._local = P == 1 or parallel_mode is None
         dt = params_dtype or torch.get_default_dtype()
         dev = _device(device)
         self.weight = torch.nn.Parameter(torch.empty(n_out, n_in, dtype=dt, device=dev))
@@ -206,7 +213,16 @@ class Linear(torch.nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> Any:
-        K = self.weight.shape[1]
+        w = self.weight
+        K = w.shape[1]
+        if self._local and not self.fuse_wgrad_accumulation and _native(w):
+            # Nothing to communicate and torch's kernels round as the operation does: torch's
+            # linear and its own backward (no autograd Function, no per-call settings), the
+            # same aten ops as torch.nn.Linear (tests/python/test_layers.py counts them).
+            _last_dim(self._where, inp, K, "the input")
+            y = _linear(inp if inp.dtype == w.dtype else inp.to(w.dtype), w,
+                        self.bias if self.apply_bias else None)
+            return (y, self.bias) if self.return_bias else y
         x = _2d(self._where, inp, K, "the input")
         if x.dtype != self.weight.dtype:
             x = x.to(self.weight.dtype)
@@ -224,7 +240,8 @@ class Linear(torch.nn.Module):
             call.P, call.sp, call.plain = 1, False, None
         b = self.bias if self.apply_bias else None
         y = fn.apply(x, self.weight, b, call)
-        y = y.view(-1, *inp.shape[1:-1], y.shape[-1])
+        if inp.dim() != 2:
+            y = y.view(-1, *inp.shape[1:-1], y.shape[-1])
         if self.return_bias:
             return y, self.bias
         return y
@@ -294,6 +311,8 @@ class LayerNormMLP(torch.nn.Module):
                           bulk_dgrad, bulk_wgrad)
         self._fc2 = _Site(where, "row", P, sp, "fc2", tp_group, ag, rs, False, False, False)
         self._where = where
+        self._local = P == 1   # nothing to communicate: forward() runs torch's own ops
+        self._hshape = (hidden_size,)
         dt = params_dtype or torch.get_default_dtype()
         dev = _device(device)
         H = hidden_size
@@ -324,18 +343,30 @@ class LayerNormMLP(torch.nn.Module):
         torch's LayerNorm kernel does exactly that for 16-bit inputs (fp32 statistics and
         affine, one rounding), so nothing is converted there: the conversions were 2 of the 4
         kernels and most of the bytes of the norm. RMSNorm keeps the explicit fp32 path."""
-        w = self.layer_norm_weight
-        if x.device.type == "cuda" and self.normalization == "LayerNorm":
-            return Fn.layer_norm(x, (x.shape[1],), w, self.layer_norm_bias, self.eps)
+        w, hs = self.layer_norm_weight, self._hshape
+        if x.dtype == torch.float32 or (x.is_cuda and self.normalization == "LayerNorm"):
+            if self.normalization == "LayerNorm":
+                return Fn.layer_norm(x, hs, w, self.layer_norm_bias, self.eps)
+            return Fn.rms_norm(x, hs, w, self.eps)
         if self.normalization == "LayerNorm":
-            y = Fn.layer_norm(x.float(), (x.shape[1],), w.float(), self.layer_norm_bias.float(),
-                              self.eps)
+            y = Fn.layer_norm(x.float(), hs, w.float(), self.layer_norm_bias.float(), self.eps)
         else:
-            y = Fn.rms_norm(x.float(), (x.shape[1],), w.float(), self.eps)
+            y = Fn.rms_norm(x.float(), hs, w.float(), self.eps)
         return y.to(x.dtype)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> Any:
         H = self.hidden_size
+        w1 = self.fc1_weight
+        if self._local and not self.fuse_wgrad_accumulation and _native(w1):
+            # tp_size 1 (TE turns sequence parallelism off): torch's own norm, linears and
+            # activation with their own backward, the aten ops of the same block in torch.nn
+            # (tests/python/test_layers.py counts them): no autograd Function, no settings.
+            _last_dim(self._where, inp, H, "the input")
+            y = self._norm(inp if inp.dtype == w1.dtype else inp.to(w1.dtype))
+            y = _linear(y, w1, self.fc1_bias)
+            y = Fn.gelu(y, approximate="tanh") if self.activation == "gelu" else Fn.relu(y)
+            y = _linear(y, self.fc2_weight, self.fc2_bias if self.apply_bias else None)
+            return (y, self.fc2_bias) if self.return_bias else y
         x = _2d(self._where, inp, H, "the input")
         if x.dtype != self.fc1_weight.dtype:
             x = x.to(self.fc1_weight.dtype)
@@ -351,7 +382,8 @@ class LayerNormMLP(torch.nn.Module):
         c2 = self._fc2.call(y1.shape[0], H, self.fc2_weight, fuse, acc)
         b2 = self.fc2_bias if self.apply_bias else None
         y = _RowParallel.apply(y1, self.fc2_weight, b2, c2)
-        y = y.view(-1, *inp.shape[1:-1], H)
+        if inp.dim() != 2:
+            y = y.view(-1, *inp.shape[1:-1], H)
         if self.return_bias:
             return y, self.fc2_bias
         return y

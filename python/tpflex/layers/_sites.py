@@ -69,11 +69,18 @@ def _need(where: str, name: str, flag: str, algos: Tuple[str, ...], coll: str) -
 
 # ---- GEMMs and collectives of the plain path ----------------------------------------------------
 
+def _native(t: torch.Tensor) -> bool:
+    """torch's own kernels round as the C epilogue does (fp32 accumulation, the bias added
+    before the one rounding) on CUDA in every dtype, and anywhere in fp32. CPU 16-bit kernels
+    are not relied on: that path computes in fp32 explicitly and rounds once."""
+    return t.is_cuda or t.dtype == torch.float32
+
+
 def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
     """a @ b with fp32 accumulation, rounded once to out_dtype."""
-    if a.device.type == "cuda":
-        if out_dtype == a.dtype:
-            return a @ b
+    if out_dtype == a.dtype and _native(a):
+        return a @ b
+    if a.is_cuda:
         try:
             return torch.mm(a, b, out_dtype=out_dtype)
         except (RuntimeError, TypeError):
@@ -84,12 +91,27 @@ def _mm(a: torch.Tensor, b: torch.Tensor, out_dtype: torch.dtype) -> torch.Tenso
 def _linear(x: torch.Tensor, w: torch.Tensor, b: Optional[torch.Tensor]) -> torch.Tensor:
     """x w^T (+ b): fp32 accumulation, the bias added before the one rounding (as the C
     epilogue)."""
-    if x.device.type == "cuda":
+    if _native(x):
         return Fn.linear(x, w, b)
     y = x.float() @ w.float().t()
     if b is not None:
         y = y + b.float()
     return y.to(x.dtype)
+
+
+def _add_bias(y: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """y + b in fp32, rounded once (torch's elementwise kernel on CUDA and in fp32)."""
+    if _native(y):
+        return y + b
+    return (y.float() + b.float()).to(y.dtype)
+
+
+def _bias_grad(dy: torch.Tensor, dt: torch.dtype) -> torch.Tensor:
+    """The column sums of dy in fp32, rounded once to dt (torch's reduction accumulates 16-bit
+    inputs in fp32 on CUDA: one kernel, no fp32 copy)."""
+    if dy.dtype == dt and _native(dy):
+        return dy.sum(0)
+    return dy.sum(0, dtype=torch.float32).to(dt)
 
 
 def _wgrad_into(dy: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, call: "_Call") -> Any:
