@@ -778,13 +778,14 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   TPF_CHECK(op_desc(c, o, &desc));
   comm_full *f = full_of(c);
   tpf_status rc = TPF_OK;
-  /* Adaptive: the split count (and aggregate) the planner chose for this T and GEMM size. It
-   * depends only on the configuration, the agreed shape and the GEMM dims: every rank chooses
-   * the same, and the handshake would still catch a rank that did not. An operation that names
-   * its split count is not planned. (The planner caches its own choice; it is asked every time so
-   * that tpf_comm_plan_info reports the last operation's.) */
+  /* Adaptive: the split count (and aggregate) the planner chose for this T, GEMM size and x
+   * dtype (an fp8 gemm_rs prices fp8 GEMMs). It depends only on the configuration, the agreed
+   * shape, the GEMM dims and x's dtype: every rank chooses the same, and the handshake would
+   * still catch a rank that did not. An operation that names its split count is not planned. (The
+   * planner caches its own choice; it is asked every time so that tpf_comm_plan_info reports the
+   * last operation's.) */
   if (c->planner && desc.algo != TPF_ALGO_BULK && o->num_splits == 0)
-    rc = tpf__planner_apply(c->planner, &desc, g);
+    rc = tpf__planner_apply(c->planner, &desc, g, x ? x->dtype : desc.dtype);
   if (rc != TPF_OK) return named(c, rc);
   const tpf_schedule *sched = NULL;
   TPF_CHECK(cached_schedule(c, f, &desc, g, o, &sched));

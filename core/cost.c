@@ -362,9 +362,54 @@ static double flops_of(uint64_t m, uint64_t n, uint64_t k) {
   return 2.0 * (double)m * (double)n * (double)k;
 }
 
+static bool is_fp8(tpf_dtype t) {
+  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
+}
+
+/* The dtypes whose points may price GEMMs of `want`, most preferred first (the header's "Which
+ * points price a GEMM"): want itself; for fp8 then the other fp8 dtype, bf16, fp16, fp32. */
+static int price_order(tpf_dtype want, tpf_dtype out[5]) {
+  out[0] = want;
+  if (!is_fp8(want)) return 1;
+  out[1] = want == TPF_FP8_E4M3 ? TPF_FP8_E5M2 : TPF_FP8_E4M3;
+  out[2] = TPF_BF16;
+  out[3] = TPF_FP16;
+  out[4] = TPF_FP32;
+  return 5;
+}
+
+static bool has_points(const tpf_cost_table *t, tpf_dtype dt) {
+  for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++)
+    if (t->gemm[i].dtype == dt) return true;
+  return false;
+}
+
+tpf_status tpf_cost_gemm_dtype(const tpf_cost_table *t, tpf_dtype dtype, tpf_dtype *used) {
+  TPF_RETURN_IF(!t || !used, TPF_EINVAL, "cost: table or out pointer is NULL");
+  TPF_RETURN_IF((unsigned)dtype >= TPF_DTYPE_COUNT, TPF_EINVAL, "cost: dtype %d is not a tpf_dtype",
+                (int)dtype);
+  tpf_dtype order[5];
+  const int n = price_order(dtype, order);
+  for (int i = 0; i < n; i++)
+    if (has_points(t, order[i])) {
+      *used = order[i];
+      return TPF_OK;
+    }
+  if (n == 1)
+    return tpf_set_error(TPF_EINVAL, "cost table has no gemm point for %s (%d gemm lines)",
+                         tpf_dtype_name(dtype), t->ngemm);
+  return tpf_set_error(TPF_EINVAL,
+                       "cost table has no gemm point for %s, nor for the dtypes that price it "
+                       "without points of its own (%s, %s, %s, %s): %d gemm lines",
+                       tpf_dtype_name(dtype), tpf_dtype_name(order[1]), tpf_dtype_name(order[2]),
+                       tpf_dtype_name(order[3]), tpf_dtype_name(order[4]), t->ngemm);
+}
+
 tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m, uint64_t n,
                             uint64_t k, double *us) {
   TPF_RETURN_IF(!t || !us, TPF_EINVAL, "cost: table or out pointer is NULL");
+  tpf_dtype pts;
+  TPF_CHECK(tpf_cost_gemm_dtype(t, dtype, &pts));
   double f = flops_of(m, n, k);
   if (f == 0) {
     *us = 0;
@@ -372,16 +417,14 @@ tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m
   }
   /* The neighbours below and above f in flops (the rate of each point is flops/us). */
   int lo = -1, hi = -1;
-  for (int i = 0; i < t->ngemm; i++) {
+  for (int i = 0; i < t->ngemm && i < TPF_COST_MAX_GEMM_POINTS; i++) {
     const tpf_cost_gemm_point *g = &t->gemm[i];
-    if (g->dtype != dtype) continue;
+    if (g->dtype != pts) continue;
     double gf = flops_of(g->m, g->n, g->k);
     if (gf <= f && (lo < 0 || gf > flops_of(t->gemm[lo].m, t->gemm[lo].n, t->gemm[lo].k))) lo = i;
     if (gf >= f && (hi < 0 || gf < flops_of(t->gemm[hi].m, t->gemm[hi].n, t->gemm[hi].k))) hi = i;
   }
-  TPF_RETURN_IF(lo < 0 && hi < 0, TPF_EINVAL, "cost table has no gemm point for %s",
-                tpf_dtype_name(dtype));
-  if (lo < 0) lo = hi;
+  if (lo < 0) lo = hi; /* tpf_cost_gemm_dtype found a point of pts: one of them is set */
   if (hi < 0) hi = lo;
   const tpf_cost_gemm_point *a = &t->gemm[lo], *b = &t->gemm[hi];
   double fa = flops_of(a->m, a->n, a->k), fb = flops_of(b->m, b->n, b->k);
@@ -400,9 +443,12 @@ double tpf__cost_link_us(const tpf_cost_link *l, double bytes) {
   return l->latency_us + bytes / (l->gbps * 1e3);
 }
 
-static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, const tpf_step *st,
-                            double *us) {
+/* A step's cost. Bytes (SEND, REDUCE) are the buffer's: the schedule's dtype. A GEMM is priced
+ * as a GEMM of its A operand's dtype: x_dtype when A is the operation's x, else the buffer's. */
+static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, tpf_dtype x_dtype,
+                            const tpf_step *st, double *us) {
   double e = (double)tpf_dtype_size(s->dtype), c = 0;
+  if (x_dtype == TPF_DTYPE_COUNT) x_dtype = s->dtype;
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
     c += t->handshake_us;
@@ -421,7 +467,8 @@ static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, cons
     break;
   case TPF_STEP_GEMM: {
     double g = 0;
-    TPF_CHECK(tpf_cost_gemm_us(t, s->dtype, st->m, st->n, st->k, &g));
+    TPF_CHECK(
+        tpf_cost_gemm_us(t, st->a.id == TPF_MAT_X ? x_dtype : s->dtype, st->m, st->n, st->k, &g));
     c += g;
     break;
   }
@@ -434,6 +481,7 @@ static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, cons
 
 typedef struct {
   const tpf_schedule *s;
+  tpf_dtype x_dtype; /* the operation's x: the dtype of GEMMs whose A is x */
   int p, max;
   double launch_us;
   bool shared;                     /* shared_device: one GEMM queue for every rank */
@@ -504,7 +552,7 @@ static tpf_status try_place(const tpf_cost_table *t, replay *r, int rank, int i,
   const tpf_step *st = &r->s[rank].steps[i];
   double at = 0, cost = 0;
   if (!ready_at(r, rank, i, &at)) return TPF_OK;
-  TPF_CHECK(step_cost(t, &r->s[rank], st, &cost));
+  TPF_CHECK(step_cost(t, &r->s[rank], r->x_dtype, st, &cost));
   if (st->kind == TPF_STEP_HANDSHAKE || st->kind == TPF_STEP_BARRIER) {
     int idx[TPF_MAX_RANKS];
     double ready[TPF_MAX_RANKS], last = 0;
@@ -547,8 +595,10 @@ static tpf_status try_place(const tpf_cost_table *t, replay *r, int rank, int i,
   return TPF_OK;
 }
 
-tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
-                            tpf_cost_span *spans, int max_steps, double *total_us) {
+/* The replay; x_dtype TPF_DTYPE_COUNT: each schedule's own dtype (tpf_cost_predict). */
+static tpf_status predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
+                          tpf_dtype x_dtype, tpf_cost_span *spans, int max_steps,
+                          double *total_us) {
   TPF_RETURN_IF(!t || !scheds || !spans || !total_us, TPF_EINVAL,
                 "cost: table, schedules, spans or total pointer is NULL");
   TPF_RETURN_IF(tp_size < 1 || tp_size > TPF_MAX_RANKS, TPF_EINVAL,
@@ -572,6 +622,7 @@ tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds,
   replay r;
   memset(&r, 0, sizeof r);
   r.s = scheds;
+  r.x_dtype = x_dtype;
   r.p = tp_size;
   r.max = max_steps;
   r.sp = spans;
@@ -604,4 +655,17 @@ tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds,
     }
   *total_us = end;
   return TPF_OK;
+}
+
+tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
+                            tpf_cost_span *spans, int max_steps, double *total_us) {
+  return predict(t, scheds, tp_size, TPF_DTYPE_COUNT, spans, max_steps, total_us);
+}
+
+tpf_status tpf_cost_predict_x(const tpf_cost_table *t, const tpf_schedule *scheds, int tp_size,
+                              tpf_dtype x_dtype, tpf_cost_span *spans, int max_steps,
+                              double *total_us) {
+  TPF_RETURN_IF((unsigned)x_dtype >= TPF_DTYPE_COUNT, TPF_EINVAL,
+                "cost: x dtype %d is not a tpf_dtype", (int)x_dtype);
+  return predict(t, scheds, tp_size, x_dtype, spans, max_steps, total_us);
 }

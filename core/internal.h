@@ -120,8 +120,10 @@ tpf_status tpf__planner_create(const tpf_comm_config *cfg, const tpf_layout_desc
                                tpf_planner **out);
 void tpf__planner_destroy(tpf_planner *p);
 const tpf_cost_table *tpf__planner_table(const tpf_planner *p);
-/* Sets d's num_splits and aggregate to the cached or newly planned choice; allocates nothing. */
-tpf_status tpf__planner_apply(tpf_planner *p, tpf_layout_desc *d, const tpf_gemm_dims *g);
+/* Sets d's num_splits and aggregate to the cached or newly planned choice for an operation
+ * whose x (gemm_rs x) is x_dtype (tpf_plan_predict_x); allocates nothing. */
+tpf_status tpf__planner_apply(tpf_planner *p, tpf_layout_desc *d, const tpf_gemm_dims *g,
+                              tpf_dtype x_dtype);
 tpf_status tpf__planner_last(const tpf_planner *p, tpf_plan_result *out);
 
 #endif /* TPF_INTERNAL_H */

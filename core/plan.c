@@ -50,21 +50,38 @@ static tpf_status ws_alloc(workspace *w, const tpf_layout_desc *d) {
   return TPF_OK;
 }
 
-/* Replays candidate (algo, splits, aggregate) of d in w; TPF_OK with *us, or the build/replay
- * status. algo is d's own, or PIPELINE for the pull baseline of a RING RS communicator. */
-static tpf_status predict_schedule(const tpf_cost_table *t, const tpf_layout_desc *d,
-                                   const tpf_gemm_dims *g, tpf_algo algo, int splits,
-                                   bool aggregate, workspace *w, double *us) {
+/* What is planned: the layout, the GEMM dims and the dtype of the operation's x (the dtype of
+ * GEMMs whose A is x; tpf_cost_predict_x). */
+typedef struct {
+  const tpf_layout_desc *d;
+  const tpf_gemm_dims *g;
+  tpf_dtype x;
+} op_in;
+
+/* Replays candidate (algo, splits, aggregate) of op->d in w; TPF_OK with *us, or the
+ * build/replay status. algo is d's own, or PIPELINE for the pull baseline of a RING RS
+ * communicator. */
+static tpf_status predict_schedule(const tpf_cost_table *t, const op_in *op, tpf_algo algo,
+                                   int splits, bool aggregate, workspace *w, double *us) {
+  const tpf_layout_desc *d = op->d;
   for (int q = 0; q < w->p; q++) {
     tpf_layout_desc dq = *d;
     dq.rank = q;
     dq.algo = algo;
     dq.num_splits = splits;
     dq.aggregate = aggregate;
-    TPF_CHECK(tpf__schedule_build_into(&dq, g, w->steps + (size_t)q * (size_t)w->max_steps,
+    TPF_CHECK(tpf__schedule_build_into(&dq, op->g, w->steps + (size_t)q * (size_t)w->max_steps,
                                        w->max_steps, &w->s[q]));
   }
-  return tpf_cost_predict(t, w->s, w->p, w->sp, w->max_steps, us);
+  return tpf_cost_predict_x(t, w->s, w->p, op->x, w->sp, w->max_steps, us);
+}
+
+/* Whether the operation's GEMMs run on another dtype than the buffer's: an x of another dtype
+ * where a GEMM reads x (RS and BULK; an all-gather GEMM reads the buffer). Measured schedule
+ * points are keyed by the buffer's dtype and were measured with GEMMs of it: they do not apply
+ * then. */
+static bool gemm_dtype_differs(const op_in *op) {
+  return op->x != op->d->dtype && (op->d->coll == TPF_COLL_RS || op->d->algo == TPF_ALGO_BULK);
 }
 
 const char *tpf_plan_source_name(tpf_plan_source s) {
@@ -84,12 +101,15 @@ const char *tpf_plan_source_name(tpf_plan_source s) {
  * model time there: *src MEASURED (interpolated), SCALED (model x measured / model at the
  * nearest measured T) or MODEL (no point; BULK; or the nearest T is no layout of d, e.g. beyond
  * its capacity, so there is nothing to scale by). Never fails: the model is always there. */
-static void refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                   tpf_algo algo, int splits, bool aggregate, double model_us, workspace *w,
-                   double *us, tpf_plan_source *src) {
+static void refine(const tpf_cost_table *t, const op_in *op, tpf_algo algo, int splits,
+                   bool aggregate, double model_us, workspace *w, double *us,
+                   tpf_plan_source *src) {
+  const tpf_layout_desc *d = op->d;
+  const tpf_gemm_dims *g = op->g;
   *us = model_us;
   *src = TPF_PLAN_SRC_MODEL;
   if (t->nsched == 0 || algo == TPF_ALGO_BULK) return; /* BULK: nothing to choose */
+  if (gemm_dtype_differs(op)) return; /* e.g. fp8 GEMMs: the points timed the buffer's dtype */
   tpf_cost_sched_point key;
   memset(&key, 0, sizeof key);
   key.shared = t->shared_device != 0;
@@ -119,17 +139,18 @@ static void refine(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_
   dn.active.rows = near->rows;
   tpf_gemm_dims gn = *g;
   gn.m = near->rows;
+  const op_in opn = {&dn, &gn, op->x};
   double model_near = 0; /* > 0: every schedule has a GEMM, and gemm points have us > 0 */
-  if (predict_schedule(t, &dn, &gn, algo, splits, aggregate, w, &model_near) != TPF_OK) return;
+  if (predict_schedule(t, &opn, algo, splits, aggregate, w, &model_near) != TPF_OK) return;
   *us = model_us * near->us / model_near;
   *src = TPF_PLAN_SRC_SCALED;
 }
 
 /* Adds candidate (algo, splits, aggregate) with model time model_us, refined by the sched
  * points. */
-static void add(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                workspace *w, tpf_plan_result *r, tpf_algo algo, int splits, bool aggregate,
-                bool baseline, double model_us, const char *label) {
+static void add(const tpf_cost_table *t, const op_in *op, workspace *w, tpf_plan_result *r,
+                tpf_algo algo, int splits, bool aggregate, bool baseline, double model_us,
+                const char *label) {
   tpf_plan_candidate *c = &r->cand[r->ncand++];
   memset(c, 0, sizeof *c);
   c->algo = algo;
@@ -139,11 +160,12 @@ static void add(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gem
   c->model_us = model_us;
   c->runnable = true;
   snprintf(c->label, sizeof c->label, "%s", label);
-  refine(t, d, g, algo, splits, aggregate, model_us, w, &c->predicted_us, &c->source);
+  refine(t, op, algo, splits, aggregate, model_us, w, &c->predicted_us, &c->source);
 }
 
-static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const tpf_gemm_dims *g,
-                       workspace *w, tpf_plan_result *out) {
+static tpf_status plan(const tpf_cost_table *t, const op_in *op, workspace *w,
+                       tpf_plan_result *out) {
+  const tpf_layout_desc *d = op->d;
   tpf_plan_result r;
   memset(&r, 0, sizeof r);
   r.baseline = -1;
@@ -152,25 +174,25 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
   char label[40];
   const tpf_algo own = d->algo;
   if (own == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
-    TPF_CHECK(predict_schedule(t, d, g, own, p, false, w, &us));
+    TPF_CHECK(predict_schedule(t, op, own, p, false, w, &us));
     snprintf(label, sizeof label, "ring ag splits %d", p);
-    add(t, d, g, w, &r, own, p, false, false, us, label);
+    add(t, op, w, &r, own, p, false, false, us, label);
     if (p % 2 == 0 && p >= 4) {
-      TPF_CHECK(predict_schedule(t, d, g, own, p / 2, true, w, &us));
+      TPF_CHECK(predict_schedule(t, op, own, p / 2, true, w, &us));
       snprintf(label, sizeof label, "ring ag aggregate splits %d", p / 2);
-      add(t, d, g, w, &r, own, p / 2, true, false, us, label);
+      add(t, op, w, &r, own, p / 2, true, false, us, label);
     }
-    TPF_CHECK(predict_schedule(t, d, g, own, 1, false, w, &us));
+    TPF_CHECK(predict_schedule(t, op, own, 1, false, w, &us));
     r.baseline = r.ncand;
-    add(t, d, g, w, &r, own, 1, false, true, us, "baseline: ag, then one gemm");
+    add(t, op, w, &r, own, 1, false, true, us, "baseline: ag, then one gemm");
   } else if (own == TPF_ALGO_RING) {
-    TPF_CHECK(predict_schedule(t, d, g, own, p, false, w, &us));
+    TPF_CHECK(predict_schedule(t, op, own, p, false, w, &us));
     snprintf(label, sizeof label, "ring rs splits %d", p);
-    add(t, d, g, w, &r, own, p, false, false, us, label);
+    add(t, op, w, &r, own, p, false, false, us, label);
     if (p > 1) { /* the no-overlap ring: every partial in one GEMM, then the exchange */
-      TPF_CHECK(predict_schedule(t, d, g, own, 1, false, w, &us));
+      TPF_CHECK(predict_schedule(t, op, own, 1, false, w, &us));
       r.baseline = r.ncand;
-      add(t, d, g, w, &r, own, 1, false, true, us, "baseline: one gemm, then ring rs");
+      add(t, op, w, &r, own, 1, false, true, us, "baseline: one gemm, then ring rs");
       /* The other no-overlap reduce-scatter: the one GEMM of all rows into the buffer, then
        * every rank pulls and sums its rows from all peers (PIPELINE with one block). Its bytes
        * (T x H) lie inside the RING RS layout's ((2P - 1) chunks of T/P rows), so a RING RS
@@ -181,8 +203,8 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       dp.num_splits = 1;
       dp.aggregate = false;
       if (tpf_layout_check(&dp) == TPF_OK) {
-        TPF_CHECK(predict_schedule(t, d, g, TPF_ALGO_PIPELINE, 1, false, w, &us));
-        add(t, d, g, w, &r, TPF_ALGO_PIPELINE, 1, false, true, us,
+        TPF_CHECK(predict_schedule(t, op, TPF_ALGO_PIPELINE, 1, false, w, &us));
+        add(t, op, w, &r, TPF_ALGO_PIPELINE, 1, false, true, us,
             "baseline: one gemm, then pull rs");
         if (r.cand[r.ncand - 1].predicted_us <= r.cand[r.baseline].predicted_us)
           r.baseline = r.ncand - 1;
@@ -194,16 +216,16 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
       tpf_layout_desc ds = *d;
       ds.num_splits = S[i];
       if (tpf_layout_check(&ds) != TPF_OK) continue; /* H % S or alignment: not a candidate */
-      TPF_CHECK(predict_schedule(t, d, g, own, S[i], false, w, &us));
+      TPF_CHECK(predict_schedule(t, op, own, S[i], false, w, &us));
       snprintf(label, sizeof label,
                S[i] == 1 ? "baseline: pipeline splits 1" : "pipeline rs splits %d", S[i]);
       if (S[i] == 1) r.baseline = r.ncand; /* one block: the GEMM, then the pull RS */
-      add(t, d, g, w, &r, own, S[i], false, S[i] == 1, us, label);
+      add(t, op, w, &r, own, S[i], false, S[i] == 1, us, label);
     }
   } else {
-    TPF_CHECK(predict_schedule(t, d, g, own, d->num_splits, false, w, &us));
+    TPF_CHECK(predict_schedule(t, op, own, d->num_splits, false, w, &us));
     snprintf(label, sizeof label, "bulk %s", tpf_coll_name(d->coll));
-    add(t, d, g, w, &r, own, 0, false, false, us, label);
+    add(t, op, w, &r, own, 0, false, false, us, label);
   }
   /* The fastest wins; of those within 0.5 % of it, the last listed (the simplest). Every
    * candidate is runnable. */
@@ -267,21 +289,31 @@ static tpf_status plan(const tpf_cost_table *t, const tpf_layout_desc *d, const 
   return TPF_OK;
 }
 
-tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
-                            const tpf_gemm_dims *g, tpf_plan_result *out) {
+tpf_status tpf_plan_predict_x(const tpf_cost_table *t, const tpf_layout_desc *d,
+                              const tpf_gemm_dims *g, tpf_dtype x_dtype, tpf_plan_result *out) {
   TPF_RETURN_IF(!t || !d || !g || !out, TPF_EINVAL, "plan: NULL argument");
+  TPF_RETURN_IF((unsigned)x_dtype >= TPF_DTYPE_COUNT, TPF_EINVAL,
+                "plan: x dtype %d is not a tpf_dtype", (int)x_dtype);
   TPF_CHECK(tpf_layout_check(d));
   workspace w;
   TPF_CHECK(ws_alloc(&w, d));
-  tpf_status rc = plan(t, d, g, &w, out);
+  const op_in op = {d, g, x_dtype};
+  tpf_status rc = plan(t, &op, &w, out);
   ws_free(&w);
   return rc;
+}
+
+tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
+                            const tpf_gemm_dims *g, tpf_plan_result *out) {
+  TPF_RETURN_IF(!d, TPF_EINVAL, "plan: NULL argument");
+  return tpf_plan_predict_x(t, d, g, d->dtype, out);
 }
 
 /* ---- an adaptive communicator's planner: a copy of the table, a workspace and a cache ----- */
 
 typedef struct {
   uint64_t rows, n, k; /* key; rows 0 = empty entry */
+  tpf_dtype x;         /* key: the operation's x dtype (gemm_rs with fp8 or wide x) */
   tpf_plan_result r;   /* the whole decision, so that tpf_comm_plan_info can show it */
 } cache_entry;
 
@@ -301,6 +333,17 @@ tpf_status tpf__planner_create(const tpf_comm_config *cfg, const tpf_layout_desc
                 "'%s': plan mode %d is not a tpf_plan_mode", cfg->name, (int)cfg->plan);
   TPF_RETURN_IF(!cfg->cost, TPF_EINVAL, "'%s': an adaptive communicator needs a cost table",
                 cfg->name);
+  /* Refused here rather than at every operation: a created adaptive communicator always plans
+   * (fp8: on any table with a gemm point, tpf_cost_gemm_dtype). BULK is never planned. */
+  tpf_dtype used;
+  if (cfg->algo != TPF_ALGO_BULK && tpf_cost_gemm_dtype(cfg->cost, cfg->dtype, &used) != TPF_OK) {
+    char detail[300];
+    snprintf(detail, sizeof detail, "%s", tpf_last_error());
+    return tpf_set_error(TPF_EINVAL,
+                         "'%s': an adaptive %s communicator's cost table cannot price "
+                         "its GEMMs: %s",
+                         cfg->name, tpf_dtype_name(cfg->dtype), detail);
+  }
   tpf_planner *p = tpf__calloc(1, sizeof *p);
   TPF_RETURN_IF(!p, TPF_ENOMEM, "'%s': cannot allocate the planner", cfg->name);
   p->table = *cfg->cost;
@@ -324,18 +367,24 @@ const tpf_cost_table *tpf__planner_table(const tpf_planner *p) {
   return &p->table;
 }
 
-tpf_status tpf__planner_apply(tpf_planner *p, tpf_layout_desc *d, const tpf_gemm_dims *g) {
+tpf_status tpf__planner_apply(tpf_planner *p, tpf_layout_desc *d, const tpf_gemm_dims *g,
+                              tpf_dtype x_dtype) {
+  /* An all-gather GEMM reads the buffer: its x dtype does not matter (one entry per shape). */
+  const tpf_dtype x = d->coll == TPF_COLL_AG && d->algo != TPF_ALGO_BULK ? d->dtype : x_dtype;
   int hit = -1;
   for (int i = 0; i < TPF_PLAN_CACHE && hit < 0; i++)
-    if (p->cache[i].rows == d->active.rows && p->cache[i].n == g->n && p->cache[i].k == g->k)
+    if (p->cache[i].rows == d->active.rows && p->cache[i].n == g->n && p->cache[i].k == g->k &&
+        p->cache[i].x == x)
       hit = i;
   if (hit < 0) {
     cache_entry *e = &p->cache[p->next];
     e->rows = 0; /* invalid until planned */
-    TPF_CHECK(plan(&p->table, d, g, &p->w, &e->r));
+    const op_in op = {d, g, x};
+    TPF_CHECK(plan(&p->table, &op, &p->w, &e->r));
     e->rows = d->active.rows;
     e->n = g->n;
     e->k = g->k;
+    e->x = x;
     hit = p->next;
     p->next = (p->next + 1) % TPF_PLAN_CACHE;
   }

@@ -21,7 +21,8 @@
 #   steps: plan threads procs python bench (default: all, about 6-8 minutes of device time after
 #   the build; under a 10-minute cap per command run them in calls of their own, e.g. "plan
 #   threads procs", then "python", then "bench" (its bounds add up to 9 minutes): the build is
-#   kept in $SRC/build-gpu between calls on the same machine)
+#   kept in $SRC/build-gpu between calls on the same machine); calibrate (opt-in, about 2 min:
+#   scripts/gpu_calibrate_fp8.sh, the cost table's fp8_e4m3 GEMM points for data/cost/h200.txt)
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-logs/fp8}
@@ -79,6 +80,10 @@ fi
 if has python; then
   step python 120 "$PYENV python3 tests/python/test_fp8.py"
   tail -3 "$OUT/python.log" | tee -a "$S"
+fi
+if has calibrate; then # opt-in, not in the default steps: the planner's fp8 GEMM points
+  OUT=$OUT/calibrate SRC=$SRC bash "$ROOT/scripts/gpu_calibrate_fp8.sh"
+  note "step calibrate: rc=$? (scripts/gpu_calibrate_fp8.sh, logs in $OUT/calibrate)"
 fi
 has bench || { note "done: logs in $OUT"; exit 0; }
 

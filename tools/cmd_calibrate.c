@@ -10,6 +10,14 @@
  *            [m, H, N] for N in {3584, 1024} (or --n), H = --hidden. A repetition is B = min(4,
  *            32768 / m) GEMMs back to back on different row blocks of A (as a split operation's
  *            chunks run), after a 256 MiB memset that evicts the L2; its time / B is one sample.
+ *   gemm fp8 (--fp8 on, the default) the same grid again as E4M3 x E4M3 -> bf16 GEMMs, the
+ *            backend's fp8 GEMM through the same communicator: tpf_bulk_overlap_ex with fp8 a and
+ *            b (operands of their own, filled with valid E4M3 values in [-1, 1)), a bf16 d and
+ *            tpf_op_options.a_scale_inv / w_scale_inv (device floats, 1), as TE's Float8Tensor
+ *            passes them; written as `gemm fp8_e4m3` lines. No fp8_e5m2 points: cuBLASLt on
+ *            Hopper runs E4M3 x E5M2 at the E4M3 x E4M3 rate, and the cost model prices fp8_e5m2
+ *            GEMMs on the fp8_e4m3 points (tpf_cost_gemm_dtype). --fp8 off: no fp8 points, so
+ *            fp8 GEMMs are priced on the --dtype points (an upper bound).
  *   copy     local: cudaMemcpyAsync device to device; peer: cudaMemcpyPeerAsync from --device to
  *            --peer-device (by default the same device: the ranks of `tpflex bench` share one
  *            GPU, so their "peer" copies are device-local). Sizes 64 KiB .. 256 MiB, then
@@ -41,7 +49,8 @@
  *            'shared' sched lines, which the planner uses where the table is used with
  *            shared_device 1 (the planner benchmark's default --model shared).
  * The table is re-parsed before it is written. --backend sim writes the simulator's synthetic
- * table (data/cost/sim.txt), which is not a measurement; with --schedules it adds sched lines
+ * table (data/cost/sim.txt, fp8_e4m3 points included; --fp8 off drops them), which is not a
+ * measurement; with --schedules it adds sched lines
  * measured on the simulator (C = 1024, H = 256, N in {256, 64}, P up to 4 by default): CPU times
  * of the host simulator, which exercise the path and describe no GPU.
  */
@@ -79,6 +88,7 @@ enum {
   C_SCHED,
   C_CAP,
   C_TP,
+  C_FP8,
   C_NOPTS
 };
 static const cli_opt kCalOpts[C_NOPTS] = {
@@ -119,10 +129,15 @@ static const cli_opt kCalOpts[C_NOPTS] = {
     [C_TP] = {"--tp", CLI_U64, 2, 8, NULL, "P",
               "optional, --schedules: the largest P of 2, 4, 8 measured (default cuda 8, sim 4)", 0,
               false},
+    [C_FP8] = {"--fp8", CLI_CHOICE, 0, 0, "on|off", NULL,
+               "optional: fp8 GEMM points, E4M3 x E4M3 -> bf16 as 'gemm fp8_e4m3' lines (default "
+               "on; fp8_e5m2 GEMMs are priced on them; off: none, so fp8 GEMMs are priced on the "
+               "--dtype points; sim: on keeps, off drops the synthetic table's fp8 points)",
+               0, false},
 };
 static const char kCalIntro[] =
     "usage: tpflex calibrate [--backend cuda|sim] [--out FILE] [--dtype bf16|fp16|fp32] [--quick] "
-    "[options]\n"
+    "[--fp8 on|off] [options]\n"
     "Measures this machine's cost table (GEMM times, copy and reduction links, launch and\n"
     "handshake costs) for the planner (TPF_PLAN_ADAPTIVE, tpflex plan --predict --cost FILE,\n"
     "tpflex bench --section planner --cost FILE); --schedules adds the planner's candidate\n"
@@ -139,6 +154,7 @@ typedef struct {
   int nns;
   uint64_t ns[2];
   int iters;
+  bool fp8;          /* --fp8 on: E4M3 x E4M3 -> bf16 GEMM points too */
   bool schedules;    /* --schedules */
   uint64_t capacity; /* the grid of --schedules */
   int tp;
@@ -320,6 +336,16 @@ static int cal_sim(const cli_ctx *ctx, const cal_opts *o) {
   char used[1024];
   int rc = cli_load_cost(ctx, "--backend sim", NULL, "sim.txt", &t, used, sizeof used);
   if (rc >= 0) return rc;
+  int nfp8 = 0; /* --fp8 off: the synthetic fp8 points dropped (fp8 then priced on bf16's) */
+  for (int i = 0, j = 0; i < t.ngemm; i++) {
+    const bool f8 = t.gemm[i].dtype == TPF_FP8_E4M3 || t.gemm[i].dtype == TPF_FP8_E5M2;
+    nfp8 += f8;
+    if (o->fp8 || !f8) t.gemm[j++] = t.gemm[i];
+  }
+  if (!o->fp8) {
+    t.ngemm -= nfp8;
+    nfp8 = 0;
+  }
   cal_sched_report sr;
   memset(&sr, 0, sizeof sr);
   if (o->schedules && cal_schedules(o, &t, &sr) != 0) return 1;
@@ -330,13 +356,17 @@ static int cal_sim(const cli_ctx *ctx, const cal_opts *o) {
            "# tpflex cost table written by `%s`, %s.\n"
            "# SYNTHETIC, not a measurement: the simulator's table (%s), round numbers chosen so\n"
            "# that every planner candidate can win somewhere in a T sweep. Format:\n"
-           "# include/tpflex/tpflex_cost.h.\n%s",
-           o->cmdline, date, used, sched);
+           "# include/tpflex/tpflex_cost.h.\n%s%s",
+           o->cmdline, date, used,
+           o->fp8 ? "" : "# --fp8 off: no fp8 gemm points (fp8 GEMMs are priced on bf16's).\n",
+           sched);
   rc = cal_emit(ctx, o, comments, &t);
   if (rc >= 0) return rc;
   FILE *s = o->out ? stdout : stderr;
-  fprintf(s, "calibrate: backend sim: wrote the synthetic table of %s (%d gemm points) to %s\n",
-          used, t.ngemm, o->out ? o->out : "stdout");
+  fprintf(s,
+          "calibrate: backend sim: wrote the synthetic table of %s (%d gemm points, %d of them "
+          "fp8) to %s\n",
+          used, t.ngemm, nfp8, o->out ? o->out : "stdout");
   if (o->schedules)
     fprintf(s, "  schedules  %d points measured on the simulator, P 2..%d, T %llu..%llu, %.1f s\n",
             sr.points, sr.pmax, (ull)sr.tmin, (ull)sr.tmax, sr.seconds);
@@ -366,6 +396,8 @@ typedef struct {
   cudaEvent_t e0[CAL_MAX_ITERS], e1[CAL_MAX_ITERS];
   void *flush;
   void *a, *w, *d;           /* operands: A [32768, kmax], W [nmax, kmax], D [32768, nmax] */
+  void *a8, *w8;             /* --fp8: E4M3 A [32768, kmax] and W [nmax, kmax] (D: d, bf16) */
+  float *scale;              /* --fp8: a_scale_inv and w_scale_inv, device floats = 1 */
   uint64_t kmax, nmax;       /* elements */
   uint64_t a_bytes, d_bytes; /* >= 256 MiB each: also the sources and targets of the copies */
   /* The CUDA backend at P = 1 (one rank thread: this one) and its BULK communicator, whose
@@ -487,10 +519,24 @@ static tpf_status cal_time(cal_cu *c, cal_rep_fn rep, void *arg, int per, double
 typedef struct {
   uint64_t m, n, k;
   int batch;
+  bool fp8; /* E4M3 x E4M3 -> bf16 with the per-tensor scales, else --dtype throughout */
 } cal_gemm_arg;
+
+/* One E4M3 x E4M3 -> bf16 GEMM of g on the row block `block` of the fp8 A, with the scales
+ * (tpf_op_options a_scale_inv, w_scale_inv) as TE passes a Float8Tensor's scale_inv. */
+static tpf_status cal_gemm_one_fp8(cal_cu *c, const cal_gemm_arg *g, int block) {
+  tpf_matrix a = {(char *)c->a8 + (uint64_t)block * g->m * g->k, g->m, g->k, g->k, TPF_FP8_E4M3};
+  tpf_matrix w = {c->w8, g->n, g->k, g->k, TPF_FP8_E4M3};
+  tpf_matrix d = {c->d, g->m, g->n, g->n, TPF_BF16};
+  tpf_op_options opt = TPF_OP_OPTIONS_INIT;
+  opt.a_scale_inv = c->scale;
+  opt.w_scale_inv = c->scale + 1;
+  return tpf_bulk_overlap_ex(c->comm, &a, &w, &d, &opt, c->s);
+}
 
 /* One GEMM of g on the row block `block` of A. */
 static tpf_status cal_gemm_one(cal_cu *c, const cal_gemm_arg *g, int block) {
+  if (g->fp8) return cal_gemm_one_fp8(c, g, block);
   const tpf_dtype dt = c->o->dtype;
   const uint64_t e = tpf_dtype_size(dt);
   tpf_matrix a = {(char *)c->a + (uint64_t)block * g->m * g->k * e, g->m, g->k, g->k, dt};
@@ -702,6 +748,8 @@ static tpf_status cal_handshake(int device, double *us) {
 typedef struct {
   char gpu[400];
   double gemm_tf_lo, gemm_tf_hi;
+  double fp8_tf_lo, fp8_tf_hi; /* --fp8: the E4M3 GEMMs' range */
+  int nfp8;                    /* --fp8: points measured */
   double peer_res, local_res, reduce_res;
   double h_gemm, h_copy, h_event, h_kernel;
   int ctas;
@@ -726,6 +774,9 @@ static void cal_free(cal_cu *c) {
   if (c->a) cudaFree(c->a);
   if (c->w) cudaFree(c->w);
   if (c->d) cudaFree(c->d);
+  if (c->a8) cudaFree(c->a8);
+  if (c->w8) cudaFree(c->w8);
+  if (c->scale) cudaFree(c->scale);
 }
 
 /* The device, its description in rep->gpu, the stream, events, operands, and the P = 1 backend
@@ -765,6 +816,15 @@ static tpf_status cal_setup(cal_cu *c, cal_report *rep) {
   TPF_CHECK(cal_fill(c->a, c->a_bytes / e, dt));
   TPF_CHECK(cal_fill(c->w, c->nmax * c->kmax, dt));
   CAL_CU(cudaMemset(c->d, 0, c->d_bytes), "cudaMemset(D)");
+  if (o->fp8) { /* E4M3 operands of their own (valid values in [-1, 1)); D is d, as bf16 */
+    const float one[2] = {1.0f, 1.0f};
+    CAL_CU(cudaMalloc(&c->a8, CAL_MAX_M * c->kmax), "cudaMalloc(A fp8)");
+    CAL_CU(cudaMalloc(&c->w8, c->nmax * c->kmax), "cudaMalloc(W fp8)");
+    CAL_CU(cudaMalloc((void **)&c->scale, sizeof one), "cudaMalloc(scales)");
+    CAL_CU(cudaMemcpy(c->scale, one, sizeof one, cudaMemcpyHostToDevice), "cudaMemcpy(scales)");
+    TPF_CHECK(cal_fill(c->a8, CAL_MAX_M * c->kmax, TPF_FP8_E4M3));
+    TPF_CHECK(cal_fill(c->w8, c->nmax * c->kmax, TPF_FP8_E4M3));
+  }
   /* The backend at P = 1: one rank, this thread, on --device. */
   TPF_CHECK(tpf_cuda_threads_create(1, &c->grp));
   tpf_bootstrap boot;
@@ -806,12 +866,16 @@ static cal_grid cal_grid_of(const cal_opts *o) {
   return g;
 }
 
-/* GEMMs: AG [m, N, H] then RS [m, H, N] for each N, as gemm points of t. */
-static tpf_status cal_gemms(cal_cu *c, const cal_grid *gr, tpf_cost_table *t, cal_report *rep) {
+/* GEMMs: AG [m, N, H] then RS [m, H, N] for each N, as gemm points of t: --dtype, or (fp8)
+ * E4M3 x E4M3 -> bf16 as fp8_e4m3 points. */
+static tpf_status cal_gemms(cal_cu *c, const cal_grid *gr, bool fp8, tpf_cost_table *t,
+                            cal_report *rep) {
   const cal_opts *o = c->o;
-  const tpf_dtype dt = o->dtype;
-  rep->gemm_tf_lo = 1e300;
-  rep->gemm_tf_hi = 0;
+  const tpf_dtype dt = fp8 ? TPF_FP8_E4M3 : o->dtype;
+  double *lo = fp8 ? &rep->fp8_tf_lo : &rep->gemm_tf_lo,
+         *hi = fp8 ? &rep->fp8_tf_hi : &rep->gemm_tf_hi;
+  *lo = 1e300;
+  *hi = 0;
   for (int ni = 0; ni < o->nns; ni++)
     for (int shape = 0; shape < 2; shape++)
       for (int mi = 0; mi < gr->nm; mi++) {
@@ -822,17 +886,20 @@ static tpf_status cal_gemms(cal_cu *c, const cal_grid *gr, tpf_cost_table *t, ca
         g.k = shape == 0 ? o->hidden : o->ns[ni];
         uint64_t b = CAL_MAX_M / g.m;
         g.batch = (int)(b > 4 ? 4 : b < 1 ? 1 : b);
+        g.fp8 = fp8;
         double us = 0;
         TPF_CHECK(cal_time(c, cal_gemm_rep, &g, g.batch, &us));
         TPF_RETURN_IF(t->ngemm >= TPF_COST_MAX_GEMM_POINTS, TPF_EINVAL,
                       "calibrate: more than %d gemm points", TPF_COST_MAX_GEMM_POINTS);
         t->gemm[t->ngemm++] = (tpf_cost_gemm_point){dt, g.m, g.n, g.k, us};
+        rep->nfp8 += fp8;
         double tf = 2.0 * (double)g.m * (double)g.n * (double)g.k / (us * 1e-6) / 1e12;
-        if (tf < rep->gemm_tf_lo) rep->gemm_tf_lo = tf;
-        if (tf > rep->gemm_tf_hi) rep->gemm_tf_hi = tf;
-        cal_progress(c, "gemm %s %s m=%llu n=%llu k=%llu: %.2f us (%.1f TFLOP/s, %d back to back)",
-                     tpf_dtype_name(dt), shape == 0 ? "AG" : "RS", (ull)g.m, (ull)g.n, (ull)g.k, us,
-                     tf, g.batch);
+        if (tf < *lo) *lo = tf;
+        if (tf > *hi) *hi = tf;
+        cal_progress(c,
+                     "gemm %s%s %s m=%llu n=%llu k=%llu: %.2f us (%.1f TFLOP/s, %d back to back)",
+                     tpf_dtype_name(dt), fp8 ? " x fp8_e4m3 -> bf16" : "", shape == 0 ? "AG" : "RS",
+                     (ull)g.m, (ull)g.n, (ull)g.k, us, tf, g.batch);
       }
   return TPF_OK;
 }
@@ -946,11 +1013,13 @@ static tpf_status cal_measure(cal_cu *c, tpf_cost_table *t, cal_report *rep) {
   const cal_opts *o = c->o;
   TPF_CHECK(cal_setup(c, rep));
   const cal_grid gr = cal_grid_of(o);
-  c->points = 2 * o->nns * gr.nm + 2 * gr.nsz + gr.ncnt * gr.nrows + 5;
+  c->points = (o->fp8 ? 4 : 2) * o->nns * gr.nm + 2 * gr.nsz + gr.ncnt * gr.nrows + 5;
   c->t0_ns = cal_now_ns();
-  fprintf(stderr, "calibrate: %s; %s GEMMs, %d repetitions per point\n", rep->gpu,
-          tpf_dtype_name(o->dtype), o->iters);
-  TPF_CHECK(cal_gemms(c, &gr, t, rep));
+  fprintf(stderr, "calibrate: %s; %s GEMMs%s, %d repetitions per point\n", rep->gpu,
+          tpf_dtype_name(o->dtype), o->fp8 ? " and fp8_e4m3 x fp8_e4m3 -> bf16 GEMMs" : "",
+          o->iters);
+  TPF_CHECK(cal_gemms(c, &gr, false, t, rep));
+  if (o->fp8) TPF_CHECK(cal_gemms(c, &gr, true, t, rep));
   TPF_CHECK(cal_copies(c, &gr, t, rep));
   TPF_CHECK(cal_reductions(c, &gr, t, rep));
   TPF_CHECK(cal_hosts(c, t, rep));
@@ -981,6 +1050,7 @@ static void cal_cuda_comments(const cal_opts *o, const cal_report *rep, const ca
       "#   one sample = min(4, 32768/m) GEMMs back to back / their count. The cost model "
       "interpolates by flops\n"
       "#   alone over every point of a dtype (equal flops: the first line listed wins).\n"
+      "%s"
       "# copy local: cudaMemcpyAsync device to device on device %d (fit: worst residual %.1f %%).\n"
       "# copy peer: cudaMemcpyPeerAsync device %d -> device %d%s (fit: worst residual %.1f %%).\n"
       "# reduce: the backend's reduction kernel, %d CTAs, over bytes read (fit: worst residual "
@@ -991,8 +1061,16 @@ static void cal_cuda_comments(const cal_opts *o, const cal_report *rep, const ca
       "# handshake_us, barrier_us: host rendezvous of 2 in-process rank threads (event record, "
       "publish, wait\n"
       "#   for the peer, stream wait), per round.\n%s",
-      o->cmdline, date, rep->gpu, o->iters, tpf_dtype_name(o->dtype), o->device,
-      100 * rep->local_res, o->device, o->peer,
+      o->cmdline, date, rep->gpu, o->iters, tpf_dtype_name(o->dtype),
+      o->fp8
+          ? "# gemm fp8_e4m3: the same shapes as E4M3 x E4M3 -> bf16 (tpf_bulk_overlap_ex, fp8 a "
+            "and b with valid E4M3\n"
+            "#   values, a_scale_inv = w_scale_inv = 1 on the device); fp8_e5m2 GEMMs are priced "
+            "on these points\n"
+            "#   (cuBLASLt on Hopper runs E4M3 x E5M2 at the E4M3 x E4M3 rate).\n"
+          : "# --fp8 off: no fp8 gemm points; fp8 GEMMs are priced on the points above (an "
+            "upper bound).\n",
+      o->device, 100 * rep->local_res, o->device, o->peer,
       rep->peer_other ? "" : " (the same device: ranks sharing one GPU copy through its HBM)",
       100 * rep->peer_res, rep->ctas, 100 * rep->reduce_res, rep->h_gemm, rep->h_copy, rep->h_event,
       rep->h_kernel, sched);
@@ -1003,8 +1081,11 @@ static void cal_cuda_summary(const cal_opts *o, const cal_report *rep, const cal
                              const tpf_cost_table *t) {
   FILE *s = o->out ? stdout : stderr;
   fprintf(s, "calibrate summary (%s, %.1f s):\n", rep->gpu, rep->seconds);
-  fprintf(s, "  gemm       %d points, %s, %.1f .. %.1f TFLOP/s\n", t->ngemm,
+  fprintf(s, "  gemm       %d points, %s, %.1f .. %.1f TFLOP/s\n", t->ngemm - rep->nfp8,
           tpf_dtype_name(o->dtype), rep->gemm_tf_lo, rep->gemm_tf_hi);
+  if (o->fp8)
+    fprintf(s, "  gemm fp8   %d points, fp8_e4m3 x fp8_e4m3 -> bf16, %.1f .. %.1f TFLOP/s\n",
+            rep->nfp8, rep->fp8_tf_lo, rep->fp8_tf_hi);
   fprintf(s, "  copy local %.2f us + bytes / %.1f GB/s (worst fit residual %.1f %%)\n",
           t->local.latency_us, t->local.gbps, 100 * rep->local_res);
   fprintf(
@@ -1101,6 +1182,7 @@ int tpf_cmd_calibrate(int argc, char **argv) {
   }
   o.iters = v[C_ITERS].set ? (int)v[C_ITERS].u : (o.quick ? 7 : 25);
   o.schedules = v[C_SCHED].set;
+  o.fp8 = !v[C_FP8].set || v[C_FP8].u == 0;
   cal_cmdline(&o, argc, argv);
   if (!o.schedules)
     for (int k = C_CAP; k <= C_TP; k++)

@@ -550,6 +550,39 @@ static void print_json(const plan_args *a, const tpf_schedule *s, int P, tpf_sta
 
 /* ---- --predict: the planner's candidates on a cost table ---- */
 
+static bool plan_fp8(tpf_dtype t) {
+  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
+}
+
+/* What --predict and --project price for layout in: *out, the layout, and the GEMMs' dtype
+ * (returned: the operation's x, tpf_plan_predict_x). --dtype fp8 with rs means the reduce-scatter
+ * site of an fp8 GEMM: an fp8 RS registration is refused at run time (SPEC §11), so its buffer
+ * holds bf16 partials and its GEMMs take fp8 x and w. */
+static tpf_dtype priced_desc(const tpf_layout_desc *in, tpf_layout_desc *out) {
+  *out = *in;
+  if (plan_fp8(in->dtype) && in->coll == TPF_COLL_RS) out->dtype = TPF_BF16;
+  return in->dtype;
+}
+
+/* The lines saying what --predict / --project price, where that is not what was asked: the RS
+ * site of an fp8 GEMM, and GEMMs priced on another dtype's points (tpf_cost_gemm_dtype). */
+static void priced_notes(const tpf_cost_table *t, const tpf_layout_desc *in) {
+  tpf_layout_desc d;
+  const tpf_dtype x = priced_desc(in, &d);
+  if (d.dtype != in->dtype)
+    printf("note: --dtype %s with rs is the reduce-scatter site of an %s GEMM: an fp8 RS buffer is "
+           "refused at run time (SPEC 11), so the buffer holds %s partials (priced so) and the "
+           "GEMMs take %s x and w\n",
+           tpf_dtype_name(x), tpf_dtype_name(x), tpf_dtype_name(d.dtype), tpf_dtype_name(x));
+  tpf_dtype pts;
+  if (tpf_cost_gemm_dtype(t, x, &pts) != TPF_OK || pts == x) return;
+  printf("note: the cost table has no %s gemm points: %s GEMMs are priced on its %s points (%s)\n",
+         tpf_dtype_name(x), tpf_dtype_name(x), tpf_dtype_name(pts),
+         plan_fp8(pts) ? "cuBLASLt on Hopper runs both fp8 kinds at one rate"
+                       : "an upper bound: FP8 GEMMs are never slower on the devices we know; "
+                         "`tpflex calibrate --backend cuda` measures fp8_e4m3 points");
+}
+
 /* Rank r's steps of one candidate with their predicted spans: text lines, or (json) the value of
  * the candidate's "timeline" key (null when it has none: a candidate priced by formula). */
 static void print_timeline(const plan_args *a, const tpf_cost_table *t,
@@ -558,9 +591,12 @@ static void print_timeline(const plan_args *a, const tpf_cost_table *t,
   tpf_schedule *s = calloc((size_t)P, sizeof *s);
   int built = 0, max_steps = 0;
   tpf_status rc = s ? TPF_OK : TPF_ENOMEM;
+  tpf_layout_desc pd;
+  const tpf_dtype x = priced_desc(&a->d, &pd);
   for (; rc == TPF_OK && built < P; built++) {
-    tpf_layout_desc d = a->d;
+    tpf_layout_desc d = pd;
     d.rank = built;
+    d.algo = c->algo; /* a RING RS communicator's pull baseline is PIPELINE */
     d.num_splits = c->num_splits;
     d.aggregate = c->aggregate;
     rc = tpf_schedule_build(&d, &a->g, &s[built]);
@@ -569,7 +605,7 @@ static void print_timeline(const plan_args *a, const tpf_cost_table *t,
   }
   tpf_cost_span *sp = rc == TPF_OK ? calloc((size_t)P * (size_t)max_steps, sizeof *sp) : NULL;
   double total = 0;
-  if (rc == TPF_OK && sp) rc = tpf_cost_predict(t, s, P, sp, max_steps, &total);
+  if (rc == TPF_OK && sp) rc = tpf_cost_predict_x(t, s, P, x, sp, max_steps, &total);
   if (a->json) {
     if (rc == TPF_OK && sp) {
       printf("{\"rank\":%d,\"steps\":[", r);
@@ -617,6 +653,12 @@ static void predict_json(const plan_args *a, const tpf_cost_table *t, const char
          tpf_algo_name(a->d.algo), tpf_coll_name(a->d.coll), a->d.tp_size,
          tpf_dtype_name(a->d.dtype), (ull)a->d.capacity.rows, (ull)a->d.capacity.cols,
          (ull)a->d.active.rows, (ull)a->d.active.cols, (ull)a->g.m, (ull)a->g.n, (ull)a->g.k);
+  tpf_layout_desc pd; /* what is priced: the buffer's dtype, the GEMMs' and their points' */
+  const tpf_dtype x = priced_desc(&a->d, &pd);
+  tpf_dtype pts = x;
+  (void)tpf_cost_gemm_dtype(t, x, &pts); /* the prediction succeeded: it can */
+  printf("\"buffer_dtype\":\"%s\",\"gemm_dtype\":\"%s\",\"gemm_points_dtype\":\"%s\",",
+         tpf_dtype_name(pd.dtype), tpf_dtype_name(x), tpf_dtype_name(pts));
   int kind = 0;
   for (int i = 0; i < t->nsched; i++)
     kind += t->sched[i].shared == (t->shared_device != 0);
@@ -649,7 +691,9 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
   if (lrc >= 0) return lrc;
   tpf_status rc;
   tpf_plan_result r;
-  rc = tpf_plan_predict(&t, &a->d, &a->g, &r);
+  tpf_layout_desc pd;
+  const tpf_dtype x = priced_desc(&a->d, &pd);
+  rc = tpf_plan_predict_x(&t, &pd, &a->g, x, &r);
   if (rc != TPF_OK) return cli_error(ctx, "%s: %s", tpf_status_name(rc), tpf_last_error());
   if (a->json) {
     predict_json(a, &t, used, &r);
@@ -660,6 +704,7 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
          tpf_algo_name(a->d.algo), tpf_coll_name(a->d.coll), a->d.tp_size, (ull)a->d.active.rows,
          (ull)a->d.capacity.rows, (ull)a->d.capacity.cols, (ull)a->g.m, (ull)a->g.n, (ull)a->g.k,
          tpf_dtype_name(a->d.dtype));
+  priced_notes(&t, &a->d);
   if (t.nsched > 0) {
     int kind = 0; /* points of this table's device kind: the only ones that can apply */
     for (int i = 0; i < t.nsched; i++)
@@ -732,6 +777,14 @@ static void project_header(const plan_args *a, const tpf_cost_table *t, const ch
          a->d.tp_size, (ull)a->d.capacity.rows, (ull)a->d.capacity.cols,
          tpf_dtype_name(a->d.dtype));
   printf("cost table: %s\n", used);
+  for (int i = 0; i < a->nops; i++) { /* the notes of the first RS op (if any) say it all */
+    tpf_layout_desc d = a->d;
+    d.coll = a->pcoll[i];
+    if (i == a->nops - 1 || d.coll == TPF_COLL_RS) {
+      priced_notes(t, &d);
+      break;
+    }
+  }
   printf("links: peer %.2f us + bytes / %.1f GB/s (the table's 'copy peer': in the shipped H200 "
          "table the documented NVLink4 parameter, 374 GB/s per direction), local %.2f us + %.1f "
          "GB/s, reduce %.2f us + %.1f GB/s; launch %.2f us/step, handshake %.2f us\n",
@@ -752,7 +805,11 @@ static void project_header(const plan_args *a, const tpf_cost_table *t, const ch
 
 /* The projected row of layout d (active T rows) and GEMM width N; w->ok false with w->err when it
  * cannot be projected. */
-static void project_row(const tpf_cost_table *t, const tpf_layout_desc *d, uint64_t N, prow *w) {
+static void project_row(const tpf_cost_table *t, const tpf_layout_desc *asked, uint64_t N,
+                        prow *w) {
+  tpf_layout_desc pd;
+  const tpf_dtype x = priced_desc(asked, &pd);
+  const tpf_layout_desc *d = &pd;
   const uint64_t T = d->active.rows, H = d->capacity.cols;
   w->N = N;
   w->T = T;
@@ -760,10 +817,10 @@ static void project_row(const tpf_cost_table *t, const tpf_layout_desc *d, uint6
   snprintf(w->op, sizeof w->op, "%s %s", tpf_algo_name(d->algo), tpf_coll_name(d->coll));
   tpf_plan_result r;
   tpf_status rc = tpf_layout_check(d);
-  if (rc == TPF_OK) rc = tpf_plan_predict(t, d, &g, &r);
+  if (rc == TPF_OK) rc = tpf_plan_predict_x(t, d, &g, x, &r);
   if (rc == TPF_OK && r.baseline < 0) rc = TPF_EUNSUPPORTED;
   double gemm = 0;
-  if (rc == TPF_OK) rc = tpf_cost_gemm_us(t, d->dtype, g.m, g.n, g.k, &gemm);
+  if (rc == TPF_OK) rc = tpf_cost_gemm_us(t, x, g.m, g.n, g.k, &gemm);
   if (rc != TPF_OK) {
     snprintf(w->err, sizeof w->err, "%s: %s", tpf_status_name(rc), tpf_last_error());
     return;

@@ -17,7 +17,8 @@
  *   copy peer <latency_us> <GB/s>          SEND to another rank (NVLink or a shared GPU)
  *   copy local <latency_us> <GB/s>         same-device copy
  *   reduce <latency_us> <GB/s>             REDUCE/PEER_REDUCE, bytes read over the time
- *   gemm <dtype> <m> <n> <k> <us>          a measured GEMM (dtype as tpf_dtype_name: bf16, ...)
+ *   gemm <dtype> <m> <n> <k> <us>          a measured GEMM (dtype as tpf_dtype_name: bf16, ...;
+ *                                          fp8_e4m3: E4M3 x E4M3 operands -> bf16 D, see below)
  *   shared_device 1                        all P ranks share one GPU: their GEMMs run one at a
  *                                          time across ranks (default 0: a GPU per rank)
  *   prefer_margin 0.05                     the planner keeps the better of the communicator's
@@ -34,8 +35,24 @@
  *                                          a MEASURED schedule (tpflex calibrate --schedules):
  *                                          one whole operation, all P ranks, earliest start to
  *                                          latest end, in us
- * Every key but gemm and sched appears at most once; at least one gemm line of a dtype is needed
- * to price GEMMs of that dtype. GB/s means 1e9 bytes per second.
+ * Every key but gemm and sched appears at most once. GB/s means 1e9 bytes per second.
+ *
+ * Which points price a GEMM (tpf_cost_gemm_dtype): those of its dtype when the table has any.
+ * bf16, fp16 and fp32 GEMMs need points of their own dtype. An fp8 GEMM without points of its
+ * own dtype takes, in this order, the first of: the other fp8 dtype's points, bf16's, fp16's,
+ * fp32's. `tpflex calibrate` writes fp8_e4m3 points only (E4M3 x E4M3 -> bf16): a GEMM with an
+ * E5M2 operand (E5M2 x E4M3; E5M2 x E5M2 is refused) runs at the same rate in cuBLASLt on
+ * Hopper, so fp8_e5m2 shares them. A table without fp8 points prices fp8 GEMMs on its bf16 ones:
+ * an upper bound, since FP8 GEMMs are never slower than bf16 ones on the devices we know (one
+ * H200: 1.45-1.94x faster at K 8192, N 3584, T 1k-32k). Deterministic: the same table always
+ * prices a dtype on the same points.
+ *
+ * A GEMM's dtype is the dtype of its A operand: the schedule's (buffer) dtype when A is the
+ * registration (the all-gather sites: fp8 buffer, fp8 GEMM), the operation's x (TPF_MAT_X: a
+ * gemm_rs x, a bulk a) otherwise, as tpf_cost_predict_x and tpf_plan_predict_x are told. Message
+ * and reduction bytes always use the buffer's element size: an fp8 all-gather moves 1-byte
+ * elements, the reduce-scatter site of an fp8 GEMM keeps bf16 (fp16, fp32) partials in its
+ * buffer (an fp8 RS registration is refused at run time, SPEC §11).
  *
  * Measured schedule points (offline tuning on top of the model, as Flux tunes its kernels):
  *   device     shared (all P ranks on one device, as `tpflex bench` runs them) or dedicated (a
@@ -113,10 +130,16 @@ struct tpf_cost_table {
  * *out is written only on success. */
 TPF_API tpf_status tpf_cost_table_parse(const char *text, tpf_cost_table *out);
 
-/* Predicted GEMM time in microseconds (without the launch overhead). Points of the same dtype
- * are ordered by flops (2mnk); the achieved rate (flops/us) is interpolated linearly in
- * log(flops) between the two neighbours and held constant beyond the ends. TPF_EINVAL when the
- * table has no point of that dtype. */
+/* The dtype whose gemm points price GEMMs of `dtype` on t (see "Which points price a GEMM"
+ * above): `dtype` itself when t has points of it, for fp8 the fallback otherwise. TPF_EINVAL,
+ * naming the dtype (and for fp8 every dtype tried), when t has none of them; an invalid dtype
+ * or NULL pointer is TPF_EINVAL too. *used is written only on success. */
+TPF_API tpf_status tpf_cost_gemm_dtype(const tpf_cost_table *t, tpf_dtype dtype, tpf_dtype *used);
+
+/* Predicted GEMM time in microseconds (without the launch overhead), on the points
+ * tpf_cost_gemm_dtype picks for `dtype`. Those points are ordered by flops (2mnk); the achieved
+ * rate (flops/us) is interpolated linearly in log(flops) between the two neighbours and held
+ * constant beyond the ends. TPF_EINVAL when the table has no point that can price `dtype`. */
 TPF_API tpf_status tpf_cost_gemm_us(const tpf_cost_table *t, tpf_dtype dtype, uint64_t m,
                                     uint64_t n, uint64_t k, double *us);
 
@@ -132,6 +155,15 @@ typedef struct {
 TPF_API tpf_status tpf_cost_predict(const tpf_cost_table *t, const tpf_schedule *scheds,
                                     int tp_size, tpf_cost_span *spans, int max_steps,
                                     double *total_us);
+
+/* tpf_cost_predict with the dtype of the operation's x (TPF_MAT_X: gemm_rs x, bulk a): GEMM
+ * steps whose A operand is x are priced as GEMMs of x_dtype (an fp8 gemm_rs on a bf16 RS site:
+ * fp8 points, bf16 partials), those whose A is the registration as the schedule's dtype.
+ * tpf_cost_predict is this with x_dtype = the schedule's dtype. TPF_EINVAL for an x_dtype that
+ * is not a tpf_dtype, else as tpf_cost_predict. */
+TPF_API tpf_status tpf_cost_predict_x(const tpf_cost_table *t, const tpf_schedule *scheds,
+                                      int tp_size, tpf_dtype x_dtype, tpf_cost_span *spans,
+                                      int max_steps, double *total_us);
 
 /* ---- The planner's candidates ---------------------------------------------------------------
  * For one operation of a communicator at one active shape, the schedules its algorithm admits
@@ -205,11 +237,24 @@ typedef struct {
 TPF_API tpf_status tpf_plan_predict(const tpf_cost_table *t, const tpf_layout_desc *d,
                                     const tpf_gemm_dims *g, tpf_plan_result *out);
 
+/* tpf_plan_predict for an operation whose x (gemm_rs x, bulk a) is x_dtype, e.g. an fp8 GEMM on
+ * a bf16 RS site: its GEMMs are priced as x_dtype GEMMs (tpf_cost_predict_x). An all-gather
+ * site's GEMM reads the registration, so x_dtype does not matter there. Measured schedule points
+ * (keyed by one dtype, measured with GEMMs of the buffer's dtype) apply only when x_dtype is
+ * d's dtype or x_dtype does not matter; otherwise every candidate is the model's. tpf_plan_predict
+ * is this with x_dtype = d->dtype. An adaptive communicator plans each operation with its x's
+ * dtype (and keeps the decisions of different x dtypes apart in its cache). */
+TPF_API tpf_status tpf_plan_predict_x(const tpf_cost_table *t, const tpf_layout_desc *d,
+                                      const tpf_gemm_dims *g, tpf_dtype x_dtype,
+                                      tpf_plan_result *out);
+
 /* An adaptive communicator's decision for its last operation (or, before any, none: ncand 0):
  * the candidates with their predictions, the one that ran and why. Decisions are cached per
- * (T, GEMM size) in TPF_PLAN_CACHE entries per communicator, and a miss is planned in storage
- * reserved at creation, so neither a hit nor a miss allocates. TPF_EUNSUPPORTED for a FIXED
- * communicator. */
+ * (T, GEMM size, x dtype) in TPF_PLAN_CACHE entries per communicator, and a miss is planned in
+ * storage reserved at creation, so neither a hit nor a miss allocates. Creating an adaptive
+ * (non-bulk) communicator whose table cannot price GEMMs of its dtype (tpf_cost_gemm_dtype) is
+ * TPF_EINVAL, so a created one never fails to plan: an fp8 one plans on any table with gemm
+ * points. TPF_EUNSUPPORTED for a FIXED communicator. */
 #define TPF_PLAN_CACHE 32
 TPF_API tpf_status tpf_comm_plan_info(const tpf_comm *c, tpf_plan_result *out);
 

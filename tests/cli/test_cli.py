@@ -60,6 +60,7 @@ CHOICES = [
     ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all", "planner"]),
     ("bench", "--model", ["shared", "dedicated"]), ("bench", "--mode", ["threads", "procs", "both"]),
     ("calibrate", "--backend", ["cuda", "sim"]), ("calibrate", "--dtype", ["bf16", "fp16", "fp32"]),
+    ("calibrate", "--fp8", ["on", "off"]),
 ]
 FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
          ("bench", "--quick"), ("bench", "--adaptive"), ("calibrate", "--quick"),
@@ -689,6 +690,49 @@ if rc != 0 or len(leg) <= 512 or not leg.endswith("tT/tC/(T/C) = 1 when the time
     failures.append("bench legend: want the whole serial(us) line (over 512 characters, ending "
                     "'... scales with T'); exit %s, got %d characters ending %r" %
                     (rc, len(leg), leg[-60:]))
+
+# ---- FP8 in the planner (issue 28): fp8 gemm points from calibrate, the fallback on tables
+# without them (said in the output), the RS site of an fp8 GEMM priced with bf16 partials ----
+FP8P = [TPF, "plan", "--tp", "8", "--capacity", "32768", "--hidden", "8192", "--algo", "ring",
+        "--coll", "ag", "--dtype", "fp8_e4m3", "--tokens", "4096", "--predict"]
+FALLBACK = "no fp8_e4m3 gemm points: fp8_e4m3 GEMMs are priced on its bf16 points"
+case("plan --predict fp8 on the shipped table", FP8P, 0, out=["<- chosen", FALLBACK])
+count += 1
+rc, so, se = run(FP8P + ["--cost", SIM_COST])  # the synthetic table has fp8 points: no note
+if rc != 0 or "<- chosen" not in so or "no fp8_e4m3 gemm points" in so:
+    failures.append("plan --predict fp8 on sim.txt: want a choice and no fallback note; exit %s, "
+                    "stdout %r, stderr %r" % (rc, so[:400], se[-300:]))
+case("plan --predict fp8 rs site", FP8P[:-7] + ["--coll", "rs", "--dtype", "fp8_e5m2", "--tokens",
+                                                "4096", "--predict"], 0,
+     out=["reduce-scatter site of an fp8_e5m2 GEMM", "bf16 partials", "<- chosen",
+          "no fp8_e5m2 gemm points"])
+count += 1
+rc, so, se = run(FP8P + ["--json"])
+try:
+    j = json.loads(so)
+    ok = (rc == 0 and j["gemm_dtype"] == "fp8_e4m3" and j["gemm_points_dtype"] == "bf16" and
+          j["buffer_dtype"] == "fp8_e4m3" and j["candidates"][j["chosen"]]["chosen"])
+except (ValueError, KeyError, TypeError, IndexError):
+    ok = False
+if not ok:
+    failures.append("plan --predict fp8 --json: want gemm_dtype fp8_e4m3 priced on bf16 points; "
+                    "exit %s, stdout %r, stderr %r" % (rc, so[:300], se[-300:]))
+with open("/tmp/tpflex_cli_nogemm_cost.txt", "w") as f:
+    f.write("launch_us 1\nhandshake_us 1\nbarrier_us 1\ncopy peer 1 1\ncopy local 1 1\n"
+            "reduce 1 1\n")
+case("plan --predict fp8 no gemm point", FP8P + ["--cost", "/tmp/tpflex_cli_nogemm_cost.txt"], 2,
+     err=["no gemm point for fp8_e4m3", "fp8_e5m2, bf16, fp16, fp32"])
+case("calibrate sim fp8 points", [TPF, CAL, "--backend", "sim"], 0,
+     out="gemm fp8_e4m3 4096 1024 1024 ", err="4 of them fp8")
+CAL8 = "/tmp/tpflex_cli_calibrated_nofp8.txt"
+count += 1
+rc, so, se = run([TPF, CAL, "--backend", "sim", "--fp8", "off", "--out", CAL8])
+body = open(CAL8).read() if rc == 0 and os.path.exists(CAL8) else ""
+if rc != 0 or "gemm fp8" in body or "gemm bf16" not in body or "0 of them fp8" not in so:
+    failures.append("calibrate sim --fp8 off: want a table without fp8 gemm lines; exit %s, "
+                    "stdout %r" % (rc, so[-300:]))
+case("calibrate --fp8 off table feeds plan --predict fp8", FP8P + ["--cost", CAL8], 0,
+     out=["<- chosen", FALLBACK])
 
 print("%d cases, %d failed" % (count, len(failures)))
 for f in failures:

@@ -430,8 +430,8 @@ static void test_sched_hash(void **state) {
   }
 }
 
-/* The shipped tables parse, price every dtype they name, and order candidates sensibly: on the
- * H200 table a [512, 8192] x [3584, 8192]^T GEMM costs less whole than as 8 row chunks. */
+/* The shipped tables parse, price every dtype they name and fp8, and order candidates sensibly:
+ * on the H200 table a [512, 8192] x [3584, 8192]^T GEMM costs less whole than as 8 row chunks. */
 static void test_shipped_tables(void **state) {
   (void)state;
   const char *names[] = {TPF_DATA_DIR "/cost/h200.txt", TPF_DATA_DIR "/cost/sim.txt"};
@@ -445,6 +445,21 @@ static void test_shipped_tables(void **state) {
     tpf_cost_table t;
     TPF_ASSERT_OK(tpf_cost_table_parse(text, &t));
     assert_true(t.ngemm >= 4 && t.peer.gbps > 0 && t.local.gbps > 0 && t.reduce.gbps > 0);
+    /* fp8 GEMMs are priced on every shipped table: on its own fp8_e4m3 points (sim.txt, and
+     * h200.txt once measured: faster than bf16 at 4096 rows), else on its bf16 points, exactly
+     * (h200.txt until measured); fp8_e5m2 on the same points as fp8_e4m3. */
+    tpf_dtype e4 = TPF_FP32, e5 = TPF_FP32;
+    TPF_ASSERT_OK(tpf_cost_gemm_dtype(&t, TPF_FP8_E4M3, &e4));
+    TPF_ASSERT_OK(tpf_cost_gemm_dtype(&t, TPF_FP8_E5M2, &e5));
+    assert_int_equal(e4, e5);
+    double f8 = 0, b16 = 0;
+    TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_FP8_E4M3, 4096, 1024, 8192, &f8));
+    TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_BF16, 4096, 1024, 8192, &b16));
+    if (i == 1) assert_int_equal(e4, TPF_FP8_E4M3); /* the synthetic table has fp8 points */
+    if (e4 == TPF_FP8_E4M3)
+      assert_true(f8 < b16);
+    else
+      assert_true(e4 == TPF_BF16 && f8 == b16);
     if (i == 0) {
       double one = 0, chunk = 0;
       TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_BF16, 512, 3584, 8192, &one));
