@@ -17,6 +17,7 @@ of the compute dtype at the result, or the ulps of the summed partials (SPEC §7
 unittest style."""
 import os
 import sys
+import threading
 import unittest
 import warnings
 
@@ -858,6 +859,57 @@ class HostPathP1(unittest.TestCase):
             return (tuple(y.shape), b is m.fc2_bias, bool(torch.allclose(y, ref, atol=1e-6)),
                     tuple(lin(x).shape))
         self.assertEqual(_on_ranks(1, f)[0], ((4, 2, H), True, True, (4, 2, F)))
+
+
+class Resolution(unittest.TestCase):
+    def test_communicators_looked_up_once_per_registration(self):
+        """A module resolves its sites' communicators once per registration (no get_ub per
+        call: they were looked up by name on every forward), and sees a new registration after
+        destroy_ub + initialize_ub: the same microbatch gives the same values on the new
+        communicators."""
+        from tpflex import _manager
+        P, T = 2, 16
+        counts = threading.local()
+        orig = _manager.Manager.get
+
+        def get(self, name):
+            counts.n = getattr(counts, "n", 0) + 1
+            return orig(self, name)
+
+        def f(rank):
+            g = torch.Generator().manual_seed(8 + rank)
+            x = torch.randn(T // P, H, generator=g)
+            outs, looked, mods = [], [], []
+            for reg in range(2):
+                tt.initialize_ub([C, H], P, dtype=torch.float32)
+                try:
+                    if not mods:   # built under the first registration, run under both
+                        torch.manual_seed(7)
+                        mods = [Block(P, torch.float32),   # plain: the bulk communicators
+                                Linear(H, F, parallel_mode="column", tp_size=P,
+                                       sequence_parallel=True, params_dtype=torch.float32)]
+                    for step in range(3):
+                        with active_tokens(T):
+                            n0 = getattr(counts, "n", 0)
+                            xr = x.clone().requires_grad_(True)
+                            y, z = mods[0](xr), mods[1](xr)
+                            (y.sum() + z.sum()).backward()
+                            looked.append(getattr(counts, "n", 0) - n0)
+                            outs.append((y.detach(), z.detach(), xr.grad))
+                finally:
+                    tt.destroy_ub()
+            return looked, outs
+        _manager.Manager.get = get
+        try:
+            res = sim.run(P, f, timeout_ms=20000)
+        finally:
+            _manager.Manager.get = orig
+        for looked, outs in res:
+            self.assertGreater(looked[0], 0)
+            self.assertGreater(looked[3], 0)   # the new registration, resolved again
+            self.assertEqual([looked[i] for i in (1, 2, 4, 5)], [0, 0, 0, 0])
+            for o in outs[1:]:
+                self.assertTrue(all(torch.equal(u, v) for u, v in zip(o, outs[0])))
 
 
 if __name__ == "__main__":

@@ -46,7 +46,8 @@ class _Call:
                 f"backward has run)", self.where)
 
 
-def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> None:
+def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> int:
+    """Checks the microbatch's tokens against comm's active shape [T, H]; returns H."""
     T, H = comm.active_shape
     if tokens != T:
         per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
@@ -55,6 +56,7 @@ def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> 
             f"set_ub_active_shape([{tokens}, {H}]) or use tpflex.torch.active_tokens({tokens}) "
             f"for this microbatch", call.where)
     call.tokens, call.shape_comm = tokens, comm
+    return H
 
 
 # ---- autograd functions ------------------------------------------------------------------------

@@ -91,6 +91,7 @@ class _Site:
         self.bulk_wgrad = col and bulk_wgrad and not self.rs_dgrad
         self.rs = row and rs                 # fprop GEMM + RS
         self.ag_dgrad = row and ag           # dgrad RING AG + GEMM
+        self._cache: Any = None              # (key, _resolve's result)
         if self.any_ub:
             if not ub_name:
                 raise TpflexInvalidError("a ub_* overlap needs ub_name (the sites "
@@ -114,32 +115,47 @@ class _Site:
         return self.ag or self.rs or self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad or \
             self.bulk_wgrad
 
+    def _resolve(self, reduce: bool) -> Tuple[Any, Any, Any, Optional[_Plain], Any]:
+        """(fprop, dgrad, wgrad, plain, ref): the communicators of this site's flags, the plain
+        path's collectives and the communicator whose active shape the rows are checked
+        against. Resolved once per registration (manager) and kept: a manager's communicators
+        by name do not change until destroy_ub, after which another manager is current."""
+        P = self.P
+        on_sim = P > 1 and reduce and self.group is None and sim.current() is not None
+        mgr = _tt().current_manager() if self.any_ub or on_sim else None
+        key = (mgr, reduce, on_sim)
+        hit = self._cache
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        n = self.ub_name
+        fprop = _get(f"{n}_fprop") if self.ag or self.rs else None
+        dgrad = _get(f"{n}_dgrad") if self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad else None
+        wgrad = _get(f"{n}_wgrad") if self.bulk_wgrad else None
+        plain = None
+        if P > 1 and reduce:
+            pre = (f"{n}_dgrad", f"{n}_wgrad") if n else ()
+            plain = _Plain(self.where, P, self.group, pre, pre)
+        ref = fprop or dgrad or wgrad
+        if ref is None and plain is not None and plain.on_sim:
+            ref = plain._comm("ag" if self.sp and self.mode == "column" else "rs")
+        res = (fprop, dgrad, wgrad, plain, ref)
+        self._cache = (key, res)
+        return res
+
     def call(self, rows: int, cols: int, weight: torch.nn.Parameter, fuse_wgrad: bool,
              accumulate: bool, reduce: bool = True) -> _Call:
-        """Resolves this call's communicators and checks the rows against the active shape.
-        rows, cols: the input's (column) or the output's (row) row count and width."""
+        """This call's settings: the communicators (resolved once per registration), the rows
+        checked against the active shape. rows, cols: the input's (column) or the output's
+        (row) row count and width."""
         c = _Call(self.where)
         c.P, c.sp, c.reduce = self.P, self.sp, reduce
         c.ag, c.rs, c.ag_dgrad, c.rs_dgrad = self.ag, self.rs, self.ag_dgrad, self.rs_dgrad
         c.bulk_dgrad, c.bulk_wgrad = self.bulk_dgrad, self.bulk_wgrad
-        n = self.ub_name
-        if self.ag or self.rs:
-            c.fprop = _get(f"{n}_fprop")
-        if self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad:
-            c.dgrad = _get(f"{n}_dgrad")
-        if self.bulk_wgrad:
-            c.wgrad = _get(f"{n}_wgrad")
-        if self.P > 1 and reduce:
-            pre = (f"{n}_dgrad", f"{n}_wgrad") if n else ()
-            c.plain = _Plain(self.where, self.P, self.group, pre, pre)
-        tokens = rows * self.P if self.mode == "column" and self.sp else rows
-        ref = c.fprop or c.dgrad or c.wgrad
-        if ref is None and c.plain is not None and c.plain.on_sim:
-            ref = c.plain._comm("ag" if self.sp and self.mode == "column" else "rs")
+        c.fprop, c.dgrad, c.wgrad, c.plain, ref = self._resolve(reduce)
         if ref is not None:
+            tokens = rows * self.P if self.mode == "column" and self.sp else rows
             what = ("the input" if self.mode == "column" else "the input (row-parallel)")
-            _check_tokens(c, ref, tokens, rows, what)
-            H = ref.active_shape[1]
+            H = _check_tokens(c, ref, tokens, rows, what)
             if cols != H:
                 side = "input's width (in_features)" if self.mode == "column" else \
                     "output's width (out_features)"

@@ -137,6 +137,7 @@ class _Plain:
         self.where, self.P, self.group = where, P, group
         self.prefer_ag, self.prefer_rs = tuple(prefer_ag), tuple(prefer_rs)
         self.on_sim = sim.current() is not None and group is None
+        self._comms: dict = {}   # coll -> its communicator (this object lives per registration)
         if P > 1 and not self.on_sim:
             import torch.distributed as dist
             if not (dist.is_available() and dist.is_initialized()):
@@ -145,12 +146,16 @@ class _Plain:
                     f"initialise it and pass tp_group (or run on the simulator)", where)
 
     def _comm(self, coll: str) -> Any:
+        c = self._comms.get(coll)
+        if c is not None:
+            return c
         c = _find(self.prefer_ag if coll == "ag" else self.prefer_rs, "bulk", coll)
         if c is None:
             raise TpflexStateError(
                 f"the plain path at tp_size {self.P} on the simulator needs a registered BULK "
                 f"{coll.upper()} communicator (initialize_ub registers TE's; none found)",
                 self.where)
+        self._comms[coll] = c
         return c
 
     @staticmethod
