@@ -842,6 +842,39 @@ class HostPathP1(unittest.TestCase):
             for n, g, pg in grads:
                 self.assertTrue(torch.allclose(g, pg, rtol=1e-5, atol=1e-5), f"T={T} {n}")
 
+    def test_fused_wgrad_is_one_gemm_into_main_grad(self):
+        """fuse_wgrad_accumulation in fp32: the weight gradient is one GEMM into main_grad,
+        addmm_ (beta 1) when accumulating and mm(out=main_grad) on is_first_microbatch, not
+        mm + add_ / copy_ of a temporary; main_grad holds dy^T x summed over the microbatches."""
+        def f(rank):
+            torch.manual_seed(8)
+            out = []
+            for mode in ("column", "row"):
+                lin = Linear(H, F, bias=False, parallel_mode=mode, params_dtype=torch.float32,
+                             fuse_wgrad_accumulation=True)   # (a bias' .grad accumulates: add_)
+                lin.weight.main_grad = torch.full_like(lin.weight, 3.0)
+                xs = [torch.randn(16, H) for _ in range(2)]
+                dys = [torch.randn(16, F) for _ in range(2)]
+                ops = []
+                for i, (x, dy) in enumerate(zip(xs, dys)):
+                    with _AtenOps() as c:
+                        lin(x.requires_grad_(True), is_first_microbatch=i == 0).backward(dy)
+                    ops.append(c.ops)
+                ref = dys[0].t() @ xs[0] + dys[1].t() @ xs[1]
+                out.append((mode, ops, bool(torch.allclose(lin.weight.main_grad, ref,
+                                                           rtol=1e-5, atol=1e-5))))
+            return out
+        for mode, ops, ok in _on_ranks(1, f)[0]:
+            self.assertTrue(ok, f"{mode}: main_grad")
+            first, acc = ops
+            for name, o in (("first", first), ("accumulating", acc)):
+                self.assertEqual([o.get(k, 0) for k in ("add_", "copy_")], [0, 0],
+                                 f"{mode} {name}: {o}")
+            # forward mm (no bias), dgrad mm, and the wgrad GEMM
+            self.assertEqual((first.get("mm", 0), first.get("addmm_", 0)), (3, 0),
+                             f"{mode}: {first}")
+            self.assertEqual((acc.get("mm", 0), acc.get("addmm_", 0)), (2, 1), f"{mode}: {acc}")
+
     def test_3d_input_and_return_bias(self):
         """[S, B, H] inputs keep their leading dimensions; return_bias returns the bias
         unapplied (the native path at tp_size 1 as the others)."""

@@ -118,8 +118,14 @@ def _wgrad_into(dy: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, call: "_Cal
     """dW = dy^T xt: into w.main_grad (fp32, accumulated) with fuse_wgrad_accumulation (returns
     None), else returned in w's dtype."""
     if call.fuse_wgrad:
-        g = _mm(dy.t(), xt, torch.float32)
         mg = call.main_grad
+        if dy.dtype == torch.float32:   # one GEMM into main_grad (beta 1, or 0 to overwrite)
+            if call.accumulate:
+                mg.addmm_(dy.t(), xt)
+            else:
+                torch.mm(dy.t(), xt, out=mg)
+            return None
+        g = _mm(dy.t(), xt, torch.float32)
         if call.accumulate:
             mg.add_(g)
         else:
