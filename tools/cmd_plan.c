@@ -73,7 +73,9 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
                "optional, ring ag only: 2-chunk messages after a pair swap (even P)", A_RING,
                false},
     [O_DTYPE] = {"--dtype", CLI_CHOICE, 0, 0, "bf16|fp16|fp32|fp8_e4m3|fp8_e5m2", NULL,
-                 "optional: buffer dtype (default bf16; fp8: 1-byte elements)", 0, false},
+                 "optional: buffer dtype (default bf16; fp8: 1-byte elements; fp8 with rs and "
+                 "--predict or --project: the RS site of an fp8 GEMM, a bf16 buffer)",
+                 0, false},
     [O_N] = {"--n", CLI_U64, 1, PLAN_MAX_DIM, NULL, "N",
              "optional, ag and bulk: GEMM output columns (default H)", 0, false},
     [O_K] = {"--k", CLI_U64, 1, PLAN_MAX_DIM, NULL, "K",
