@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 import torch
 
 from . import _lib, _ops
-from ._checks import (U64_MAX, as_shape, beta_needs_out, dims, int_arg, need_tensor, plan_ag_gemm,
-                      plan_bulk, plan_gemm_rs, shape_str)
+from ._checks import (U64_MAX, as_shape, beta_needs_out, default_out_dtype, dims, int_arg,
+                      need_tensor, plan_ag_gemm, plan_bulk, plan_gemm_rs, shape_str)
 from ._dlpack import dlpack_view
 from ._lib import Matrix, check, lib
-from ._options import DEFAULT_OPTS, Opts, parse_options
-from ._state import register_comm
-from ._types import ALGO_NAME, COLL_NAME, TPF_TO_TORCH
+from ._options import DEFAULT_FAST, DEFAULT_OPTS, Opts, fast_options, opts_struct, parse_options
+from ._state import register_comm, state
+from ._types import ALGO_NAME, COLL_NAME, TORCH_TO_TPF, TPF_TO_TORCH
 from .errors import (TpflexAlignError, TpflexDivisibleError, TpflexError, TpflexInvalidError,
                      TpflexStateError, TpflexUnsupportedError, error_for)
 
@@ -22,17 +22,10 @@ if TYPE_CHECKING:
     from ._manager import Manager
 
 
-def _bare_errors(impl: Any, *args: Any) -> Any:
-    """Runs an operation's implementation; a TpflexError leaves without the frames below this
-    one: their locals hold views of the registration, which would keep it alive while the caller
-    handles the error (on CUDA destroy_ub refuses while a view lives). Under tracing dynamo's own
-    error handling applies."""
-    if torch.compiler.is_compiling():
-        return impl(*args)
-    try:
-        return impl(*args)
-    except TpflexError as e:
-        raise e.with_traceback(None)
+# A TpflexError out of an operation is raised from the method's own frame (`raise
+# e.with_traceback(None)` in ag_gemm, gemm_rs, bulk_overlap): the frames below it hold views of the
+# registration in their locals, which would keep it alive while the caller handles the error (on
+# CUDA destroy_ub refuses while a view lives). Under tracing dynamo's own error handling applies.
 
 
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
@@ -48,25 +41,48 @@ def _no_scales_in_ops(where: str, o: Opts) -> None:
                                      where)
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)  # no __torch_function__ / __torch_dispatch__ of their own
+
+
 def _direct(*tensors: Optional[torch.Tensor]) -> bool:
     """Whether an operation may call its implementation directly instead of through its
     torch.library custom op (the op's dispatch costs tens of µs per call): in
-    eager mode only, with no dispatch mode active (fake tensors, tracing), plain tensors, and no
-    input that autograd would need to see (the op then raises its 'no autograd formula' on
-    backward, as before). Under torch.compile the op is what gets traced."""
+    eager mode only, with no dispatch mode active (fake tensors, tracing), plain tensors (or
+    nn.Parameters: a layer's weight), and no input that autograd would need to see (the op then
+    raises its 'no autograd formula' on backward, as before). Under torch.compile the op is what
+    gets traced."""
     if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() != 0:
         return False
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or (grad and t.requires_grad)):
+        if t is not None and (type(t) not in _PLAIN or (grad and t.requires_grad)):
             return False
     return True
+
+
+def _meta(t: Optional[torch.Tensor]) -> Any:
+    """What the checks of _checks.py read of a tensor (they are pure functions of it)."""
+    return None if t is None else (t.shape, t.stride(), t.dtype, t.device)
+
+
+def _metas(out: Any, bias: Any, sa: Any, sw: Any) -> Any:
+    """_meta of an operation's optional tensors, in one call (out alone: its _meta)."""
+    m = None if out is None else (out.shape, out.stride(), out.dtype, out.device)
+    if bias is None and sa is None and sw is None:
+        return m
+    return (m, None if bias is None else (bias.shape, bias.stride(), bias.dtype, bias.device),
+            None if sa is None else (sa.shape, sa.stride(), sa.dtype, sa.device),
+            None if sw is None else (sw.shape, sw.stride(), sw.dtype, sw.device))
+
+
+_MEMO_MAX = 512  # checked signatures kept per communicator (cleared when full)
 
 
 class Communicator:
     """One registered site (tpf_comm). Its operations are the custom ops torch.ops.tpflex.*
     (usable under torch.compile); the methods parse the options and call them, or, eagerly,
-    their implementation directly (_direct)."""
+    their implementation directly (_direct), or, for a call whose signature passed the checks
+    before, the C function alone (the _*_eager fast paths)."""
 
     def __init__(self, manager: "Manager", handle: int, name: str) -> None:
         self._mgr = manager
@@ -105,7 +121,18 @@ class Communicator:
                     f"'{name}': backend '{self.backend_name}' registrations are "
                     f"{'host' if host else 'device'} memory but tensors are on {self.device}",
                     "initialize_ub")
+        # The eager fast path (the methods' _*_eager): the `where` of each operation, the
+        # binding (state dict) the key resolves in, the active shape of the views' epoch, and
+        # the signatures (tensor metadata and flags) that passed every check, with what the
+        # checks computed (leading dimensions, output shape and dtype).
+        self._w_ag = f"ag_gemm on '{name}'"
+        self._w_rs = f"gemm_rs on '{name}'"
+        self._w_bulk = f"bulk_overlap on '{name}'"
+        self._active: Tuple[int, int] = (0, 0)
+        self._memo: Dict[Any, Tuple[Any, ...]] = {}
+        self._cuda = self.device.type == "cuda"
         self.key = register_comm(self)
+        self._home = state()
         self._refresh_views()
 
     @property
@@ -198,6 +225,8 @@ class Communicator:
         check(lib.tpf_comm_buffer(h, ctypes.byref(mb)), f"{self.name}.buffer")
         check(lib.tpf_comm_local_chunk(h, ctypes.byref(mc)), f"{self.name}.local_chunk")
         self._gbuf, self._gchunk = self._geometry(mb), self._geometry(mc)
+        a = lib.tpf_comm_active_shape(h)
+        self._active = (int(a.rows), int(a.cols))
         self._vbuf = self._vchunk = None  # made on first use (set_ub_active_shape stays cheap)
         self._vepoch = epoch
 
@@ -315,7 +344,64 @@ class Communicator:
         act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
         [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
         AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
-        return _bare_errors(self._ag_gemm, weight, out, options)
+        if torch.compiler.is_compiling():
+            return self._ag_gemm(weight, out, options)
+        try:
+            return self._ag_gemm_eager(weight, out, options)
+        except TpflexError as e:  # raised from this frame (see above)
+            raise e.with_traceback(None)
+
+    # The eager fast paths. A call whose options, tensors and binding are the plain case, and
+    # whose signature (the metadata every check reads, and the flags) passed every check
+    # before, goes straight to the C call; anything else, and the first call of a signature,
+    # takes the full path (_ag_gemm, ...: the same checks and messages, then the custom op or
+    # its implementation), and a signature that passed is remembered. The checks are pure
+    # functions of that signature (_checks.py), so a remembered one passes them again.
+
+    def _remember(self, key: Any, value: Tuple[Any, ...]) -> None:
+        if len(self._memo) >= _MEMO_MAX:
+            self._memo.clear()
+        self._memo[key] = value
+
+    def _cur_stream(self) -> Optional[int]:
+        return self._stream_ptr("", None)
+
+    def _ag_gemm_eager(self, weight: Any, out: Any, options: Dict[str, Any]) -> torch.Tensor:
+        f = fast_options(options) if options else DEFAULT_FAST
+        if f is None or f[0] or weight is None or self._mgr._h is None:
+            return self._ag_gemm(weight, out, options)
+        buf = self._vbuf
+        if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
+            buf = self._views()[0]
+        bias = f[4]
+        if not _direct(buf, weight, out, bias) or state() is not self._home:
+            return self._ag_gemm(weight, out, options)
+        ws = weight.shape
+        key = (self._active, f[1], f[3] != 0.0, ws, weight.stride(), weight.dtype, weight.device,
+               _metas(out, bias, f[7], f[8]))
+        hit = self._memo.get(key)
+        if hit is None:
+            res = self._ag_gemm(weight, out, options)  # every check, then the operation
+            T, H = self._active
+            N, ld_w, ld_d = plan_ag_gemm(self._w_ag, self.device, self.dtype, T, H, weight, out,
+                                         bias, f[1], f[7], f[8])
+            od = default_out_dtype(self.dtype) if out is None else out.dtype
+            self._remember(key, (N, ld_w, N if out is None else ld_d, TORCH_TO_TPF[weight.dtype],
+                                 od, TORCH_TO_TPF[od]))
+            return res
+        N, ld_w, ld_d, cw, od, cd = hit
+        T = self._active[0]
+        if out is None:
+            out = torch.empty((T, N), dtype=od, device=self.device)
+        st = opts_struct(f) if options else None
+        s = self._cur_stream() if self._cuda else None
+        h = self._h
+        mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, cw)
+        md = Matrix(out.data_ptr(), T, N, ld_d, cd)
+        rc = lib.tpf_ag_gemm(h, mw, md, s) if st is None else lib.tpf_ag_gemm_ex(h, mw, md, st, s)
+        if rc:
+            check(rc, self._w_ag)
+        return out
 
     def _ag_gemm(self, weight: Any, out: Optional[torch.Tensor],
                  options: Dict[str, Any]) -> torch.Tensor:
@@ -358,7 +444,54 @@ class Communicator:
         act(alpha sum_ranks op(x) op(weight) + beta out + bias), [T/P, H]. op(x) = x [T, K] (x
         [K, T] with trans_a); op(weight) = weight.T for weight [H, K] (weight [K, H] with
         trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
-        return _bare_errors(self._gemm_rs, x, weight, out, options)
+        if torch.compiler.is_compiling():
+            return self._gemm_rs(x, weight, out, options)
+        try:
+            return self._gemm_rs_eager(x, weight, out, options)
+        except TpflexError as e:  # raised from this frame (see above)
+            raise e.with_traceback(None)
+
+    def _gemm_rs_eager(self, x: Any, weight: Any, out: Any,
+                       options: Dict[str, Any]) -> torch.Tensor:
+        f = fast_options(options) if options else DEFAULT_FAST
+        if f is None or x is None or weight is None or self._mgr._h is None:
+            return self._gemm_rs(x, weight, out, options)
+        buf = self._vbuf
+        if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
+            buf = self._views()[0]
+        bias = f[4]
+        if not _direct(buf, x, weight, out, bias) or state() is not self._home:
+            return self._gemm_rs(x, weight, out, options)
+        xs, ws = x.shape, weight.shape
+        key = (self._active, f[0], f[1], f[3] != 0.0, xs, x.stride(), x.dtype, x.device, ws,
+               weight.stride(), weight.dtype, weight.device, _metas(out, bias, f[7], f[8]))
+        hit = self._memo.get(key)
+        if hit is None:
+            res = self._gemm_rs(x, weight, out, options)  # every check, then the operation
+            T, H = self._active
+            rows, ld_x, ld_w, ld_d = plan_gemm_rs(self._w_rs, self.device, self.dtype, T, H,
+                                                  self.tp_size, x, weight, out, bias, f[0], f[1],
+                                                  f[7], f[8])
+            od = self.dtype if out is None else out.dtype
+            self._remember(key, (rows, ld_x, ld_w, H if out is None else ld_d,
+                                 TORCH_TO_TPF[x.dtype], TORCH_TO_TPF[weight.dtype], od,
+                                 TORCH_TO_TPF[od]))
+            return res
+        rows, ld_x, ld_w, ld_d, cx, cw, od, cd = hit
+        H = self._active[1]
+        if out is None:
+            out = torch.empty((rows, H), dtype=od, device=self.device)
+        st = opts_struct(f) if options else None
+        s = self._cur_stream() if self._cuda else None
+        h = self._h
+        mx = Matrix(x.data_ptr(), xs[0], xs[1], ld_x, cx)
+        mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, cw)
+        md = Matrix(out.data_ptr(), rows, H, ld_d, cd)
+        rc = (lib.tpf_gemm_rs(h, mx, mw, md, s) if st is None
+              else lib.tpf_gemm_rs_ex(h, mx, mw, md, st, s))
+        if rc:
+            check(rc, self._w_rs)
+        return out
 
     def _gemm_rs(self, x: Any, weight: Any, out: Optional[torch.Tensor],
                  options: Dict[str, Any]) -> torch.Tensor:
@@ -400,7 +533,50 @@ class Communicator:
         + bias) runs beside it. op(a) = a [M, K] (a [K, M] with trans_a); op(b) = b.T for b
         [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer.
         torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
-        return _bare_errors(self._bulk_overlap, a, b, out, options)
+        if torch.compiler.is_compiling():
+            return self._bulk_overlap(a, b, out, options)
+        try:
+            return self._bulk_eager(a, b, out, options)
+        except TpflexError as e:  # raised from this frame (see above)
+            raise e.with_traceback(None)
+
+    def _bulk_eager(self, a: Any, b: Any, out: Any, options: Dict[str, Any]) -> torch.Tensor:
+        f = fast_options(options) if options else DEFAULT_FAST
+        if f is None or a is None or b is None or self._mgr._h is None:
+            return self._bulk_overlap(a, b, out, options)
+        buf = self._vbuf
+        if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
+            buf = self._views()[0]
+        bias = f[4]
+        if not _direct(buf, a, b, out, bias) or state() is not self._home:
+            return self._bulk_overlap(a, b, out, options)
+        as_, bs = a.shape, b.shape
+        key = (f[0], f[1], f[3] != 0.0, as_, a.stride(), a.dtype, a.device, bs, b.stride(),
+               b.dtype, b.device, _metas(out, bias, f[7], f[8]))
+        hit = self._memo.get(key)
+        if hit is None:
+            res = self._bulk_overlap(a, b, out, options)  # every check, then the operation
+            M, N, ld_a, ld_b, ld_d = plan_bulk(self._w_bulk, self.device, a, b, out, bias, f[0],
+                                               f[1], f[7], f[8])
+            od = default_out_dtype(a.dtype) if out is None else out.dtype
+            self._remember(key, (M, N, ld_a, ld_b, N if out is None else ld_d,
+                                 TORCH_TO_TPF[a.dtype], TORCH_TO_TPF[b.dtype], od,
+                                 TORCH_TO_TPF[od]))
+            return res
+        M, N, ld_a, ld_b, ld_d, ca, cb, od, cd = hit
+        if out is None:
+            out = torch.empty((M, N), dtype=od, device=self.device)
+        st = opts_struct(f) if options else None
+        s = self._cur_stream() if self._cuda else None
+        h = self._h
+        ma = Matrix(a.data_ptr(), as_[0], as_[1], ld_a, ca)
+        mb = Matrix(b.data_ptr(), bs[0], bs[1], ld_b, cb)
+        md = Matrix(out.data_ptr(), M, N, ld_d, cd)
+        rc = (lib.tpf_bulk_overlap(h, ma, mb, md, s) if st is None
+              else lib.tpf_bulk_overlap_ex(h, ma, mb, md, st, s))
+        if rc:
+            check(rc, self._w_bulk)
+        return out
 
     def _bulk_overlap(self, a: Any, b: Any, out: Optional[torch.Tensor],
                       options: Dict[str, Any]) -> torch.Tensor:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import math
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -102,6 +102,106 @@ def make_opts(trans_a: bool, trans_w: bool, alpha: float, beta: float,
     o.bias, o.gelu, o.num_splits = bias, bool(gelu), int(num_splits)
     o.a_scale_inv, o.w_scale_inv = a_scale_inv, w_scale_inv
     return o
+
+
+# ---- the eager fast path (tpflex._comm): the same values, found with fewer steps -----------------
+
+# (trans_a, trans_w, alpha, beta, bias, gelu, num_splits, a_scale_inv, w_scale_inv)
+FastOpts = Tuple[bool, bool, float, float, Optional[torch.Tensor], bool, int,
+                 Optional[torch.Tensor], Optional[torch.Tensor]]
+DEFAULT_FAST: FastOpts = (False, False, 1.0, 0.0, None, False, 0, None, None)
+_Tensor = torch.Tensor
+
+
+def fast_options(options: Dict[str, Any]) -> Optional[FastOpts]:
+    """The options as a FastOpts tuple when parse_options would accept them and give exactly
+    these values with nothing to convert (bools that are bools, finite floats or ints within
+    float32's range, split counts that are ints in range, plain tensors or None, stream None);
+    otherwise None, and the caller takes parse_options (its checks and messages). Conservative
+    by design: anything unusual goes the long way. tests/python/test_direct.py compares the two
+    over every option and kind of value."""
+    ta = tw = gelu = False
+    alpha, beta, ns = 1.0, 0.0, 0
+    bias = sa = sw = None
+    acc = None
+    for k, v in options.items():
+        t = type(v)
+        if t is bool:
+            if k == "trans_w":
+                tw = v
+            elif k == "trans_a":
+                ta = v
+            elif k == "gelu":
+                gelu = v
+            elif k == "accumulate":
+                acc = v
+            else:
+                return None
+        elif t is float or t is int:
+            if k == "alpha" or k == "beta":
+                if not -FLOAT_MAX <= v <= FLOAT_MAX:  # also NaN
+                    return None
+                if k == "alpha":
+                    alpha = float(v)
+                else:
+                    beta = float(v)
+            elif (k == "num_splits" or k == "splits") and t is int and 0 <= v <= I32_MAX:
+                if "num_splits" in options and "splits" in options:
+                    return None
+                ns = v
+            else:
+                return None
+        elif t is _Tensor:
+            if k == "bias":
+                bias = v
+            elif k == "a_scale_inv":
+                sa = v
+            elif k == "w_scale_inv":
+                sw = v
+            else:
+                return None
+        elif v is None:
+            if k == "num_splits" or k == "splits":
+                if "num_splits" in options and "splits" in options:
+                    return None
+                ns = 0
+            elif k not in ("bias", "a_scale_inv", "w_scale_inv", "stream", "gelu_out"):
+                return None
+        else:
+            return None
+    if acc is not None:
+        if "beta" in options:
+            return None
+        if acc:
+            beta = 1.0
+    return (ta, tw, alpha, beta, bias, gelu, ns, sa, sw)
+
+
+_STRUCTS: Dict[Tuple[Any, ...], OpOptions] = {}
+_STRUCTS_MAX = 256
+
+
+def opts_struct(f: FastOpts) -> Optional[OpOptions]:
+    """The tpf_op_options of `f`, or None when every field is the default (the plain C call).
+    Structs are kept per value (pointers as ints, no tensor held), at most _STRUCTS_MAX; the C
+    library only reads them."""
+    ta, tw, alpha, beta, bias, gelu, ns, sa, sw = f
+    key = (ta, tw, alpha if alpha else repr(alpha), beta, None if bias is None else bias.data_ptr(),
+           gelu, ns, None if sa is None else sa.data_ptr(), None if sw is None else sw.data_ptr())
+    s = _STRUCTS.get(key)
+    if s is None:
+        if key == _DEFAULT_KEY:
+            return None
+        s = OpOptions(size=ctypes.sizeof(OpOptions), trans_a=ta, trans_w=tw, alpha=alpha,
+                      beta=beta, bias=key[4], gelu=gelu, num_splits=ns, a_scale_inv=key[7],
+                      w_scale_inv=key[8])
+        if len(_STRUCTS) >= _STRUCTS_MAX:
+            _STRUCTS.clear()
+        _STRUCTS[key] = s
+    return s
+
+
+_DEFAULT_KEY = (False, False, 1.0, 0.0, None, False, 0, None, None)
 
 
 def parse_options(where: str, options: Dict[str, Any]) -> Opts:
