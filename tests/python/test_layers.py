@@ -2,7 +2,9 @@
 bf16 and fp32, every applicable ub_* combination, six microbatches with changing T under one
 registration; the output, the input gradient and every parameter gradient against an unsharded
 torch reference (nn.LayerNorm / nn.RMSNorm, tanh GELU, nn.Linear) with SPEC §7's per-element
-verdict. torch.compile (eager, aot_eager) against eager; finite differences; the errors.
+verdict. torch.compile (eager, aot_eager) against eager; finite differences; the errors; the
+host path (at tp_size 1 the aten operations of torch.nn's same block, one GEMM for a fused fp32
+weight gradient, the communicators resolved once per registration).
 
 The reference runs in fp64 and rounds to the compute dtype where the module stores a tensor
 (the norm's output, fc1's output, the activation, a GEMM's output, a gradient between layers),

@@ -36,14 +36,17 @@ tanh GELU on the fc1 output. Normalisation: torch, in fp32, rounded once to the 
 
 Without a ub flag the plain path runs: torch.distributed collectives over tp_group when one is
 given (or the default group when torch.distributed is initialised), no communication at
-tp_size 1. Where nothing is communicated in either direction (tp_size 1, where TE turns
-sequence parallelism off, or Linear's parallel_mode None) and fuse_wgrad_accumulation is off,
-forward is torch's own ops with their own backward, on CUDA and in fp32: no autograd function,
-no per-call settings, the aten operations of torch.nn's same block (a test counts them). CPU
-16-bit tensors keep the functions' explicit fp32 arithmetic (one rounding, as the C epilogue). The simulator has no collective outside the communicators, so on it (tpflex.sim.run)
-the plain path at tp_size > 1 uses the BULK AG / BULK RS communicators that initialize_ub
-registered ('{ub_name}_dgrad' / '{ub_name}_wgrad' first, then TE's other bulk sites) with an
-empty GEMM beside.
+tp_size 1. The simulator has no collective outside the communicators, so on it
+(tpflex.sim.run) the plain path at tp_size > 1 uses the BULK AG / BULK RS communicators that
+initialize_ub registered ('{ub_name}_dgrad' / '{ub_name}_wgrad' first, then TE's other bulk
+sites) with an empty GEMM beside.
+
+Where nothing is communicated in either direction (tp_size 1, where TE turns sequence
+parallelism off, or Linear's parallel_mode None) and fuse_wgrad_accumulation is off, forward is
+torch's own ops with their own backward, on CUDA and in fp32: no autograd function, no per-call
+settings, the aten operations of torch.nn's same block (a test counts them). CPU 16-bit tensors
+keep the functions' explicit fp32 arithmetic (one rounding, as the C epilogue). Elsewhere a
+module resolves its sites' communicators once per registration (initialize_ub), not per call.
 
 T changes per call under one registration: a module reads the active shape the manager holds
 (set_ub_active_shape, or active_tokens(T)); a microbatch whose rows disagree with it raises
