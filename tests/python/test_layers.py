@@ -877,6 +877,19 @@ class HostPathP1(unittest.TestCase):
                              f"{mode}: {first}")
             self.assertEqual((acc.get("mm", 0), acc.get("addmm_", 0)), (2, 1), f"{mode}: {acc}")
 
+    def test_native_path_values(self):
+        """The tp_size 1 path (torch's own ops) against the rounding-faithful reference in fp32:
+        every norm and activation of LayerNormMLP, and Linear in each parallel mode, without
+        fuse_wgrad_accumulation (the grids above take it for one combination each)."""
+        for i, (norm, act) in enumerate(NORM_ACT):
+            with self.subTest(norm=norm, act=act):
+                self.assertEqual(check_mlp(1, torch.float32, MLP_FLAGS[-1], norm, act, False,
+                                           seed=20 + i), [])
+        for mode in ("column", "row", None):
+            with self.subTest(mode=mode):
+                self.assertEqual(check_linear(1, torch.float32, mode, True, {}, False, seed=30),
+                                 [])
+
     def test_3d_input_and_return_bias(self):
         """[S, B, H] inputs keep their leading dimensions; return_bias returns the bias
         unapplied (the native path at tp_size 1 as the others)."""
