@@ -31,17 +31,8 @@ if TYPE_CHECKING:
 _RAW_STREAM = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
-def _no_scales_in_ops(where: str, o: Opts) -> None:
-    """fp8 scales reach the C library on the direct (eager) path only: the torch.library ops
-    (torch.compile, inputs that need grad) do not take them yet."""
-    if o.a_scale_inv is not None or o.w_scale_inv is not None:
-        raise TpflexUnsupportedError("fp8 scales (a_scale_inv / w_scale_inv) run in eager mode "
-                                     "only, with plain tensors that do not require grad; the "
-                                     "torch.library ops (torch.compile) do not take them yet",
-                                     where)
-
-
-_PLAIN = (torch.Tensor, torch.nn.Parameter)  # no __torch_function__ / __torch_dispatch__ of their own
+# No __torch_function__ / __torch_dispatch__ of their own:
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _direct(*tensors: Optional[torch.Tensor]) -> bool:
@@ -423,9 +414,9 @@ class Communicator:
                 return _ops._ag_gemm_impl(self.name, self.key, buf, weight, None, o.bias,
                                           o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream,
                                           o.a_scale_inv, o.w_scale_inv)
-            _no_scales_in_ops(where, o)
             return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w,
-                                   o.alpha, o.gelu, o.num_splits, stream)
+                                   o.alpha, o.gelu, o.num_splits, stream, o.a_scale_inv,
+                                   o.w_scale_inv)
         dims(where, "weight", weight)
         need_tensor(where, "out", out)
         if _direct(buf, weight, out, o.bias):
@@ -433,9 +424,8 @@ class Communicator:
                                o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
                                o.w_scale_inv)
             return out
-        _no_scales_in_ops(where, o)
         _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
-                            o.beta, o.gelu, o.num_splits, stream)
+                            o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
         return out
 
     def gemm_rs(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -512,18 +502,18 @@ class Communicator:
                 return _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, None,
                                           o.bias, o.trans_a, o.trans_w, o.alpha, 0.0, o.gelu,
                                           o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
-            _no_scales_in_ops(where, o)
             return _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
-                                   o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
+                                   o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream,
+                                   o.a_scale_inv, o.w_scale_inv)
         need_tensor(where, "out", out)
         if _direct(buf, x, weight, out, o.bias):
             _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
                                o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits,
                                stream, o.a_scale_inv, o.w_scale_inv)
             return out
-        _no_scales_in_ops(where, o)
         _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
-                            o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
+                            o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream,
+                            o.a_scale_inv, o.w_scale_inv)
         return out
 
     def bulk_overlap(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
@@ -595,18 +585,18 @@ class Communicator:
                 return _ops._bulk_impl(self.name, self.key, buf, a, b, None, o.bias, o.trans_a,
                                        o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream,
                                        o.a_scale_inv, o.w_scale_inv)
-            _no_scales_in_ops(where, o)
             return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a,
-                                        o.trans_w, o.alpha, o.gelu, o.num_splits, stream)
+                                        o.trans_w, o.alpha, o.gelu, o.num_splits, stream,
+                                        o.a_scale_inv, o.w_scale_inv)
         need_tensor(where, "out", out)
         if _direct(buf, a, b, out, o.bias):
             _ops._bulk_impl(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
                             o.alpha, o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
                             o.w_scale_inv)
             return out
-        _no_scales_in_ops(where, o)
         _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
-                                 o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream)
+                                 o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream,
+                                 o.a_scale_inv, o.w_scale_inv)
         return out
 
     # Bound only when the loaded libtpflex has them (tpf_comm_sync / _async_error / _abort).

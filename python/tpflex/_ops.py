@@ -95,99 +95,119 @@ def _register_ops() -> None:
     @lib_def("tpflex::ag_gemm", mutates_args=("buffer",))
     def ag_gemm(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
                 bias: Optional[torch.Tensor], trans_w: bool, alpha: float, gelu: bool,
-                num_splits: int, stream: Optional[int]) -> torch.Tensor:
+                num_splits: int, stream: Optional[int],
+                a_scale_inv: Optional[torch.Tensor] = None,
+                w_scale_inv: Optional[torch.Tensor] = None) -> torch.Tensor:
         return _ag_gemm_impl(comm, key, buffer, weight, None, bias, trans_w, alpha, 0.0, gelu,
-                             num_splits, stream)
+                             num_splits, stream, a_scale_inv, w_scale_inv)
 
     @ag_gemm.register_fake
     def _(comm: Any, key: Any, buffer: Any, weight: Any, bias: Any, trans_w: Any, alpha: Any,
-          gelu: Any, num_splits: Any, stream: Any) -> Any:
+          gelu: Any, num_splits: Any, stream: Any, a_scale_inv: Any = None,
+          w_scale_inv: Any = None) -> Any:
         where = f"ag_gemm on '{comm}'"
         T, H = fake_buffer(where, buffer)
         N = plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, None, bias,
-                         trans_w)[0]
-        return buffer.new_empty((T, N))
+                         trans_w, a_scale_inv, w_scale_inv)[0]
+        return buffer.new_empty((T, N), dtype=default_out_dtype(buffer.dtype))
 
     @lib_def("tpflex::ag_gemm_out", mutates_args=("buffer", "out"))
     def ag_gemm_out(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tensor,
                     out: torch.Tensor, bias: Optional[torch.Tensor], trans_w: bool, alpha: float,
-                    beta: float, gelu: bool, num_splits: int, stream: Optional[int]) -> None:
+                    beta: float, gelu: bool, num_splits: int, stream: Optional[int],
+                    a_scale_inv: Optional[torch.Tensor] = None,
+                    w_scale_inv: Optional[torch.Tensor] = None) -> None:
         _ag_gemm_impl(comm, key, buffer, weight, out, bias, trans_w, alpha, beta, gelu,
-                      num_splits, stream)
+                      num_splits, stream, a_scale_inv, w_scale_inv)
 
     @ag_gemm_out.register_fake
     def _(comm: Any, key: Any, buffer: Any, weight: Any, out: Any, bias: Any, trans_w: Any,
-          alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any, a_scale_inv: Any = None,
+          w_scale_inv: Any = None) -> Any:
         where = f"ag_gemm on '{comm}'"
         T, H = fake_buffer(where, buffer)
-        plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, out, bias, trans_w)
+        plan_ag_gemm(where, buffer.device, buffer.dtype, T, H, weight, out, bias, trans_w,
+                     a_scale_inv, w_scale_inv)
 
     @lib_def("tpflex::gemm_rs", mutates_args=("buffer",))
     def gemm_rs(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: torch.Tensor,
                 weight: torch.Tensor, bias: Optional[torch.Tensor], trans_a: bool, trans_w: bool,
-                alpha: float, gelu: bool, num_splits: int,
-                stream: Optional[int]) -> torch.Tensor:
+                alpha: float, gelu: bool, num_splits: int, stream: Optional[int],
+                a_scale_inv: Optional[torch.Tensor] = None,
+                w_scale_inv: Optional[torch.Tensor] = None) -> torch.Tensor:
         return _gemm_rs_impl(comm, key, tp_size, buffer, x, weight, None, bias, trans_a, trans_w,
-                             alpha, 0.0, gelu, num_splits, stream)
+                             alpha, 0.0, gelu, num_splits, stream, a_scale_inv, w_scale_inv)
 
     def _rs_fake(comm: Any, tp_size: Any, buffer: Any, x: Any, weight: Any, out: Any, bias: Any,
-            trans_a: Any, trans_w: Any) -> Any:
+                 trans_a: Any, trans_w: Any, a_scale_inv: Any, w_scale_inv: Any) -> Any:
         where = f"gemm_rs on '{comm}'"
         H = fake_buffer(where, buffer)[1]
         xr, xc = dims(where, "x", x)
         return plan_gemm_rs(where, buffer.device, buffer.dtype, xc if trans_a else xr, H,
-                            tp_size, x, weight, out, bias, trans_a, trans_w)[0], H
+                            tp_size, x, weight, out, bias, trans_a, trans_w, a_scale_inv,
+                            w_scale_inv)[0], H
 
     @gemm_rs.register_fake
     def _(comm: Any, key: Any, tp_size: Any, buffer: Any, x: Any, weight: Any, bias: Any,
-          trans_a: Any, trans_w: Any, alpha: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          trans_a: Any, trans_w: Any, alpha: Any, gelu: Any, num_splits: Any, stream: Any,
+          a_scale_inv: Any = None, w_scale_inv: Any = None) -> Any:
         return buffer.new_empty(_rs_fake(comm, tp_size, buffer, x, weight, None, bias, trans_a,
-                                         trans_w))
+                                         trans_w, a_scale_inv, w_scale_inv))
 
     @lib_def("tpflex::gemm_rs_out", mutates_args=("buffer", "out"))
     def gemm_rs_out(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: torch.Tensor,
                     weight: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor],
                     trans_a: bool, trans_w: bool, alpha: float, beta: float, gelu: bool,
-                    num_splits: int, stream: Optional[int]) -> None:
+                    num_splits: int, stream: Optional[int],
+                    a_scale_inv: Optional[torch.Tensor] = None,
+                    w_scale_inv: Optional[torch.Tensor] = None) -> None:
         _gemm_rs_impl(comm, key, tp_size, buffer, x, weight, out, bias, trans_a, trans_w, alpha,
-                      beta, gelu, num_splits, stream)
+                      beta, gelu, num_splits, stream, a_scale_inv, w_scale_inv)
 
     @gemm_rs_out.register_fake
     def _(comm: Any, key: Any, tp_size: Any, buffer: Any, x: Any, weight: Any, out: Any,
           bias: Any, trans_a: Any, trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any,
-          stream: Any) -> Any:
-        _rs_fake(comm, tp_size, buffer, x, weight, out, bias, trans_a, trans_w)
+          stream: Any, a_scale_inv: Any = None, w_scale_inv: Any = None) -> Any:
+        _rs_fake(comm, tp_size, buffer, x, weight, out, bias, trans_a, trans_w, a_scale_inv,
+                 w_scale_inv)
 
     @lib_def("tpflex::bulk_overlap", mutates_args=("buffer",))
     def bulk_overlap(comm: str, key: int, buffer: torch.Tensor, a: torch.Tensor,
                      b: torch.Tensor, bias: Optional[torch.Tensor], trans_a: bool, trans_w: bool,
-                     alpha: float, gelu: bool, num_splits: int,
-                     stream: Optional[int]) -> torch.Tensor:
+                     alpha: float, gelu: bool, num_splits: int, stream: Optional[int],
+                     a_scale_inv: Optional[torch.Tensor] = None,
+                     w_scale_inv: Optional[torch.Tensor] = None) -> torch.Tensor:
         return _bulk_impl(comm, key, buffer, a, b, None, bias, trans_a, trans_w, alpha, 0.0, gelu,
-                          num_splits, stream)
+                          num_splits, stream, a_scale_inv, w_scale_inv)
 
     @bulk_overlap.register_fake
     def _(comm: Any, key: Any, buffer: Any, a: Any, b: Any, bias: Any, trans_a: Any, trans_w: Any,
-          alpha: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          alpha: Any, gelu: Any, num_splits: Any, stream: Any, a_scale_inv: Any = None,
+          w_scale_inv: Any = None) -> Any:
         where = f"bulk_overlap on '{comm}'"
         fake_buffer(where, buffer)
-        M, N = plan_bulk(where, buffer.device, a, b, None, bias, trans_a, trans_w)[:2]
-        return a.new_empty((M, N))
+        M, N = plan_bulk(where, buffer.device, a, b, None, bias, trans_a, trans_w, a_scale_inv,
+                         w_scale_inv)[:2]
+        return a.new_empty((M, N), dtype=default_out_dtype(a.dtype))
 
     @lib_def("tpflex::bulk_overlap_out", mutates_args=("buffer", "out"))
     def bulk_overlap_out(comm: str, key: int, buffer: torch.Tensor, a: torch.Tensor,
                          b: torch.Tensor, out: torch.Tensor, bias: Optional[torch.Tensor],
                          trans_a: bool, trans_w: bool, alpha: float, beta: float, gelu: bool,
-                         num_splits: int, stream: Optional[int]) -> None:
+                         num_splits: int, stream: Optional[int],
+                         a_scale_inv: Optional[torch.Tensor] = None,
+                         w_scale_inv: Optional[torch.Tensor] = None) -> None:
         _bulk_impl(comm, key, buffer, a, b, out, bias, trans_a, trans_w, alpha, beta, gelu,
-                   num_splits, stream)
+                   num_splits, stream, a_scale_inv, w_scale_inv)
 
     @bulk_overlap_out.register_fake
     def _(comm: Any, key: Any, buffer: Any, a: Any, b: Any, out: Any, bias: Any, trans_a: Any,
-          trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any) -> Any:
+          trans_w: Any, alpha: Any, beta: Any, gelu: Any, num_splits: Any, stream: Any,
+          a_scale_inv: Any = None, w_scale_inv: Any = None) -> Any:
         where = f"bulk_overlap on '{comm}'"
         fake_buffer(where, buffer)
-        plan_bulk(where, buffer.device, a, b, out, bias, trans_a, trans_w)
+        plan_bulk(where, buffer.device, a, b, out, bias, trans_a, trans_w, a_scale_inv,
+                  w_scale_inv)
 
 
 _register_ops()

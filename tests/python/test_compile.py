@@ -117,6 +117,13 @@ class Registered(unittest.TestCase):
             self.assertEqual(mutated, want, str(s))
             self.assertEqual(len(s.returns), 0 if name.endswith("_out") else 1, str(s))
             self.assertEqual([a.name for a in s.arguments[:2]], ["comm", "key"], str(s))
+            # the fp8 scales (SPEC §11): optional tensors, last, default None
+            tail = s.arguments[-2:]
+            self.assertEqual([a.name for a in tail], ["a_scale_inv", "w_scale_inv"], str(s))
+            for a in tail:
+                self.assertEqual(str(a.type), "Optional[Tensor]", str(s))
+                self.assertIsNone(a.default_value, str(s))
+                self.assertTrue(a.has_default_value(), str(s))
 
     def test_methods_call_the_ops(self):
         seen = []
@@ -475,6 +482,223 @@ class Keys(unittest.TestCase):
             except RuntimeError as e:
                 return str(e)
         self.assertIn("no autograd formula", run(1, f)[0])
+
+
+
+# ---- fp8 operands with their scales through the ops (SPEC §11) ---------------------------------
+
+E4, E5, BF = torch.float8_e4m3fn, torch.float8_e5m2, torch.bfloat16
+FP8_CFGS = {"ring_rs": {"method": "ring", "coll": "rs"}}
+
+
+def fp8(shape, dtype, g):
+    """Values in [-1, 1) rounded to `dtype`."""
+    return (torch.rand(*shape, generator=g) * 2 - 1).to(dtype)
+
+
+def run_fp8(P, fn, *args):
+    """fn(rank, *args) on P ranks with TE's sites in fp8 (use_fp8: fc1_fprop / qkv_dgrad e4m3,
+    proj_dgrad e5m2; the RS sites bf16)."""
+    def body(rank):
+        tt.initialize_ub([C, H], P, use_fp8=True, ub_cfgs=FP8_CFGS)
+        try:
+            return fn(rank, *args)
+        finally:
+            tt.destroy_ub()
+    return sim.run(P, body, timeout_ms=60000)
+
+
+def fp8_cases(rank, P, T=16):
+    """(label, op, args) of each op with fp8 operands and both scales, at [T, H]."""
+    tt.set_ub_active_shape([T, H])
+    g = torch.Generator().manual_seed(200 + rank)
+    fp, pd = tt.get_ub("fc1_fprop"), tt.get_ub("proj_dgrad")
+    rs, ring, dg = tt.get_ub("fc2_fprop"), tt.get_ub("ring_rs"), tt.get_ub("qkv_dgrad")
+    fp.local_chunk().copy_(fp8((T // P, H), E4, g))
+    pd.local_chunk().copy_(fp8((T // P, H), E5, g))
+    dg.local_chunk().copy_(fp8((T // P, H), E4, g))
+    sa, sw = torch.tensor([0.75]), torch.tensor([2.0])
+    o = torch.ops.tpflex
+    key = lambda c: (c.name, c.key)  # noqa: E731
+    return [
+        ("ag_gemm e4m3 x e4m3", o.ag_gemm, (*key(fp), fp.buffer(), fp8((8, H), E4, g), None,
+                                            False, 1.0, False, 0, None, sa, sw)),
+        ("ag_gemm e5m2 x e4m3 trans_w bias", o.ag_gemm,
+         (*key(pd), pd.buffer(), fp8((H, 8), E4, g), torch.randn(8, generator=g).to(BF), True,
+          1.0, False, 0, None, sa, sw)),
+        ("ag_gemm_out fp32", o.ag_gemm_out, (*key(fp), fp.buffer(), fp8((8, H), E5, g),
+                                             torch.randn(T, 8, generator=g), None, False, 1.0,
+                                             0.5, False, 0, None, sa, sw)),
+        ("gemm_rs fp8 partials", o.gemm_rs, (*key(rs), P, rs.buffer(), fp8((T, 16), E4, g),
+                                             fp8((H, 16), E5, g), None, False, False, 1.0, False,
+                                             0, None, sa, sw)),
+        ("gemm_rs_out ring fp32", o.gemm_rs_out,
+         (*key(ring), P, ring.buffer(), fp8((T, 16), E4, g), fp8((H, 16), E4, g),
+          torch.zeros(T // P, H), None, False, False, 1.0, 0.0, False, 0, None, sa, sw)),
+        ("bulk_overlap fp8 ag", o.bulk_overlap, (*key(dg), dg.buffer(), fp8((8, 16), E5, g),
+                                                 fp8((24, 16), E4, g), None, False, False, 1.0,
+                                                 False, 0, None, sa, sw)),
+        ("bulk_overlap_out", o.bulk_overlap_out,
+         (*key(dg), dg.buffer(), fp8((8, 16), E4, g), fp8((24, 16), E4, g),
+          torch.zeros(8, 24, dtype=torch.float16), None, False, False, 1.0, 0.0, False, 0, None,
+          sa, sw)),
+    ]
+
+
+def fp8_step(fp, rs, dg, x_local, w, x2, w2, a, b, sa, sw, acc):
+    """Every operation with fp8 operands and scales, through the methods."""
+    fp.local_chunk().copy_(x_local)
+    y = fp.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw)
+    y32 = fp.ag_gemm(w, out=torch.zeros(y.shape[0], w.shape[0]), a_scale_inv=sa, w_scale_inv=sw)
+    z = rs.gemm_rs(x2, w2, a_scale_inv=sa, w_scale_inv=sw)
+    dg.local_chunk().copy_(x_local)
+    u = dg.bulk_overlap(a, b, a_scale_inv=sa, w_scale_inv=sw)
+    dg.bulk_overlap(a, b, out=acc, beta=1.0, a_scale_inv=sa, w_scale_inv=sw)
+    return y, y32, z, u, fp.buffer().view(torch.uint8) + 0, dg.buffer().view(torch.uint8) + 0
+
+
+def fp8_compile_vs_eager(rank, P, backend, Ts):
+    g = torch.Generator().manual_seed(17 + rank)
+    ubs = [tt.get_ub(n) for n in ("fc1_fprop", "fc2_fprop", "qkv_dgrad")]
+    compiled = torch.compile(fp8_step, backend=backend, fullgraph=True)
+    fails = []
+    for T in Ts:
+        tt.set_ub_active_shape([T, H])
+        args = (fp8((T // P, H), E4, g), fp8((24, H), E5, g), fp8((T, 16), E4, g),
+                fp8((H, 16), E4, g), fp8((8, 16), E4, g), fp8((24, 16), E5, g),
+                torch.tensor([0.75]), torch.tensor([2.0]))
+        acc0 = torch.randn(8, 24, generator=g)
+        acc_e, acc_c = acc0.clone(), acc0.clone()
+        want = fp8_step(*ubs, *args, acc_e) + (acc_e,)
+        got = compiled(*ubs, *args, acc_c) + (acc_c,)
+        for i, (e, c) in enumerate(zip(want, got)):
+            if e.dtype != c.dtype or e.shape != c.shape or not torch.equal(e, c):
+                fails.append((T, i, e.dtype, c.dtype, tuple(e.shape), tuple(c.shape)))
+        if want[0].dtype != BF or want[1].dtype != F32 or want[2].dtype != BF:
+            fails.append((T, "dtypes", want[0].dtype, want[1].dtype, want[2].dtype))
+    return fails
+
+
+class Fp8Ops(unittest.TestCase):
+    """The scales are optional tensor arguments of every op: opcheck, the fake implementations
+    (their checks name the tensor), and torch.compile of fp8 operations against eager, bit for
+    bit (before, the ops refused scales: TpflexUnsupportedError)."""
+
+    # opcheck's test_schema compares every tensor argument before and after the op with
+    # torch.allclose, which torch does not implement for fp8 on the CPU ("mul_cpu_reduced_float"
+    # not implemented for 'Float8_e4m3fn'): it runs on the fp32 cases (OpCheck above, the same
+    # schemas), the other tests here.
+    FP8_UTILS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatch_dynamic")
+
+    def test_opcheck_fp8_p1(self):
+        def f(rank):
+            return [(label, failures(torch.library.opcheck(op, args, test_utils=self.FP8_UTILS,
+                                                           raise_exception=False)))
+                    for label, op, args in fp8_cases(rank, 1)]
+        for label, bad in run_fp8(1, f)[0]:
+            self.assertEqual(bad, {}, label)
+
+    def test_opcheck_fp8_collective_p2(self):
+        utils = ("test_autograd_registration", "test_faketensor")
+
+        def f(rank):
+            return [(label, failures(torch.library.opcheck(op, args, test_utils=utils,
+                                                           raise_exception=False)))
+                    for label, op, args in fp8_cases(rank, 2)]
+        for r, res in enumerate(run_fp8(2, f)):
+            for label, bad in res:
+                self.assertEqual(bad, {}, f"rank {r}: {label}")
+
+    def test_fake_fp8_shapes_dtypes_and_scale_checks(self):
+        """Under FakeTensorMode with no communicator: an fp8 GEMM's output is bf16 (ag_gemm,
+        bulk_overlap) or the buffer's dtype (gemm_rs); a scale of the wrong dtype, shape or a
+        missing one is refused naming the tensor, as in eager; no C call."""
+        o = torch.ops.tpflex
+        with counting_c_calls() as counts, FakeTensorMode():
+            buf8, buf16 = torch.empty(48, H, dtype=E4), torch.empty(48, H, dtype=BF)
+            sa, sw = torch.empty(1), torch.empty(1)
+            y = o.ag_gemm("nope", 1, buf8, torch.empty(24, H, dtype=E5), None, False, 1.0, False,
+                          0, None, sa, sw)
+            self.assertEqual((tuple(y.shape), y.dtype), ((48, 24), BF))
+            y = o.gemm_rs("nope", 1, 4, buf16, torch.empty(48, 16, dtype=E4),
+                          torch.empty(H, 16, dtype=E4), None, False, False, 1.0, False, 0, None,
+                          sa, sw)
+            self.assertEqual((tuple(y.shape), y.dtype), ((12, H), BF))
+            y = o.bulk_overlap("nope", 1, buf8, torch.empty(8, 16, dtype=E4),
+                               torch.empty(24, 16, dtype=E4), None, False, False, 1.0, False, 0,
+                               None, sa, sw)
+            self.assertEqual((tuple(y.shape), y.dtype), ((8, 24), BF))
+            self.assertIsNone(o.ag_gemm_out("nope", 1, buf8, torch.empty(24, H, dtype=E4),
+                                            torch.empty(48, 24), None, False, 1.0, 0.0, False, 0,
+                                            None, sa, sw))
+            w8 = torch.empty(24, H, dtype=E4)
+            for args, cls, text in (
+                    ((sa.half(), sw), E.TpflexInvalidError,
+                     "a_scale_inv (the scale of the buffer) has dtype torch.float16"),
+                    ((sa, torch.empty(2)), E.TpflexInvalidError,
+                     "w_scale_inv (the scale of weight) has dtype torch.float32 and shape [2]"),
+                    ((sa, None), E.TpflexInvalidError,
+                     "weight has dtype torch.float8_e4m3fn and needs its scale"),
+                    ((None, None), E.TpflexInvalidError,
+                     "the buffer has dtype torch.float8_e4m3fn and needs its scale")):
+                with self.assertRaises(cls) as cm:
+                    o.ag_gemm("nope", 1, buf8, w8, None, False, 1.0, False, 0, None, *args)
+                self.assertIn(text, str(cm.exception))
+            with self.assertRaisesRegex(E.TpflexInvalidError,
+                                        "a_scale_inv is given but x has dtype torch.bfloat16"):
+                o.gemm_rs("nope", 1, 4, buf16, torch.empty(48, 16, dtype=BF),
+                          torch.empty(H, 16, dtype=BF), None, False, False, 1.0, False, 0, None,
+                          sa, None)
+        self.assertEqual(counts, {})
+
+    def _backend(self, backend):
+        torch._dynamo.reset()
+        for r, fails in enumerate(run_fp8(2, fp8_compile_vs_eager, 2, backend, (16, 32, 48))):
+            self.assertEqual(fails, [], f"{backend} rank {r}")
+
+    def test_compile_fp8_eager_backend(self):
+        self._backend("eager")
+
+    def test_compile_fp8_aot_eager_backend(self):
+        self._backend("aot_eager")
+
+    def test_scale_errors_under_compile(self):
+        """A wrong scale fails while tracing (the fake implementation's check), carrying the
+        eager message."""
+        def f(rank):
+            tt.set_ub_active_shape([16, H])
+            fp = tt.get_ub("fc1_fprop")
+            torch._dynamo.reset()
+            fn = torch.compile(lambda w, sa, sw: fp.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw),
+                               backend="aot_eager", fullgraph=True)
+            try:
+                fn(torch.zeros(8, H, dtype=E4), torch.ones(1, dtype=torch.float16),
+                   torch.ones(1))
+                return None
+            except Exception as e:  # noqa: BLE001 - the class is what is checked
+                return type(e).__name__, str(e)
+        cls, text = run_fp8(1, f)[0]
+        self.assertEqual(cls, "TorchRuntimeError")
+        self.assertIn("TpflexInvalidError", text)
+        self.assertIn("a_scale_inv (the scale of the buffer) has dtype torch.float16", text)
+
+    def test_grad_input_with_scales_goes_through_the_op(self):
+        """An fp8 call whose scale requires grad (so not the direct path): the op takes the
+        scales (before: TpflexUnsupportedError) and gives the eager result."""
+        def f(rank):
+            tt.set_ub_active_shape([16, H])
+            fp = tt.get_ub("fc1_fprop")
+            g = torch.Generator().manual_seed(5)
+            fp.local_chunk().copy_(fp8((16, H), E4, g))
+            w = fp8((8, H), E4, g)
+            sa, sw = torch.tensor([0.75]), torch.tensor([2.0])
+            want = fp.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw)
+            bias = torch.zeros(8, dtype=BF, requires_grad=True)
+            got = fp.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw, bias=bias)
+            return torch.equal(want, got.detach()), got.requires_grad
+        same, needs_grad = run_fp8(1, f)[0]
+        self.assertTrue(same)
+        self.assertTrue(needs_grad)
 
 
 if __name__ == "__main__":

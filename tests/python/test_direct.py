@@ -8,7 +8,6 @@ call (and the epoch query), with the same results bit for bit, the same errors f
 else, fast_options agreeing with parse_options, and the binding checks kept."""
 import contextlib
 import itertools
-import math
 import os
 import sys
 import threading
