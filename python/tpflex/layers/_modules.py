@@ -358,7 +358,8 @@ class LayerNormMLP(torch.nn.Module):
         """The normalisation in fp32, rounded once to the compute dtype (TE's kernels). On CUDA
         torch's LayerNorm kernel does exactly that for 16-bit inputs (fp32 statistics and
         affine, one rounding), so nothing is converted there: the conversions were 2 of the 4
-        kernels and most of the bytes of the norm. RMSNorm keeps the explicit fp32 path."""
+        kernels and most of the bytes of the norm. fp32 inputs take torch's kernel directly
+        (any norm, any device); RMSNorm on 16-bit inputs keeps the explicit fp32 path."""
         w, hs = self.layer_norm_weight, self._hshape
         if x.dtype == torch.float32 or (x.is_cuda and self.normalization == "LayerNorm"):
             if self.normalization == "LayerNorm":
