@@ -202,6 +202,36 @@ class Fp8(unittest.TestCase):
         for k, v in want.items():
             self.assertIn(v, errs[k], k)
 
+    def test_repeated_calls_take_the_fast_path_with_the_scales_of_the_call(self):
+        """An fp8 signature that passed its checks is remembered (tpflex._comm's eager fast
+        path): the repeated call gives the same bits, reads the scales' values at the call (a
+        scale changed in place, another scale tensor), and a call without a scale is still
+        refused naming the tensor."""
+        def body(P, r):
+            tt.set_ub_active_shape([16, H])
+            c = tt.get_ub("fc1_fprop")
+            c.local_chunk().copy_(fp8((16 // P, H), E4, 40 + r))
+            w = fp8((24, H), E5, 41)
+            sa, sw = scales()
+            first = c.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw)
+            n = len(c._memo)
+            again = c.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw)
+            sa.mul_(2)
+            doubled = c.ag_gemm(w, a_scale_inv=sa, w_scale_inv=sw)
+            other = c.ag_gemm(w, a_scale_inv=torch.tensor([SA * 4]), w_scale_inv=sw)
+            try:
+                c.ag_gemm(w, a_scale_inv=sa)
+                err = "no error"
+            except E.TpflexInvalidError as e:
+                err = str(e)
+            return (n, len(c._memo), torch.equal(first, again),
+                    torch.equal(doubled, (first.float() * 2).to(first.dtype)),
+                    torch.equal(other, (first.float() * 4).to(first.dtype)), err)
+        for r, (n0, n1, same, doubled, other, err) in enumerate(run(2, body)):
+            self.assertEqual((n0, n1), (1, 1), f"rank {r}: one signature remembered")
+            self.assertTrue(same and doubled and other, f"rank {r}: {same} {doubled} {other}")
+            self.assertIn("weight has dtype torch.float8_e5m2 and needs its scale", err)
+
     def test_fp8_buf_on_a_reduce_scatter_site_is_refused(self):
         def body(P, r):
             try:
