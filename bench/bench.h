@@ -10,7 +10,8 @@
  *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
  *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
  *   bench_planner.c        section 6, the planner
- *   bench_host.c           --section host: the core's host cost per operation
+ *   bench_host_cuda.c      --section host on CUDA: host and device cost against a plain matmul
+ *   bench_host.c           --section host: the core's host cost per operation (then the above)
  *   bench_fp8.c            --section fp8: FP8 operations against bf16 (through bench_ops.c)
  *   bench_modes.c          section 4/5 in both modes: ranks as threads, ranks as processes (the
  *                          launcher, the hidden worker), the modes table
@@ -70,6 +71,7 @@ typedef struct {
   uint64_t tps[BENCH_MAX_TS];
   int nps; /* P values of the tp section */
   int ps[BENCH_MAX_PS];
+  bool ps_given, tps_given; /* --tp-list, --tokens given (the CUDA host table's own defaults) */
   unsigned modes;           /* BENCH_MODE_* of the tp section */
   uint64_t proc_timeout_ms; /* bound of one process group's run (procs mode) */
   uint64_t arena_bytes;     /* --arena-mib: the simulator's arena (0: its default, 1 GiB) */
@@ -395,6 +397,9 @@ int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
 int bench_section_planner(const bench_opts *o);
 int bench_section_host(const bench_opts *o); /* bench_host.c */
+/* Its CUDA table (bench_host_cuda.c; a stub without CUDA): per operation kind, P and T, the
+ * tpf_* call's host cost and device time against one cuBLASLt matmul of the same shape. */
+int bench_host_cuda_table(const bench_opts *o);
 int bench_section_fp8(const bench_opts *o);  /* bench_fp8.c */
 /* The fp8 section's line of the run header (P, T, operations, scales). */
 void bench_fp8_header(const bench_opts *o);

@@ -6,7 +6,9 @@
  * own cost isolated on a backend that does nothing (execute returns at once: rank 0 of P with no
  * peer, so only the core's validation, planning and schedule work is timed), with the schedule
  * cache on and off side by side (tpf__comm_set_schedule_cache). Then the same operations on the
- * simulator (its threads included) at P = 1 and 2. CPU only; figures are printed, not judged. */
+ * simulator (its threads included) at P = 1 and 2. CPU only; figures are printed, not judged.
+ * With --backend cuda a third table follows: the CUDA backend's cost per operation against a
+ * plain cuBLASLt matmul of the same shape (bench_host_cuda.c). */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 #include "comm_internal.h"
@@ -268,5 +270,6 @@ int bench_section_host(const bench_opts *o) {
         mx = j.us[r] > mx ? j.us[r] : mx;
       printf("%-8s %3d %5d %12.2f %12.2f\n", kKind[k], P, 64, j.us[0], mx);
     }
+  if (o->cuda) fails += bench_host_cuda_table(o);
   return fails ? 1 : 0;
 }

@@ -2,7 +2,9 @@
 # Issue 24's host-path figures on a GPU machine, side by side in one run: the C enqueue per
 # operation (tpflex bench --section tp, enqueue breakdown), the Python overhead above the raw C
 # call (examples/bench_python_overhead.py --backend cuda) and the THD training step against
-# plain torch at P = 1 and at P = 2 processes (examples/bench_thd_step.py); all under
+# plain torch at P = 1 and at P = 2 processes (examples/bench_thd_step.py), and the host section's
+# CUDA table (tpflex bench --section host: per operation the host and device cost against a plain
+# cuBLASLt matmul, NO_BENCH_HOST=1 skips it); all under
 # MPS, so that ranks in several processes share the GPU as in production.
 # BUILD: a CUDA build folder with tpflex and libtpflex.so (scripts/gpu_round.sh build makes
 # /tmp/tpf-src/build-gpu). Logs and summary.txt under $OUT.
@@ -29,6 +31,11 @@ mkdir -p /tmp/mps /tmp/mps-log
 PATH=$PATH:/usr/local/nvidia/bin nvidia-cuda-mps-control -d && echo "MPS: started" | tee -a "$S"
 [ -n "${NO_BENCH_TP:-}" ] || step bench_tp 150 "$BUILD/tpflex" bench --backend cuda --section tp \
   --mode both --tp-list 1,2,8 --capacity 4096 --tokens 1024
+# The host section on CUDA (bench/bench_host_cuda.c): per operation kind, P = 1, 2 and T = 1k, 4k,
+# 16k, the tpf_* call's host us, CUDA calls and device us against one cuBLASLt matmul of the same
+# shape in the same run (after the CPU tables of the core and the simulator).
+[ -n "${NO_BENCH_HOST:-}" ] || step bench_host 300 "$BUILD/tpflex" bench --backend cuda \
+  --section host --csv "$OUT/bench_host.csv" --json "$OUT/bench_host.json"
 step overhead_cuda 90 python3 examples/bench_python_overhead.py --backend cuda --iters 2000
 step thd_p1 120 python3 -m torch.distributed.run --standalone --nproc-per-node 1 \
   examples/bench_thd_step.py --T "$BENCH_T" --profile

@@ -92,12 +92,13 @@ static const cli_opt kBenchOpts[B_NOPTS] = {
                   "tp and fp8 sections: the T values, comma-separated decimals in [1, C], "
                   "ascending, each "
                   "a multiple of every P; C is always added (default cuda 1024, 2048, .. C; sim "
-                  "C/8 .. C)",
+                  "C/8 .. C); also the host section's CUDA table (default 1024, 4096, 16384)",
                   0, false},
     [B_TP_LIST] = {"--tp-list", CLI_STR, 0, 0, NULL, "LIST",
                    "tp and fp8 sections: the P values, comma-separated decimals in [1, 64], "
                    "ascending "
-                   "(default 2,4,8 up to --tp)",
+                   "(default 2,4,8 up to --tp); also the host section's CUDA table (default "
+                   "1,2)",
                    0, false},
     [B_TIMEOUT] = {"--timeout", CLI_U64, 1, 86400, NULL, "S",
                    "procs mode: bound of one process group's run in seconds, after which its "
@@ -287,12 +288,18 @@ static int check_scope(const cli_ctx *ctx, const cli_val *v, unsigned sections, 
                      v[B_ITERS].s, BENCH_MAX_VARIANTS, BENCH_MAX_ITERS / BENCH_MAX_VARIANTS);
   const bool tp_sec = sections == 0 || (sections & BENCH_SEC_TP) != 0;
   const bool fp8_sec = (sections & BENCH_SEC_FP8) != 0;
+  /* The host section's CUDA table takes its P and T values from --tp-list and --tokens. */
+  const bool host_cuda = (sections & BENCH_SEC_HOST) != 0 && o->cuda;
   static const int tp_only[] = {B_MODE, B_TOKENS, B_TP_LIST, B_TIMEOUT, B_OPS, B_ADAPTIVE};
   for (size_t i = 0; i < sizeof tp_only / sizeof tp_only[0] && !tp_sec; i++) {
     const bool shared = tp_only[i] == B_MODE || tp_only[i] == B_TOKENS || tp_only[i] == B_TP_LIST;
-    if (v[tp_only[i]].set && !(fp8_sec && shared))
+    const bool host = host_cuda && (tp_only[i] == B_TOKENS || tp_only[i] == B_TP_LIST);
+    if (v[tp_only[i]].set && !(fp8_sec && shared) && !host)
       return cli_error(ctx, "%s applies to --section tp only%s", kBenchOpts[tp_only[i]].name,
-                       shared ? " (and to --section fp8)" : "");
+                       !shared                ? ""
+                       : tp_only[i] == B_MODE ? " (and to --section fp8)"
+                                              : " (and to --section fp8, and to --section host "
+                                                "with --backend cuda)");
   }
   /* The fp8 section runs its ranks as threads of this process. */
   if (fp8_sec && !tp_sec && v[B_MODE].set && v[B_MODE].u != 0)
@@ -334,6 +341,8 @@ static void set_defaults(const cli_val *v, unsigned sections, bench_opts *o) {
   const uint64_t iters = v[B_ITERS].u, warm = v[B_WARMUP].u, calls = v[B_CALLS].u;
   const bool have_warm = v[B_WARMUP].set;
   o->arena_bytes = v[B_ARENA].set ? v[B_ARENA].u << 20 : 0;
+  o->ps_given = v[B_TP_LIST].set;
+  o->tps_given = v[B_TOKENS].set;
   bench_sim_arena_mib = v[B_ARENA].set ? v[B_ARENA].u : 1024;
   o->tp = v[B_TP].u ? (int)v[B_TP].u : (o->cuda ? 8 : 4);
   o->capacity = v[B_CAP].u ? v[B_CAP].u : (o->cuda ? 32768 : 1024);

@@ -505,6 +505,33 @@ case("bench --tokens without tp", argv(B, {"--tokens": "32"}), 2,
      err="--tokens applies to --section tp only")
 case("bench --tp-list without tp", argv(B, {"--tp-list": "2"}), 2,
      err="--tp-list applies to --section tp only")
+# the host section: --tp-list and --tokens feed its CUDA table only, so on the simulator they
+# are refused; with --backend cuda they pass the parser, and then a build without CUDA says so
+# (2) and a CUDA build without a usable GPU stops with the clear 'needs a GPU' status (1) before
+# any table (with a GPU it runs: exit 0 and the CUDA table)
+HOSTS = [TPF, "bench", "--backend", "sim", "--section", "host", "--quick"]
+case("bench host sim --tp-list", HOSTS + ["--tp-list", "1,2"], 2,
+     err="--tp-list applies to --section tp only")
+case("bench host sim --tokens", HOSTS + ["--tokens", "64"], 2,
+     err="--tokens applies to --section tp only")
+HOSTC = [TPF, "bench", "--backend", "cuda", "--section", "host", "--quick"]
+for extra in ([], ["--tp-list", "1,2", "--tokens", "1024,4096"]):
+    if not HAVE_CUDA:
+        case("bench cuda host without CUDA %s" % extra, HOSTC + extra, 2,
+             err="this build has no CUDA backend")
+        continue
+    count += 1
+    try:
+        p = subprocess.run(HOSTC + extra, capture_output=True, text=True, timeout=600)
+        rc, so, se = p.returncode, p.stdout, p.stderr
+    except subprocess.TimeoutExpired:
+        rc, so, se = "timeout", "", ""
+    no_gpu = rc == 1 and "--backend cuda needs a GPU (" in se and "Section host" not in so
+    ran = rc == 0 and "Section host (CUDA)" in so and "bench finished: all checks passed" in so
+    if not (no_gpu or ran):
+        failures.append("bench cuda host %s: want exit 1 and 'needs a GPU' on stderr (no GPU) or "
+                        "exit 0 with the CUDA table (a GPU); exit %s, stdout %r, stderr %r"
+                        % (extra, rc, so[-300:], se[-300:]))
 case("bench --timeout with threads only", TPM + ["--mode", "threads", "--timeout", "5"], 2,
      err="--timeout applies to --mode procs or both only")
 for val, msg in [("16,x", "'x' is not a decimal number in [1, 64]"),
