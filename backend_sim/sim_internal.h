@@ -45,6 +45,7 @@ typedef struct tpf_sim_reg {
   tpf_sim_shared *sh;
   int rank;
   uint64_t canary_off; /* bytes from here to data_bytes hold the canary */
+  bool canary_dirty;   /* a verify found stray bytes: the next activate refills all of it */
   atomic_int aborted;  /* tpf_comm_abort: every wait of an operation on this handle gives up */
   tpf_status deferred; /* first failure of an operation on this handle (rank thread only) */
 } tpf_sim_reg;
@@ -226,7 +227,7 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
 /* TPF_ESTATE naming the rows (of row_bytes each) of the registration that hold bytes written
  * beyond the active layout, if any. */
-tpf_status tpf_sim__canary_verify(const tpf_sim_reg *r, const char *comm, uint64_t row_bytes);
+tpf_status tpf_sim__canary_verify(tpf_sim_reg *r, const char *comm, uint64_t row_bytes);
 unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
 _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);

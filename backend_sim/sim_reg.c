@@ -296,10 +296,15 @@ static tpf_status reg_activate_held(tpf_sim_rank *rk, tpf_sim_reg *h, uint64_t a
                          "registered for '%s'",
                          (unsigned long long)active_bytes, (unsigned long long)h->sh->data_bytes,
                          h->sh->name);
+  /* Bytes from canary_off on hold the canary already (every operation verifies them): a shrink
+   * fills the rows it gives up, a grow fills nothing, and only a registration whose canary was
+   * found overwritten is filled whole. So a set_active_shape costs what changed, not capacity. */
   unsigned char *d = tpf_sim__data(h->sh, h->rank);
-  for (uint64_t o = active_bytes; o < h->sh->data_bytes; o++)
+  const uint64_t end = h->canary_dirty ? h->sh->data_bytes : h->canary_off;
+  for (uint64_t o = active_bytes; o < end; o++)
     d[o] = canary_byte(o, h->rank);
   h->canary_off = active_bytes;
+  h->canary_dirty = false;
   return TPF_OK;
 }
 
@@ -311,7 +316,7 @@ tpf_status tpf_sim__reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_
   return st;
 }
 
-tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm, uint64_t row_bytes) {
+tpf_status tpf_sim__canary_verify(tpf_sim_reg *h, const char *comm, uint64_t row_bytes) {
   const unsigned char *d = tpf_sim__data(h->sh, h->rank);
   uint64_t first = UINT64_MAX, last = 0;
   for (uint64_t o = h->canary_off; o < h->sh->data_bytes; o++)
@@ -320,6 +325,7 @@ tpf_status tpf_sim__canary_verify(const tpf_sim_reg *h, const char *comm, uint64
       last = o;
     }
   if (first == UINT64_MAX) return TPF_OK;
+  h->canary_dirty = true;
   /* The registration is a sequence of rows of the communicator's width (every layout's chunks
    * are whole rows); name the rows the stray bytes fall in. Not a backend failure: most often a
    * view taken before the active shape shrank (TPF_ESTATE, as for any stale object). */

@@ -98,9 +98,60 @@ static void test_recover__failed_communicator_does_not_brick_the_manager(void **
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
 }
 
+/* The simulator refills only the rows a shrink gives up (a grow fills nothing): through a history
+ * of shrinks and grows, in which operations write every active row, no operation may see a false
+ * canary failure, and a stray write into rows the last shrink gave up is still caught. */
+typedef struct {
+  tpf_status ops[6], stray;
+  char msg[512];
+  float w[N * H], d[C * N];
+} delta_rec;
+
+static tpf_status delta_fn(tpf_backend *be, int r, void *arg) {
+  (void)r;
+  delta_rec *s = arg;
+  const tpf_comm_config a = cfg_of("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG);
+  tpf_comm *c = NULL;
+  TPF_CHECK(tpf_comm_create(be, &a, &c));
+  tpf_matrix whole;
+  TPF_CHECK(tpf_comm_buffer(c, &whole)); /* taken at T = C: later a stale view */
+  const uint64_t Ts[] = {32, 48, 16, 64, 8, 40};
+  for (size_t i = 0; i < TPF_ARRAY_SIZE(Ts); i++) {
+    TPF_CHECK(tpf_comm_set_active_shape(c, (tpf_shape){Ts[i], H}));
+    tpf_matrix w = {s->w, N, H, H, TPF_FP32}, d = {s->d, Ts[i], N, N, TPF_FP32};
+    s->ops[i] = tpf_ag_gemm(c, &w, &d, NULL);
+  }
+  /* T = 40 after T = 8 (a grow): shrink to 24 and write row 30, given up by this shrink. */
+  TPF_CHECK(tpf_comm_set_active_shape(c, (tpf_shape){24, H}));
+  ((float *)whole.ptr)[30 * H + 3] = 2.0f;
+  tpf_matrix w = {s->w, N, H, H, TPF_FP32}, d = {s->d, 24, N, N, TPF_FP32};
+  s->stray = tpf_ag_gemm(c, &w, &d, NULL);
+  snprintf(s->msg, sizeof s->msg, "%s", tpf_last_error());
+  return tpf_comm_destroy(c);
+}
+
+static void test_recover__canary_follows_shrinks_and_grows(void **state) {
+  (void)state;
+  tpf_sim_config sc = TPF_SIM_CONFIG_INIT;
+  sc.tp_size = 1;
+  tpf_sim_world *w = NULL;
+  TPF_ASSERT_OK(tpf_sim_world_create(&sc, &w));
+  static delta_rec s;
+  for (int i = 0; i < N * H; i++)
+    s.w[i] = (float)(i % 5) - 2.0f;
+  TPF_ASSERT_OK(tpf_sim_run(w, delta_fn, &s));
+  for (int i = 0; i < 6; i++)
+    TPF_ASSERT_OK(s.ops[i]);
+  TPF_ASSERT_STATUS(s.stray, TPF_ESTATE);
+  if (!strstr(s.msg, "rows 30..30 of 'fc1_fprop'"))
+    fail_msg("the stray write is reported as '%s' (want rows 30..30 of 'fc1_fprop')", s.msg);
+  TPF_ASSERT_OK(tpf_sim_world_destroy(w));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_recover__failed_communicator_does_not_brick_the_manager),
+      cmocka_unit_test(test_recover__canary_follows_shrinks_and_grows),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
