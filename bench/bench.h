@@ -400,7 +400,7 @@ int bench_section_host(const bench_opts *o); /* bench_host.c */
 /* Its CUDA table (bench_host_cuda.c; a stub without CUDA): per operation kind, P and T, the
  * tpf_* call's host cost and device time against one cuBLASLt matmul of the same shape. */
 int bench_host_cuda_table(const bench_opts *o);
-int bench_section_fp8(const bench_opts *o);  /* bench_fp8.c */
+int bench_section_fp8(const bench_opts *o); /* bench_fp8.c */
 /* The fp8 section's line of the run header (P, T, operations, scales). */
 void bench_fp8_header(const bench_opts *o);
 /* Whether the fp8 section's layouts (RING AG and BULK AG on an E4M3 buffer; RING RS and PIPELINE
