@@ -7,6 +7,7 @@
  *   bench_cuda_dev.c       leaf: CUDA rank groups (harness tpf_cuda_ranks), device memory,
  *                          event timing (stubs without CUDA)
  *   bench_group.c          rank groups, the random source, memory and timing on either backend
+ *   bench_lt.c             CUDA-only: the plain cuBLASLt matmul of every GPU baseline (bench_lt.h)
  *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
  *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
  *   bench_planner.c        section 6, the planner

@@ -16,6 +16,7 @@
 
 #ifdef TPF_HAVE_CUDA
 
+#include "bench_lt.h"
 #include "reference.h"
 
 #include <cublasLt.h>
@@ -28,37 +29,20 @@
 
 extern char **environ;
 
-/* ---- cuBLASLt: d[m, n] = x[m, k] * w[n, k]^T, row-major, bf16 in/out, fp32 accumulation ---- */
+/* ---- cuBLASLt: d[m, n] = x[m, k] * w[n, k]^T, row-major, bf16 in/out, fp32 accumulation
+ * (bench_lt.c), with this file's stream, events and L2 flush ---- */
 
 typedef struct {
-  cublasLtHandle_t h;
-  void *ws;
-  size_t ws_bytes;
+  bench_lt mm;
   cudaStream_t s;
   cudaEvent_t e0[BENCH_MAX_ITERS], e1[BENCH_MAX_ITERS];
   void *flush;
 } lt_ctx;
 
-typedef struct {
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t lw, lx, ld;
-  cublasLtMatmulAlgo_t algo;
-} lt_plan;
-
-static tpf_status lt_err(cublasStatus_t s, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "%s: cuBLASLt status %d", what, (int)s);
-}
-#define BENCH_LT(call, what)                                                                       \
-  do {                                                                                             \
-    cublasStatus_t s_ = (call);                                                                    \
-    if (s_ != CUBLAS_STATUS_SUCCESS) return lt_err(s_, what);                                      \
-  } while (0)
-
 static tpf_status lt_init(lt_ctx *lt, int iters) {
   memset(lt, 0, sizeof(*lt));
-  BENCH_LT(cublasLtCreate(&lt->h), "cublasLtCreate");
-  lt->ws_bytes = 32u << 20;
-  BENCH_CU(cudaMalloc(&lt->ws, lt->ws_bytes), "cudaMalloc(workspace)");
+  tpf_status st = bench_lt_init(&lt->mm);
+  if (st != TPF_OK) return st;
   BENCH_CU(cudaMalloc(&lt->flush, BENCH_FLUSH_BYTES), "cudaMalloc(flush)");
   BENCH_CU(cudaStreamCreateWithFlags(&lt->s, cudaStreamNonBlocking), "cudaStreamCreate");
   for (int i = 0; i < iters && i < BENCH_MAX_ITERS; i++) {
@@ -73,57 +57,8 @@ static void lt_fini(lt_ctx *lt) {
     if (lt->e1[i]) cudaEventDestroy(lt->e1[i]);
   }
   if (lt->s) cudaStreamDestroy(lt->s);
-  if (lt->ws) cudaFree(lt->ws);
   if (lt->flush) cudaFree(lt->flush);
-  if (lt->h) cublasLtDestroy(lt->h);
-}
-
-static void lt_plan_free(lt_plan *p) {
-  if (p->lw) cublasLtMatrixLayoutDestroy(p->lw);
-  if (p->lx) cublasLtMatrixLayoutDestroy(p->lx);
-  if (p->ld) cublasLtMatrixLayoutDestroy(p->ld);
-  if (p->desc) cublasLtMatmulDescDestroy(p->desc);
-  memset(p, 0, sizeof(*p));
-}
-
-/* Row-major d[m,n] = x[m,k] w[n,k]^T is column-major d^T[n,m] = (w as k x n)^T (x as k x m). */
-static tpf_status lt_plan_make(lt_ctx *lt, uint64_t m, uint64_t n, uint64_t k, lt_plan *p) {
-  memset(p, 0, sizeof(*p));
-  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-  BENCH_LT(cublasLtMatmulDescCreate(&p->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-  BENCH_LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof(opT)),
-           "transa");
-  BENCH_LT(cublasLtMatmulDescSetAttribute(p->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof(opN)),
-           "transb");
-  BENCH_LT(cublasLtMatrixLayoutCreate(&p->lw, CUDA_R_16BF, k, n, (int64_t)k), "layout w");
-  BENCH_LT(cublasLtMatrixLayoutCreate(&p->lx, CUDA_R_16BF, k, m, (int64_t)k), "layout x");
-  BENCH_LT(cublasLtMatrixLayoutCreate(&p->ld, CUDA_R_16BF, n, m, (int64_t)n), "layout d");
-  cublasLtMatmulPreference_t pref;
-  BENCH_LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  uint64_t ws = lt->ws_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                       sizeof(ws));
-  cublasLtMatmulHeuristicResult_t res;
-  int found = 0;
-  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt->h, p->desc, p->lw, p->lx, p->ld, p->ld,
-                                                    pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS || found < 1) {
-    lt_plan_free(p);
-    return tpf_set_error(TPF_EBACKEND, "cuBLASLt has no algorithm for [%llu,%llu]x[%llu,%llu]^T",
-                         (unsigned long long)m, (unsigned long long)k, (unsigned long long)n,
-                         (unsigned long long)k);
-  }
-  p->algo = res.algo;
-  return TPF_OK;
-}
-
-static tpf_status lt_exec(lt_ctx *lt, const lt_plan *p, const void *x, const void *w, void *d) {
-  const float one = 1.0f, zero = 0.0f;
-  BENCH_LT(cublasLtMatmul(lt->h, p->desc, &one, w, p->lw, x, p->lx, &zero, d, p->ld, d, p->ld,
-                          &p->algo, lt->ws, lt->ws_bytes, lt->s),
-           "cublasLtMatmul");
-  return TPF_OK;
+  bench_lt_fini(&lt->mm);
 }
 
 /* Checks d[m, n] (device) = x * w^T on sampled rows (3 per block of m/parts rows) and 64 columns;
@@ -190,8 +125,8 @@ static tpf_status lt_time(bench_group *g, lt_ctx *lt, uint64_t m, uint64_t n, ui
   if (st != TPF_OK) return st;
   void *d = NULL;
   BENCH_CU(cudaMalloc(&d, m * n * 2), "cudaMalloc(d)");
-  lt_plan p;
-  st = lt_plan_make(lt, m / (uint64_t)parts, n, k, &p);
+  bench_lt_plan p;
+  st = bench_lt_plan_make(&lt->mm, m / (uint64_t)parts, n, k, &p);
   double *v = calloc((size_t)iters, sizeof(double));
   const uint16_t *src = g->src;
   int total = warmup + iters;
@@ -206,7 +141,7 @@ static tpf_status lt_time(bench_group *g, lt_ctx *lt, uint64_t m, uint64_t n, ui
     }
     for (int c = 0; c < parts && st == TPF_OK; c++) {
       uint64_t r0 = (uint64_t)c * (m / (uint64_t)parts);
-      st = lt_exec(lt, &p, src + xo + r0 * k, src + wo, (uint16_t *)d + r0 * n);
+      st = bench_lt_exec(&lt->mm, &p, src + xo + r0 * k, src + wo, (uint16_t *)d + r0 * n, lt->s);
     }
     if (timed) cudaEventRecord(lt->e1[it - warmup], lt->s);
     if (it == total && st == TPF_OK) {
@@ -225,7 +160,7 @@ static tpf_status lt_time(bench_group *g, lt_ctx *lt, uint64_t m, uint64_t n, ui
   }
   if (st == TPF_OK) *us = bench_median(v, iters);
   free(v);
-  lt_plan_free(&p);
+  bench_lt_plan_free(&p);
   cudaFree(d);
   return st;
 }

@@ -33,7 +33,8 @@
 
 #ifdef TPF_HAVE_CUDA
 
-#include <cublasLt.h>
+#include "bench_lt.h"
+
 #include <cuda_runtime.h>
 #include <math.h>
 
@@ -87,87 +88,8 @@ static void hc_fail(hc_job *j, tpf_status st, const char *what) {
   atomic_store(&j->failed, 1);
 }
 
-/* ---- the plain matmul: d[m, n] = x[m, k] w[n, k]^T, row-major bf16, fp32 accumulation ---- */
-
-typedef struct {
-  cublasLtHandle_t h;
-  void *ws;
-  size_t ws_bytes;
-  cublasLtMatmulDesc_t desc;
-  cublasLtMatrixLayout_t lw, lx, ld;
-  cublasLtMatmulAlgo_t algo;
-} hc_lt;
-
-static tpf_status hc_lt_err(cublasStatus_t s, const char *what) {
-  return tpf_set_error(TPF_EBACKEND, "%s: cuBLASLt status %d", what, (int)s);
-}
-#define HC_LT(call, what)                                                                          \
-  do {                                                                                             \
-    cublasStatus_t s_ = (call);                                                                    \
-    if (s_ != CUBLAS_STATUS_SUCCESS) return hc_lt_err(s_, what);                                   \
-  } while (0)
-
-static void hc_lt_unplan(hc_lt *lt) {
-  if (lt->lw) cublasLtMatrixLayoutDestroy(lt->lw);
-  if (lt->lx) cublasLtMatrixLayoutDestroy(lt->lx);
-  if (lt->ld) cublasLtMatrixLayoutDestroy(lt->ld);
-  if (lt->desc) cublasLtMatmulDescDestroy(lt->desc);
-  lt->lw = lt->lx = lt->ld = NULL;
-  lt->desc = NULL;
-}
-
-static void hc_lt_fini(hc_lt *lt) {
-  hc_lt_unplan(lt);
-  if (lt->ws) cudaFree(lt->ws);
-  if (lt->h) cublasLtDestroy(lt->h);
-  memset(lt, 0, sizeof *lt);
-}
-
-static tpf_status hc_lt_init(hc_lt *lt) {
-  memset(lt, 0, sizeof *lt);
-  HC_LT(cublasLtCreate(&lt->h), "cublasLtCreate");
-  lt->ws_bytes = 32u << 20; /* as the tp section's whole-layer GEMM */
-  BENCH_CU(cudaMalloc(&lt->ws, lt->ws_bytes), "cudaMalloc(matmul workspace)");
-  return TPF_OK;
-}
-
-/* Row-major d[m,n] = x[m,k] w[n,k]^T is column-major d^T[n,m] = (w as k x n)^T (x as k x m). */
-static tpf_status hc_lt_plan(hc_lt *lt, uint64_t m, uint64_t n, uint64_t k) {
-  hc_lt_unplan(lt);
-  const cublasOperation_t opT = CUBLAS_OP_T, opN = CUBLAS_OP_N;
-  HC_LT(cublasLtMatmulDescCreate(&lt->desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), "desc");
-  HC_LT(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_TRANSA, &opT, sizeof opT),
-        "transa");
-  HC_LT(cublasLtMatmulDescSetAttribute(lt->desc, CUBLASLT_MATMUL_DESC_TRANSB, &opN, sizeof opN),
-        "transb");
-  HC_LT(cublasLtMatrixLayoutCreate(&lt->lw, CUDA_R_16BF, k, n, (int64_t)k), "layout w");
-  HC_LT(cublasLtMatrixLayoutCreate(&lt->lx, CUDA_R_16BF, k, m, (int64_t)k), "layout x");
-  HC_LT(cublasLtMatrixLayoutCreate(&lt->ld, CUDA_R_16BF, n, m, (int64_t)n), "layout d");
-  cublasLtMatmulPreference_t pref;
-  HC_LT(cublasLtMatmulPreferenceCreate(&pref), "preference");
-  uint64_t ws = lt->ws_bytes;
-  cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws,
-                                       sizeof ws);
-  cublasLtMatmulHeuristicResult_t res;
-  int found = 0;
-  cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(lt->h, lt->desc, lt->lw, lt->lx, lt->ld, lt->ld,
-                                                    pref, 1, &res, &found);
-  cublasLtMatmulPreferenceDestroy(pref);
-  if (s != CUBLAS_STATUS_SUCCESS || found < 1)
-    return tpf_set_error(TPF_EBACKEND, "cuBLASLt has no algorithm for [%llu,%llu]x[%llu,%llu]^T",
-                         (unsigned long long)m, (unsigned long long)k, (unsigned long long)n,
-                         (unsigned long long)k);
-  lt->algo = res.algo;
-  return TPF_OK;
-}
-
-static tpf_status hc_lt_exec(hc_lt *lt, const void *x, const void *w, void *d, void *stream) {
-  const float one = 1.0f, zero = 0.0f;
-  HC_LT(cublasLtMatmul(lt->h, lt->desc, &one, w, lt->lw, x, lt->lx, &zero, d, lt->ld, d, lt->ld,
-                       &lt->algo, lt->ws, lt->ws_bytes, (cudaStream_t)stream),
-        "cublasLtMatmul");
-  return TPF_OK;
-}
+/* The plain matmul (d[m, n] = x[m, k] w[n, k]^T, row-major bf16, fp32 accumulation) is
+ * bench_lt.c's, the baseline the GPU sections share. */
 
 /* Median of REPS timed BENCH_FLUSH_BYTES memsets on `stream` (NULL: the legacy default stream),
  * from the main thread while no rank runs: what the timing's flush gives the host to enqueue
@@ -205,9 +127,10 @@ typedef struct {
   hc_job *j;
   bool skip; /* this rank skips the rest of the current T */
   tpf_comm *c;
-  void *dmem; /* the operation's output (AG, bulk: [C, n]; RS: [C/P, H]) */
-  void *mmd;  /* rank 0: the matmul's output [C, N of the GEMM] */
-  hc_lt lt;   /* rank 0 */
+  void *dmem;         /* the operation's output (AG, bulk: [C, n]; RS: [C/P, H]) */
+  void *mmd;          /* rank 0: the matmul's output [C, N of the GEMM] */
+  bench_lt lt;        /* rank 0 */
+  bench_lt_plan plan; /* rank 0: the current T's */
   bool lt_ready;
   tpf_matrix a, w, d;  /* the current T's operands (a: x of gemm_rs, a of bulk) */
   uint64_t gm, gn, gk; /* the current T's GEMM */
@@ -236,7 +159,7 @@ static void hc_setup(hc_ctx *x) {
     hc_fail(j, TPF_ENOMEM, "output allocation");
   if (rk->rank != 0 || atomic_load(&j->failed)) return;
   const uint64_t ncols = j->H > j->n ? j->H : j->n;
-  if ((st = hc_lt_init(&x->lt)) != TPF_OK) {
+  if ((st = bench_lt_init(&x->lt)) != TPF_OK) {
     hc_fail(j, st, "cuBLASLt");
   } else if (!(x->mmd = bench_mem_alloc(rk->g, j->C * ncols * 2))) {
     hc_fail(j, TPF_ENOMEM, "matmul output allocation");
@@ -272,9 +195,11 @@ static void hc_shape(hc_ctx *x, uint64_t T) {
     if (st == TPF_OK) st = bench_sync(rk);
     if (st != TPF_OK) hc_fail(j, st, "the local shard");
   }
-  if (st == TPF_OK && !x->skip && r == 0 && x->lt_ready &&
-      (st = hc_lt_plan(&x->lt, x->gm, x->gn, x->gk)) != TPF_OK)
-    hc_fail(j, st, "the matmul's plan");
+  if (st == TPF_OK && !x->skip && r == 0 && x->lt_ready) {
+    bench_lt_plan_free(&x->plan);
+    if ((st = bench_lt_plan_make(&x->lt, x->gm, x->gn, x->gk, &x->plan)) != TPF_OK)
+      hc_fail(j, st, "the matmul's plan");
+  }
   /* Every rank skips this T when one failed (a peer would wait for it). */
   x->skip = bench_agree_failed(rk, &j->failed) || x->skip || st != TPF_OK;
 }
@@ -303,7 +228,8 @@ static void hc_op(hc_ctx *x, double *us) {
 static void hc_mm(hc_ctx *x, double *us) {
   if (x->rk->rank != 0) return;
   const double t0 = bench_now_ns();
-  tpf_status st = hc_lt_exec(&x->lt, x->mx, x->mw, x->mmd, x->rk->stream);
+  tpf_status st =
+      bench_lt_exec(&x->lt, &x->plan, x->mx, x->mw, x->mmd, (cudaStream_t)x->rk->stream);
   const double t1 = bench_now_ns();
   if (us) *us = (t1 - t0) / 1e3;
   if (st != TPF_OK) {
@@ -404,7 +330,10 @@ static tpf_status hc_rank(bench_rank *rk, void *arg) {
   if (x.c) tpf_comm_destroy(x.c);
   if (x.dmem) bench_mem_free(rk->g, x.dmem);
   if (x.mmd) bench_mem_free(rk->g, x.mmd);
-  if (rk->rank == 0) hc_lt_fini(&x.lt);
+  if (rk->rank == 0) {
+    bench_lt_plan_free(&x.plan);
+    bench_lt_fini(&x.lt);
+  }
   return TPF_OK;
 }
 
