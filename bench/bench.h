@@ -403,6 +403,12 @@ int bench_section_host(const bench_opts *o); /* bench_host.c */
 int bench_host_cuda_table(const bench_opts *o);
 int bench_section_fp8(const bench_opts *o); /* bench_fp8.c */
 /* The fp8 section's line of the run header (P, T, operations, scales). */
+/* The P and T lists of the tp and fp8 sections as printed in their header lines ("2,4,8"). */
+typedef struct {
+  char ps[64];
+  char ts[BENCH_MAX_TS * 21];
+} bench_pt_lists;
+void bench_pt_lists_of(const bench_opts *o, bench_pt_lists *l);
 void bench_fp8_header(const bench_opts *o);
 /* Whether the fp8 section's layouts (RING AG and BULK AG on an E4M3 buffer; RING RS and PIPELINE
  * RS on bf16) accept `rows` active rows at P with o->hidden columns; why gets the first rule

@@ -66,16 +66,12 @@ bool bench_fp8_layouts_fit(const bench_opts *o, int P, uint64_t rows, char *why,
 }
 
 void bench_fp8_header(const bench_opts *o) {
-  char ps[64] = "", ts[BENCH_MAX_TS * 21] = "";
-  for (int i = 0, l = 0; i < o->nps; i++)
-    l += snprintf(ps + l, sizeof ps - (size_t)l, "%s%d", i ? "," : "", o->ps[i]);
-  for (int i = 0, l = 0; i < o->ntps; i++)
-    l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
-                  (unsigned long long)o->tps[i]);
+  bench_pt_lists pt;
+  bench_pt_lists_of(o, &pt);
   printf("# fp8 section: ranks as threads  P=%s  T=%s  dtypes bf16 and fp8_e4m3 (FP8: the AG "
          "buffer and\n#   every GEMM operand in E4M3, a_scale_inv 0.75, w_scale_inv 2; RS buffers "
          "and D in bf16)\n",
-         ps, ts);
+         pt.ps, pt.ts);
 }
 
 /* The results of one P: [operation][dtype]. */

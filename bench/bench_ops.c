@@ -1599,3 +1599,12 @@ int bench_tp_modes_rows(const bench_opts *o, const bench_tp_result *threads,
   }
   return rc;
 }
+
+void bench_pt_lists_of(const bench_opts *o, bench_pt_lists *l) {
+  l->ps[0] = l->ts[0] = '\0';
+  for (int i = 0, n = 0; i < o->nps; i++)
+    n += snprintf(l->ps + n, sizeof l->ps - (size_t)n, "%s%d", i ? "," : "", o->ps[i]);
+  for (int i = 0, n = 0; i < o->ntps; i++)
+    n += snprintf(l->ts + n, sizeof l->ts - (size_t)n, "%s%llu", i ? "," : "",
+                  (unsigned long long)o->tps[i]);
+}

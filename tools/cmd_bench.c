@@ -532,19 +532,15 @@ static void print_header(const bench_opts *o, int argc, char **argv) {
 
 /* The tp section's line of the header: modes, P and T values, operations, the adaptive table. */
 static void print_tp_header(const bench_opts *o) {
-  char ps[64] = "", ts[BENCH_MAX_TS * 21] = "";
-  for (int i = 0, l = 0; i < o->nps; i++)
-    l += snprintf(ps + l, sizeof ps - (size_t)l, "%s%d", i ? "," : "", o->ps[i]);
-  for (int i = 0, l = 0; i < o->ntps; i++)
-    l += snprintf(ts + l, sizeof ts - (size_t)l, "%s%llu", i ? "," : "",
-                  (unsigned long long)o->tps[i]);
+  bench_pt_lists pt;
+  bench_pt_lists_of(o, &pt);
   static const char *const mode_names[] = {"", "threads", "procs", "both"};
   char ops[BENCH_TP_NSEL * 32] = "";
   for (int i = 0, l = 0; i < BENCH_TP_NSEL && o->tp_sel != BENCH_TP_SEL_ALL; i++)
     if (o->tp_sel & (1u << i))
       l += snprintf(ops + l, sizeof ops - (size_t)l, "%s%s",
                     l ? "," : "  ops=", bench_tp_sel_name(i));
-  printf("# tp section: mode=%s  P=%s  T=%s%s", mode_names[o->modes & 3u], ps, ts, ops);
+  printf("# tp section: mode=%s  P=%s  T=%s%s", mode_names[o->modes & 3u], pt.ps, pt.ts, ops);
   if (o->adaptive)
     printf("  adaptive: cost table %s, model %s", o->cost_used,
            o->dedicated ? "dedicated" : "shared");
