@@ -48,15 +48,17 @@ def per_call_us(fn, iters: int, sync=None, every: int = 0) -> float:
     return 1e6 * (clock() - t0) / iters
 
 
-def paired(py, c, iters: int, sync=None, every: int = 0, blocks: int = 7):
-    """Both variants in alternating blocks; the fastest block of each (robust to a busy
-    machine: interference only ever adds time)."""
+def paired(py, c, iters: int, sync=None, every: int = 0, blocks: int = 7, mm=None):
+    """The variants in alternating blocks; the fastest block of each (robust to a busy
+    machine: interference only ever adds time). mm: torch's same-shape matmul (out=), timed in
+    the same blocks (None: the row has none)."""
     n = max(1, iters // blocks)
-    tp, tc = [], []
+    fns = [py, c] + ([mm] if mm else [])
+    ts = [[] for _ in fns]
     for _ in range(blocks):
-        tp.append(per_call_us(py, n, sync, every))
-        tc.append(per_call_us(c, n, sync, every))
-    return min(tp), min(tc)
+        for f, t in zip(fns, ts):
+            t.append(per_call_us(f, n, sync, every))
+    return min(ts[0]), min(ts[1]), (min(ts[2]) if mm else float("nan"))
 
 
 def body(rank: int, iters: int, device: torch.device, backend: str, every: int):
@@ -80,19 +82,24 @@ def body(rank: int, iters: int, device: torch.device, backend: str, every: int):
     sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else None
     r = ctypes.byref
     sh = Shape(T, H)
-    t = lambda py, c: paired(py, c, iters, sync, every)  # noqa: E731
+    t = lambda py, c, mm=None: paired(py, c, iters, sync, every, mm=mm)  # noqa: E731
+    buf = ag.buffer()  # the gathered [T, H] the ag_gemm multiplies (P = 1: the local shard)
     rows = [
         ("set_ub_active_shape", *t(lambda: te.set_ub_active_shape([T, H]),
                                    lambda: lib.tpf_manager_set_active_shape(mgr._h, sh))),
         ("local_chunk() view", *t(lambda: ag.local_chunk(), lambda: lib.tpf_comm_epoch(h["ag"]))),
         ("ag_gemm", *t(lambda: ag.ag_gemm(w, out=d),
-                       lambda: lib.tpf_ag_gemm(h["ag"], r(mw), r(md), s))),
+                       lambda: lib.tpf_ag_gemm(h["ag"], r(mw), r(md), s),
+                       lambda: torch.mm(buf, w.t(), out=d))),
         ("ag_gemm trans_w+bias", *t(lambda: ag.ag_gemm(wt, out=d, trans_w=True, bias=bias),
-                                    lambda: lib.tpf_ag_gemm_ex(h["ag"], r(mwt), r(md), r(opt), s))),
+                                    lambda: lib.tpf_ag_gemm_ex(h["ag"], r(mwt), r(md), r(opt), s),
+                                    lambda: torch.addmm(bias, buf, wt, out=d))),
         ("gemm_rs", *t(lambda: rs.gemm_rs(x, w_rs, out=o_rs),
-                       lambda: lib.tpf_gemm_rs(h["rs"], r(mx), r(mwr), r(mor), s))),
+                       lambda: lib.tpf_gemm_rs(h["rs"], r(mx), r(mwr), r(mor), s),
+                       lambda: torch.mm(x, w_rs.t(), out=o_rs))),
         ("bulk_overlap", *t(lambda: bulk.bulk_overlap(a, b, out=o_b),
-                            lambda: lib.tpf_bulk_overlap(h["bulk"], r(ma), r(mb), r(mob), s))),
+                            lambda: lib.tpf_bulk_overlap(h["bulk"], r(ma), r(mb), r(mob), s),
+                            lambda: torch.mm(a, b.t(), out=o_b))),
     ]
     if sync:
         sync()
@@ -127,9 +134,16 @@ def main() -> None:
         where = f"CUDA {torch.cuda.get_device_name(device)}, P=1, sync every {a.sync_every}"
     print(f"bench_python_overhead: {where}, {a.clock} clock, {a.iters} calls each in 7 "
           f"alternating blocks, the fastest block (the 'local_chunk()' row's C column is tpf_comm_epoch, the cache check)")
-    print(f"{'call':22s} {'tpflex.torch us':>16s} {'raw ctypes us':>14s} {'overhead us':>12s}")
-    for name, py, c in rows:
-        print(f"{name:22s} {py:16.2f} {c:14.2f} {py - c:12.2f}")
+    print("torch.mm us: torch's matmul of the same shape (out=, addmm for the bias row) in the "
+          "same blocks; tpflex/mm = tpflex.torch us / torch.mm us (issue 24: host <= 1.3x at "
+          "P = 1 on CUDA; on the simulator both sides are CPU GEMMs of different code)")
+    print(f"{'call':22s} {'tpflex.torch us':>16s} {'raw ctypes us':>14s} {'overhead us':>12s} "
+          f"{'torch.mm us':>12s} {'tpflex/mm':>10s}")
+    for name, py, c, mm in rows:
+        ratio = f"{py / mm:10.2f}" if mm == mm else f"{'':>10s}"
+        mms = f"{mm:12.2f}" if mm == mm else f"{'':>12s}"
+        print(f"{name:22s} {py:16.2f} {c:14.2f} {py - c:12.2f} {mms} {ratio}")
+    print("bench_python_overhead: done")
 
 
 if __name__ == "__main__":
