@@ -25,15 +25,7 @@ SRC=${SRC:-/tmp/tpf-src}
 BUILD=$SRC/build-gpu
 mkdir -p "$OUT"
 S=$OUT/summary.txt
-note() { echo "$*" | tee -a "$S"; }
-step() { # step NAME TIMEOUT CMD...
-  local name=$1 to=$2; shift 2
-  local t0=$(date +%s)
-  (cd "$SRC" && timeout "$to" bash -c "$*") >"$OUT/$name.log" 2>&1
-  local rc=$?
-  note "step $name: rc=$rc in $(( $(date +%s) - t0 )) s: $*"
-  return $rc
-}
+. "$ROOT/scripts/gpu_steps.sh" # note, step
 
 if [ ! -x "$BUILD/tpflex" ]; then
   OUT=$OUT/round SRC=$SRC bash "$ROOT/scripts/gpu_round.sh" build || { note "build failed: $OUT/round"; exit 1; }

@@ -30,15 +30,7 @@ SRC=${SRC:-/tmp/tpf-src}
 BUILD=$SRC/build-gpu
 mkdir -p "$OUT"
 S=$OUT/summary.txt
-note() { echo "$*" | tee -a "$S"; }
-step() { # step NAME TIMEOUT CMD...
-  local name=$1 to=$2; shift 2
-  local t0=$(date +%s)
-  (cd "$SRC" && timeout "$to" bash -c "$*") >"$OUT/$name.log" 2>&1
-  local rc=$?
-  note "step $name: rc=$rc in $(( $(date +%s) - t0 )) s: $*"
-  return $rc
-}
+. "$ROOT/scripts/gpu_steps.sh" # note, step
 mps_on() {
   export CUDA_MPS_PIPE_DIRECTORY=/tmp/mps CUDA_MPS_LOG_DIRECTORY=/tmp/mps-log
   mkdir -p /tmp/mps /tmp/mps-log

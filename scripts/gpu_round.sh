@@ -16,15 +16,7 @@ export PATH=/usr/local/cuda/bin:$PATH
 export CUDA_DEVICE_MAX_CONNECTIONS=32
 DEPS=$SRC/.deps/root
 S=$OUT/summary.txt
-note() { echo "$*" | tee -a "$S"; }
-step() { # step NAME TIMEOUT CMD...
-  local name=$1 to=$2; shift 2
-  local t0=$(date +%s)
-  (cd "$SRC" && timeout "$to" bash -c "$*") >"$OUT/$name.log" 2>&1
-  local rc=$?
-  note "step $name: rc=$rc in $(( $(date +%s) - t0 )) s: $*"
-  return $rc
-}
+. "$ROOT/scripts/gpu_steps.sh" # note, step
 if [ ! -d "$SRC/core" ]; then
   mkdir -p "$SRC" && tar -xf "$ROOT/.snap/src.tar" -C "$SRC" && cp -r "$ROOT/.deps" "$SRC/.deps"
 fi
