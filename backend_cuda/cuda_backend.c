@@ -38,7 +38,8 @@
  *      cuda_status.c                                     -> transport_flags (memops release),
  *                                                           hostsync (a peer that exited), error
  *   5  cuda_exec.c                                       -> gemm, kernels, status, log, error
- *      cuda_reg.c                                        -> transport, status, log, error
+ *      cuda_reg.c                                        -> transport, status, bootstrap
+ *                                                           (creation outcomes), log, error
  *   6  cuda_backend.c                                    -> reg, exec, status, gemm, bootstrap,
  *                                                           param, log, error
  *   7  cuda_probe.c                                      -> backend (the ops table), kernels,
@@ -152,10 +153,17 @@ const tpf_backend_ops tpf_cuda__ops = {
     .allgather = g_allgather,
 };
 
-static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
-  cudaSetDevice(b->device);
-  for (int i = 0; i < TPF_NUM_STREAMS; i++)
-    if (b->streams[i] != NULL) cudaStreamSynchronize(b->streams[i]);
+/* Frees everything, also after a failure; returns the first failure of a wait (a device error the
+ * caller should hear of), TPF_OK otherwise. */
+static tpf_status tpf_cuda__backend_free(tpf_cuda_backend *b) {
+  tpf_status rc = TPF_OK;
+  cudaError_t e = cudaSetDevice(b->device);
+  if (e != cudaSuccess) rc = tpf_cuda__err(e, "cudaSetDevice");
+  for (int i = 0; i < TPF_NUM_STREAMS; i++) {
+    if (b->streams[i] == NULL) continue;
+    e = cudaStreamSynchronize(b->streams[i]);
+    if (e != cudaSuccess && rc == TPF_OK) rc = tpf_cuda__err(e, "cudaStreamSynchronize(destroy)");
+  }
   for (int i = 0; i < b->nstep_ev; i++)
     cudaEventDestroy(b->step_ev[i]);
   tpf_free(b->step_ev);
@@ -173,25 +181,22 @@ static void tpf_cuda__backend_free(tpf_cuda_backend *b) {
   if (b->release_stream != NULL) cudaStreamDestroy(b->release_stream);
   tpf_cuda__gemm_destroy(b->gemm);
   tpf_free(b);
+  (void)cudaGetLastError(); /* failed frees: reported by nothing, left to no later launch check */
+  return rc;
 }
 
-static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
-  const tpf_bootstrap *boot = &b->boot;
-  TPF_CUDA_TRY(cudaSetDevice(boot->device), "cudaSetDevice");
-  TPF_CUDA_TRY(cudaDeviceGetAttribute(&b->num_sms, cudaDevAttrMultiProcessorCount, boot->device),
+/* The device and its properties: the part of the creation before anything is known of the
+ * peers. */
+static tpf_status tpf_cuda__backend_device(tpf_cuda_backend *b) {
+  TPF_CUDA_TRY(cudaSetDevice(b->device), "cudaSetDevice");
+  TPF_CUDA_TRY(cudaDeviceGetAttribute(&b->num_sms, cudaDevAttrMultiProcessorCount, b->device),
                "cudaDeviceGetAttribute(multiProcessorCount)");
-  /* Who is where: decides direct pointers versus CUDA IPC at registration. */
-  tpf_cuda_peer_info me;
-  memset(&me, 0, sizeof(me));
-  me.proc_token = tpf_cuda__proc_token();
-  me.device = boot->device;
-  me.rank = boot->rank;
-  me.host = tpf_cuda__host_hash();
-  me.pid = (int64_t)getpid();
-  TPF_CHECK(boot->allgather(boot->ctx, &me, b->peers, sizeof(me)));
-  for (int q = 0; q < boot->tp_size; q++)
-    TPF_RETURN_IF(b->peers[q].rank != q, TPF_EINVAL,
-                  "bootstrap allgather put rank %d's record in slot %d", (int)b->peers[q].rank, q);
+  return TPF_OK;
+}
+
+/* Streams, events and the GEMM state, once the peers are known. */
+static tpf_status tpf_cuda__backend_streams(tpf_cuda_backend *b, const tpf_cuda_peer_info *me) {
+  const tpf_bootstrap *boot = &b->boot;
   /* Hardware queues: CUDA maps streams onto CUDA_DEVICE_MAX_CONNECTIONS queues (default 8) per
    * process and device. Streams that share a queue are ordered behind each other, so a spinning
    * wait could block the very signal it waits for. When several ranks of this process share the
@@ -200,7 +205,7 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
    * lost. TPF_CUDA_COMPUTE_STREAMS overrides. */
   int sharing = 0;
   for (int q = 0; q < boot->tp_size; q++)
-    sharing += b->peers[q].proc_token == me.proc_token && b->peers[q].device == boot->device;
+    sharing += b->peers[q].proc_token == me->proc_token && b->peers[q].device == boot->device;
   if (!tpf_cuda__param_is_set(TPF_CUDA_PARAM_COMPUTE_STREAMS) && sharing > 1) {
     const int conns = (int)tpf_cuda__param_u64(TPF_CUDA_PARAM_MAX_CONNECTIONS);
     int per_rank = conns / sharing - 3; /* send, recv and the caller's stream */
@@ -226,9 +231,32 @@ static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
   for (int i = 0; i < TPF_NUM_STREAMS; i++)
     TPF_CUDA_TRY(cudaEventCreateWithFlags(&b->join_ev[i], cudaEventDisableTiming),
                  "cudaEventCreate");
-  TPF_CHECK(tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
-                                  tpf_cuda__param_u64(TPF_CUDA_PARAM_WORKSPACE_BYTES), &b->gemm));
-  return boot->barrier(boot->ctx);
+  return tpf_cuda__gemm_create(TPF_MAX_COMPUTE_STREAMS,
+                               tpf_cuda__param_u64(TPF_CUDA_PARAM_WORKSPACE_BYTES), &b->gemm);
+}
+
+/* Collective: the device, who is where, then the streams. After each local part every rank
+ * learns every other's outcome (tpf_cuda__boot_outcome), so a CUDA failure on one rank fails the
+ * creation on all of them at once, naming it, instead of leaving them in the bootstrap until its
+ * timeout. */
+static tpf_status tpf_cuda__backend_init(tpf_cuda_backend *b) {
+  const tpf_bootstrap *boot = &b->boot;
+  const uint64_t ms = tpf_cuda__param_u64(TPF_CUDA_PARAM_BOOT_TIMEOUT_MS);
+  const char *what = "create its CUDA backend";
+  TPF_CHECK(tpf_cuda__boot_outcome(boot, tpf_cuda__backend_device(b), what, ms));
+  /* Who is where: decides direct pointers versus CUDA IPC at registration. */
+  tpf_cuda_peer_info me;
+  memset(&me, 0, sizeof(me));
+  me.proc_token = tpf_cuda__proc_token();
+  me.device = boot->device;
+  me.rank = boot->rank;
+  me.host = tpf_cuda__host_hash();
+  me.pid = (int64_t)getpid();
+  TPF_CHECK(boot->allgather(boot->ctx, &me, b->peers, sizeof(me)));
+  for (int q = 0; q < boot->tp_size; q++)
+    TPF_RETURN_IF(b->peers[q].rank != q, TPF_EINVAL,
+                  "bootstrap allgather put rank %d's record in slot %d", (int)b->peers[q].rank, q);
+  return tpf_cuda__boot_outcome(boot, tpf_cuda__backend_streams(b, &me), what, ms);
 }
 
 tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out) {
@@ -242,7 +270,10 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   TPF_RETURN_IF(boot->device < 0, TPF_EINVAL, "device %d is negative", boot->device);
   tpf_cuda__param_load(boot->rank); /* the environment, once per process */
   tpf_cuda_backend *b = tpf_calloc(1, sizeof(*b));
-  TPF_RETURN_IF(b == NULL, TPF_ENOMEM, "cannot allocate the CUDA backend");
+  if (b == NULL) /* still part of the first exchange: the peers learn it there */
+    return tpf_cuda__boot_outcome(
+        boot, tpf_set_error(TPF_ENOMEM, "cannot allocate the CUDA backend"),
+        "create its CUDA backend", tpf_cuda__param_u64(TPF_CUDA_PARAM_BOOT_TIMEOUT_MS));
   b->base.ops = &tpf_cuda__ops;
   b->base.tp_size = boot->tp_size;
   b->base.rank = boot->rank;
@@ -255,7 +286,7 @@ tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out)
   b->lean = tpf_cuda__param_u64(TPF_CUDA_PARAM_LEAN_ENQUEUE) != 0;
   tpf_status rc = tpf_cuda__backend_init(b);
   if (rc != TPF_OK) {
-    tpf_cuda__backend_free(b);
+    (void)tpf_cuda__backend_free(b); /* rc says what went wrong */
     return rc;
   }
   TPF_CUDA_INFO(INIT, b->base.rank,
@@ -274,8 +305,8 @@ tpf_status tpf_cuda_backend_destroy(tpf_backend *be) {
                 "tpf_cuda_backend_destroy: not a CUDA backend");
   tpf_cuda_backend *b = tpf_cuda__of(be);
   tpf_status rc = tpf_cuda__sync(be, NULL);
-  tpf_cuda__backend_free(b);
-  return rc;
+  const tpf_status rc2 = tpf_cuda__backend_free(b);
+  return rc != TPF_OK ? rc : rc2;
 }
 
 tpf_status tpf_cuda_backend_set_timeout(tpf_backend *be, unsigned timeout_ms) {

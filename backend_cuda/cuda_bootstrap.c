@@ -349,3 +349,30 @@ tpf_status tpf_cuda__boot_allgather(const tpf_bootstrap *boot, const void *send,
                   boot->rank, (unsigned long long)mine, q, (unsigned long long)sizes[q]);
   return tpf_cuda__boot_allgather_once(boot, send, recv, bytes, timeout_ms);
 }
+
+/* ---- the outcome of a collective creation's step ---- */
+
+typedef struct {
+  int32_t status;
+  char msg[196];
+} tpf_cuda_outcome;
+
+tpf_status tpf_cuda__boot_outcome(const tpf_bootstrap *boot, tpf_status mine, const char *what,
+                                  uint64_t timeout_ms) {
+  tpf_cuda_outcome me, all[TPF_MAX_RANKS];
+  memset(&me, 0, sizeof me);
+  me.status = (int32_t)mine;
+  if (mine != TPF_OK) snprintf(me.msg, sizeof me.msg, "%s", tpf_last_error());
+  const tpf_status ex =
+      tpf_cuda__boot_allgather_once(boot, &me, all, sizeof me, timeout_ms ? timeout_ms : 1);
+  if (mine != TPF_OK) return tpf_set_error(mine, "%s", me.msg); /* the exchange may have reset it */
+  if (ex != TPF_OK) return ex;
+  for (int q = 0; q < boot->tp_size; q++) {
+    if (all[q].status == (int32_t)TPF_OK) continue;
+    all[q].msg[sizeof all[q].msg - 1] = '\0';
+    return tpf_set_error((tpf_status)all[q].status,
+                         "rank %d could not %s (%s): %s; rank %d gives up too, nothing was kept", q,
+                         what, tpf_status_name((tpf_status)all[q].status), all[q].msg, boot->rank);
+  }
+  return TPF_OK;
+}

@@ -44,6 +44,10 @@ tpf_status tpf_cuda__status_of_nccl(ncclResult_t r) {
 }
 
 tpf_status tpf_cuda__err(cudaError_t e, const char *what) {
+  /* The runtime also keeps e as the thread's last error, which the next kernel launch's check
+   * (cudaGetLastError, cuda_kernels.cu) would report as its own: it is reported here, so take it.
+   * A sticky error (a lost context) stays: every later call returns it anyway. */
+  (void)cudaGetLastError();
   return tpf_set_error(tpf_cuda__status_of_cuda(e), "CUDA %s failed: %s (%s)", what,
                        cudaGetErrorString(e), cudaGetErrorName(e));
 }

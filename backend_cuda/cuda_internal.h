@@ -188,6 +188,15 @@ void tpf_cuda__gemm_stats(const tpf_cuda_gemm *g, uint64_t *lookups, uint64_t *h
  * as its allgather does. */
 tpf_status tpf_cuda__boot_allgather(const tpf_bootstrap *boot, const void *send, void *recv,
                                     size_t bytes, uint64_t timeout_ms);
+/* The outcome of one step of a collective creation (the backend's, a registration's): every rank
+ * calls it with its local status, also after a local failure (that is the point), so that a
+ * failure on one rank fails the step on every rank at once instead of leaving its peers waiting
+ * for it until their timeout. Returns TPF_OK when every rank succeeded; `mine` with this rank's
+ * message when it failed here; otherwise the status of the lowest failed rank, with a message
+ * naming it and quoting its own ("rank 1 could not <what>: <its message>"). A failure of the
+ * exchange itself is returned as such. Bounded like tpf_cuda__boot_allgather. */
+tpf_status tpf_cuda__boot_outcome(const tpf_bootstrap *boot, tpf_status mine, const char *what,
+                                  uint64_t timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -229,6 +229,9 @@ typedef struct {
  * A rank whose call fails a local check (NULL out or name, bad enum or size; in
  * tpf_manager_add a duplicate name) still takes part in the exchange: it returns its own
  * TPF_EINVAL, every other rank TPF_EMISMATCH naming it, and the next creation works on all.
+ * A registration that fails on one rank (out of device memory, a CUDA error) fails on every
+ * rank too: the failed rank returns its status, the others the same status naming that rank
+ * (CUDA backend: tpflex_cuda.h); nothing stays registered, and the next creation works.
  * TPF_EINVAL (NULL, bad enum, bad size), shape statuses for a capacity that breaks
  * docs/SPEC.md §3, TPF_EMISMATCH, TPF_ETIMEOUT (a rank never arrived), TPF_ENOMEM,
  * TPF_EBACKEND. */

@@ -23,7 +23,11 @@ typedef struct {
   void *ctx;
 } tpf_bootstrap;
 
-/* Creates this rank's backend (collective over the bootstrap group). */
+/* Creates this rank's backend (collective over the bootstrap group). A CUDA failure on any rank
+ * fails the creation on every rank, promptly (the ranks exchange their outcomes, also after a
+ * local failure): the failed rank returns its own status and message, every other rank the same
+ * status with a message naming the failed rank and quoting it; nothing is kept on any rank.
+ * Communicator creation on this backend does the same for its registration. */
 TPF_API tpf_status tpf_cuda_backend_create(const tpf_bootstrap *boot, tpf_backend **out);
 TPF_API tpf_status tpf_cuda_backend_destroy(tpf_backend *be);
 
