@@ -5,11 +5,14 @@
 #define _GNU_SOURCE
 #include "fake_cuda.h"
 
+#include "cuda_internal.h" /* the kernels' argument structs (exec mode) */
+
 #include <cublasLt.h>
 #include <cuda.h>
 #include <cuda_runtime_api.h>
 
 #include <dlfcn.h>
+#include <math.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -41,7 +44,12 @@ static _Atomic uint64_t g_fail_n, g_fail_seen;
 static int g_fail_code = -1;
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
 
+/* TPF_FAKE_CUDA_EXEC=1: run the backend's kernels and GEMMs on the host (see fake_cuda.h). */
+static int g_exec;
+
 static void fake_read_env(void) {
+  const char *x = getenv("TPF_FAKE_CUDA_EXEC");
+  g_exec = x != NULL && x[0] == '1';
   const char *e = getenv("TPF_FAKE_CUDA_FAIL");
   if (e == NULL || *e == '\0') return;
   char buf[sizeof g_fail_name];
@@ -201,6 +209,28 @@ cudaError_t cudaFree(void *devPtr) {
 
 cudaError_t cudaFreeHost(void *ptr) {
   return fake_free(ptr, "cudaFreeHost");
+}
+
+cudaError_t cudaMallocAsync(void **devPtr, size_t size, cudaStream_t hStream) {
+  (void)hStream;
+  return cudaMalloc(devPtr, size);
+}
+
+cudaError_t cudaFreeAsync(void *devPtr, cudaStream_t hStream) {
+  (void)hStream;
+  return fake_free(devPtr, "cudaFreeAsync");
+}
+
+cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *memPool, int device) {
+  static int pool;
+  (void)device;
+  *memPool = (cudaMemPool_t)(void *)&pool;
+  return fake_rt(TPF_FAKE_OTHER, "cudaDeviceGetDefaultMemPool");
+}
+
+cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t memPool, enum cudaMemPoolAttr attr, void *value) {
+  (void)memPool, (void)attr, (void)value;
+  return fake_rt(TPF_FAKE_OTHER, "cudaMemPoolSetAttribute");
 }
 
 cudaError_t cudaHostGetDevicePointer(void **pDevice, void *pHost, unsigned int flags) {
@@ -538,30 +568,179 @@ cudaError_t __cudaGetKernel(cudaKernel_t *kernel, const void *hostFun) {
   return cudaErrorInvalidDeviceFunction;
 }
 
-static cudaError_t fake_launch(int index) {
+/* ---- exec mode: element conversions and the backend's kernels on the host ---------------- */
+
+static float bf16_to_f(uint16_t h) {
+  uint32_t u = (uint32_t)h << 16;
+  float f;
+  memcpy(&f, &u, 4);
+  return f;
+}
+
+static uint16_t f_to_bf16(float f) {
+  uint32_t u;
+  memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40u); /* quiet NaN */
+  u += 0x7fffu + ((u >> 16) & 1u); /* round to nearest even */
+  return (uint16_t)(u >> 16);
+}
+
+static float f16_to_f(uint16_t h) {
+  const int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  float v = e == 0    ? ldexpf((float)m, -24)
+            : e == 31 ? (m ? NAN : INFINITY)
+                      : ldexpf((float)(m | 1024), e - 25);
+  return s ? -v : v;
+}
+
+static uint16_t f_to_f16(float f) {
+  const uint16_t sign = signbit(f) ? 0x8000u : 0;
+  float a = fabsf(f);
+  if (isnan(f)) return 0x7e00u;
+  if (a >= 65520.0f) return sign | 0x7c00u; /* rounds to infinity */
+  if (a < ldexpf(1.0f, -14)) {              /* subnormal: units of 2^-24, ties to even */
+    return sign | (uint16_t)lrintf(a * ldexpf(1.0f, 24));
+  }
+  int e;
+  const float fr = frexpf(a, &e);  /* a = fr * 2^e, fr in [0.5, 1) */
+  long m = lrintf(ldexpf(fr, 11)); /* 11 significant bits, ties to even */
+  if (m == 2048) m = 1024, e++;
+  return sign | (uint16_t)(((e + 14) << 10) | (m - 1024));
+}
+
+static float f8_to_f(uint8_t v, int e5m2) {
+  const int s = v >> 7;
+  float r;
+  if (e5m2) {
+    const int e = (v >> 2) & 31, m = v & 3;
+    r = e == 0    ? ldexpf((float)m, -16)
+        : e == 31 ? (m ? NAN : INFINITY)
+                  : ldexpf((float)(m | 4), e - 17);
+  } else {
+    const int e = (v >> 3) & 15, m = v & 7;
+    r = (e == 15 && m == 7) ? NAN : e == 0 ? ldexpf((float)m, -9) : ldexpf((float)(m | 8), e - 10);
+  }
+  return s ? -r : r;
+}
+
+/* Element i of a buffer of CUDA data type t, as float; and a store with one rounding. */
+static float ld_cuda(const void *p, uint64_t i, cudaDataType t) {
+  switch (t) {
+  case CUDA_R_16BF:
+    return bf16_to_f(((const uint16_t *)p)[i]);
+  case CUDA_R_16F:
+    return f16_to_f(((const uint16_t *)p)[i]);
+  case CUDA_R_8F_E4M3:
+    return f8_to_f(((const uint8_t *)p)[i], 0);
+  case CUDA_R_8F_E5M2:
+    return f8_to_f(((const uint8_t *)p)[i], 1);
+  default:
+    return ((const float *)p)[i];
+  }
+}
+
+static void st_cuda(void *p, uint64_t i, cudaDataType t, float v) {
+  if (t == CUDA_R_16BF)
+    ((uint16_t *)p)[i] = f_to_bf16(v);
+  else if (t == CUDA_R_16F)
+    ((uint16_t *)p)[i] = f_to_f16(v);
+  else
+    ((float *)p)[i] = v;
+}
+
+static cudaDataType of_tpf(int d) {
+  return d == TPF_BF16 ? CUDA_R_16BF : d == TPF_FP16 ? CUDA_R_16F : CUDA_R_32F;
+}
+
+static float gelu_tanh(float x) {
+  const float u = 0.7978845608f * (x + 0.044715f * x * x * x);
+  return 0.5f * x * (1.0f + tanhf(u));
+}
+
+/* The reduction kernels (vector and scalar paths compute the same): dst[i, j] = epi(sum over t in
+ * order of src_t[i, j]), fp32 sums, one rounding; nothing when the status area holds a failure. */
+static void exec_reduce(void **args) {
+  const tpf_cuda_reduce_args *a = args[0];
+  const tpf_cuda_status *st = *(const tpf_cuda_status *const *)args[1];
+  if (st != NULL && st->code != TPF_CUDA_DEV_OK) return;
+  const cudaDataType ti = of_tpf(a->src_dtype), to = of_tpf(a->dst_dtype);
+  for (uint64_t i = 0; i < a->rows; i++)
+    for (uint64_t j = 0; j < a->cols; j++) {
+      float acc = 0.0f;
+      for (int t = 0; t < a->count; t++)
+        acc += ld_cuda(a->srcs[t], i * a->src_ld + j, ti);
+      const uint64_t di = i * a->dst_ld + j;
+      if (a->epi.on) {
+        float x = a->epi.alpha * acc;
+        if (a->epi.beta != 0.0f) x += a->epi.beta * ld_cuda(a->dst, di, to);
+        if (a->epi.bias != NULL) x += ld_cuda(a->epi.bias, j, to);
+        acc = a->epi.gelu ? gelu_tanh(x) : x;
+      }
+      st_cuda(a->dst, di, to, acc);
+    }
+}
+
+static void exec_copy(void **args) {
+  void *dst = *(void **)args[0];
+  const void *src = *(const void *const *)args[1];
+  const uint64_t n16 = *(const uint64_t *)args[2];
+  unsigned char *dtail = *(unsigned char **)args[3];
+  const unsigned char *stail = *(const unsigned char *const *)args[4];
+  const uint64_t ntail = *(const uint64_t *)args[5];
+  const tpf_cuda_status *st = *(const tpf_cuda_status *const *)args[6];
+  if (st != NULL && st->code != TPF_CUDA_DEV_OK) return;
+  memmove(dst, src, n16 * 16);
+  memmove(dtail, stail, ntail);
+}
+
+/* Runs kernel `index` on the host; cudaErrorNotSupported for one exec mode cannot run (the flag
+ * kernels' device waits, the fallback GEMM), so that a test cannot pass without it. */
+static cudaError_t exec_kernel(int index, void **args) {
+  const char *name = index >= 0 && index < atomic_load(&g_num_kernels) ? g_kernels[index].name : "";
+  if (strstr(name, "reduce_vec_kernel") || strstr(name, "reduce_scalar_kernel")) {
+    exec_reduce(args);
+    return cudaSuccess;
+  }
+  if (strstr(name, "copy_kernel")) {
+    exec_copy(args);
+    return cudaSuccess;
+  }
+  if (strstr(name, "seq_bump_kernel")) {
+    uint64_t *c = *(uint64_t **)args[0];
+    *c += 1;
+    return cudaSuccess;
+  }
+  fprintf(stderr, "fake CUDA: kernel %s cannot run in exec mode\n", name);
+  return cudaErrorNotSupported;
+}
+
+static cudaError_t fake_launch(int index, void **args) {
   if (index >= 0 && index < FAKE_MAX_KERNELS) t_launch_by_kernel[index]++;
-  return fake_rt(TPF_FAKE_LAUNCH, "launch");
+  cudaError_t e = fake_rt(TPF_FAKE_LAUNCH, "launch");
+  if (e == cudaSuccess && g_exec) e = exec_kernel(index, args);
+  if (e != cudaSuccess) t_last_error = e;
+  return e;
 }
 
 cudaError_t __cudaLaunchKernel(cudaKernel_t kernel, dim3 gridDim, dim3 blockDim, void **args,
                                size_t sharedMem, cudaStream_t stream) {
-  (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
-  return fake_launch((int)(uintptr_t)kernel - 1);
+  (void)gridDim, (void)blockDim, (void)sharedMem, (void)stream;
+  return fake_launch((int)(uintptr_t)kernel - 1, args);
 }
 
 /* The launch path of toolkits before CUDA 13 (and of explicit cudaLaunchKernel calls). */
 cudaError_t cudaLaunchKernel(const void *func, dim3 gridDim, dim3 blockDim, void **args,
                              size_t sharedMem, cudaStream_t stream) {
-  (void)gridDim, (void)blockDim, (void)args, (void)sharedMem, (void)stream;
+  (void)gridDim, (void)blockDim, (void)sharedMem, (void)stream;
   cudaKernel_t k = NULL;
-  return fake_launch(__cudaGetKernel(&k, func) == cudaSuccess ? (int)(uintptr_t)k - 1 : -1);
+  return fake_launch(__cudaGetKernel(&k, func) == cudaSuccess ? (int)(uintptr_t)k - 1 : -1, args);
 }
 
 /* ---- cuBLASLt ----------------------------------------------------------------------------- */
 
 /* The opaque descriptors are ours to fill: a layout keeps rows and cols, a desc its TRANSA. */
-enum { L_ROWS = 0, L_COLS = 1 };
-enum { D_TRANSA = 0 };
+enum { L_ROWS = 0, L_COLS = 1, L_TYPE = 2, L_LD = 3 };
+enum { D_TRANSA = 0, D_TRANSB, D_EPILOGUE, D_BIAS, D_ASCALE, D_BSCALE };
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *lightHandle) {
   cublasStatus_t s = fake_lt(TPF_FAKE_OTHER, "cublasLtCreate");
@@ -597,20 +776,28 @@ cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
                                               cublasLtMatmulDescAttributes_t attr, const void *buf,
                                               size_t sizeInBytes) {
-  if (attr == CUBLASLT_MATMUL_DESC_TRANSA && sizeInBytes == sizeof(int32_t))
-    matmulDesc->data[D_TRANSA] = (uint64_t) * (const int32_t *)buf;
+  int slot = -1;
+  if (attr == CUBLASLT_MATMUL_DESC_TRANSA) slot = D_TRANSA;
+  if (attr == CUBLASLT_MATMUL_DESC_TRANSB) slot = D_TRANSB;
+  if (attr == CUBLASLT_MATMUL_DESC_EPILOGUE) slot = D_EPILOGUE;
+  if (attr == CUBLASLT_MATMUL_DESC_BIAS_POINTER) slot = D_BIAS;
+  if (attr == CUBLASLT_MATMUL_DESC_A_SCALE_POINTER) slot = D_ASCALE;
+  if (attr == CUBLASLT_MATMUL_DESC_B_SCALE_POINTER) slot = D_BSCALE;
+  if (slot >= 0 && sizeInBytes == 4) matmulDesc->data[slot] = *(const uint32_t *)buf;
+  if (slot >= 0 && sizeInBytes == 8) memcpy(&matmulDesc->data[slot], buf, 8);
   return fake_lt(TPF_FAKE_LT_ATTR, "cublasLtMatmulDescSetAttribute");
 }
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
                                           uint64_t rows, uint64_t cols, int64_t ld) {
-  (void)type, (void)ld;
   cublasStatus_t s = fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatrixLayoutCreate");
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   *matLayout = calloc(1, sizeof(cublasLtMatrixLayoutOpaque_t));
   if (*matLayout == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
   (*matLayout)->data[L_ROWS] = rows;
   (*matLayout)->data[L_COLS] = cols;
+  (*matLayout)->data[L_TYPE] = (uint64_t)type;
+  (*matLayout)->data[L_LD] = (uint64_t)ld;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -655,14 +842,47 @@ cublasStatus_t cublasLtMatmulAlgoGetHeuristic(
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* cuBLASLt's definition, column-major: D = act(alpha * sa * sb * op(A) op(B) + beta * C + bias)
+ * with bias[i] per row of D (D's type), act GELU (tanh) for the GELU epilogues, fp32 sums in k
+ * order, one rounding to D's type; C is read only when beta != 0. */
+static void fake_matmul_exec(const cublasLtMatmulDescOpaque_t *dsc, const void *alpha,
+                             const void *A, const cublasLtMatrixLayoutOpaque_t *Ad, const void *B,
+                             const cublasLtMatrixLayoutOpaque_t *Bd, const void *beta,
+                             const void *C, void *D, const cublasLtMatrixLayoutOpaque_t *Dd,
+                             uint64_t m, uint64_t n, uint64_t k) {
+  const bool ta = dsc->data[D_TRANSA] != CUBLAS_OP_N, tb = dsc->data[D_TRANSB] != CUBLAS_OP_N;
+  const uint64_t epi = dsc->data[D_EPILOGUE];
+  const bool bias = epi == CUBLASLT_EPILOGUE_BIAS || epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const bool gelu = epi == CUBLASLT_EPILOGUE_GELU || epi == CUBLASLT_EPILOGUE_GELU_BIAS;
+  const void *bp = (const void *)(uintptr_t)dsc->data[D_BIAS];
+  const float *sa = (const float *)(uintptr_t)dsc->data[D_ASCALE];
+  const float *sb = (const float *)(uintptr_t)dsc->data[D_BSCALE];
+  const float al = *(const float *)alpha * (sa ? *sa : 1.0f) * (sb ? *sb : 1.0f);
+  const float be = *(const float *)beta;
+  const cudaDataType tA = (cudaDataType)Ad->data[L_TYPE], tB = (cudaDataType)Bd->data[L_TYPE],
+                     tD = (cudaDataType)Dd->data[L_TYPE];
+  const uint64_t lda = Ad->data[L_LD], ldb = Bd->data[L_LD], ldd = Dd->data[L_LD];
+  for (uint64_t j = 0; j < n; j++)
+    for (uint64_t i = 0; i < m; i++) {
+      float acc = 0.0f;
+      for (uint64_t l = 0; l < k; l++)
+        acc += ld_cuda(A, ta ? l + i * lda : i + l * lda, tA) *
+               ld_cuda(B, tb ? j + l * ldb : l + j * ldb, tB);
+      float x = al * acc;
+      if (be != 0.0f) x += be * ld_cuda(C, i + j * ldd, tD);
+      if (bias) x += ld_cuda(bp, i, tD);
+      st_cuda(D, i + j * ldd, tD, gelu ? gelu_tanh(x) : x);
+    }
+}
+
 cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t computeDesc,
                               const void *alpha, const void *A, cublasLtMatrixLayout_t Adesc,
                               const void *B, cublasLtMatrixLayout_t Bdesc, const void *beta,
                               const void *C, cublasLtMatrixLayout_t Cdesc, void *D,
                               cublasLtMatrixLayout_t Ddesc, const cublasLtMatmulAlgo_t *algo,
                               void *workspace, size_t workspaceSizeInBytes, cudaStream_t stream) {
-  (void)lightHandle, (void)alpha, (void)A, (void)B, (void)beta, (void)C, (void)Cdesc, (void)D;
-  (void)Bdesc, (void)algo, (void)workspace, (void)workspaceSizeInBytes, (void)stream;
+  (void)lightHandle, (void)Cdesc, (void)algo, (void)workspace, (void)workspaceSizeInBytes;
+  (void)stream;
   cublasStatus_t s = fake_lt(TPF_FAKE_MATMUL, "cublasLtMatmul");
   if (s != CUBLAS_STATUS_SUCCESS) return s;
   uint64_t m = Ddesc->data[L_ROWS], n = Ddesc->data[L_COLS];
@@ -670,5 +890,6 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t lightHandle, cublasLtMatmulDesc_t
       computeDesc->data[D_TRANSA] == CUBLAS_OP_N ? Adesc->data[L_COLS] : Adesc->data[L_ROWS];
   t_counts.matmul_m = m, t_counts.matmul_n = n, t_counts.matmul_k = k;
   atomic_store(&g_mm_m, m), atomic_store(&g_mm_n, n), atomic_store(&g_mm_k, k);
+  if (g_exec) fake_matmul_exec(computeDesc, alpha, A, Adesc, B, Bdesc, beta, C, D, Ddesc, m, n, k);
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -10,6 +10,17 @@
  * paths (fault injection below), and never a result: nothing numeric an operation computes can be
  * judged here, and no figure of it is a GPU figure.
  *
+ * Exec mode. With TPF_FAKE_CUDA_EXEC=1 the backend's reduction, copy and sequence kernels run on
+ * the host at their launch (kernels recognised by name, arguments as cuda_internal.h defines
+ * them), and every cublasLtMatmul computes cuBLASLt's definition (column-major, transposes,
+ * alpha, beta, bias and GELU epilogues, fp8 operands with their scale pointers; fp32 sums, one
+ * rounding), so results can be judged. Everything runs in enqueue order, which is a valid order
+ * for in-process ranks (host-ordered events: a peer's event is published only after the work
+ * before it was enqueued, i.e. here, done). Flag kernels (device waits) and the fallback GEMM
+ * are not emulated: launching one fails with cudaErrorNotSupported. A pass here says the host
+ * path and the mapping onto cuBLASLt are right; the device code's own arithmetic is not tested
+ * (the emulation is written from its definition, not compiled from it), and nothing is timed.
+ *
  * Counters. Every call is counted twice: in the calling thread's counters (a rank thread sees
  * only its own calls) and in the process's totals. tpf_fake_cuda_counts reads either.
  *
