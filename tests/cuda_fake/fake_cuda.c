@@ -759,18 +759,28 @@ const char *cublasLtGetStatusString(cublasStatus_t status) {
                                          : "an injected cuBLASLt error (fake)";
 }
 
+/* A cuBLASLt object: `bytes` zeroed bytes of ours (the opaque types are ours to fill). */
+static cublasStatus_t fake_lt_new(void **out, size_t bytes, const char *name) {
+  cublasStatus_t s = fake_lt(TPF_FAKE_LT_SETUP, name);
+  if (s != CUBLAS_STATUS_SUCCESS) return s;
+  *out = calloc(1, bytes);
+  return *out ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+}
+
+static cublasStatus_t fake_lt_free(void *p, const char *name) {
+  free(p);
+  return fake_lt(TPF_FAKE_LT_SETUP, name);
+}
+
 cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *matmulDesc,
                                         cublasComputeType_t computeType, cudaDataType_t scaleType) {
   (void)computeType, (void)scaleType;
-  cublasStatus_t s = fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatmulDescCreate");
-  if (s != CUBLAS_STATUS_SUCCESS) return s;
-  *matmulDesc = calloc(1, sizeof(cublasLtMatmulDescOpaque_t));
-  return *matmulDesc ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+  return fake_lt_new((void **)matmulDesc, sizeof(cublasLtMatmulDescOpaque_t),
+                     "cublasLtMatmulDescCreate");
 }
 
 cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t matmulDesc) {
-  free(matmulDesc);
-  return fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatmulDescDestroy");
+  return fake_lt_free(matmulDesc, "cublasLtMatmulDescDestroy");
 }
 
 cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
@@ -790,10 +800,9 @@ cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t matmulDesc,
 
 cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cudaDataType type,
                                           uint64_t rows, uint64_t cols, int64_t ld) {
-  cublasStatus_t s = fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatrixLayoutCreate");
+  cublasStatus_t s = fake_lt_new((void **)matLayout, sizeof(cublasLtMatrixLayoutOpaque_t),
+                                 "cublasLtMatrixLayoutCreate");
   if (s != CUBLAS_STATUS_SUCCESS) return s;
-  *matLayout = calloc(1, sizeof(cublasLtMatrixLayoutOpaque_t));
-  if (*matLayout == NULL) return CUBLAS_STATUS_ALLOC_FAILED;
   (*matLayout)->data[L_ROWS] = rows;
   (*matLayout)->data[L_COLS] = cols;
   (*matLayout)->data[L_TYPE] = (uint64_t)type;
@@ -802,20 +811,16 @@ cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *matLayout, cud
 }
 
 cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t matLayout) {
-  free(matLayout);
-  return fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatrixLayoutDestroy");
+  return fake_lt_free(matLayout, "cublasLtMatrixLayoutDestroy");
 }
 
 cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *pref) {
-  cublasStatus_t s = fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatmulPreferenceCreate");
-  if (s != CUBLAS_STATUS_SUCCESS) return s;
-  *pref = calloc(1, sizeof(cublasLtMatmulPreferenceOpaque_t));
-  return *pref ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_ALLOC_FAILED;
+  return fake_lt_new((void **)pref, sizeof(cublasLtMatmulPreferenceOpaque_t),
+                     "cublasLtMatmulPreferenceCreate");
 }
 
 cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t pref) {
-  free(pref);
-  return fake_lt(TPF_FAKE_LT_SETUP, "cublasLtMatmulPreferenceDestroy");
+  return fake_lt_free(pref, "cublasLtMatmulPreferenceDestroy");
 }
 
 cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t pref,
