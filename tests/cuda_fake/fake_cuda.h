@@ -19,7 +19,10 @@
  * before it was enqueued, i.e. here, done). Flag kernels (device waits) and the fallback GEMM
  * are not emulated: launching one fails with cudaErrorNotSupported. A pass here says the host
  * path and the mapping onto cuBLASLt are right; the device code's own arithmetic is not tested
- * (the emulation is written from its definition, not compiled from it), and nothing is timed.
+ * (the emulation is written from its definition, not compiled from it). cudaEventElapsedTime
+ * gives the host time between two records, i.e. the fake's own execution on this CPU, so that
+ * the benches' code runs end to end: no such figure says anything about a GPU. Memsets of 256 MiB
+ * or more (the benches' L2 flush) are counted, not written.
  *
  * Counters. Every call is counted twice: in the calling thread's counters (a rank thread sees
  * only its own calls) and in the process's totals. tpf_fake_cuda_counts reads either.
