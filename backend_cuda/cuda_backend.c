@@ -37,7 +37,9 @@
  *                                                           param, log
  *      cuda_status.c                                     -> transport_flags (memops release),
  *                                                           hostsync (a peer that exited), error
- *   5  cuda_exec.c                                       -> gemm, kernels, status, log, error
+ *   5  cuda_exec.c                                       -> gemm, kernels, status,
+ *                                                           transport_events (a failure for the
+ *                                                           peers), log, error
  *      cuda_reg.c                                        -> transport, status, bootstrap
  *                                                           (creation outcomes), log, error
  *   6  cuda_backend.c                                    -> reg, exec, status, gemm, bootstrap,

@@ -425,6 +425,8 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
                            a->comm_name, me);
     if (idle_since == 0) idle_since = tpf_cuda__now_ns();
     if ((++spins & 63u) == 0) {
+      TPF_CHECK(tpf_cuda__events_peer_failed(
+          b, r, a, blocked, tpf_step_kind_name(sc->steps[blocked].kind), blocked_peer));
       if (atomic_load(&r->aborted))
         return tpf_set_error(TPF_ESTATE,
                              "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d (%s) "
@@ -613,6 +615,14 @@ tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a
   tpf_cuda_backend *b = tpf_cuda__of(be);
   const uint64_t t0 = tpf_cuda__now_ns();
   tpf_status rc = tpf_cuda__execute_body(be, r, a, stream);
+  /* A failure of this rank's own (a CUDA or cuBLASLt error, out of memory, a bad schedule)
+   * releases the peers' host waits at once. Not: a mismatch (every rank sees it at the
+   * handshake), a refusal before the handshake, a timeout (the peers wait for the same absent
+   * rank and report it themselves) or a TPF_ESTATE (an abort, a peer's failure, a released
+   * registration: nothing for the peers to learn). */
+  if (rc != TPF_OK && rc != TPF_EMISMATCH && rc != TPF_EUNSUPPORTED && rc != TPF_ETIMEOUT &&
+      rc != TPF_ESTATE)
+    tpf_cuda__events_fail(b, r, a, rc);
   b->enq.ops++;
   b->enq.host_ns += tpf_cuda__now_ns() - t0;
   return rc;

@@ -55,6 +55,12 @@ typedef struct {
   tpf_cuda_slot *ready;   /* [rank][2]: by sequence parity */
   tpf_cuda_slot *sent;    /* [sender][receiver][tag] */
   tpf_cuda_slot *barrier; /* [rank][tag] */
+  /* The first failed operation of the group on this registration (tpf_cuda__events_fail): the
+   * claim goes to one rank, which fills the record and then stores failed = 1 + its rank. */
+  _Atomic uint32_t failed_claim, failed;
+  int32_t failed_status;
+  uint64_t failed_seq;
+  char failed_msg[200];
 } tpf_cuda_sync;
 
 typedef struct {
@@ -250,6 +256,16 @@ typedef enum {
   TPF_CUDA_TP_COUNT
 } tpf_cuda_tp_kind;
 extern const tpf_cuda_transport tpf_cuda__transport_events;
+/* In-process groups (r->sync): records that this rank's operation a->seq failed with rc (the
+ * current detail), once per registration, so that every peer waiting on the host for this rank
+ * gives up at once (tpf_cuda__events_peer_failed) instead of at its timeout. No-op without the
+ * table. */
+void tpf_cuda__events_fail(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, tpf_status rc);
+/* TPF_ESTATE naming the failed rank and its failure when another rank recorded one on r;
+ * TPF_OK otherwise (and without the table). `step`/`what`/`peer`: where this rank waits. */
+tpf_status tpf_cuda__events_peer_failed(tpf_cuda_backend *b, const tpf_reg *r,
+                                        const tpf_exec_args *a, int step, const char *what,
+                                        int peer);
 extern const tpf_cuda_transport tpf_cuda__transport_flags;
 extern const tpf_cuda_transport tpf_cuda__transport_memops;
 /* The transport of every operation enqueued under CUDA-graph capture, whatever the

@@ -29,6 +29,7 @@
 
 #include <sched.h>
 #include <stdatomic.h>
+#include <stdio.h>
 #include <string.h>
 
 static tpf_cuda_sync *tpf_cuda__sync_new(int P) {
@@ -40,10 +41,38 @@ static tpf_cuda_sync *tpf_cuda__sync_new(int P) {
   for (size_t i = 0; i < nslots; i++)
     atomic_init(&slots[i].word, 0);
   t->nranks = P;
+  atomic_init(&t->failed_claim, 0);
+  atomic_init(&t->failed, 0);
   t->ready = slots;
   t->sent = t->ready + (size_t)P * 2;
   t->barrier = t->sent + (size_t)P * (size_t)P * TPF_MAX_TAGS;
   return t;
+}
+
+void tpf_cuda__events_fail(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, tpf_status rc) {
+  tpf_cuda_sync *t = r->sync;
+  if (t == NULL) return;
+  uint32_t expected = 0;
+  if (!atomic_compare_exchange_strong(&t->failed_claim, &expected, 1u)) return;
+  t->failed_status = (int32_t)rc;
+  t->failed_seq = a->seq;
+  snprintf(t->failed_msg, sizeof t->failed_msg, "%s", tpf_last_error());
+  atomic_store_explicit(&t->failed, (uint32_t)b->base.rank + 1u, memory_order_release);
+}
+
+tpf_status tpf_cuda__events_peer_failed(tpf_cuda_backend *b, const tpf_reg *r,
+                                        const tpf_exec_args *a, int step, const char *what,
+                                        int peer) {
+  const tpf_cuda_sync *t = r->sync;
+  if (t == NULL) return TPF_OK;
+  const uint32_t f = atomic_load_explicit(&t->failed, memory_order_acquire);
+  if (f == 0 || (int)f - 1 == b->base.rank) return TPF_OK;
+  return tpf_set_error(TPF_ESTATE,
+                       "'%s' rank %d gave up at step %d (%s) waiting for rank %d: rank %d's "
+                       "operation %llu failed (%s: %s); destroy the communicator on every rank",
+                       a->comm_name, b->base.rank, step, what, peer, (int)f - 1,
+                       (unsigned long long)t->failed_seq,
+                       tpf_status_name((tpf_status)t->failed_status), t->failed_msg);
 }
 
 /* Waits on the host until the ready word in `slot` carries operation `want`'s sequence number,
@@ -62,6 +91,7 @@ static tpf_status tpf_cuda__host_wait(tpf_cuda_backend *b, tpf_reg *r, const tpf
       return TPF_OK;
     }
     if ((spins & 63u) == 63u) {
+      TPF_CHECK(tpf_cuda__events_peer_failed(b, r, a, step, what, peer));
       if (atomic_load(&r->aborted))
         return tpf_set_error(TPF_ESTATE,
                              "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d (%s) "

@@ -279,6 +279,11 @@ TPF_API unsigned tpf_comm_backend_caps(const tpf_comm *c);
  * on c, without waiting (TPF_OK while none has failed so far). Returns TPF_EINVAL for NULL
  * arguments and TPF_ESTATE after an abort; otherwise TPF_OK. Same thread rule as sync.
  *
+ * A rank's own failure of an operation (a CUDA or cuBLASLt error, out of memory) leaves its
+ * communicator failed; on the CUDA backend with the ranks as threads of one process, its peers'
+ * waits on that communicator then give up at once with TPF_ESTATE naming the rank and quoting its
+ * failure (in that operation or the next), instead of waiting for their timeout.
+ *
  * tpf_comm_abort: unblocks a group stuck on a dead peer. A rank of c blocked in a wait for a
  * peer (handshake, receive, barrier) gives up promptly with TPF_ESTATE instead of waiting for
  * its timeout, and from then on every call on c (operations, set_active_shape, sync,

@@ -554,6 +554,99 @@ static int create_sweep(int P) {
   return bad;
 }
 
+/* ---- an operation failing on one rank: its peers give up at once ------------------------------
+ */
+
+static const char *const kOpCalls[] = {"cublasLtMatmul", "cudaMemcpyAsync", "cudaEventRecord",
+                                       "cudaStreamWaitEvent", "launch"};
+enum { NOPCALLS = sizeof kOpCalls / sizeof kOpCalls[0] };
+
+typedef struct {
+  kind k;
+  const char *call;
+  uint64_t n;
+  bool fired;
+  pthread_barrier_t bar;
+  tpf_status first[MAXP], second[MAXP];
+  char msg[MAXP][2][256];
+} opfault_ctx;
+
+/* One operation of kind x->k whose n-th `call` fails (on whichever rank makes it), then a second
+ * operation on every rank: no rank may wait for its timeout in either. */
+static int opfault_body(int rank, int P, tpf_backend *be, void *arg) {
+  opfault_ctx *x = arg;
+  op_ctx o;
+  if (op_open(&o, x->k, rank, be) || op_shape(&o, rank, P, 256)) return 1;
+  OK(rank, op_run(&o, false));
+  OK(rank, tpf_comm_sync(o.c));
+  pthread_barrier_wait(&x->bar);
+  if (rank == 0) tpf_fake_cuda_fail_at(x->call, x->n);
+  pthread_barrier_wait(&x->bar);
+  x->first[rank] = op_run(&o, false);
+  snprintf(x->msg[rank][0], 256, "%s", tpf_last_error());
+  pthread_barrier_wait(&x->bar);
+  if (rank == 0) {
+    x->fired = tpf_fake_cuda_fault_fired();
+    tpf_fake_cuda_fail_at(NULL, 0);
+  }
+  pthread_barrier_wait(&x->bar);
+  x->second[rank] = op_run(&o, false);
+  snprintf(x->msg[rank][1], 256, "%s", tpf_last_error());
+  (void)tpf_comm_sync(o.c);
+  return op_close(&o, rank);
+}
+
+static int op_fault_sweep(int P) {
+  int bad = 0, fired_n = 0;
+  for (int k = K_RING_AG; k <= K_PIPE_RS; k++) {
+    if (kKinds[k].aggregate) continue;
+    for (int ci = 0; ci < NOPCALLS; ci++) {
+      for (uint64_t n = 1; n <= 64; n++) {
+        tpf_fake_counts c0;
+        tpf_fake_cuda_counts(TPF_FAKE_PROCESS, &c0);
+        opfault_ctx x;
+        memset(&x, 0, sizeof x);
+        x.k = (kind)k;
+        x.call = kOpCalls[ci];
+        x.n = n;
+        pthread_barrier_init(&x.bar, NULL, (unsigned)P);
+        bad |= run_group(P, opfault_body, &x);
+        pthread_barrier_destroy(&x.bar);
+        if (!x.fired) break;
+        fired_n++;
+        for (int r = 0; r < P; r++) {
+          for (int i = 0; i < 2; i++) {
+            const tpf_status st = i ? x.second[r] : x.first[r];
+            if (st == TPF_ETIMEOUT) {
+              fail(r, __LINE__, "%s, %s call %llu failing: operation %d waited for its timeout: %s",
+                   kKinds[k].name, x.call, (unsigned long long)n, i + 1, x.msg[r][i]);
+              bad = 1;
+            }
+          }
+          if (x.second[r] == TPF_OK) {
+            fail(r, __LINE__,
+                 "%s, %s call %llu failed on a rank: the next operation succeeded "
+                 "here",
+                 kKinds[k].name, x.call, (unsigned long long)n);
+            bad = 1;
+          }
+        }
+        tpf_fake_counts c1;
+        tpf_fake_cuda_counts(TPF_FAKE_PROCESS, &c1);
+        if (c1.live_allocs != c0.live_allocs) {
+          fail(-1, __LINE__, "%s, %s call %llu failing: %lld allocations lost", kKinds[k].name,
+               x.call, (unsigned long long)n, (long long)(c1.live_allocs - c0.live_allocs));
+          bad = 1;
+        }
+      }
+    }
+  }
+  printf("%s P=%d: %d operations with one failing CUDA call on one rank: no rank waits for its "
+         "timeout, the communicator fails on every rank, nothing lost\n",
+         bad ? "FAIL" : "ok  ", P, fired_n);
+  return bad;
+}
+
 int main(void) {
   /* Short bounds: a rank left waiting for a peer that gave up shows as TPF_ETIMEOUT quickly. */
   setenv("TPF_CUDA_TIMEOUT_MS", "1500", 0);
@@ -579,6 +672,14 @@ int main(void) {
   rc |= r;
   for (int P = 1; P <= 2; P++)
     rc |= create_sweep(P);
+  /* The promise is the host-ordered transport's: with the device flags, a peer waits on the
+   * device (its flag kernel's timeout), which the fake does not run. */
+  const char *flags = getenv("TPF_CUDA_DEVICE_FLAGS");
+  if (flags != NULL && flags[0] == '1')
+    printf("n/a  P=2: an operation failing on one rank (TPF_CUDA_DEVICE_FLAGS=1: its peers wait "
+           "on the device, which the fake does not run)\n");
+  else
+    rc |= op_fault_sweep(2);
   tpf_fake_counts end;
   tpf_fake_cuda_counts(TPF_FAKE_PROCESS, &end);
   if (end.live_allocs != base.live_allocs) {
