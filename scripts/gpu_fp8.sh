@@ -18,7 +18,8 @@
 # Each step is bounded and logged under $OUT/<step>.log; summary in $OUT/summary.txt.
 #
 #   usage: OUT=/path/to/out bash scripts/gpu_fp8.sh [STEP...]
-#   steps: plan threads procs python bench (default: all, about 6-8 minutes of device time after
+#   steps: plan threads procs python bench bench8 (bench8: the P = 8 `tpflex bench` rows alone;
+#   default: all, about 6-8 minutes of device time after
 #   the build; under a 10-minute cap per command run them in calls of their own, e.g. "plan
 #   threads procs", then "python", then "bench" (its bounds add up to 9 minutes): the build is
 #   kept in $SRC/build-gpu between calls on the same machine); calibrate (opt-in, about 2 min:
@@ -76,6 +77,10 @@ fi
 if has calibrate; then # opt-in, not in the default steps: the planner's fp8 GEMM points
   OUT=$OUT/calibrate SRC=$SRC bash "$ROOT/scripts/gpu_calibrate_fp8.sh"
   note "step calibrate: rc=$? (scripts/gpu_calibrate_fp8.sh, logs in $OUT/calibrate)"
+fi
+if has bench8 && ! has bench; then # the P = 8 rows alone (the P = 1 table: session 8, run 7)
+  step bench-fp8-p8 300 "$BUILD/tpflex bench --backend cuda --section fp8 --tp-list 8 --mode threads --csv $OUT/bench_fp8_p8.csv --json $OUT/bench_fp8_p8.json"
+  grep -E "^(ring|bulk|serial|gemm)|FAILED|bench finished" "$OUT/bench-fp8-p8.log" | tee -a "$S"
 fi
 has bench || { note "done: logs in $OUT"; exit 0; }
 

@@ -20,7 +20,8 @@
 #
 # BUILD: a CUDA build folder with libtpflex.so (scripts/gpu_round.sh build makes
 # /tmp/tpf-src/build-gpu; scripts/gpu_graphed.sh builds the library alone when it is missing).
-# Knobs: TOKENS (default 1024,4096,16384), PYTHON (default python3).
+# Knobs: TOKENS (default 1024,4096,16384), PYTHON (default python3), SKIP (step names to leave
+# out, e.g. SKIP="train_p1 layers_sim" when a device call must stay under its 10 minutes).
 set -u -o pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 OUT=${OUT:-$ROOT/gpu-logs/thd_host}
@@ -46,6 +47,7 @@ note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>
 fails=0
 step() { # step NAME TIMEOUT CMD...: logged to $OUT/NAME.log, rc and the verdict line in summary
   local n=$1 to=$2; shift 2
+  case " ${SKIP:-} " in *" $n "*) note "$n: skipped (SKIP)"; return 0 ;; esac
   local t0=$(date +%s)
   (cd "$ROOT" && timeout --signal=TERM --kill-after=10 "$to" "$@") >"$OUT/$n.log" 2>&1
   local rc=$?
