@@ -46,16 +46,16 @@ This module is the public face; the code lives in modules named for what they do
 """
 from __future__ import annotations
 
-from ._bootstrap import GlooBootstrap
-from ._comm import Communicator
-from ._dlpack import dlpack_view
-from ._graphs import GraphedCallable, graphed
-from ._manager import Manager
-from ._ops import OP_NAMES
-from ._options import OPTION_NAMES
-from ._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
+from .._bootstrap import GlooBootstrap
+from .._comm import Communicator
+from .._dlpack import dlpack_view
+from .._graphs import GraphedCallable, graphed
+from .._manager import Manager
+from .._ops import OP_NAMES
+from .._options import OPTION_NAMES
+from .._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
                   set_ub_active_shape)
-from .layers import Linear, LayerNormMLP, active_tokens
+from ..layers import Linear, LayerNormMLP, active_tokens
 
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",

@@ -1,0 +1,4 @@
+"""TE's `transformer_engine.pytorch.module.base`: where TE users import the userbuffer calls."""
+from ..._te import destroy_ub, get_ub, initialize_ub
+
+__all__ = ["initialize_ub", "destroy_ub", "get_ub"]
