@@ -617,6 +617,33 @@ static bool bias_aliases(const tpf_comm *c, const extent *b) {
   return b->lo != b->hi && b->lo < bhi && blo < b->hi;
 }
 
+/* An fp8 scale: one float (NULL: an empty extent). */
+static extent scale_extent(const char *what, const float *p) {
+  extent e = {what, (uint64_t)(uintptr_t)p, (uint64_t)(uintptr_t)p};
+  if (p) e.hi = e.lo > UINT64_MAX - sizeof *p ? UINT64_MAX : e.lo + sizeof *p;
+  return e;
+}
+
+/* The fp8 scales are inputs like the others (SPEC §4): every GEMM of the operation reads them,
+ * so a scale inside the output or the registration is read while it is being written (it came
+ * back TPF_OK with wrong results). Checked after the bias, in the same two rules: the output
+ * first, then the registration. */
+static tpf_status check_scale_overlap(const tpf_comm *c, const char *op, const extent *out,
+                                      const tpf_op_options *o) {
+  const extent s[] = {scale_extent("a_scale_inv", o->a_scale_inv),
+                      scale_extent("w_scale_inv", o->w_scale_inv)};
+  TPF_CHECK(check_disjoint(c, op, out, s, 2));
+  for (int i = 0; i < 2; i++)
+    TPF_RETURN_IF(bias_aliases(c, &s[i]), TPF_EINVAL,
+                  "'%s' %s: %s [0x%llx, 0x%llx) overlaps the registered buffer [0x%llx, "
+                  "0x%llx), which the collective writes while the GEMMs read the scale; keep "
+                  "scales in memory of their own",
+                  c->cfg.name, op, s[i].what, (unsigned long long)s[i].lo,
+                  (unsigned long long)s[i].hi, (unsigned long long)(uintptr_t)c->base,
+                  (unsigned long long)((uintptr_t)c->base + c->reg_bytes));
+  return TPF_OK;
+}
+
 static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, const char *want) {
   TPF_CHECK_COMM(c, op);
   TPF_RETURN_IF_ABORTED(c);
@@ -860,6 +887,7 @@ static tpf_status ag_gemm_body(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
   TPF_CHECK(check_disjoint(c, "tpf_ag_gemm", &dx, ins, 2));
   TPF_RETURN_IF(bias_aliases(c, &ins[1]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
                 c->cfg.name);
+  TPF_CHECK(check_scale_overlap(c, "tpf_ag_gemm", &dx, &o));
   tpf_gemm_dims g = {T, N, H};
   return run_op(c, &g, NULL, w, d, &o, stream);
 }
@@ -900,6 +928,7 @@ static tpf_status gemm_rs_body(tpf_comm *c, const tpf_matrix *x, const tpf_matri
   TPF_CHECK(check_disjoint(c, "tpf_gemm_rs", &ox, ins, 3));
   TPF_RETURN_IF(bias_aliases(c, &ins[2]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
                 c->cfg.name);
+  TPF_CHECK(check_scale_overlap(c, "tpf_gemm_rs", &ox, &o));
   tpf_gemm_dims g = {T, H, K};
   return run_op(c, &g, x, w, out, &o, stream);
 }
@@ -937,6 +966,7 @@ static tpf_status bulk_body(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *
   TPF_CHECK(check_disjoint(c, "tpf_bulk_overlap", &dx, ins, 3));
   TPF_RETURN_IF(bias_aliases(c, &ins[2]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
                 c->cfg.name);
+  TPF_CHECK(check_scale_overlap(c, "tpf_bulk_overlap", &dx, &o));
   tpf_gemm_dims g = {M, N, K};
   return run_op(c, &g, a, b, d, &o, stream);
 }

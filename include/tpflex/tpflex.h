@@ -307,9 +307,10 @@ TPF_API tpf_status tpf_comm_abort(tpf_comm *c);
  * operand that is not fp8 is TPF_EINVAL. Shapes are checked against the active shape: TPF_ESHAPE
  * with the expected and given shapes in the detail. An operation failing with TPF_ETIMEOUT leaves
  * the communicator failed: every later operation returns TPF_ESTATE. The output must not share a
- * byte with any other operand (w, x, a, b, the bias; extents from each operand's rows, ld and
- * dtype): TPF_EINVAL naming both, before anything runs. Inputs may overlap each other (both
- * are only read); no operand (bias included) may overlap the registration. */
+ * byte with any other operand (w, x, a, b, the bias, the fp8 scales a_scale_inv and
+ * w_scale_inv; extents from each operand's rows, ld and dtype, one float for a scale):
+ * TPF_EINVAL naming both, before anything runs. Inputs may overlap each other (both are only
+ * read); no operand (bias and scales included) may overlap the registration. */
 
 /* Per-operation options (0.2), versioned like tpf_comm_config: start from TPF_OP_OPTIONS_INIT.
  * A NULL options pointer means the defaults, which are the 0.1 behaviour. With op(a) = a, or a^T

@@ -3,7 +3,9 @@
  * naming both operands, before anything runs; an output that ends one element before an input
  * starts, and inputs overlapping each other (only read), still run. The extents come from each
  * operand's shape, ld and dtype. The simulator case shows the refused call used to return
- * TPF_OK with wrong results. */
+ * TPF_OK with wrong results. The fp8 scales (a_scale_inv, w_scale_inv: one float each) are
+ * inputs too: inside the output or the registration they are refused naming both (they used to
+ * return TPF_OK, the GEMMs reading a scale the operation was overwriting). */
 #include "comm_internal.h"
 #include "tpf_test.h"
 #include "tpflex/tpflex_sim.h"
@@ -169,11 +171,87 @@ static void test_overlap__simulator(void **state) {
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
 }
 
+/* fp8 scales on the simulator (it runs fp8 GEMMs): a_scale_inv inside the bulk output d, and
+ * w_scale_inv inside the registration of a RING AG communicator (gathered into while the chunks'
+ * GEMMs read the scale), are refused on every rank naming both; scales just past d run exactly. */
+enum { F8_M = 8, F8_K = 16, F8_N = 8 };
+typedef struct {
+  tpf_status in_d[2], in_reg[2], ok[2];
+  char msg_d[2][400], msg_reg[2][400];
+  float d[2][256]; /* d (at most 128 floats), the scales past it */
+  uint8_t a[2][F8_M * F8_K], b[2][F8_N * F8_K];
+} f8_run;
+
+static tpf_status f8_rank(tpf_backend *be, int r, void *arg) {
+  f8_run *s = arg;
+  tpf_comm_config cfg = tpf_test_config("bulk_ag", TPF_ALGO_BULK, TPF_COLL_AG, TPF_FP32, T, H);
+  tpf_comm *c = NULL, *ag = NULL;
+  TPF_CHECK(tpf_comm_create(be, &cfg, &c));
+  memset(s->a[r], 0x38, sizeof s->a[r]); /* E4M3 1.0 */
+  memset(s->b[r], 0x38, sizeof s->b[r]);
+  float *dm = s->d[r];
+  tpf_matrix a = {s->a[r], F8_M, F8_K, F8_K, TPF_FP8_E4M3};
+  tpf_matrix b = {s->b[r], F8_N, F8_K, F8_K, TPF_FP8_E4M3};
+  tpf_matrix d = {dm, F8_M, F8_N, F8_N, TPF_FP32};
+  tpf_op_options o = TPF_OP_OPTIONS_INIT;
+  o.a_scale_inv = &dm[5]; /* inside d */
+  o.w_scale_inv = &dm[F8_M * F8_N + 1];
+  dm[5] = 2.0f;
+  dm[F8_M * F8_N + 1] = 0.5f;
+  s->in_d[r] = tpf_bulk_overlap_ex(c, &a, &b, &d, &o, NULL);
+  snprintf(s->msg_d[r], sizeof s->msg_d[r], "%s", tpf_last_error());
+  o.a_scale_inv = &dm[F8_M * F8_N]; /* just past d: fine */
+  dm[F8_M * F8_N] = 2.0f;
+  s->ok[r] = tpf_bulk_overlap_ex(c, &a, &b, &d, &o, NULL);
+  for (int i = 0; i < F8_M * F8_N && s->ok[r] == TPF_OK; i++)
+    if (dm[i] != (float)F8_K) s->ok[r] = tpf_set_error(TPF_EINVAL, "d[%d] = %g", i, (double)dm[i]);
+  /* w_scale_inv in the registration of an fp8 RING AG buffer. */
+  tpf_comm_config ca = tpf_test_config("qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP8_E4M3,
+                                       2 * F8_K, F8_K);
+  TPF_CHECK(tpf_comm_create(be, &ca, &ag));
+  void *base = NULL;
+  uint64_t bytes = 0;
+  TPF_CHECK(tpf_comm_registration(ag, &base, &bytes));
+  tpf_matrix d2 = {dm, 2 * F8_K, F8_N / 2, F8_N / 2, TPF_FP32};
+  tpf_matrix w = {s->b[r], F8_N / 2, F8_K, F8_K, TPF_FP8_E4M3};
+  o.a_scale_inv = &dm[200];
+  dm[200] = 1.0f;
+  o.w_scale_inv = (const float *)((char *)base + bytes - sizeof(float));
+  s->in_reg[r] = tpf_ag_gemm_ex(ag, &w, &d2, &o, NULL);
+  snprintf(s->msg_reg[r], sizeof s->msg_reg[r], "%s", tpf_last_error());
+  TPF_CHECK(tpf_comm_destroy(ag));
+  return tpf_comm_destroy(c);
+}
+
+static void test_overlap__fp8_scales(void **state) {
+  (void)state;
+  tpf_sim_config sc = TPF_SIM_CONFIG_INIT;
+  sc.tp_size = 2;
+  tpf_sim_world *w = NULL;
+  TPF_ASSERT_OK(tpf_sim_world_create(&sc, &w));
+  static f8_run s;
+  TPF_ASSERT_OK(tpf_sim_run(w, f8_rank, &s));
+  for (int r = 0; r < 2; r++) {
+    if (s.in_d[r] != TPF_EINVAL || !strstr(s.msg_d[r], "output d [") ||
+        !strstr(s.msg_d[r], "and a_scale_inv ["))
+      fail_msg("rank %d: a_scale_inv inside d: %s (%s), expected TPF_EINVAL naming both", r,
+               tpf_status_name(s.in_d[r]), s.msg_d[r]);
+    if (s.in_reg[r] != TPF_EINVAL || !strstr(s.msg_reg[r], "w_scale_inv [") ||
+        !strstr(s.msg_reg[r], "overlaps the registered buffer"))
+      fail_msg("rank %d: w_scale_inv inside the registration: %s (%s), expected TPF_EINVAL "
+               "naming it",
+               r, tpf_status_name(s.in_reg[r]), s.msg_reg[r]);
+    TPF_ASSERT_OK(s.ok[r]);
+  }
+  TPF_ASSERT_OK(tpf_sim_world_destroy(w));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_overlap__ag_gemm),
       cmocka_unit_test(test_overlap__gemm_rs_and_bulk),
       cmocka_unit_test(test_overlap__simulator),
+      cmocka_unit_test(test_overlap__fp8_scales),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
