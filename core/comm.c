@@ -391,12 +391,13 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
                 "tpf_comm_destroy it on every rank (a managed one leaves its manager) and create "
                 "it again (tpf_manager_add)",
                 c->cfg.name, tpf_status_name(c->failed), c->fail_detail);
-  TPF_RETURN_IF(c->cfg.external, TPF_EUNSUPPORTED,
-                "'%s' is external and stays at its capacity shape [%llu, %llu]", c->cfg.name,
-                (unsigned long long)c->cfg.capacity.rows, (unsigned long long)c->cfg.capacity.cols);
   tpf_layout_desc d = tpf__comm_desc(c, active);
   tpf_status rc = tpf__layout_check_align(&d, c->be->ops->align_bytes);
   if (rc != TPF_OK) return named(c, rc);
+  /* Last, as in SPEC §3's table: a shape that breaks an earlier rule gets that rule's status. */
+  TPF_RETURN_IF(c->cfg.external, TPF_EUNSUPPORTED,
+                "'%s' is external and stays at its capacity shape [%llu, %llu]", c->cfg.name,
+                (unsigned long long)c->cfg.capacity.rows, (unsigned long long)c->cfg.capacity.cols);
   return tpf_layout_active_bytes(&d, active_bytes);
 }
 

@@ -204,6 +204,36 @@ static void test_comm__fp8_follows_and_external_stays_at_capacity(void **state) 
   assert_int_equal(be.reg_live, 0);
 }
 
+/* SPEC §3 checks its rules in order and the first that fails decides: "not external" is the
+ * last rule, so a shape an external communicator could never take for an earlier reason gets
+ * that reason's status (it used to be TPF_EUNSUPPORTED whatever the shape). Nothing changes. */
+static void test_comm__external_after_the_earlier_shape_rules(void **state) {
+  (void)state;
+  tpf_mock_backend be;
+  tpf_mock_init(&be, P, 0);
+  tpf_comm_config x = cfg_of(TPF_ALGO_BULK, TPF_COLL_AG, TPF_BF16);
+  x.external = true;
+  tpf_comm *cx = NULL;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &x, &cx));
+  const struct {
+    tpf_shape s;
+    tpf_status want;
+  } cases[] = {{{0, H}, TPF_ESHAPE},       {{8, H + 1}, TPF_ESHAPE}, {{C + P, H}, TPF_ECAPACITY},
+               {{P + 1, H}, TPF_EDIVISIBLE}, {{P, H}, TPF_EUNSUPPORTED}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    const tpf_status st = tpf_comm_set_active_shape(cx, cases[i].s);
+    if (st != cases[i].want)
+      fail_msg("external communicator, shape [%llu, %llu]: %s (%s), expected %s",
+               (unsigned long long)cases[i].s.rows, (unsigned long long)cases[i].s.cols,
+               tpf_status_name(st), tpf_last_error(), tpf_status_name(cases[i].want));
+    assert_int_equal(tpf_comm_active_shape(cx).rows, C);
+    assert_int_equal(tpf_comm_epoch(cx), 0);
+  }
+  assert_non_null(strstr(tpf_last_error(), "external"));
+  TPF_ASSERT_OK(tpf_comm_destroy(cx));
+  assert_int_equal(be.reg_live, 0);
+}
+
 static void test_comm__bad_configs_are_rejected(void **state) {
   (void)state;
   tpf_mock_backend be;
@@ -287,6 +317,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_comm__timeout_leaves_it_failed_mismatch_does_not,
                                       setup_ring_ag, teardown),
       cmocka_unit_test(test_comm__fp8_follows_and_external_stays_at_capacity),
+      cmocka_unit_test(test_comm__external_after_the_earlier_shape_rules),
       cmocka_unit_test(test_comm__bad_configs_are_rejected),
       cmocka_unit_test(test_comm__allocator_budget_loop),
   };
