@@ -443,6 +443,28 @@ double tpf__cost_link_us(const tpf_cost_link *l, double bytes) {
   return l->latency_us + bytes / (l->gbps * 1e3);
 }
 
+/* A link the parser never saw keeps bandwidth 0 (the parser refuses 0 on a line it reads):
+ * pricing bytes over it gave inf and nan predictions that looked like results. */
+tpf_status tpf__cost_link_check(const tpf_cost_table *t, tpf_step_kind kind) {
+  const char *key = kind == TPF_STEP_SEND     ? "copy peer"
+                    : kind == TPF_STEP_REDUCE ? "reduce"
+                                              : "copy local";
+  const char *what = kind == TPF_STEP_SEND     ? "a SEND to another rank"
+                     : kind == TPF_STEP_REDUCE ? "a REDUCE or PEER_REDUCE step"
+                                               : "a SEND to the rank itself";
+  const tpf_cost_link *l = kind == TPF_STEP_SEND     ? &t->peer
+                           : kind == TPF_STEP_REDUCE ? &t->reduce
+                                                     : &t->local;
+  TPF_RETURN_IF(!(l->gbps > 0) || !isfinite(l->gbps) || !(l->latency_us >= 0) ||
+                    !isfinite(l->latency_us),
+                TPF_EINVAL,
+                "cost table has no '%s' line, and %s is priced as "
+                "latency + bytes / bandwidth: add '%s <latency_us> <GB/s>' (tpflex calibrate "
+                "measures it on the GPU; data/cost/h200.txt has the H200's)",
+                key, what, key);
+  return TPF_OK;
+}
+
 /* A step's cost. Bytes (SEND, REDUCE) are the buffer's: the schedule's dtype. A GEMM is priced
  * as a GEMM of its A operand's dtype: x_dtype when A is the operation's x, else the buffer's. */
 static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, tpf_dtype x_dtype,
@@ -459,10 +481,12 @@ static tpf_status step_cost(const tpf_cost_table *t, const tpf_schedule *s, tpf_
   case TPF_STEP_RECV:
     break;
   case TPF_STEP_SEND:
+    TPF_CHECK(tpf__cost_link_check(t, st->peer == s->rank ? TPF_STEP_KIND_COUNT : TPF_STEP_SEND));
     c += tpf__cost_link_us(st->peer == s->rank ? &t->local : &t->peer, (double)st->bytes);
     break;
   case TPF_STEP_REDUCE:
   case TPF_STEP_PEER_REDUCE:
+    TPF_CHECK(tpf__cost_link_check(t, TPF_STEP_REDUCE));
     c += tpf__cost_link_us(&t->reduce, (double)st->count * (double)st->m * (double)st->n * e);
     break;
   case TPF_STEP_GEMM: {

@@ -104,6 +104,10 @@ unsigned tpf__be_caps(const tpf_backend *be);
 
 /* ---- cost.c: time of one transfer, latency + bytes over bandwidth (microseconds) ---- */
 double tpf__cost_link_us(const tpf_cost_link *l, double bytes);
+/* TPF_EINVAL naming the line to add when the table lacks the link that prices `kind`:
+ * TPF_STEP_SEND the peer copy, TPF_STEP_REDUCE the reduction, TPF_STEP_KIND_COUNT the local copy.
+ */
+tpf_status tpf__cost_link_check(const tpf_cost_table *t, tpf_step_kind kind);
 /* FNV-1a over every field of the table that prices something, sched points included (the
  * configuration fingerprint's cost_hash: ranks with different tables refuse to agree). */
 uint64_t tpf__cost_table_hash(const tpf_cost_table *t);

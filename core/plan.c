@@ -344,6 +344,22 @@ tpf_status tpf__planner_create(const tpf_comm_config *cfg, const tpf_layout_desc
                          "its GEMMs: %s",
                          cfg->name, tpf_dtype_name(cfg->dtype), detail);
   }
+  /* The same for its transfers: every schedule of P > 1 sends to peers, and a reduce-scatter's
+   * reduces (a table without those lines priced them at inf). */
+  tpf_status lrc = TPF_OK;
+  if (cfg->algo != TPF_ALGO_BULK && cap->tp_size > 1) {
+    lrc = tpf__cost_link_check(cfg->cost, TPF_STEP_SEND);
+    if (lrc == TPF_OK && cfg->coll == TPF_COLL_RS)
+      lrc = tpf__cost_link_check(cfg->cost, TPF_STEP_REDUCE);
+  }
+  if (lrc != TPF_OK) {
+    char detail[400];
+    snprintf(detail, sizeof detail, "%s", tpf_last_error());
+    return tpf_set_error(lrc,
+                         "'%s': an adaptive communicator's cost table cannot price its "
+                         "transfers: %s",
+                         cfg->name, detail);
+  }
   tpf_planner *p = tpf__calloc(1, sizeof *p);
   TPF_RETURN_IF(!p, TPF_ENOMEM, "'%s': cannot allocate the planner", cfg->name);
   p->table = *cfg->cost;

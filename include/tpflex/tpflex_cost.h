@@ -36,6 +36,10 @@
  *                                          one whole operation, all P ranks, earliest start to
  *                                          latest end, in us
  * Every key but gemm and sched appears at most once. GB/s means 1e9 bytes per second.
+ * Every key is optional, but a prediction that must price a transfer over a link the table
+ * lacks (a SEND to a peer: copy peer; to the rank itself: copy local; a REDUCE or PEER_REDUCE:
+ * reduce) is TPF_EINVAL naming the line to add, never inf or nan; an adaptive communicator
+ * (P > 1, not bulk) refuses such a table at creation: copy peer always, reduce for RS.
  *
  * Which points price a GEMM (tpf_cost_gemm_dtype): those of its dtype when the table has any.
  * bf16, fp16 and fp32 GEMMs need points of their own dtype. An fp8 GEMM without points of its

@@ -271,6 +271,17 @@ with open("/tmp/tpflex_cli_bad_cost.txt", "w") as f:
     f.write("launch_us 1\nfrobnicate 2\n")
 case("plan --predict --cost bad table", argv(P, extra=["--predict", "--cost",
      "/tmp/tpflex_cli_bad_cost.txt"]), 2, err="line 2: unknown key")
+# A table without link costs parses (every key is optional) but cannot price a transfer: it used
+# to print inf / -nan predictions and exit 0.
+with open("/tmp/tpflex_cli_nolink_cost.txt", "w") as f:
+    f.write("launch_us 1\nhandshake_us 2\nbarrier_us 3\ngemm bf16 16 64 64 5\n"
+            "gemm bf16 1024 1024 1024 400\n")
+NOLINK = "no 'copy peer' line, and a SEND to another rank is priced"
+for extra, where in [(["--predict"], "err"), (["--predict", "--json"], "out"),
+                     (["--project"], "out")]:
+    case("plan %s, table without 'copy peer'" % " ".join(extra),
+         argv(P, extra=extra + ["--cost", "/tmp/tpflex_cli_nolink_cost.txt"]), "nonzero",
+         **{where: NOLINK})
 case("plan --predict=x", argv(P, extra=["--predict=x"]), 2, err="--predict")
 for opt, extra in [("--splits", ["--splits", "4"]), ("--aggregate", ["--aggregate"])]:
     case("plan --predict %s" % opt, argv(P, extra=["--predict"] + extra), 2,

@@ -218,8 +218,11 @@ static void test_comm__external_after_the_earlier_shape_rules(void **state) {
   const struct {
     tpf_shape s;
     tpf_status want;
-  } cases[] = {{{0, H}, TPF_ESHAPE},       {{8, H + 1}, TPF_ESHAPE}, {{C + P, H}, TPF_ECAPACITY},
-               {{P + 1, H}, TPF_EDIVISIBLE}, {{P, H}, TPF_EUNSUPPORTED}};
+  } cases[] = {{{0, H}, TPF_ESHAPE},
+               {{8, H + 1}, TPF_ESHAPE},
+               {{C + P, H}, TPF_ECAPACITY},
+               {{P + 1, H}, TPF_EDIVISIBLE},
+               {{P, H}, TPF_EUNSUPPORTED}};
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     const tpf_status st = tpf_comm_set_active_shape(cx, cases[i].s);
     if (st != cases[i].want)

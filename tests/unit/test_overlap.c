@@ -206,8 +206,8 @@ static tpf_status f8_rank(tpf_backend *be, int r, void *arg) {
   for (int i = 0; i < F8_M * F8_N && s->ok[r] == TPF_OK; i++)
     if (dm[i] != (float)F8_K) s->ok[r] = tpf_set_error(TPF_EINVAL, "d[%d] = %g", i, (double)dm[i]);
   /* w_scale_inv in the registration of an fp8 RING AG buffer. */
-  tpf_comm_config ca = tpf_test_config("qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP8_E4M3,
-                                       2 * F8_K, F8_K);
+  tpf_comm_config ca =
+      tpf_test_config("qkv_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_FP8_E4M3, 2 * F8_K, F8_K);
   TPF_CHECK(tpf_comm_create(be, &ca, &ag));
   void *base = NULL;
   uint64_t bytes = 0;

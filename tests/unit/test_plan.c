@@ -626,12 +626,66 @@ static void test_sched_same_on_sim_ranks(void **state) {
   TPF_ASSERT_OK(tpf_sim_world_destroy(w));
 }
 
+/* A table without a link line (it parses: every key is optional) used to price every transfer
+ * over it at bytes / 0 GB/s: inf and nan predictions returned as TPF_OK. Now a prediction that
+ * needs the missing link is TPF_EINVAL naming the line to add, and an adaptive communicator
+ * refuses such a table at creation (registering nothing), as it refuses one without gemm points. */
+static void test_table_without_links(void **state) {
+  (void)state;
+  static const char *no_peer = "launch_us 1\nhandshake_us 2\nbarrier_us 3\nreduce 0 100\n"
+                               "gemm bf16 1024 256 256 100\n";
+  static const char *no_reduce = "launch_us 1\nhandshake_us 2\nbarrier_us 3\ncopy peer 1 100\n"
+                                 "gemm bf16 1024 256 256 100\n";
+  tpf_gemm_dims g = {1024, 256, 256};
+  tpf_plan_result r;
+  tpf_layout_desc ag = desc(4, TPF_ALGO_RING, TPF_COLL_AG, 1024, 256);
+  tpf_layout_desc rs = desc(4, TPF_ALGO_RING, TPF_COLL_RS, 1024, 256);
+  tpf_layout_desc pipe = desc(4, TPF_ALGO_PIPELINE, TPF_COLL_RS, 1024, 256);
+  tpf_cost_table t = table_of(no_peer);
+  TPF_ASSERT_STATUS(tpf_plan_predict(&t, &ag, &g, &r), TPF_EINVAL);
+  if (!strstr(tpf_last_error(), "no 'copy peer' line") ||
+      !strstr(tpf_last_error(), "add 'copy peer <latency_us> <GB/s>'"))
+    fail_msg("no copy peer: %s", tpf_last_error());
+  t = table_of(no_reduce);
+  TPF_ASSERT_OK(tpf_plan_predict(&t, &ag, &g, &r)); /* an all-gather reduces nothing */
+  assert_true(isfinite(r.cand[r.chosen].predicted_us));
+  g = (tpf_gemm_dims){1024, 256, 256};
+  TPF_ASSERT_STATUS(tpf_plan_predict(&t, &rs, &g, &r), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "no 'reduce' line"));
+  TPF_ASSERT_STATUS(tpf_plan_predict(&t, &pipe, &g, &r), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "no 'reduce' line"));
+
+  tpf_mock_backend be;
+  tpf_mock_init(&be, 4, 0);
+  tpf_comm_config cfg =
+      tpf_test_config("fc1_fprop", TPF_ALGO_RING, TPF_COLL_AG, TPF_BF16, 4096, 256);
+  cfg.plan = TPF_PLAN_ADAPTIVE;
+  t = table_of(no_peer);
+  cfg.cost = &t;
+  tpf_comm *c = NULL;
+  TPF_ASSERT_STATUS(tpf_comm_create(&be.hdr, &cfg, &c), TPF_EINVAL);
+  if (!strstr(tpf_last_error(), "'fc1_fprop'") || !strstr(tpf_last_error(), "'copy peer'"))
+    fail_msg("adaptive comm on a table without copy peer: %s", tpf_last_error());
+  assert_null(c);
+  assert_int_equal(be.reg_total, 0);
+  tpf_cost_table t2 = table_of(no_reduce);
+  cfg.cost = &t2;
+  TPF_ASSERT_OK(tpf_comm_create(&be.hdr, &cfg, &c)); /* AG: no reduction to price */
+  TPF_ASSERT_OK(tpf_comm_destroy(c));
+  cfg.coll = TPF_COLL_RS;
+  c = NULL;
+  TPF_ASSERT_STATUS(tpf_comm_create(&be.hdr, &cfg, &c), TPF_EINVAL);
+  assert_non_null(strstr(tpf_last_error(), "'reduce'"));
+  assert_int_equal(be.reg_live, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_each_candidate_wins),
       cmocka_unit_test(test_same_on_every_rank),
       cmocka_unit_test(test_refusals),
       cmocka_unit_test(test_adaptive_comm),
+      cmocka_unit_test(test_table_without_links),
       cmocka_unit_test(test_ring_rs_two_baselines),
       cmocka_unit_test(test_sched_interpolation),
       cmocka_unit_test(test_sched_overturns_model),
