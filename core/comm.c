@@ -159,17 +159,18 @@ static tpf_comm_config normalized(const tpf_comm_config *cfg) {
 
 /* Everything that shapes the bytes, in a fixed layout with no padding, compared field by field
  * in this order so every rank reports the same first difference. */
-#define FP_NAME_LEN 64
+#define FP_NAME_LEN 256 /* the whole name (at most 255 bytes, check_config) and its NUL */
 typedef struct {
-  uint64_t magic; /* "tpfcfg03": a rank built from another library version differs here */
+  uint64_t magic; /* "tpfcfg04": a rank built from another library version differs here */
   uint64_t cap_rows, cap_cols, name_hash, cost_hash;
   int32_t algo, coll, dtype, num_splits, aggregate, external, plan, name_len;
   /* 1: this rank's call failed a local check; name then holds the start of
    * its detail and every other field is 0. */
   int32_t invalid, reserved;
-  char name[FP_NAME_LEN]; /* the first bytes, for the message */
+  char name[FP_NAME_LEN]; /* for the message: names that differ only after their first 63 bytes
+                           * used to print as two identical truncated names */
 } fingerprint;
-#define FP_MAGIC 0x7470666366673033ull
+#define FP_MAGIC 0x7470666366673034ull
 
 static uint64_t fnv(uint64_t h, const void *p, size_t n) {
   const unsigned char *b = p;
@@ -207,12 +208,28 @@ static const char *enum_text(const char *field, int32_t v, char *buf, size_t n) 
   return buf;
 }
 
+/* Two names that differ, shown from a little before their first differing byte, so that long
+ * names sharing a long prefix (TE's site names with a layer prefix) print as two different
+ * strings; with both lengths and the byte where they part. */
+static tpf_status name_mismatch(const fingerprint *a, const fingerprint *b, int q) {
+  size_t i = 0;
+  while (i < FP_NAME_LEN - 1 && a->name[i] && a->name[i] == b->name[i])
+    i++;
+  const size_t from = i > 16 ? i - 16 : 0;
+  return tpf_set_error(TPF_EMISMATCH,
+                       "configuration differs between ranks: name is '%s%.80s' on rank 0, "
+                       "'%s%.80s' on rank %d (%d and %d bytes, first difference at byte %zu); "
+                       "communicators must be created in the same order on every rank",
+                       from ? "..." : "", a->name + from, from ? "..." : "", b->name + from, q,
+                       (int)a->name_len, (int)b->name_len, i);
+}
+
 /* A locally invalid rank first (the lowest), so that every rank reports the same; then the
  * first field in which rank q's fingerprint differs from rank 0's, in the fixed order. */
 static tpf_status compare_fingerprints(const char *name, const fingerprint *all, int P) {
   for (int q = 0; q < P; q++)
     TPF_RETURN_IF(all[q].magic == FP_MAGIC && all[q].invalid, TPF_EMISMATCH,
-                  "'%s' was not created on any rank: rank %d refused its call locally (%.63s)",
+                  "'%s' was not created on any rank: rank %d refused its call locally (%.200s)",
                   name, q, all[q].name);
   for (int q = 1; q < P; q++) {
     const fingerprint *a = &all[0], *b = &all[q];
@@ -221,12 +238,9 @@ static tpf_status compare_fingerprints(const char *name, const fingerprint *all,
                   "'%s': ranks 0 and %d run different tpflex versions (configuration formats "
                   "differ)",
                   name, q);
-    TPF_RETURN_IF(a->name_hash != b->name_hash || a->name_len != b->name_len ||
-                      memcmp(a->name, b->name, FP_NAME_LEN),
-                  TPF_EMISMATCH,
-                  "configuration differs between ranks: name is '%.63s' on rank 0, '%.63s' on "
-                  "rank %d (communicators must be created in the same order on every rank)",
-                  a->name, b->name, q);
+    if (a->name_hash != b->name_hash || a->name_len != b->name_len ||
+        memcmp(a->name, b->name, FP_NAME_LEN))
+      return name_mismatch(a, b, q);
     const struct {
       const char *field;
       int32_t x, y;

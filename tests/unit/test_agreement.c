@@ -212,6 +212,53 @@ static tpf_status sr_destroy(tpf_backend *be, int r, void *arg) {
   return tpf_comm_destroy(s->c[r]);
 }
 
+/* Long names that differ only after their first 63 bytes (a model path prefix, then the layer
+ * and site) used to print as two identical truncated names. The message now shows each from a
+ * little before their first difference, with both lengths and that byte: the two differ. Also
+ * names that differ only in length (one a prefix of the other), and the longest names (255). */
+static void test_agreement__long_names_differ_visibly(void **state) {
+  (void)state;
+  static char n0[3][256], n1[3][256];
+  const char *prefix = "model.language_model.encoder.transformer_block.decoder.layers";
+  snprintf(n0[0], sizeof n0[0], "%s.layer_17.self_attention.linear_qkv.fc1_fprop", prefix);
+  snprintf(n1[0], sizeof n1[0], "%s.layer_18.self_attention.linear_qkv.fc1_fprop", prefix);
+  snprintf(n0[1], sizeof n0[1], "%s.layer_17.mlp.fc1_fprop", prefix);
+  snprintf(n1[1], sizeof n1[1], "%s.layer_17.mlp.fc1_fprop_2", prefix);
+  memset(n0[2], 'a', 255);
+  memset(n1[2], 'a', 255);
+  n1[2][254] = 'b';
+  const char *want0[3] = {"layer_17.self_attention", ".mlp.fc1_fprop' on rank 0", "ab' on rank 1"};
+  const char *want1[3] = {"layer_18.self_attention", ".mlp.fc1_fprop_2' on rank 1",
+                          "(255 and 255 bytes, first difference at byte 254)"};
+  tpf_sim_world *w = world();
+  for (int i = 0; i < 3; i++) {
+    pair p;
+    memset(&p, 0, sizeof p);
+    p.cfg[0] = p.cfg[1] = base();
+    p.cfg[0].name = n0[i];
+    p.cfg[1].name = n1[i];
+    TPF_ASSERT_OK(tpf_sim_run(w, pair_create, &p));
+    for (int r = 0; r < 2; r++) {
+      if (p.st[r] != TPF_EMISMATCH || !strstr(p.msg[r], want0[i]) || !strstr(p.msg[r], want1[i]))
+        fail_msg("names %d: rank %d got %s (%s), expected TPF_EMISMATCH showing '%s' and '%s'", i,
+                 r, tpf_status_name(p.st[r]), p.msg[r], want0[i], want1[i]);
+      assert_null(p.c[r]);
+    }
+    assert_string_equal(p.msg[0], p.msg[1]);
+    print_message("names %d -> %s\n", i, p.msg[0]);
+  }
+  /* Still paired: the same long name on both ranks creates. */
+  pair p;
+  memset(&p, 0, sizeof p);
+  p.cfg[0] = p.cfg[1] = base();
+  p.cfg[0].name = p.cfg[1].name = n0[2];
+  TPF_ASSERT_OK(tpf_sim_run(w, pair_create, &p));
+  TPF_ASSERT_OK(p.st[0]);
+  TPF_ASSERT_OK(p.st[1]);
+  TPF_ASSERT_OK(tpf_sim_run(w, pair_destroy, &p));
+  TPF_ASSERT_OK(tpf_sim_world_destroy(w));
+}
+
 static void test_agreement__per_op_splits_differ(void **state) {
   (void)state;
   tpf_sim_world *w = world();
@@ -513,6 +560,7 @@ static int setup(void **state) {
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_agreement__every_field_fails_on_every_rank),
+      cmocka_unit_test(test_agreement__long_names_differ_visibly),
       cmocka_unit_test(test_agreement__per_op_splits_differ),
       cmocka_unit_test(test_agreement__refused_options_change_nothing),
       cmocka_unit_test(test_agreement__versioned_structs),
