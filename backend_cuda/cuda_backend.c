@@ -20,13 +20,15 @@
  *   cuda_param.c             every environment knob, read once (TPF_DEBUG=INFO prints them)
  *   cuda_log.c               the TPF_DEBUG log ("tpflex:rank N LEVEL SUBSYS ...")
  *   cuda_error.c             cudaError_t / cublasStatus_t / ncclResult_t -> tpf_status
+ *   cuda_nvtx.c              profiler ranges: NVTX per operation and shape change (SPEC §16)
  *   cuda_probe.c             the measurement probes (tpf_cuda_probe_*: one kernel each, for
  *                            tpflex calibrate)
  *
  * Who calls whom (link-time references between the files, as tests/cuda_cpu/check_cuda_rooms.sh
  * lists them from the objects; it fails the build's tests on a cycle). By layer, each file
  * calling only files of lower layers:
- *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu         -> (none)
+ *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu,        -> (none)
+ *      cuda_nvtx.c
  *   1  cuda_param.c                                      -> log
  *   2  cuda_gemm.c                                       -> kernels, param, error
  *      cuda_bootstrap.c                                  -> param, error
@@ -115,7 +117,9 @@ static tpf_status g_reg_destroy(tpf_backend *be, tpf_reg *r) {
 }
 static tpf_status g_execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {
   TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "execute"));
+  const bool ranged = tpf_cuda__nvtx_op_push(a); /* profiler range (cuda_nvtx.c) */
   const tpf_status rc = tpf_cuda__execute(be, r, a, stream);
+  if (ranged) tpf_cuda__nvtx_op_pop();
   tpf_cuda__leave(tpf_cuda__of(be));
   return rc;
 }
@@ -146,7 +150,7 @@ const tpf_backend_ops tpf_cuda__ops = {
     .max_ranks = TPF_MAX_RANKS,
     .reg_create = g_reg_create,
     .reg_destroy = g_reg_destroy,
-    .reg_activate = NULL, /* a shape change needs no device work at all */
+    .reg_activate = tpf_cuda__nvtx_reg_activate, /* no device work: a profiler mark, when on */
     .execute = g_execute,
     .sync = g_sync,
     .reg_sync = g_reg_sync,

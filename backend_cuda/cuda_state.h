@@ -344,4 +344,14 @@ tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s);
 /* Waits for event ev on the host, polling, bounded by the backend's timeout (TPF_ETIMEOUT). */
 tpf_status tpf_cuda__event_wait_bounded(tpf_cuda_backend *b, cudaEvent_t ev);
 
+/* ---- profiler ranges (cuda_nvtx.c, SPEC §16) ---- */
+/* Opens the operation's NVTX range when profiling is on (true: close it with op_pop). */
+bool tpf_cuda__nvtx_op_push(const tpf_exec_args *a);
+void tpf_cuda__nvtx_op_pop(void);
+/* The range's name ("tpflex.ag_gemm fc1_fprop T=1024 ring splits=4") and colour (ARGB), as
+ * snprintf returns. */
+int tpf_cuda__nvtx_name(const tpf_exec_args *a, char *buf, size_t len, uint32_t *argb);
+/* The ops table's reg_activate: an NVTX mark naming the registration when profiling is on. */
+tpf_status tpf_cuda__nvtx_reg_activate(tpf_backend *be, tpf_reg *r, uint64_t active_bytes);
+
 #endif /* TPF_CUDA_STATE_H */

@@ -77,6 +77,14 @@ TPF_API tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqu
 /* The kind's short name ("gemm", "copy", "signal", "record", "wait", "peer_wait"), or "?". */
 TPF_API const char *tpf_cuda_enq_kind_name(tpf_cuda_enq_kind k);
 
+/* Profiler ranges (SPEC §16): with profiling on, every operation this backend enqueues runs in
+ * an NVTX range ("tpflex.ag_gemm fc1_fprop T=1024 ring splits=4", the schedule as it ran; colour
+ * by kind) and every shape change leaves an NVTX mark, for Nsight Systems. Off by default; the
+ * environment variable TPFLEX_PROFILE=1 (read at the first operation) or tpf_cuda_set_profile(1)
+ * turns it on for the whole process (tpflex.torch.profile calls it). Thread-safe. */
+TPF_API void tpf_cuda_set_profile(int on);
+TPF_API int tpf_cuda_profile_enabled(void);
+
 /* In-process ranks (threads, possibly several on one GPU): one group object shared by the
  * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
 typedef struct tpf_cuda_threads tpf_cuda_threads;
