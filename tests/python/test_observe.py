@@ -3,6 +3,7 @@ torch.profiler ranges, the telemetry per communicator (checked against the simul
 of bytes between ranks), and tpflex.torch.trace's Chrome / Perfetto JSON (every step of every
 rank, the host spans, the same bytes). unittest style (runs under `python3 -m unittest` and
 pytest)."""
+import ctypes
 import json
 import os
 import subprocess
@@ -64,6 +65,15 @@ class Profile(unittest.TestCase):
             te.profile("yes")
         self.assertIn("True or False", str(cm.exception))
         self.assertFalse(te.profiling())
+
+    @unittest.skipUnless(hasattr(obs.lib, "tpf_cuda_set_profile"), "library without CUDA")
+    def test_switch_reaches_the_cuda_backend(self):
+        fn = obs.lib.tpf_cuda_profile_enabled
+        fn.restype = ctypes.c_int
+        te.profile(True)
+        self.assertEqual(fn(), 1)  # NVTX ranges on in the C library too
+        te.profile(False)
+        self.assertEqual(fn(), 0)
 
     def _names(self, on):
         """The events of rank 0's thread under torch.profiler (a profiler sees the thread that
