@@ -21,6 +21,7 @@
  *   cuda_log.c               the TPF_DEBUG log ("tpflex:rank N LEVEL SUBSYS ...")
  *   cuda_error.c             cudaError_t / cublasStatus_t / ncclResult_t -> tpf_status
  *   cuda_nvtx.c              profiler ranges: NVTX per operation and shape change (SPEC §16)
+ *   cuda_timing.c            device timing while profiling: exposed / hidden communication
  *   cuda_probe.c             the measurement probes (tpf_cuda_probe_*: one kernel each, for
  *                            tpflex calibrate)
  *
@@ -30,6 +31,7 @@
  *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu,        -> (none)
  *      cuda_nvtx.c
  *   1  cuda_param.c                                      -> log
+ *      cuda_timing.c                                     -> nvtx (the switch)
  *   2  cuda_gemm.c                                       -> kernels, param, error
  *      cuda_bootstrap.c                                  -> param, error
  *      cuda_hostsync.c                                   -> param, log
@@ -344,6 +346,28 @@ tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stat
   tpf_cuda_enqueue_stats s = tpf_cuda__of(be)->enq;
   s.size = size;
   memcpy(out, &s, size);
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_backend_comm_timing(tpf_backend *be, const char *name,
+                                        tpf_cuda_comm_timing *out, int reset) {
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || name == NULL || out == NULL,
+                TPF_EINVAL,
+                "tpf_cuda_backend_comm_timing: not a CUDA backend, or name or out is NULL");
+  static const size_t released[] = {sizeof(*out)};
+  TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_comm_timing", "timing",
+                                  "tpf_cuda_comm_timing", out->size, released,
+                                  TPF_ARRAY_SIZE(released)));
+  const size_t size = out->size == 0 ? sizeof(*out) : out->size;
+  tpf_cuda_comm_timing t;
+  memset(&t, 0, sizeof t);
+  for (tpf_reg *r = tpf_cuda__of(be)->timed_regs; r != NULL; r = r->next_timed)
+    if (strcmp(r->name, name) == 0) {
+      tpf_cuda__timing_read(r, &t, reset != 0);
+      break;
+    }
+  t.size = size;
+  memcpy(out, &t, size);
   return TPF_OK;
 }
 

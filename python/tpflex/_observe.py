@@ -13,8 +13,10 @@ Telemetry. The C library counts, per communicator and rank, the operations it ac
 rows and the rows a pad-to-capacity run would have run, the bytes moved to and from peers (and
 at capacity), and the schedules chosen per power-of-two bucket of T (tpf_comm_get_stats; always
 on: a few additions per operation). stats() returns them as a dict per communicator, printing
-shows a table; reset_stats() zeroes them. Exposed and hidden communication time are not measured
-by either backend yet: their keys are None.
+shows a table; reset_stats() zeroes them. On the CUDA backend with profiling on, the library also
+times each operation on the device from CUDA events read lazily (no sync): its span, the union of
+its GEMMs, of its communication steps, the exposed time (span minus GEMMs) and the share of the
+communication hidden under GEMMs (tpf_cuda_backend_comm_timing); elsewhere those keys are None.
 
 Traces. trace(path) is a context manager writing a Chrome / Perfetto JSON trace (the format of
 `tpflex demo --trace`) of what runs inside it: a host span per operation and shape change on the
@@ -154,6 +156,20 @@ class CommStats(Structure):
                 ("shape_changes", c_uint64), ("buckets", _Bucket * STATS_BUCKETS)]
 
 
+class CudaTiming(Structure):
+    """tpf_cuda_comm_timing (tpflex_cuda.h): device timing while profiling."""
+    _fields_ = [("size", c_size_t), ("timed_ops", c_uint64), ("pending_ops", c_uint64),
+                ("untimed_ops", c_uint64), ("op_us", ctypes.c_double),
+                ("gemm_us", ctypes.c_double), ("comm_us", ctypes.c_double),
+                ("exposed_us", ctypes.c_double), ("hidden_us", ctypes.c_double)]
+
+
+HAVE_TIMING = hasattr(lib, "tpf_cuda_backend_comm_timing")
+if HAVE_TIMING:
+    lib.tpf_cuda_backend_comm_timing.argtypes = [c_void_p, ctypes.c_char_p, POINTER(CudaTiming),
+                                                 c_int]
+    lib.tpf_cuda_backend_comm_timing.restype = c_int
+
 HAVE_STATS = hasattr(lib, "tpf_comm_get_stats")
 if HAVE_STATS:
     lib.tpf_comm_get_stats.argtypes = [c_void_p, POINTER(CommStats)]
@@ -178,7 +194,18 @@ def _schedule_label(s: _SchedStat) -> str:
     return f"splits {s.num_splits}" + (" aggregate" if s.aggregate else "")
 
 
-def _comm_dict(comm: Any) -> Dict[str, Any]:
+def _timing(backend: Any, name: str, reset: bool) -> Optional[CudaTiming]:
+    """The CUDA backend's device timing of site `name` (None: no CUDA backend)."""
+    h = getattr(backend, "handle", None) if backend is not None else None
+    if not HAVE_TIMING or h is None:
+        return None
+    t = CudaTiming(size=ctypes.sizeof(CudaTiming))
+    check(lib.tpf_cuda_backend_comm_timing(h, name.encode(), ctypes.byref(t), int(reset)),
+          f"device timing of '{name}'")
+    return t
+
+
+def _comm_dict(comm: Any, backend: Any = None) -> Dict[str, Any]:
     s = CommStats(size=ctypes.sizeof(CommStats))
     check(lib.tpf_comm_get_stats(comm._handle(), ctypes.byref(s)), f"stats of '{comm.name}'")
     buckets: Dict[str, Any] = {}
@@ -191,9 +218,20 @@ def _comm_dict(comm: Any) -> Dict[str, Any]:
     return {"algo": comm.algo, "coll": comm.coll, "ops": int(s.ops), "rows": int(s.rows),
             "padded_rows": int(s.padded_rows), "bytes": int(s.bytes),
             "padded_bytes": int(s.padded_bytes), "shape_changes": int(s.shape_changes),
-            "schedules": buckets,
-            # Not measured by either backend yet (CUDA would need device events read lazily).
-            "exposed_comm_us": None, "hidden_comm_share": None}
+            "schedules": buckets, **_timing_keys(_timing(backend, comm.name, False))}
+
+
+def _timing_keys(t: Optional[CudaTiming]) -> Dict[str, Any]:
+    """exposed_comm_us: per timed operation, its time not covered by its GEMMs; hidden_comm_share:
+    the share of its communication that ran under a GEMM. None where nothing was timed (the
+    simulator; CUDA with profiling off)."""
+    if t is None or not t.timed_ops:
+        return {"timed_ops": 0, "exposed_comm_us": None, "hidden_comm_share": None}
+    return {"timed_ops": int(t.timed_ops), "pending_ops": int(t.pending_ops),
+            "untimed_ops": int(t.untimed_ops), "op_us": t.op_us / t.timed_ops,
+            "gemm_us": t.gemm_us / t.timed_ops, "comm_us": t.comm_us / t.timed_ops,
+            "exposed_comm_us": t.exposed_us / t.timed_ops,
+            "hidden_comm_share": t.hidden_us / t.comm_us if t.comm_us > 0 else None}
 
 
 def _size(n: int) -> str:
@@ -231,7 +269,16 @@ class StatsReport(dict):
                          f"{sched or '-'}")
         if idle:
             lines.append(f"no operations: {', '.join(idle)}")
-        lines.append("exposed/hidden communication time: not measured on this backend")
+        timed = [(n, d) for n, d in self.items() if d.get("exposed_comm_us") is not None]
+        for n, d in timed:
+            share = d["hidden_comm_share"]
+            lines.append(f"{n}: device, per operation ({d['timed_ops']} timed while profiling): "
+                         f"{d['op_us']:.1f} us, GEMMs {d['gemm_us']:.1f} us, communication "
+                         f"{d['comm_us']:.1f} us, exposed {d['exposed_comm_us']:.1f} us, hidden "
+                         + (f"{100 * share:.0f}%" if share is not None else "-"))
+        if not timed:
+            lines.append("exposed/hidden communication: not measured (CUDA backend with "
+                         "profiling on only)")
         return "\n".join(lines)
 
     def __str__(self) -> str:
@@ -247,10 +294,13 @@ def stats() -> StatsReport:
     """This rank's counters per communicator of initialize_ub's manager: a dict {site: {"ops",
     "rows", "padded_rows", "bytes", "padded_bytes", "shape_changes", "schedules": {"[lo, hi)":
     {"ops", "rows", "schedules": {"splits S[ aggregate]": ops}, "other_ops"}}, "algo", "coll",
-    "exposed_comm_us": None, "hidden_comm_share": None}}; print() it for a table."""
+    "timed_ops", "exposed_comm_us", "hidden_comm_share"}}: the last two per timed operation on
+    the CUDA backend while profiling (then also "op_us", "gemm_us", "comm_us", "pending_ops",
+    "untimed_ops"), else None; print() it for a table."""
     _need_stats("tpflex.torch.stats")
     m = _manager()
-    rep = StatsReport((name, _comm_dict(c)) for name, c in m._comms.items())
+    be = getattr(m, "_owner", None)
+    rep = StatsReport((name, _comm_dict(c, be)) for name, c in m._comms.items())
     rep.rank, rep.backend = m.rank, m.backend
     return rep
 
@@ -265,8 +315,10 @@ def print_stats() -> StatsReport:
 def reset_stats() -> None:
     """Zeroes this rank's counters of every communicator of initialize_ub's manager."""
     _need_stats("tpflex.torch.reset_stats")
-    for name, c in _manager()._comms.items():
+    m = _manager()
+    for name, c in m._comms.items():
         check(lib.tpf_comm_reset_stats(c._handle()), f"reset_stats of '{name}'")
+        _timing(getattr(m, "_owner", None), name, True)
 
 
 # ---- traces ----

@@ -87,7 +87,9 @@ class Profile(unittest.TestCase):
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as p:
                 step(rank)
             names.extend(e.name for e in p.events())
-        sim.run(2, body)
+        # The profiler's first start initialises its library (seconds on a loaded machine)
+        # while rank 1 waits at the next collective: a wide timeout.
+        sim.run(2, body, timeout_ms=120000)
         self.assertTrue(names)  # the profiler saw the rank's aten calls at least
         return names
 
@@ -160,6 +162,22 @@ class Stats(unittest.TestCase):
         self.assertIn("%", text)
         self.assertEqual(after["fc1_fprop"]["ops"], 0)
         self.assertEqual(after["fc1_fprop"]["schedules"], {})
+
+    def test_device_timing_keys(self):
+        """What stats() makes of tpf_cuda_backend_comm_timing's sums (the CUDA backend with
+        profiling on): per timed operation, and the hidden share of the communication."""
+        t = obs.CudaTiming(size=ctypes.sizeof(obs.CudaTiming), timed_ops=4, pending_ops=1,
+                           untimed_ops=0, op_us=400.0, gemm_us=300.0, comm_us=200.0,
+                           exposed_us=100.0, hidden_us=150.0)
+        k = obs._timing_keys(t)
+        self.assertEqual((k["timed_ops"], k["pending_ops"]), (4, 1))
+        self.assertAlmostEqual(k["exposed_comm_us"], 25.0)
+        self.assertAlmostEqual(k["op_us"], 100.0)
+        self.assertAlmostEqual(k["hidden_comm_share"], 0.75)
+        none = obs._timing_keys(None)
+        self.assertIsNone(none["exposed_comm_us"])
+        self.assertIsNone(none["hidden_comm_share"])
+        self.assertIsNone(obs._timing_keys(obs.CudaTiming(timed_ops=0))["exposed_comm_us"])
 
     def test_without_initialize_ub(self):
         with self.assertRaises(E.TpflexStateError):
