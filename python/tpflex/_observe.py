@@ -41,6 +41,7 @@ import torch
 
 from . import _lib, sim
 from ._lib import check, lib
+from ._state import state
 from .errors import TpflexInvalidError, TpflexStateError, TpflexUnsupportedError
 
 # ---- the switch ----
@@ -286,8 +287,12 @@ class StatsReport(dict):
 
 
 def _manager() -> Any:
-    from ._te import current_manager  # late: _te imports the modules that import this one
-    return current_manager()
+    """initialize_ub's manager of this rank (_te.current_manager, read from the state directly:
+    _te imports the modules whose hooks call this one)."""
+    m = state().get("manager")
+    if m is None:
+        raise TpflexStateError("initialize_ub has not been called on this rank", "tpflex.torch")
+    return m
 
 
 def stats() -> StatsReport:
