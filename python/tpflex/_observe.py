@@ -191,7 +191,9 @@ def _bucket_label(b: int) -> str:
     return f"[{lo}, inf)" if b == STATS_BUCKETS - 1 else f"[{lo}, {lo << 1})"
 
 
-def _schedule_label(s: _SchedStat) -> str:
+def _schedule_label(s: _SchedStat, algo: str) -> str:
+    if algo == "bulk":  # one schedule, no splits (the C counters file it under 1)
+        return "bulk"
     return f"splits {s.num_splits}" + (" aggregate" if s.aggregate else "")
 
 
@@ -213,7 +215,8 @@ def _comm_dict(comm: Any, backend: Any = None) -> Dict[str, Any]:
     for b in range(STATS_BUCKETS):
         k = s.buckets[b]
         if k.ops:
-            chosen = {_schedule_label(x): int(x.ops) for x in k.schedules if x.num_splits}
+            chosen = {_schedule_label(x, comm.algo): int(x.ops) for x in k.schedules
+                      if x.num_splits}
             buckets[_bucket_label(b)] = {"ops": int(k.ops), "rows": int(k.rows),
                                          "schedules": chosen, "other_ops": int(k.other_ops)}
     return {"algo": comm.algo, "coll": comm.coll, "ops": int(s.ops), "rows": int(s.rows),

@@ -146,6 +146,7 @@ class Stats(unittest.TestCase):
             self.assertEqual(sum(b32["schedules"].values()) + b32["other_ops"], 3)
             self.assertIsNone(ag["exposed_comm_us"])
             self.assertEqual(rep["qkv_fprop"]["ops"], 0)
+            self.assertEqual(rep["fc1_dgrad"]["schedules"]["[32, 64)"]["schedules"], {"bulk": 3})
             total += sum(d["bytes"] for d in rep.values())
         self.assertGreater(total, 0)
         self.assertEqual(total, moved)  # the ranks' counts add up to what crossed between them
