@@ -4,7 +4,9 @@
  * operations; checked: off, nothing is timed; on, every operation is read without a wait (events
  * are queried, never synchronized), with op >= GEMMs, exposed = op - GEMMs, hidden <= both the
  * communication and the GEMMs; reset zeroes; a NULL name, a wrong size or a non-CUDA backend is
- * refused. Prints "fake timing: OK" when every check passes. */
+ * refused. The NVTX ranges and marks (backend_cuda/cuda_nvtx.c) of the same operations are
+ * counted through a static NVTX injection: one range per operation and one mark per shape change
+ * while profiling, none while not. Prints "fake timing: OK" when every check passes. */
 #define _POSIX_C_SOURCE 200809L
 #include "fake_cuda.h"
 #include "tpflex/tpflex.h"
@@ -12,6 +14,8 @@
 
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <nvtx3/nvToolsExt.h>
+#include <stdatomic.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
@@ -19,6 +23,31 @@
 enum { P = 2, C = 256, H = 64, N = 32, OPS = 5 };
 
 static int g_fail;
+
+/* ---- NVTX: a static injection counting what the backend emits (both ranks' threads) ---- */
+static atomic_int g_push, g_pop, g_mark;
+static int NVTX_API rec_push(const nvtxEventAttributes_t *ev) {
+  (void)ev;
+  return atomic_fetch_add(&g_push, 1) + 1;
+}
+static int NVTX_API rec_pop(void) {
+  return atomic_fetch_add(&g_pop, 1) + 1;
+}
+static void NVTX_API rec_mark(const nvtxEventAttributes_t *ev) {
+  (void)ev;
+  atomic_fetch_add(&g_mark, 1);
+}
+static int NVTX_API rec_init(NvtxGetExportTableFunc_t get) {
+  const NvtxExportTableCallbacks *cb = (const NvtxExportTableCallbacks *)get(NVTX_ETID_CALLBACKS);
+  NvtxFunctionTable table = NULL;
+  unsigned size = 0;
+  if (!cb || !cb->GetModuleFunctionTable(NVTX_CB_MODULE_CORE, &table, &size)) return 0;
+  *table[NVTX_CBID_CORE_RangePushEx] = (NvtxFunctionPointer)rec_push;
+  *table[NVTX_CBID_CORE_RangePop] = (NvtxFunctionPointer)rec_pop;
+  *table[NVTX_CBID_CORE_MarkEx] = (NvtxFunctionPointer)rec_mark;
+  return 1;
+}
+NvtxInitializeInjectionNvtxFunc_t InitializeInjectionNvtx2_fnptr = rec_init;
 #define CHECK(r, cond, ...)                                                                        \
   do {                                                                                             \
     if (!(cond)) {                                                                                 \
@@ -96,11 +125,18 @@ static int body(int r, tpf_backend *be, pthread_barrier_t *bar) {
   if (run_ops(r, ag, rs, x, w, d, s)) return 1;
   if (check_timing(r, be, "fc1_fprop", 0)) return 1; /* off: nothing timed */
   pthread_barrier_wait(bar);
+  CHECK(r, atomic_load(&g_push) + atomic_load(&g_mark) == 0, "profiling off, yet %d ranges, %d marks",
+        atomic_load(&g_push), atomic_load(&g_mark));
   if (r == 0) tpf_cuda_set_profile(1);
   pthread_barrier_wait(bar);
   if (run_ops(r, ag, rs, x, w, d, s)) return 1;
   pthread_barrier_wait(bar);
   if (r == 0) tpf_cuda_set_profile(0);
+  /* Both ranks: one range per operation (2 communicators x OPS), one mark per shape change. */
+  CHECK(r, atomic_load(&g_push) == 2 * P * OPS && atomic_load(&g_pop) == 2 * P * OPS &&
+               atomic_load(&g_mark) == 2 * P * OPS,
+        "NVTX: %d pushes, %d pops, %d marks, want %d each", atomic_load(&g_push),
+        atomic_load(&g_pop), atomic_load(&g_mark), 2 * P * OPS);
   if (check_timing(r, be, "fc1_fprop", OPS) || check_timing(r, be, "fc2_fprop", OPS)) return 1;
   tpf_cuda_comm_timing t;
   memset(&t, 0, sizeof t);
