@@ -970,10 +970,11 @@ static int plan_svg(const cli_ctx *ctx, const plan_args *a, const tpf_schedule *
   op_title(a, op, sizeof op);
   snprintf(title, sizeof title, "%s, splits %d%s: %.1f us predicted (cost table %s)", op,
            s[0].num_splits, s[0].aggregate ? " aggregate" : "", total, base_name(used));
-  int ret = svg_plan_schedule(a->svg, title, s, P, sp, max_steps, total);
+  int ret = svg_plan_schedule(a->svg, title, s, P, sp, max_steps, total, a->only_rank);
   free(sp);
   if (ret < 0) return cli_error(ctx, "--svg '%s' cannot be written (%s)", a->svg, strerror(errno));
-  if (ret == 0 && !a->json) printf("svg: %s (%d ranks' timelines)\n", a->svg, P);
+  if (ret == 0 && !a->json)
+    printf("svg: %s (%d ranks' timelines)\n", a->svg, a->only_rank < 0 ? P : 1);
   return ret;
 }
 

@@ -28,11 +28,12 @@ void svg_text(FILE *f, double x, double y, int size, const char *anchor, const c
               const char *text);
 
 /* tpflex plan --svg: each rank's schedule as a timeline on the cost model's clock. spans[r *
- * max_steps + i] is rank r's step i (tpf_cost_predict); total_us the latest end. One <g
- * class="rank"> per rank, one rect class="lane" per stream the rank's steps use, one rect
- * class="box KIND" (gemm, copy, wait, reduce, sync) per step, with a <title> naming the step. */
+ * max_steps + i] is rank r's step i (tpf_cost_predict); total_us the latest end; only_rank >= 0
+ * draws that rank alone (-1: every rank). One <g class="rank"> per rank drawn, one rect
+ * class="lane" per stream the rank's steps use, one rect class="box KIND" (gemm, copy, wait,
+ * reduce, sync) per step, with a <title> naming the step. */
 int svg_plan_schedule(const char *path, const char *title, const tpf_schedule *s, int P,
-                      const tpf_cost_span *spans, int max_steps, double total_us);
+                      const tpf_cost_span *spans, int max_steps, double total_us, int only_rank);
 
 /* One candidate schedule's predicted time at each T of the grid (NaN where it is not a candidate
  * at that T), and the T where the planner chose it. */

@@ -117,11 +117,11 @@ static double rank_band(FILE *f, const tpf_schedule *s, int r, const tpf_cost_sp
 }
 
 int svg_plan_schedule(const char *path, const char *title, const tpf_schedule *s, int P,
-                      const tpf_cost_span *spans, int max_steps, double total_us) {
+                      const tpf_cost_span *spans, int max_steps, double total_us, int only_rank) {
   double h = TOP + AXIS_H + 10;
   for (int r = 0; r < P; r++) {
     int lane[TPF_NUM_STREAMS];
-    h += RANK_HEAD + lanes_of(&s[r], lane) * LANE_H + 6;
+    if (only_rank < 0 || r == only_rank) h += RANK_HEAD + lanes_of(&s[r], lane) * LANE_H + 6;
   }
   FILE *f = svg_begin(path, SCHED_W, (int)ceil(h), title);
   if (!f) return -1;
@@ -129,7 +129,8 @@ int svg_plan_schedule(const char *path, const char *title, const tpf_schedule *s
   legend(f, 44);
   double y = TOP;
   for (int r = 0; r < P; r++)
-    y = rank_band(f, &s[r], r, spans + (size_t)r * (size_t)max_steps, total_us, y);
+    if (only_rank < 0 || r == only_rank)
+      y = rank_band(f, &s[r], r, spans + (size_t)r * (size_t)max_steps, total_us, y);
   time_axis(f, y + 4, total_us);
   return svg_end(f, "tpflex plan", path);
 }

@@ -117,6 +117,11 @@ def main():
         rs = ["plan", "--tp", "4", "--capacity", "2048", "--tokens", "512", "--hidden", "1024",
               "--algo", "pipeline", "--coll", "rs", "--splits", "4"]
         schedule_case(tmp, rs, "pipeline rs splits 4")
+        path = os.path.join(tmp, "one.svg")  # --rank: that rank's timeline alone
+        run(base + ["--rank", "2", "--svg", path])
+        one = [g for g in ET.parse(path).getroot().iter(NS + "g") if g.get("class") == "rank"]
+        check([g.get("data-rank") for g in one] == ["2"],
+              "--rank 2 drew ranks %s" % [g.get("data-rank") for g in one])
         ns, nc = predict_case(tmp, base)
         predict_case(tmp, ["plan", "--tp", "8", "--capacity", "8192", "--tokens", "2048",
                            "--hidden", "4096", "--algo", "ring", "--coll", "rs"])
