@@ -42,7 +42,7 @@ import torch
 from . import _lib, sim
 from ._lib import check, lib
 from ._state import state
-from .errors import TpflexInvalidError, TpflexStateError, TpflexUnsupportedError
+from .errors import TpflexError, TpflexInvalidError, TpflexStateError, TpflexUnsupportedError
 
 # ---- the switch ----
 
@@ -96,9 +96,13 @@ if _PROFILE:
 
 def _range_name(comm: Any, kind: str, options: Dict[str, Any]) -> str:
     splits = options.get("num_splits") if options else None
-    # The C library's active rows (the Python side's copy follows the views, lazily).
-    return (f"tpflex.{kind} {comm.name} T={comm.active_shape[0]} {comm.algo} "
-            f"splits={splits if splits else 'auto'}")
+    # The C library's active rows (the Python side's copy follows the views, lazily). A destroyed
+    # communicator has none: the operation itself raises the error that says so, as when off.
+    try:
+        T: Any = comm.active_shape[0]
+    except TpflexError:
+        T = "?"
+    return f"tpflex.{kind} {comm.name} T={T} {comm.algo} splits={splits if splits else 'auto'}"
 
 
 def op(comm: Any, kind: str, fn: Callable[..., Any], *args: Any) -> Any:

@@ -119,8 +119,17 @@ class Profile(unittest.TestCase):
                 with self.assertRaises(E.TpflexDivisibleError):
                     te.set_ub_active_shape([15, H])
                 self.assertEqual(te.get_ub("fc1_fprop").active_shape, (16, H))
+                ub = te.get_ub("fc1_fprop")
             finally:
                 te.destroy_ub()
+            errs = []
+            for on in (False, True) if rank == 0 else ():  # after destroy_ub: the same refusal
+                te.profile(on)
+                with self.assertRaises(E.TpflexError) as cm:
+                    ub.ag_gemm(torch.ones(N, H))
+                errs.append((type(cm.exception), str(cm.exception)))
+            if errs:
+                self.assertEqual(errs[0], errs[1])
         sim.run(2, bad)
 
 
