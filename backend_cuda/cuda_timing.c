@@ -22,12 +22,14 @@
 #include <math.h>
 #include <string.h>
 
-#define TPF_CUDA_TSLOTS 4
+#define TPF_CUDA_TSLOTS 16 /* operations in flight per registration that can be timed */
 
 typedef struct {
   cudaEvent_t *ev; /* [0] start, [1] end, then [2 + 2j], [3 + 2j]: timed step j's before/after */
   uint8_t *kind;   /* per timed step: 1 GEMM, 2 communication */
-  int cap;         /* timed steps the arrays hold */
+  int cap;         /* timed steps the created events cover */
+  int nev;         /* events created */
+  int nalloc;      /* entries of ev allocated (kind: nalloc / 2 - 1) */
   int n;           /* timed steps recorded */
   bool pending;    /* recorded, not read yet */
 } tslot;
@@ -129,25 +131,27 @@ static void drain(tpf_cuda_timing *t) {
   }
 }
 
-/* Grows slot s to hold n timed steps (events created with timing). */
+/* Grows slot s to hold n timed steps (events created with timing). A failure keeps what was
+ * created (nev counts it), so a later call goes on from there. */
 static bool grow(tslot *s, int n) {
-  if (n <= s->cap && s->ev) return true;
-  const int cap = n > 2 * s->cap ? n : 2 * s->cap;
-  cudaEvent_t *ev = tpf_realloc(s->ev, (size_t)(2 + 2 * cap) * sizeof *ev);
-  if (!ev) return false;
-  s->ev = ev;
-  const int have = s->kind ? 2 + 2 * s->cap : 0;
-  uint8_t *kind = tpf_realloc(s->kind, (size_t)cap);
-  if (!kind) return false;
-  s->kind = kind;
-  for (int i = have; i < 2 + 2 * cap; i++)
-    if (cudaEventCreate(&s->ev[i]) != cudaSuccess) {
+  const int need = 2 + 2 * n;
+  if (s->nev >= need) return true;
+  if (need > s->nalloc) {
+    cudaEvent_t *ev = tpf_realloc(s->ev, (size_t)need * sizeof *ev);
+    if (!ev) return false;
+    s->ev = ev;
+    uint8_t *kind = tpf_realloc(s->kind, (size_t)n);
+    if (!kind) return false;
+    s->kind = kind;
+    s->nalloc = need;
+  }
+  for (; s->nev < need; s->nev++)
+    if (cudaEventCreate(&s->ev[s->nev]) != cudaSuccess) {
       (void)cudaGetLastError();
-      for (int k = have; k < i; k++)
-        cudaEventDestroy(s->ev[k]);
+      s->cap = s->nev >= 2 ? (s->nev - 2) / 2 : 0;
       return false;
     }
-  s->cap = cap;
+  s->cap = n;
   return true;
 }
 
@@ -232,7 +236,7 @@ void tpf_cuda__timing_free(tpf_cuda_backend *b, tpf_reg *r) {
     }
   for (int i = 0; i < TPF_CUDA_TSLOTS; i++) {
     tslot *s = &r->timing->slot[i];
-    for (int k = 0; s->ev && k < 2 + 2 * s->cap; k++)
+    for (int k = 0; k < s->nev; k++)
       cudaEventDestroy(s->ev[k]);
     tpf_free(s->ev);
     tpf_free(s->kind);
