@@ -20,14 +20,18 @@
  *   cuda_param.c             every environment knob, read once (TPF_DEBUG=INFO prints them)
  *   cuda_log.c               the TPF_DEBUG log ("tpflex:rank N LEVEL SUBSYS ...")
  *   cuda_error.c             cudaError_t / cublasStatus_t / ncclResult_t -> tpf_status
+ *   cuda_nvtx.c              profiler ranges: NVTX per operation and shape change (SPEC §16)
+ *   cuda_timing.c            device timing while profiling: exposed / hidden communication
  *   cuda_probe.c             the measurement probes (tpf_cuda_probe_*: one kernel each, for
  *                            tpflex calibrate)
  *
  * Who calls whom (link-time references between the files, as tests/cuda_cpu/check_cuda_rooms.sh
  * lists them from the objects; it fails the build's tests on a cycle). By layer, each file
  * calling only files of lower layers:
- *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu         -> (none)
+ *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu,        -> (none)
+ *      cuda_nvtx.c
  *   1  cuda_param.c                                      -> log
+ *      cuda_timing.c                                     -> nvtx (the switch)
  *   2  cuda_gemm.c                                       -> kernels, param, error
  *      cuda_bootstrap.c                                  -> param, error
  *      cuda_hostsync.c                                   -> param, log
@@ -115,7 +119,9 @@ static tpf_status g_reg_destroy(tpf_backend *be, tpf_reg *r) {
 }
 static tpf_status g_execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {
   TPF_CHECK(tpf_cuda__enter(tpf_cuda__of(be), "execute"));
+  const bool ranged = tpf_cuda__nvtx_op_push(a); /* profiler range (cuda_nvtx.c) */
   const tpf_status rc = tpf_cuda__execute(be, r, a, stream);
+  if (ranged) tpf_cuda__nvtx_op_pop();
   tpf_cuda__leave(tpf_cuda__of(be));
   return rc;
 }
@@ -146,7 +152,7 @@ const tpf_backend_ops tpf_cuda__ops = {
     .max_ranks = TPF_MAX_RANKS,
     .reg_create = g_reg_create,
     .reg_destroy = g_reg_destroy,
-    .reg_activate = NULL, /* a shape change needs no device work at all */
+    .reg_activate = tpf_cuda__nvtx_reg_activate, /* no device work: a profiler mark, when on */
     .execute = g_execute,
     .sync = g_sync,
     .reg_sync = g_reg_sync,
@@ -340,6 +346,28 @@ tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stat
   tpf_cuda_enqueue_stats s = tpf_cuda__of(be)->enq;
   s.size = size;
   memcpy(out, &s, size);
+  return TPF_OK;
+}
+
+tpf_status tpf_cuda_backend_comm_timing(tpf_backend *be, const char *name,
+                                        tpf_cuda_comm_timing *out, int reset) {
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || name == NULL || out == NULL,
+                TPF_EINVAL,
+                "tpf_cuda_backend_comm_timing: not a CUDA backend, or name or out is NULL");
+  static const size_t released[] = {sizeof(*out)};
+  TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_comm_timing", "timing",
+                                  "tpf_cuda_comm_timing", out->size, released,
+                                  TPF_ARRAY_SIZE(released)));
+  const size_t size = out->size == 0 ? sizeof(*out) : out->size;
+  tpf_cuda_comm_timing t;
+  memset(&t, 0, sizeof t);
+  for (tpf_reg *r = tpf_cuda__of(be)->timed_regs; r != NULL; r = r->next_timed)
+    if (strcmp(r->name, name) == 0) {
+      tpf_cuda__timing_read(r, &t, reset != 0);
+      break;
+    }
+  t.size = size;
+  memcpy(out, &t, size);
   return TPF_OK;
 }
 

@@ -121,8 +121,20 @@ static const tpf_cuda_transport *tpf_cuda__tp(const tpf_cuda_backend *b, const t
   return peer < 0 ? r->tp : r->peer_tp[peer];
 }
 
+static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                     int idx, const tpf_step *st, cudaStream_t s);
+
+/* One step, between its timing events while profiling (cuda_timing.c). */
 static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a, int idx,
                                  const tpf_step *st, cudaStream_t s) {
+  tpf_cuda__timing_step(r, st, s, false);
+  const tpf_status rc = tpf_cuda__step_run(b, r, a, idx, st, s);
+  if (rc == TPF_OK) tpf_cuda__timing_step(r, st, s, true);
+  return rc;
+}
+
+static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                                     int idx, const tpf_step *st, cudaStream_t s) {
   const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
   /* PIPELINE and BULK leave comm_ctas SMs to their collective's kernels; at P = 1 there is none,
@@ -614,7 +626,9 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
 tpf_status tpf_cuda__execute(tpf_backend *be, tpf_reg *r, const tpf_exec_args *a, void *stream) {
   tpf_cuda_backend *b = tpf_cuda__of(be);
   const uint64_t t0 = tpf_cuda__now_ns();
+  tpf_cuda__timing_begin(b, r, a, (cudaStream_t)stream); /* profiling only (cuda_timing.c) */
   tpf_status rc = tpf_cuda__execute_body(be, r, a, stream);
+  tpf_cuda__timing_end(r, (cudaStream_t)stream, rc);
   /* A failure of this rank's own (a CUDA or cuBLASLt error, out of memory, a bad schedule)
    * releases the peers' host waits at once. Not: a mismatch (every rank sees it at the
    * handshake), a refusal before the handshake, a timeout (the peers wait for the same absent

@@ -136,6 +136,7 @@ static void tpf_cuda__reg_free(tpf_cuda_backend *b, tpf_reg *r) {
   if (r->done_ev != NULL) cudaEventDestroy(r->done_ev);
   if (r->tp != NULL && r->tp->free != NULL) r->tp->free(b, r);
   tpf_cuda__status_free(r);
+  tpf_cuda__timing_free(b, r);
   tpf_free(r);
   /* A failed free is not reported (everything else is still freed); it must not stay behind as
    * the thread's last error for the next launch's check either. */

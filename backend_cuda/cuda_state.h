@@ -106,6 +106,8 @@ struct tpf_reg {
   tpf_cuda_status *status_dev;
   unsigned int *claim_dev;
   struct tpf_reg *next_memops; /* memops transport: the backend's list (b->memops_regs) */
+  struct tpf_cuda_timing *timing; /* device timing while profiling (cuda_timing.c), or NULL */
+  struct tpf_reg *next_timed;     /* the backend's list of timed registrations (b->timed_regs) */
   atomic_int released;         /* memops: tpf_cuda__memops_release ran */
 };
 
@@ -131,6 +133,7 @@ typedef struct {
   /* Memops transport (cuda_transport_flags.c): its waits on the device are unbounded, so the
    * host bounds them: sync polls (tpf_cuda__stream_wait_bounded) and releases on a timeout. */
   tpf_reg *memops_regs;        /* registrations on the memops transport */
+  tpf_reg *timed_regs;         /* registrations with device timing (cuda_timing.c) */
   cudaStream_t release_stream; /* created with the first of them */
   /* Host cost of execute (tpf_cuda_backend_enqueue_stats): the rank's thread only. */
   tpf_cuda_enqueue_stats enq;
@@ -343,5 +346,29 @@ tpf_status tpf_cuda__reg_abort(tpf_backend *be, tpf_reg *r);
 tpf_status tpf_cuda__stream_wait_bounded(tpf_cuda_backend *b, cudaStream_t s);
 /* Waits for event ev on the host, polling, bounded by the backend's timeout (TPF_ETIMEOUT). */
 tpf_status tpf_cuda__event_wait_bounded(tpf_cuda_backend *b, cudaEvent_t ev);
+
+/* ---- device timing while profiling (cuda_timing.c, SPEC §16) ---- */
+typedef struct tpf_cuda_timing tpf_cuda_timing;
+/* Around execute: begin on the caller's stream before the fork, step before (after = false) and
+ * after every step on its stream, end after the join (rc: execute's status). No-ops while
+ * profiling is off; never fail the operation. */
+void tpf_cuda__timing_begin(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
+                            cudaStream_t user);
+void tpf_cuda__timing_step(tpf_reg *r, const tpf_step *st, cudaStream_t s, bool after);
+void tpf_cuda__timing_end(tpf_reg *r, cudaStream_t user, tpf_status rc);
+/* r's counters with every completed operation read (no wait); reset: zero them after. */
+void tpf_cuda__timing_read(tpf_reg *r, tpf_cuda_comm_timing *out, bool reset);
+/* At reg destroy: the events and the list entry. */
+void tpf_cuda__timing_free(tpf_cuda_backend *b, tpf_reg *r);
+
+/* ---- profiler ranges (cuda_nvtx.c, SPEC §16) ---- */
+/* Opens the operation's NVTX range when profiling is on (true: close it with op_pop). */
+bool tpf_cuda__nvtx_op_push(const tpf_exec_args *a);
+void tpf_cuda__nvtx_op_pop(void);
+/* The range's name ("tpflex.ag_gemm fc1_fprop T=1024 ring splits=4") and colour (ARGB), as
+ * snprintf returns. */
+int tpf_cuda__nvtx_name(const tpf_exec_args *a, char *buf, size_t len, uint32_t *argb);
+/* The ops table's reg_activate: an NVTX mark naming the registration when profiling is on. */
+tpf_status tpf_cuda__nvtx_reg_activate(tpf_backend *be, tpf_reg *r, uint64_t active_bytes);
 
 #endif /* TPF_CUDA_STATE_H */

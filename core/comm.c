@@ -10,6 +10,7 @@
  * failed: it refuses every later operation with TPF_ESTATE rather than run on bad data.
  */
 #include "comm_internal.h"
+#include "stats.h"
 
 #include "tpflex/tpflex_cost.h"
 
@@ -419,6 +420,7 @@ tpf_status tpf__comm_apply_shape(tpf_comm *c, tpf_shape active, uint64_t active_
   TPF_CHECK(tpf__be_reg_activate(c->be, c->reg, active_bytes));
   c->active = active;
   c->epoch++;
+  c->telemetry.shape_changes++;
   return TPF_OK;
 }
 
@@ -858,6 +860,7 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   c->seq = a.seq;
   if (rc != TPF_OK && rc != TPF_EMISMATCH) mark_failed(c, rc);
   c->ops++;
+  if (rc == TPF_OK) tpf__stats_op(&c->telemetry, sched, c->cfg.capacity.rows); /* accepted */
   return rc;
 }
 

@@ -26,6 +26,7 @@ struct tpf_comm {
   /* Set with manager: drops c from the manager's list at tpf_comm_destroy. A pointer, so that
    * comm.c (below the manager) calls nothing of manager.c (scripts/check_rooms.py). */
   void (*leave_manager)(struct tpf_manager *m, struct tpf_comm *c);
+  tpf_comm_stats telemetry; /* tpf_comm_get_stats (core/stats.c): updated by tpf__stats_op */
 };
 
 /* tpf_comm_create for a caller that already found a local failure (`local` != TPF_OK, detail in

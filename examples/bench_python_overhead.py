@@ -5,6 +5,11 @@ P = 1 (so no peer waits are timed). Small shapes so the C work itself is small.
   TPFLEX_LIBRARY=build/libtpflex.so python3 examples/bench_python_overhead.py [--iters 2000]
   TPFLEX_LIBRARY=build-cuda/libtpflex.so python3 examples/bench_python_overhead.py --backend cuda
 
+A second table prices the profiler switch (SPEC §16: tpflex.torch.profile): the median of
+timeit repeats per call with the ranges off, on (no profiler running: record_function's own
+cost), and on inside a torch.profiler session (what looking costs); and stats(), whose counters
+the C library keeps whatever the switch.
+
 --backend sim: the simulator (the C call runs the operation before returning). --backend cuda:
 one process, a gloo group of one (no torchrun needed), operations enqueued on the current
 stream; both variants synchronise the device every --sync-every calls, so a queue that fills
@@ -13,6 +18,8 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import statistics
+import timeit
 import os
 import sys
 import tempfile
@@ -103,8 +110,46 @@ def body(rank: int, iters: int, device: torch.device, backend: str, every: int):
     ]
     if sync:
         sync()
+    prof = profile_rows(T, H, ag, rs, bulk, w, d, x, w_rs, o_rs, a, b, o_b, iters, sync)
     te.destroy_ub()
-    return rows
+    return rows, prof
+
+
+def median_us(fn, iters: int, sync=None) -> float:
+    """timeit's repeats (7) of iters // 7 calls each; the median per call, in µs."""
+    n = max(1, iters // 7)
+    for _ in range(min(100, n)):
+        fn()
+    if sync:
+        sync()
+
+    def block():
+        for _ in range(n):
+            fn()
+        if sync:
+            sync()
+    return 1e6 * statistics.median(timeit.repeat(block, number=1, repeat=7,
+                                                 timer=CLOCK[0])) / n
+
+
+def profile_rows(T, H, ag, rs, bulk, w, d, x, w_rs, o_rs, a, b, o_b, iters, sync):
+    """Per call: ranges off, on, and on under torch.profiler (median µs, side by side)."""
+    calls = [("set_ub_active_shape", lambda: te.set_ub_active_shape([T, H])),
+             ("ag_gemm", lambda: ag.ag_gemm(w, out=d)),
+             ("gemm_rs", lambda: rs.gemm_rs(x, w_rs, out=o_rs)),
+             ("bulk_overlap", lambda: bulk.bulk_overlap(a, b, out=o_b)),
+             ("stats()", te.stats)]
+    out = []
+    for name, fn in calls:
+        te.profile(False)
+        off = median_us(fn, iters, sync)
+        te.profile(True)
+        on = median_us(fn, iters, sync)
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]):
+            looking = median_us(fn, max(7, iters // 4), sync)
+        te.profile(False)
+        out.append((name, off, on, looking))
+    return out
 
 
 def main() -> None:
@@ -121,7 +166,7 @@ def main() -> None:
     a.clock = a.clock or ("thread" if a.backend == "sim" else "wall")
     CLOCK[0] = time.thread_time if a.clock == "thread" else time.perf_counter
     if a.backend == "sim":
-        rows = sim.run(1, body, a.iters, torch.device("cpu"), "sim", 0)[0]
+        rows, prof = sim.run(1, body, a.iters, torch.device("cpu"), "sim", 0)[0]
         where = "simulator, P=1"
     else:
         import torch.distributed as dist
@@ -129,7 +174,7 @@ def main() -> None:
         dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
         device = torch.device("cuda", 0)
         torch.cuda.set_device(device)
-        rows = body(0, a.iters, device, "cuda", a.sync_every)
+        rows, prof = body(0, a.iters, device, "cuda", a.sync_every)
         dist.destroy_process_group()
         where = f"CUDA {torch.cuda.get_device_name(device)}, P=1, sync every {a.sync_every}"
     print(f"bench_python_overhead: {where}, {a.clock} clock, {a.iters} calls each in 7 "
@@ -143,6 +188,12 @@ def main() -> None:
         ratio = f"{py / mm:10.2f}" if mm == mm else f"{'':>10s}"
         mms = f"{mm:12.2f}" if mm == mm else f"{'':>12s}"
         print(f"{name:22s} {py:16.2f} {c:14.2f} {py - c:12.2f} {mms} {ratio}")
+    print("profiler switch (tpflex.torch.profile / TPFLEX_PROFILE=1), median of 7 timeit repeats "
+          f"per call, {a.clock} clock; 'profiling' = inside a torch.profiler session (a quarter "
+          "of the calls); figures printed, not judged")
+    print(f"{'call':22s} {'off us':>10s} {'on us':>10s} {'on - off':>10s} {'profiling us':>13s}")
+    for name, off, on, looking in prof:
+        print(f"{name:22s} {off:10.2f} {on:10.2f} {on - off:10.2f} {looking:13.2f}")
     print("bench_python_overhead: done")
 
 

@@ -6,6 +6,7 @@
  */
 #include "cmds.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdbool.h>
 #include <stdio.h>
@@ -17,6 +18,7 @@
 #include "tpflex/tpflex_cost.h"
 
 #include "cli_args.h"
+#include "svg.h"
 
 typedef unsigned long long ull;
 
@@ -46,6 +48,7 @@ enum {
   O_PREDICT,
   O_COST,
   O_PROJECT,
+  O_SVG,
   O_NOPTS
 };
 #define PLAN_MAX_DIM (1ull << 40)
@@ -98,6 +101,11 @@ static const cli_opt kPlanOpts[O_NOPTS] = {
                    "3584 and 1024 (or --n), RING AG, RING RS and PIPELINE RS (or --algo/--coll), "
                    "the predicted overlap efficiency and speedup over no overlap on the cost table",
                    0, false},
+    [O_SVG] = {"--svg", CLI_STR, 0, 0, NULL, "FILE",
+               "optional: also draw an SVG picture: each rank's schedule as a timeline (streams "
+               "as lanes, steps as boxes sized by the cost model); with --predict, predicted time "
+               "against T for every candidate with the planner's choice marked",
+               0, false},
 };
 
 typedef struct {
@@ -107,6 +115,7 @@ typedef struct {
   bool json;
   bool predict;
   const char *cost; /* NULL: the default table */
+  const char *svg;  /* --svg FILE, or NULL */
   /* --project: the grid */
   bool project;
   int nops;
@@ -205,9 +214,10 @@ static int project_tokens(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
 
 /* --project: the grid of the projection. -1 on success; else the exit status after reporting. */
 static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
-  static const int refused[] = {O_SPLITS, O_AGG, O_RANK, O_JSON, O_K};
+  static const int refused[] = {O_SPLITS, O_AGG, O_RANK, O_JSON, O_K, O_SVG};
   static const char *const why[] = {"it prices every candidate", "it prices every candidate",
-                                    "it replays all ranks", "it prints text", "RS rows use K = N"};
+                                    "it replays all ranks", "it prints text", "RS rows use K = N",
+                                    "it draws nothing; --predict --svg draws one operation"};
   for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
     if (v[refused[i]].set)
       return cli_error(ctx, "%s does not apply with --project (%s)", kPlanOpts[refused[i]].name,
@@ -332,8 +342,11 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   a->json = v[O_JSON].set;
   a->predict = v[O_PREDICT].set;
   a->cost = v[O_COST].set ? v[O_COST].s : NULL;
-  if (a->cost && !a->predict)
-    return cli_error(ctx, "--cost applies with --predict or --project only");
+  a->svg = v[O_SVG].set ? v[O_SVG].s : NULL;
+  if (a->cost && !a->predict && !a->svg)
+    return cli_error(ctx, "--cost applies with --predict, --project or --svg only");
+  if (a->svg && !svg_path_writable(a->svg))
+    return cli_error(ctx, "--svg '%s' cannot be written (%s)", a->svg, strerror(errno));
   if (a->predict && (v[O_SPLITS].set || v[O_AGG].set))
     return cli_error(ctx, "%s does not apply with --predict (it prices every candidate)",
                      v[O_SPLITS].set ? "--splits" : "--aggregate");
@@ -686,6 +699,9 @@ static void predict_json(const plan_args *a, const tpf_cost_table *t, const char
   printf("}\n");
 }
 
+static int predict_svg(const cli_ctx *ctx, const plan_args *a, const tpf_cost_table *t,
+                       const char *used);
+
 static int predict(const cli_ctx *ctx, const plan_args *a) {
   static tpf_cost_table t;
   static char used[1024];
@@ -699,7 +715,7 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
   if (rc != TPF_OK) return cli_error(ctx, "%s: %s", tpf_status_name(rc), tpf_last_error());
   if (a->json) {
     predict_json(a, &t, used, &r);
-    return 0;
+    return a->svg ? predict_svg(ctx, a, &t, used) : 0;
   }
   printf("cost table: %s\n", used);
   printf("operation: %s %s, P=%d, T=%llu of C=%llu, H=%llu, GEMM m=%llu n=%llu k=%llu, %s\n",
@@ -737,7 +753,7 @@ static int predict(const cli_ctx *ctx, const plan_args *a) {
     printf("candidate %d: %s\n", i, r.cand[i].label);
     print_timeline(a, &t, &r.cand[i]);
   }
-  return 0;
+  return a->svg ? predict_svg(ctx, a, &t, used) : 0;
 }
 
 /* ---- --project: predicted overlap efficiency and speedup over a grid ---- */
@@ -915,6 +931,130 @@ static int project(const cli_ctx *ctx, const plan_args *a) {
   return rc;
 }
 
+/* ---- --svg: the pictures (tools/svg_plan.c) ---- */
+
+/* "ring ag, P=4, T=1000 of C=4096, H=1024, bf16" (what both pictures are of). */
+static void op_title(const plan_args *a, char *buf, size_t len) {
+  snprintf(buf, len, "%s %s, P=%d, T=%llu of C=%llu, H=%llu, %s", tpf_algo_name(a->d.algo),
+           tpf_coll_name(a->d.coll), a->d.tp_size, (ull)a->d.active.rows, (ull)a->d.capacity.rows,
+           (ull)a->d.capacity.cols, tpf_dtype_name(a->d.dtype));
+}
+
+static const char *base_name(const char *path) {
+  const char *slash = strrchr(path, '/');
+  return slash ? slash + 1 : path;
+}
+
+/* Every rank's schedule s[0..P) as a timeline on the cost table's replay clock. 0, or the exit
+ * status after reporting. */
+static int plan_svg(const cli_ctx *ctx, const plan_args *a, const tpf_schedule *s, int P) {
+  static tpf_cost_table t;
+  static char used[1024];
+  int lrc = cli_load_cost(ctx, "--cost", a->cost, "h200.txt", &t, used, sizeof used);
+  if (lrc >= 0) return lrc;
+  int max_steps = 1;
+  for (int r = 0; r < P; r++)
+    if (s[r].nsteps > max_steps) max_steps = s[r].nsteps;
+  tpf_cost_span *sp = calloc((size_t)P * (size_t)max_steps, sizeof *sp);
+  if (!sp) return cli_error(ctx, "--svg: out of memory");
+  double total = 0;
+  tpf_layout_desc pd;
+  const tpf_dtype x = priced_desc(&a->d, &pd);
+  tpf_status rc = tpf_cost_predict_x(&t, s, P, x, sp, max_steps, &total);
+  if (rc != TPF_OK) {
+    free(sp);
+    return cli_error(ctx, "--svg: the cost model cannot replay this schedule: %s: %s",
+                     tpf_status_name(rc), tpf_last_error());
+  }
+  char op[200], title[1400];
+  op_title(a, op, sizeof op);
+  snprintf(title, sizeof title, "%s, splits %d%s: %.1f us predicted (cost table %s)", op,
+           s[0].num_splits, s[0].aggregate ? " aggregate" : "", total, base_name(used));
+  int ret = svg_plan_schedule(a->svg, title, s, P, sp, max_steps, total, a->only_rank);
+  free(sp);
+  if (ret < 0) return cli_error(ctx, "--svg '%s' cannot be written (%s)", a->svg, strerror(errno));
+  if (ret == 0 && !a->json)
+    printf("svg: %s (%d ranks' timelines)\n", a->svg, a->only_rank < 0 ? P : 1);
+  return ret;
+}
+
+/* --predict --svg's T grid: 40 legal T from C/32 to C and the asked T, ascending, no repeats.
+ * Returns the count. */
+static int predict_grid(const plan_args *a, uint64_t *ts, int cap) {
+  const uint64_t C = a->d.capacity.rows, lo = C / 32 ? C / 32 : 1;
+  int n = 0;
+  for (int i = 0; i < 40 && n < cap - 1; i++) {
+    uint64_t want = lo + (C - lo) * (uint64_t)i / 39, legal = 0;
+    tpf_layout_desc d = a->d;
+    if (tpf_layout_legal_rows(&d, want, &legal) != TPF_OK || legal > C) continue;
+    if (n == 0 || legal > ts[n - 1]) ts[n++] = legal;
+  }
+  const uint64_t T = a->d.active.rows;
+  int at = 0;
+  while (at < n && ts[at] < T)
+    at++;
+  if (at == n || ts[at] != T) {
+    memmove(ts + at + 1, ts + at, (size_t)(n - at) * sizeof *ts);
+    ts[at] = T;
+    n++;
+  }
+  return n;
+}
+
+enum { SVG_MAX_SERIES = 32, SVG_MAX_GRID = 48 };
+
+/* The series of label in ser[0..*n), added when new (NULL when there is no room). */
+static svg_series *series_of(svg_series *ser, int *n, const char *label, double *us, bool *ch) {
+  for (int k = 0; k < *n; k++)
+    if (strcmp(ser[k].label, label) == 0) return &ser[k];
+  if (*n == SVG_MAX_SERIES) return NULL;
+  svg_series *s = &ser[(*n)++];
+  snprintf(s->label, sizeof s->label, "%s", label);
+  s->us = us;
+  s->chosen = ch;
+  for (int i = 0; i < SVG_MAX_GRID; i++) {
+    s->us[i] = NAN;
+    s->chosen[i] = false;
+  }
+  return s;
+}
+
+/* Predicted time against T for every candidate, the planner's choice marked. 0, or the exit
+ * status after reporting. */
+static int predict_svg(const cli_ctx *ctx, const plan_args *a, const tpf_cost_table *t,
+                       const char *used) {
+  static double us[SVG_MAX_SERIES][SVG_MAX_GRID];
+  static bool chosen[SVG_MAX_SERIES][SVG_MAX_GRID];
+  static svg_series ser[SVG_MAX_SERIES];
+  uint64_t ts[SVG_MAX_GRID];
+  const int n = predict_grid(a, ts, SVG_MAX_GRID);
+  int ns = 0;
+  for (int i = 0; i < n; i++) {
+    plan_args at = *a;
+    at.d.active.rows = ts[i];
+    at.g.m = ts[i];
+    tpf_layout_desc pd;
+    const tpf_dtype x = priced_desc(&at.d, &pd);
+    tpf_plan_result r;
+    if (tpf_plan_predict_x(t, &pd, &at.g, x, &r) != TPF_OK) continue; /* a gap at this T */
+    for (int j = 0; j < r.ncand; j++) {
+      svg_series *se = series_of(ser, &ns, r.cand[j].label, us[ns], chosen[ns]);
+      if (!se) continue;
+      se->us[i] = r.cand[j].predicted_us;
+      se->chosen[i] = j == r.chosen;
+    }
+  }
+  char op[200], title[1400];
+  op_title(a, op, sizeof op);
+  snprintf(title, sizeof title, "%s: predicted time against T per candidate (cost table %s)", op,
+           base_name(used));
+  int ret = svg_plan_predict(a->svg, title, ts, n, ser, ns, a->d.active.rows);
+  if (ret < 0) return cli_error(ctx, "--svg '%s' cannot be written (%s)", a->svg, strerror(errno));
+  if (ret == 0 && !a->json)
+    printf("svg: %s (%d candidates over %d values of T)\n", a->svg, ns, n);
+  return ret;
+}
+
 int tpf_cmd_plan(int argc, char **argv) {
   const cli_ctx ctx = {"tpflex plan", cli_has_word(argc, argv, "--json"), NULL};
   plan_args a;
@@ -946,6 +1086,10 @@ int tpf_cmd_plan(int argc, char **argv) {
     else
       print_text(&a, s, P, check);
     ret = check == TPF_OK ? 0 : 1;
+    if (a.svg) {
+      const int src = plan_svg(&ctx, &a, s, P);
+      if (src != 0) ret = src;
+    }
   }
   for (int r = 0; r < built; r++)
     tpf_schedule_free(&s[r]);

@@ -385,6 +385,59 @@ TPF_API tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out);
 /* Destroys every communicator, then the manager. */
 TPF_API tpf_status tpf_manager_destroy(tpf_manager *m);
 
+/* ---- Telemetry (SPEC §16) -------------------------------------------------------------------
+ * Counters per communicator and rank, kept by the core at the one point where an operation is
+ * accepted (the backend took it: on CUDA enqueued, on the simulator run). Cheap enough to leave
+ * on: a few additions and one pass over this rank's schedule steps per operation, no allocation,
+ * no lock, no synchronization. An operation refused before it reached the backend (bad operands,
+ * an illegal split count, a mismatch) counts nothing.
+ *
+ * Bytes moved are this rank's payload to or from its peers as the schedule names it: SEND bytes
+ * plus the peer views a PEER_REDUCE reads (the simulator's tpf_sim_stats.bytes_moved, summed
+ * over the ranks, counts the same). padded_rows and padded_bytes are what a pad-to-capacity run
+ * (T = C for every operation) would have run and moved: the operation's rows and bytes scaled
+ * by C / T (every schedule's payload is proportional to T at a fixed split count).
+ *
+ * Schedules chosen: per power-of-two bucket of T (bucket b holds 2^b <= T < 2^(b+1); the last
+ * bucket holds every larger T), the first TPF_STATS_SCHEDULES distinct (num_splits, aggregate)
+ * the operations of that bucket ran, each with its count; later distinct ones count in
+ * other_ops. An adaptive communicator's choice shows here; a fixed one shows its own.
+ *
+ * Threads: the counters belong to the rank's thread that runs c's operations (tpflex.h, one
+ * thread per rank at a time); read and reset them from that thread, between operations. */
+#define TPF_STATS_BUCKETS 32
+#define TPF_STATS_SCHEDULES 4
+typedef struct {
+  int32_t num_splits; /* 0: unused slot */
+  int32_t aggregate;  /* 1: the RING AG aggregate variant */
+  uint64_t ops;       /* operations of the bucket that ran this schedule */
+} tpf_stats_schedule;
+typedef struct {
+  uint64_t ops;                                      /* operations with T in the bucket */
+  uint64_t rows;                                     /* their T, summed */
+  tpf_stats_schedule schedules[TPF_STATS_SCHEDULES]; /* first distinct schedules, in order */
+  uint64_t other_ops;                                /* operations that ran none of those */
+} tpf_stats_bucket;
+typedef struct {
+  size_t size;           /* sizeof(tpf_comm_stats) as the caller compiled it; 0: this header's */
+  uint64_t ops;          /* operations accepted */
+  uint64_t rows;         /* active rows T, summed over them */
+  uint64_t padded_rows;  /* capacity rows C, summed over them: the pad-to-capacity run */
+  uint64_t bytes;        /* bytes this rank moved to or from peers (see above) */
+  uint64_t padded_bytes; /* the same at capacity (see above) */
+  uint64_t shape_changes; /* successful set_active_shape calls (direct or by the manager) */
+  tpf_stats_bucket buckets[TPF_STATS_BUCKETS];
+} tpf_comm_stats;
+/* The bucket of T (floor(log2 T), at most TPF_STATS_BUCKETS - 1; 0 for T <= 1). */
+TPF_API int tpf_stats_bucket_of(uint64_t rows);
+/* Fills *out (up to out->size bytes; the caller sets size, or 0 for this header's layout) with
+ * c's counters since creation or the last reset. TPF_EINVAL for a communicator that is not live,
+ * NULL out, or a size that is not 0 or sizeof(tpf_comm_stats) (the detail names both); *out is
+ * untouched then. */
+TPF_API tpf_status tpf_comm_get_stats(const tpf_comm *c, tpf_comm_stats *out);
+/* Zeroes c's counters. TPF_EINVAL for a communicator that is not live. */
+TPF_API tpf_status tpf_comm_reset_stats(tpf_comm *c);
+
 #ifdef __cplusplus
 }
 #endif

@@ -77,6 +77,37 @@ TPF_API tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqu
 /* The kind's short name ("gemm", "copy", "signal", "record", "wait", "peer_wait"), or "?". */
 TPF_API const char *tpf_cuda_enq_kind_name(tpf_cuda_enq_kind k);
 
+/* Profiler ranges (SPEC §16): with profiling on, every operation this backend enqueues runs in
+ * an NVTX range ("tpflex.ag_gemm fc1_fprop T=1024 ring splits=4", the schedule as it ran; colour
+ * by kind) and every shape change leaves an NVTX mark, for Nsight Systems. Off by default; the
+ * environment variable TPFLEX_PROFILE=1 (read at the first operation) or tpf_cuda_set_profile(1)
+ * turns it on for the whole process (tpflex.torch.profile calls it). Thread-safe. */
+TPF_API void tpf_cuda_set_profile(int on);
+TPF_API int tpf_cuda_profile_enabled(void);
+
+/* Device timing while profiling is on (SPEC §16): per registration (communicator name) and rank,
+ * from CUDA events read lazily (cudaEventQuery: a completed operation is read at the next timed
+ * operation or at this call; nothing ever waits). Per operation: its span on the caller's stream
+ * (start before the fork, end after the join), the union of its GEMM steps' spans, the union of
+ * its communication steps' spans (copies, reductions); exposed = span - GEMMs (the operation's
+ * time its GEMMs did not cover), hidden = communication that ran while a GEMM ran. Profiling
+ * adds two timing events per GEMM or communication step. Sums over the timed operations, in
+ * microseconds. */
+typedef struct {
+  size_t size;          /* sizeof(tpf_cuda_comm_timing) as the caller compiled it; 0: this one */
+  uint64_t timed_ops;   /* operations read */
+  uint64_t pending_ops; /* recorded, not complete on the device yet */
+  uint64_t untimed_ops; /* ran while profiling but not timed: every slot pending, CUDA-graph
+                         * capture, an event error */
+  double op_us, gemm_us, comm_us, exposed_us, hidden_us;
+} tpf_cuda_comm_timing;
+/* Fills *out for the communicator named `name` on this rank's backend (zeros when none of its
+ * operations was timed); reset != 0 zeroes its counters afterwards. Call from the rank's thread.
+ * TPF_EINVAL for a non-CUDA backend, a NULL name or out, or a size that is not 0 or
+ * sizeof(tpf_cuda_comm_timing). */
+TPF_API tpf_status tpf_cuda_backend_comm_timing(tpf_backend *be, const char *name,
+                                                tpf_cuda_comm_timing *out, int reset);
+
 /* In-process ranks (threads, possibly several on one GPU): one group object shared by the
  * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
 typedef struct tpf_cuda_threads tpf_cuda_threads;

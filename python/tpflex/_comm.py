@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import torch
 
-from . import _lib, _ops
+from . import _lib, _observe, _ops
 from ._checks import (U64_MAX, as_shape, beta_needs_out, default_out_dtype, dims, int_arg,
                       need_tensor, plan_ag_gemm, plan_bulk, plan_gemm_rs, shape_str)
 from ._dlpack import dlpack_view
@@ -176,6 +176,11 @@ class Communicator:
     def set_active_shape(self, shape: Sequence[int]) -> None:
         """This communicator alone (the manager's set_ub_active_shape sets every one). A row
         count it refuses names the row count to pad to."""
+        if _observe.ON:  # profiler ranges or a trace (SPEC §16)
+            return _observe.shape_change(self, shape, Communicator._set_active_shape)
+        self._set_active_shape(shape)
+
+    def _set_active_shape(self, shape: Sequence[int]) -> None:
         s = as_shape(self.name, "shape", shape)
         try:
             check(lib.tpf_comm_set_active_shape(self._handle(), s), self.name)
@@ -338,6 +343,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return self._ag_gemm(weight, out, options)
         try:
+            if _observe.ON:  # profiler ranges or a trace (SPEC §16)
+                return _observe.op(self, "ag_gemm", self._ag_gemm_eager, weight, out, options)
             return self._ag_gemm_eager(weight, out, options)
         except TpflexError as e:  # raised from this frame (see above)
             raise e.with_traceback(None)
@@ -437,6 +444,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return self._gemm_rs(x, weight, out, options)
         try:
+            if _observe.ON:  # profiler ranges or a trace (SPEC §16)
+                return _observe.op(self, "gemm_rs", self._gemm_rs_eager, x, weight, out, options)
             return self._gemm_rs_eager(x, weight, out, options)
         except TpflexError as e:  # raised from this frame (see above)
             raise e.with_traceback(None)
@@ -526,6 +535,8 @@ class Communicator:
         if torch.compiler.is_compiling():
             return self._bulk_overlap(a, b, out, options)
         try:
+            if _observe.ON:  # profiler ranges or a trace (SPEC §16)
+                return _observe.op(self, "bulk_overlap", self._bulk_eager, a, b, out, options)
             return self._bulk_eager(a, b, out, options)
         except TpflexError as e:  # raised from this frame (see above)
             raise e.with_traceback(None)

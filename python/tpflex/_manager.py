@@ -8,6 +8,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from . import _observe
 from ._bootstrap import CudaBackend
 from ._checks import U64_MAX, as_shape, int_arg
 from ._comm import Communicator
@@ -140,6 +141,11 @@ class Manager:
         return t
 
     def set_active_shape(self, shape: Sequence[int]) -> None:
+        if _observe.ON:  # profiler ranges or a trace (SPEC §16)
+            return _observe.shape_change(self, shape, Manager._set_active_shape)
+        self._set_active_shape(shape)
+
+    def _set_active_shape(self, shape: Sequence[int]) -> None:
         where = "set_ub_active_shape"
         if self._h is None:
             raise TpflexStateError("manager destroyed", where)

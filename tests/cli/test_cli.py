@@ -65,7 +65,8 @@ CHOICES = [
 FLAGS = [("plan", "--aggregate"), ("plan", "--json"), ("plan", "--project"), ("demo", "--no-check"),
          ("bench", "--quick"), ("bench", "--adaptive"), ("calibrate", "--quick"),
          ("calibrate", "--schedules")]
-FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out")]
+FILES = [("demo", "--trace"), ("bench", "--csv"), ("bench", "--json"), ("calibrate", "--out"),
+         ("plan", "--svg")]
 # Options that take a value (every non-flag option of every command).
 VALUED = [(c, o) for c, o, _, _ in NUMS] + [(c, o) for c, o, _ in CHOICES] + FILES + [
     ("plan", "--cost"), ("bench", "--cost"), ("bench", "--ops")]
@@ -264,7 +265,7 @@ case("plan --predict --cost file", argv(P, extra=["--predict", "--cost", os.path
     os.path.dirname(os.path.abspath(__file__)), "..", "..", "data", "cost", "sim.txt")]), 0,
     out="<- chosen")
 case("plan --cost without --predict", argv(P, extra=["--cost", "/tmp/x"]), 2,
-     err="--cost applies with --predict or --project only")
+     err="--cost applies with --predict, --project or --svg only")
 case("plan --predict --cost missing", argv(P, extra=["--predict", "--cost", "/nonexistent/t"]), 2,
      err="--cost '/nonexistent/t' cannot be read")
 with open("/tmp/tpflex_cli_bad_cost.txt", "w") as f:
@@ -305,7 +306,7 @@ case("plan --project --algo bulk", [TPF, "plan", "--project", "--algo", "bulk"],
      err="--algo bulk has nothing to project")
 case("plan --project pipeline ag", [TPF, "plan", "--project", "--algo", "pipeline", "--coll", "ag"],
      2, err="pipeline has no all-gather")
-for opt, val in [("--splits", "2"), ("--rank", "0"), ("--k", "64")]:
+for opt, val in [("--splits", "2"), ("--rank", "0"), ("--k", "64"), ("--svg", "/tmp/x.svg")]:
     case("plan --project %s" % opt, [TPF, "plan", "--project", opt, val], 2,
          err="%s does not apply with --project" % opt)
 case("plan --project --aggregate", [TPF, "plan", "--project", "--aggregate"], 2,

@@ -48,6 +48,10 @@ expect "demo --trace /dev/full" 1 "'/dev/full'.*$ENOSPC" "$tmp/out" -- \
   "$T" "${DEMO[@]}" --trace /dev/full
 expect "calibrate --out /dev/full" 1 "writing --out '/dev/full' failed: $ENOSPC" "$tmp/out" -- \
   "$T" calibrate --backend sim --out /dev/full
+expect "plan --svg /dev/full" 1 "writing '/dev/full' failed: $ENOSPC" "$tmp/out" -- \
+  "$T" "${PLAN[@]}" --svg /dev/full
+expect "plan --predict --svg /dev/full" 1 "writing '/dev/full' failed: $ENOSPC" "$tmp/out" -- \
+  "$T" "${PLAN[@]}" --predict --svg /dev/full
 # Standard output on /dev/full.
 for c in BENCH PLAN DEMO; do
   eval "args=(\"\${$c[@]}\")"

@@ -43,6 +43,9 @@ This module is the public face; the code lives in modules named for what they do
     _graphs.py     graphed(fn): dynamic T under CUDA graphs (a ladder of buckets, one capture
                    per bucket; on the simulator a stand-in that re-runs fn)
     layers/        Linear, LayerNormMLP, active_tokens: TE's modules on these operations
+    _observe.py    profile (torch.profiler / NVTX ranges, or TPFLEX_PROFILE=1), stats,
+                   print_stats, reset_stats (telemetry per communicator), trace (a Chrome /
+                   Perfetto JSON trace of the steps inside it)
 """
 from __future__ import annotations
 
@@ -51,6 +54,8 @@ from .._comm import Communicator
 from .._dlpack import dlpack_view
 from .._graphs import GraphedCallable, graphed
 from .._manager import Manager
+from .._observe import (StatsReport, print_stats, profile, profiling, reset_stats, stats,
+                        trace)
 from .._ops import OP_NAMES
 from .._options import OPTION_NAMES
 from .._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
@@ -60,4 +65,5 @@ from ..layers import Linear, LayerNormMLP, active_tokens
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",
            "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens", "graphed",
-           "GraphedCallable"]
+           "GraphedCallable", "profile", "profiling", "stats", "print_stats", "reset_stats",
+           "StatsReport", "trace"]
