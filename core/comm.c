@@ -73,10 +73,12 @@ static bool aborted(const tpf_comm *c) {
                 "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
                 (c)->cfg.name)
 
-/* One thread per rank at a time (tpflex.h): an operation, set_active_shape or sync marks the
- * communicator busy at entry with an atomic exchange; a second thread arriving meanwhile is
- * refused at once with TPF_ESTATE and changes nothing (on the simulator it used to overwrite the
- * first job in the rank's job slot, and the loser waited forever). */
+/* One thread per rank at a time (tpflex.h): an operation, set_active_shape, sync or destroy (and
+ * a manager's shape change or destroy, for each of its communicators) marks the communicator
+ * busy at entry with an atomic exchange; a second thread arriving meanwhile is refused at once
+ * with TPF_ESTATE and changes nothing (on the simulator it used to overwrite the first job in the
+ * rank's job slot, and the loser waited forever). The rank as a whole is held with
+ * tpf__be_claim (core/backend.c) around each backend call. */
 static tpf_status enter(tpf_comm *c, const char *call) {
   TPF_RETURN_IF(atomic_exchange(&full_of(c)->busy, 1) != 0, TPF_ESTATE,
                 "%s: another thread is inside a call on '%s' for this rank right now; the rule is "
