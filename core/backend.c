@@ -46,36 +46,47 @@ tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_b
 
 /* One thread per rank at a time, across communicators (tpflex.h, Threads): a communicator's own
  * busy flag keeps a second thread off that communicator; this keeps a second thread off the
- * rank's backend while another communicator of the rank runs an operation there. Refused here,
- * before the backend sees the call, the operation has no effect: no sequence number is used and
- * the communicator stays usable (a backend's own entry guard would refuse it after the core had
- * counted the operation). A small table of the backends inside an operation, under a C11 spin
- * lock (the core uses no pthreads); a critical section is a scan of at most kMaxBusy pointers,
- * in practice the ranks of this process. A full table leaves the check to the backend. */
+ * rank's backend while another thread is inside any call that reaches it (an operation on
+ * another communicator, a shape change, sync, a creation or a destroy). Refused here, before the
+ * backend sees the call, the call has no effect: no sequence number is used, no shape or
+ * registration changes and the communicator stays usable. A backend's own entry guard (the
+ * simulator's) would refuse only a step later, in the middle of the call: an operation after the
+ * core had counted it and marked the communicator failed (its peers then waited out their
+ * timeout), a manager's shape change after it had changed some communicators, a destroy after it
+ * had freed the communicator but not its registration. A small table of the backends inside a
+ * call, under a C11 spin lock (the core uses no pthreads); a critical section scans the slots
+ * used so far (g_used <= kMaxBusy), in practice the ranks of this process. A full table leaves
+ * the check to the backend. */
 enum { kMaxBusy = 256 };
 static atomic_flag g_busy_lock = ATOMIC_FLAG_INIT;
 static const tpf_backend *g_busy[kMaxBusy];
+static int g_used; /* 1 + the highest slot ever taken: the scans stop there */
 
-tpf_status tpf__be_claim(const tpf_backend *be, const char *comm, bool *claimed) {
+tpf_status tpf__be_claim(const tpf_backend *be, const char *call, const char *comm, bool *claimed) {
   *claimed = false;
   int free_slot = -1;
   bool taken = false;
   while (atomic_flag_test_and_set_explicit(&g_busy_lock, memory_order_acquire)) {
     thrd_yield(); /* a preempted holder gets the core back (2 cores, many rank threads) */
   }
-  for (int i = 0; i < kMaxBusy; i++) {
+  for (int i = 0; i < g_used; i++) {
     if (g_busy[i] == be) taken = true;
     if (!g_busy[i] && free_slot < 0) free_slot = i;
   }
+  if (free_slot < 0 && g_used < kMaxBusy) free_slot = g_used;
   if (!taken && free_slot >= 0) {
     g_busy[free_slot] = be;
+    if (free_slot >= g_used) g_used = free_slot + 1;
     *claimed = true;
   }
   atomic_flag_clear_explicit(&g_busy_lock, memory_order_release);
   TPF_RETURN_IF(taken, TPF_ESTATE,
-                "'%s': rank %d's backend is inside another communicator's operation on another "
-                "thread; one thread per rank at a time (tpflex.h, Threads): nothing was run",
-                comm ? comm : "?", be->rank);
+                "%s%s%s%s%sanother thread is inside a call for rank %d (an operation, a shape "
+                "change, sync, creation or destroy on one of its communicators); one thread per "
+                "rank at a time (tpflex.h, Threads): refused, nothing changed; serialize the "
+                "calls and call again",
+                call ? call : "", call ? ": " : "", comm ? "'" : "", comm ? comm : "",
+                comm ? "': " : "", be->rank);
   return TPF_OK;
 }
 
@@ -83,7 +94,7 @@ void tpf__be_release(const tpf_backend *be) {
   while (atomic_flag_test_and_set_explicit(&g_busy_lock, memory_order_acquire)) {
     thrd_yield(); /* a preempted holder gets the core back (2 cores, many rank threads) */
   }
-  for (int i = 0; i < kMaxBusy; i++)
+  for (int i = 0; i < g_used; i++)
     if (g_busy[i] == be) {
       g_busy[i] = NULL;
       break;

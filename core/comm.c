@@ -74,10 +74,12 @@ static bool aborted(const tpf_comm *c) {
                 "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
                 (c)->cfg.name)
 
-/* One thread per rank at a time (tpflex.h): an operation, set_active_shape or sync marks the
- * communicator busy at entry with an atomic exchange; a second thread arriving meanwhile is
- * refused at once with TPF_ESTATE and changes nothing (on the simulator it used to overwrite the
- * first job in the rank's job slot, and the loser waited forever). */
+/* One thread per rank at a time (tpflex.h): an operation, set_active_shape, sync or destroy (and
+ * a manager's shape change or destroy, for each of its communicators) marks the communicator
+ * busy at entry with an atomic exchange; a second thread arriving meanwhile is refused at once
+ * with TPF_ESTATE and changes nothing (on the simulator it used to overwrite the first job in the
+ * rank's job slot, and the loser waited forever). The rank as a whole is held with
+ * tpf__be_claim (core/backend.c) around each backend call. */
 static tpf_status enter(tpf_comm *c, const char *call) {
   TPF_RETURN_IF(atomic_exchange(&full_of(c)->busy, 1) != 0, TPF_ESTATE,
                 "%s: another thread is inside a call on '%s' for this rank right now; the rule is "
@@ -316,8 +318,24 @@ tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *user_cfg, tpf
   return tpf__comm_create_after(be, user_cfg, out, TPF_OK);
 }
 
+static tpf_status create_body(tpf_backend *be, const tpf_comm_config *user_cfg, tpf_comm **out,
+                              tpf_status local);
+
+/* The creation holds the rank (tpf__be_claim) from its exchange to its registration, so that a
+ * second thread's call on another communicator of the rank is refused by the core, changing
+ * nothing, instead of by the backend in the middle of that call. */
 tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *user_cfg, tpf_comm **out,
                                   tpf_status local) {
+  TPF_CHECK(tpf__be_validate(be));
+  bool claimed = false;
+  TPF_CHECK(tpf__be_claim(be, "tpf_comm_create", NULL, &claimed));
+  const tpf_status rc = create_body(be, user_cfg, out, local);
+  if (claimed) tpf__be_release(be);
+  return rc;
+}
+
+static tpf_status create_body(tpf_backend *be, const tpf_comm_config *user_cfg, tpf_comm **out,
+                              tpf_status local) {
   /* Without a valid backend there is no group to stay paired with. */
   TPF_CHECK(tpf__be_validate(be));
   /* Local checks: a failure still takes part in the collective exchange below. */
@@ -378,12 +396,31 @@ fail:
   return rc;
 }
 
+tpf_status tpf__comm_enter(tpf_comm *c, const char *call) {
+  return enter(c, call);
+}
+
+void tpf__comm_leave(tpf_comm *c) {
+  (void)leave(c, TPF_OK);
+}
+
+/* A refused destroy changes nothing: c is entered (no other thread is inside a call on it) and
+ * the rank is held (none is inside a call on another communicator of the rank, whose backend
+ * entry would refuse this destroy's sync and reg_destroy after c had been freed and its
+ * registration leaked) before anything is taken apart. */
 tpf_status tpf_comm_destroy(tpf_comm *c) {
   TPF_CHECK_COMM(c, "tpf_comm_destroy");
-  TPF_RETURN_IF(atomic_load(&full_of(c)->busy) != 0, TPF_ESTATE,
-                "tpf_comm_destroy: another thread is inside a call on '%s' for this rank right "
-                "now; the rule is one thread per rank at a time (tpflex.h, Threads)",
-                c->cfg.name);
+  TPF_CHECK(enter(c, "tpf_comm_destroy"));
+  bool claimed = false;
+  tpf_status rc = tpf__be_claim(c->be, "tpf_comm_destroy", c->cfg.name, &claimed);
+  if (rc != TPF_OK) return leave(c, rc);
+  tpf_backend *be = c->be;
+  rc = tpf__comm_destroy_held(c);
+  if (claimed) tpf__be_release(be);
+  return rc;
+}
+
+tpf_status tpf__comm_destroy_held(tpf_comm *c) {
   /* A managed communicator leaves its manager (how a failed one is replaced
    * without bricking the manager); the manager never holds a destroyed pointer. */
   if (c->manager) c->leave_manager(c->manager, c);
@@ -428,8 +465,11 @@ tpf_status tpf_comm_set_active_shape(tpf_comm *c, tpf_shape active) {
   uint64_t bytes = 0;
   TPF_CHECK_COMM(c, "set_active_shape");
   TPF_CHECK(enter(c, "set_active_shape"));
-  tpf_status rc = tpf__comm_check_shape(c, active, &bytes);
+  bool claimed = false;
+  tpf_status rc = tpf__be_claim(c->be, "set_active_shape", c->cfg.name, &claimed);
+  if (rc == TPF_OK) rc = tpf__comm_check_shape(c, active, &bytes);
   if (rc == TPF_OK) rc = tpf__comm_apply_shape(c, active, bytes);
+  if (claimed) tpf__be_release(c->be);
   return leave(c, rc);
 }
 
@@ -848,7 +888,7 @@ static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *
   a.a_scale_inv = o->a_scale_inv;
   a.w_scale_inv = o->w_scale_inv;
   bool claimed = false;
-  TPF_CHECK(tpf__be_claim(c->be, c->cfg.name, &claimed));
+  TPF_CHECK(tpf__be_claim(c->be, NULL, c->cfg.name, &claimed));
   rc = tpf__be_execute(c->be, c->reg, c->reg_bytes, &a, stream);
   if (claimed) tpf__be_release(c->be);
   /* Refused before the handshake (e.g. a stream under CUDA-graph capture): nothing was enqueued
@@ -1057,7 +1097,11 @@ static tpf_status sync_body(tpf_comm *c) {
 tpf_status tpf_comm_sync(tpf_comm *c) {
   TPF_CHECK_COMM(c, "tpf_comm_sync");
   TPF_CHECK(enter(c, "tpf_comm_sync"));
-  return leave(c, sync_body(c));
+  bool claimed = false;
+  tpf_status rc = tpf__be_claim(c->be, "tpf_comm_sync", c->cfg.name, &claimed);
+  if (rc == TPF_OK) rc = sync_body(c);
+  if (claimed) tpf__be_release(c->be);
+  return leave(c, rc);
 }
 
 tpf_status tpf_comm_async_error(tpf_comm *c, tpf_status *out) {

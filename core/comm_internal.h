@@ -35,6 +35,15 @@ struct tpf_comm {
 tpf_status tpf__comm_create_after(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out,
                                   tpf_status local);
 
+/* The thread rule of a manager's calls (tpflex.h, Threads): tpf__comm_enter marks c busy as an
+ * operation does (TPF_ESTATE naming the rule and `call` when another thread is inside a call on
+ * c), tpf__comm_leave clears it. */
+tpf_status tpf__comm_enter(tpf_comm *c, const char *call);
+void tpf__comm_leave(tpf_comm *c);
+/* tpf_comm_destroy's work, for a caller that has entered c and holds the rank (tpf__be_claim):
+ * it changes nothing before those two guards have passed. */
+tpf_status tpf__comm_destroy_held(tpf_comm *c);
+
 /* The layout descriptor of c (this rank, its configuration) for the given active shape. */
 tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active);
 /* Validates `active` for c without changing anything; yields the active layout's bytes. */

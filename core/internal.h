@@ -82,11 +82,14 @@ tpf_status tpf__be_reg_create(tpf_backend *be, const char *name, uint64_t bytes,
                               void **local);
 tpf_status tpf__be_reg_destroy(tpf_backend *be, tpf_reg *reg);
 tpf_status tpf__be_reg_activate(tpf_backend *be, tpf_reg *reg, uint64_t active_bytes);
-/* Validates the operation (tpf__exec_check against the registration's reg_bytes), then runs it. */
-/* One operation per rank's backend at a time (core/backend.c): TPF_ESTATE naming the rule when
- * another thread runs an operation on be; *claimed says whether tpf__be_release must follow. */
-tpf_status tpf__be_claim(const tpf_backend *be, const char *comm, bool *claimed);
+/* One call into a rank's backend at a time (core/backend.c): every core call that reaches the
+ * backend from the rank's thread (an operation, a shape change, sync, creation, destroy) claims
+ * be first; TPF_ESTATE naming the rule, `call` and `comm` (either may be NULL) when another
+ * thread holds it, before anything changed. *claimed says whether tpf__be_release must follow
+ * (false only when the table is full: the backend's own guard is left to refuse). */
+tpf_status tpf__be_claim(const tpf_backend *be, const char *call, const char *comm, bool *claimed);
 void tpf__be_release(const tpf_backend *be);
+/* Validates the operation (tpf__exec_check against the registration's reg_bytes), then runs it. */
 tpf_status tpf__be_execute(tpf_backend *be, tpf_reg *reg, uint64_t reg_bytes,
                            const tpf_exec_args *a, void *stream);
 /* core/exec_check.c: the structural rules every schedule obeys before a backend sees it. */

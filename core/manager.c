@@ -1,9 +1,14 @@
 /* The manager: named communicators of one TP group that share one active shape.
  *
- * tpf_manager_set_active_shape is all-or-nothing: every eligible communicator (every one not
- * external, fp8 included) is validated first, and only when all accept the shape is it applied.
- * Should a backend refuse while applying (it must not, but a fault-injecting backend may), the
- * communicators already changed are put back to their previous shapes. */
+ * tpf_manager_set_active_shape is all-or-nothing: it first takes the thread rule's guards of
+ * every communicator and of the rank (hold_all; another thread inside a call on any of them is
+ * TPF_ESTATE before anything changed), then validates every eligible communicator (every one not
+ * external, fp8 included), and only when all accept the shape applies it. Holding the rank, no
+ * other thread's call can make the backend refuse half-way (it used to: a simulator rank busy in
+ * another thread's operation refused the second communicator's activation, leaving rows 64 128
+ * 128 128, and the rollback's too). Should a backend still refuse while applying (it must not,
+ * but a fault-injecting backend may), the communicators already changed are put back to their
+ * previous shapes. tpf_manager_destroy takes the same guards before it destroys anything. */
 #include "comm_internal.h"
 
 #include <string.h>
@@ -91,19 +96,41 @@ tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out) {
   return TPF_OK;
 }
 
+/* The thread rule for a call on the whole manager: enters every communicator, then holds the
+ * rank; on a refusal, lets go of what it took and returns TPF_ESTATE naming the rule (nothing
+ * changed). */
+static tpf_status hold_all(tpf_manager *m, const char *call, bool *claimed) {
+  *claimed = false;
+  tpf_status rc = TPF_OK;
+  int i = 0;
+  for (; i < m->count && rc == TPF_OK; i++)
+    rc = tpf__comm_enter(m->comms[i], call);
+  if (rc != TPF_OK) i--; /* the refused one was not entered */
+  if (rc == TPF_OK) rc = tpf__be_claim(m->be, call, NULL, claimed);
+  if (rc == TPF_OK) return TPF_OK;
+  while (i-- > 0)
+    tpf__comm_leave(m->comms[i]);
+  return rc;
+}
+
+static void release_all(tpf_manager *m, bool claimed) {
+  if (claimed) tpf__be_release(m->be);
+  for (int i = 0; i < m->count; i++)
+    tpf__comm_leave(m->comms[i]);
+}
+
 static bool eligible(const tpf_comm *c) {
   return !c->cfg.external; /* fp8 communicators follow the shape too (SPEC §11) */
 }
 
-tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
-  TPF_CHECK_MANAGER(m, "tpf_manager_set_active_shape");
-  /* Phase 1: validate all; nothing changes on failure. Like the per-communicator call, this
-   * allocates nothing: the scratch lives in each communicator. */
+/* Phase 1: validate all; nothing changes on failure. Like the per-communicator call, this
+ * allocates nothing: the scratch lives in each communicator. Phase 2: apply; roll back on the
+ * (unexpected) failure of a backend. */
+static tpf_status set_shape_held(tpf_manager *m, tpf_shape active) {
   for (int i = 0; i < m->count; i++) {
     tpf_comm *c = m->comms[i];
     if (eligible(c)) TPF_CHECK(tpf__comm_check_shape(c, active, &c->pending_bytes));
   }
-  /* Phase 2: apply; roll back on the (unexpected) failure of a backend. */
   for (int i = 0; i < m->count; i++) {
     tpf_comm *c = m->comms[i];
     c->prev_active = c->active;
@@ -124,6 +151,15 @@ tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
   return TPF_OK;
 }
 
+tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
+  TPF_CHECK_MANAGER(m, "tpf_manager_set_active_shape");
+  bool claimed = false;
+  TPF_CHECK(hold_all(m, "tpf_manager_set_active_shape", &claimed));
+  const tpf_status rc = set_shape_held(m, active);
+  release_all(m, claimed);
+  return rc;
+}
+
 /* tpf_comm_destroy of a managed communicator (the recovery path of a failed one: destroy it on
  * every rank, then tpf_manager_add it again). Keeps the creation order of the others. */
 static void forget(tpf_manager *m, tpf_comm *c) {
@@ -135,16 +171,21 @@ static void forget(tpf_manager *m, tpf_comm *c) {
   }
 }
 
+/* Refused by the thread rule (hold_all), it changes nothing: the manager and every communicator
+ * stay as they were (it used to destroy the communicators up to the busy one). */
 tpf_status tpf_manager_destroy(tpf_manager *m) {
   TPF_CHECK_MANAGER(m, "tpf_manager_destroy");
+  bool claimed = false;
+  TPF_CHECK(hold_all(m, "tpf_manager_destroy", &claimed));
   tpf__handle_remove(m, NULL);
   tpf_status rc = TPF_OK;
   /* Reverse creation order, so registrations unwind as they were made on every rank. */
   for (int i = m->count - 1; i >= 0; i--) {
     m->comms[i]->manager = NULL; /* destroyed as the manager's, not forgotten one by one */
-    tpf_status r = tpf_comm_destroy(m->comms[i]);
+    tpf_status r = tpf__comm_destroy_held(m->comms[i]);
     if (rc == TPF_OK) rc = r;
   }
+  if (claimed) tpf__be_release(m->be);
   tpf__free(m->comms);
   tpf__free(m);
   return rc;

@@ -128,11 +128,12 @@ static bool eligible(const model_comm *c) {
   return !c->cfg.external; /* fp8 communicators follow the shape too (SPEC §11) */
 }
 
-/* The status tpf_comm_set_active_shape must return (SPEC §3, simulator alignment). */
+/* The status tpf_comm_set_active_shape must return (SPEC §3, simulator alignment; "not
+ * external" is the table's last rule). */
 static tpf_status model_set(int p, const model_comm *c, tpf_shape s) {
-  if (!eligible(c)) return TPF_EUNSUPPORTED;
   tpf_layout_desc d = desc_of(p, &c->cfg, s);
-  return model_check(&d, SIM_ALIGN);
+  const tpf_status st = model_check(&d, SIM_ALIGN);
+  return st == TPF_OK && !eligible(c) ? TPF_EUNSUPPORTED : st;
 }
 
 /* 0: tpf_ag_gemm, 1: tpf_gemm_rs, 2: tpf_bulk_overlap. */

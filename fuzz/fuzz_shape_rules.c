@@ -215,7 +215,7 @@ static void check_comm(tpf_fuzz_input *in, const tpf_layout_desc *d) {
     tpf_layout_desc nd = *d;
     nd.active = next;
     tpf_status w = model_check(&nd, b.ops.align_bytes);
-    if (cfg.external) w = TPF_EUNSUPPORTED;
+    if (cfg.external && w == TPF_OK) w = TPF_EUNSUPPORTED; /* SPEC §3's last rule */
     int acts = b.last->activations;
     FUZZ_ASSERT_STATUS(tpf_comm_set_active_shape(c, next), w);
     tpf_shape got = tpf_comm_active_shape(c);

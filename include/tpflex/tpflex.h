@@ -21,10 +21,14 @@
  *   its communicators. Everything else is local: set_active_shape, views, layout queries,
  *   tpf_comm_legal_rows, status and name functions.
  * - Threads: one thread at a time issues a rank's calls (a rank's communicators and manager are
- *   not thread-safe; a second thread entering an operation, set_active_shape, sync or destroy
- *   of a communicator while another is inside one is refused with TPF_ESTATE naming this rule,
- *   and changes nothing); different ranks may be different threads of one process (the simulator,
- *   tpf_cuda_threads_*) or different processes. tpf_last_error() is per thread.
+ *   not thread-safe). A second thread's call that reaches the rank's backend (an operation,
+ *   set_active_shape, sync, creation or destroy, of any communicator or manager of the rank)
+ *   while another thread is inside one is refused with TPF_ESTATE naming this rule before
+ *   anything changes: no sequence number is used and the communicator is not failed (its peers,
+ *   waiting in that operation, pair with the call made again), a manager's shape change or
+ *   destroy changes none of its communicators, a destroy frees nothing. Different ranks may be
+ *   different threads of one process (the simulator, tpf_cuda_threads_*) or different processes.
+ *   tpf_last_error() is per thread.
  *   tpf_set_allocator must be called before any object exists.
  * - Views: the matrices from tpf_comm_buffer, tpf_comm_local_chunk and tpf_comm_registration
  *   point into the registration and stay valid until tpf_comm_destroy, but their rows describe
@@ -238,7 +242,9 @@ typedef struct {
 TPF_API tpf_status tpf_comm_create(tpf_backend *be, const tpf_comm_config *cfg, tpf_comm **out);
 /* Waits for its operations, deregisters and frees. NULL and a destroyed communicator are
  * TPF_EINVAL. A communicator of a manager leaves it (tpf_manager_count drops by one): that is
- * how a failed one is replaced, on every rank: tpf_comm_destroy, then tpf_manager_add again. */
+ * how a failed one is replaced, on every rank: tpf_comm_destroy, then tpf_manager_add again.
+ * Refused by the thread rule (TPF_ESTATE, another thread inside a call of the rank), it changes
+ * nothing: c stays usable and registered; call it again. */
 TPF_API tpf_status tpf_comm_destroy(tpf_comm *c);
 /* Makes `active` the shape of the operations enqueued after this call; local, no communication,
  * no allocation. On failure nothing changes. Statuses of docs/SPEC.md §3; TPF_ESTATE after a
@@ -377,12 +383,15 @@ TPF_API tpf_status tpf_manager_get(tpf_manager *m, const char *name, tpf_comm **
  * all are validated first; on any failure none changes and the detail names the communicator.
  * A communicator left failed by an earlier operation (a timeout, a canary violation) refuses
  * with TPF_ESTATE naming its original failure; the manager recovers when that communicator is
- * replaced (tpf_comm_destroy it and tpf_manager_add it again, on every rank). */
+ * replaced (tpf_comm_destroy it and tpf_manager_add it again, on every rank). Another thread
+ * inside a call on any communicator of the rank: TPF_ESTATE naming the thread rule, before any
+ * communicator changed. */
 TPF_API tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active);
 /* Number of communicators, and the i-th in creation order. */
 TPF_API int tpf_manager_count(const tpf_manager *m);
 TPF_API tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out);
-/* Destroys every communicator, then the manager. */
+/* Destroys every communicator, then the manager. Refused by the thread rule (TPF_ESTATE), it
+ * changes nothing: the manager and all its communicators stay. */
 TPF_API tpf_status tpf_manager_destroy(tpf_manager *m);
 
 /* ---- Telemetry (SPEC §16) -------------------------------------------------------------------

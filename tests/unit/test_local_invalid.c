@@ -151,9 +151,53 @@ static void test_local_invalid__group_stays_paired(void **state) {
                 runs);
 }
 
+/* An operation one rank refuses before its handshake (here a NULL weight, TPF_EINVAL) uses no
+ * sequence number there: the rank calls again with the right arguments and pairs with its peers,
+ * which waited in that operation's handshake (SPEC §4). The peers' calls succeed, the refusing
+ * rank's second call too, and so does the next operation on every rank. */
+typedef struct {
+  int bad_rank;
+  tpf_status refused, again[4], next[4];
+  float w[4][8 * 8], d[4][96 * 8];
+} op_state;
+
+static tpf_status op_fn(tpf_backend *be, int r, void *arg) {
+  op_state *s = arg;
+  const tpf_comm_config c = cfg_named("fc1_fprop");
+  tpf_comm *cm = NULL;
+  TPF_CHECK(tpf_comm_create(be, &c, &cm));
+  tpf_matrix w = {s->w[r], 8, 8, 8, TPF_FP32}, d = {s->d[r], 96, 8, 8, TPF_FP32};
+  if (r == s->bad_rank) s->refused = tpf_ag_gemm(cm, NULL, &d, NULL);
+  s->again[r] = tpf_ag_gemm(cm, &w, &d, NULL);
+  s->next[r] = tpf_ag_gemm(cm, &w, &d, NULL);
+  return tpf_comm_destroy(cm);
+}
+
+static void test_local_invalid__refused_operation_pairs_again(void **state) {
+  (void)state;
+  tpf_sim_config sc = TPF_SIM_CONFIG_INIT;
+  sc.tp_size = 3;
+  sc.timeout_ms = 3000;
+  tpf_sim_world *w = NULL;
+  TPF_ASSERT_OK(tpf_sim_world_create(&sc, &w));
+  for (int bad = 0; bad < 3; bad++) {
+    static op_state s;
+    memset(&s, 0, sizeof s);
+    s.bad_rank = bad;
+    TPF_ASSERT_OK(tpf_sim_run(w, op_fn, &s));
+    TPF_ASSERT_STATUS(s.refused, TPF_EINVAL);
+    for (int r = 0; r < 3; r++)
+      if (s.again[r] != TPF_OK || s.next[r] != TPF_OK)
+        fail_msg("rank %d refused locally; rank %d then got %s and %s", bad, r,
+                 tpf_status_name(s.again[r]), tpf_status_name(s.next[r]));
+  }
+  TPF_ASSERT_OK(tpf_sim_world_destroy(w));
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_local_invalid__group_stays_paired),
+      cmocka_unit_test(test_local_invalid__refused_operation_pairs_again),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }
