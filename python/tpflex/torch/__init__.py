@@ -56,8 +56,12 @@ from .._options import OPTION_NAMES
 from .._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
                   set_ub_active_shape)
 from ..layers import Linear, LayerNormMLP, active_tokens
+from .module import LayerNorm, LayerNormLinear, RMSNorm
+from .attention import DotProductAttention, MultiheadAttention
+from .transformer import TransformerLayer
 
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",
            "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens", "graphed",
-           "GraphedCallable"]
+           "GraphedCallable", "LayerNormLinear", "LayerNorm", "RMSNorm",
+           "DotProductAttention", "MultiheadAttention", "TransformerLayer"]

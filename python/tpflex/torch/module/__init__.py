@@ -1,4 +1,7 @@
 """TE's `transformer_engine.pytorch.module` path: the modules and `base` (userbuffers)."""
 from ...layers import LayerNormMLP, Linear
+from .layernorm import LayerNorm
+from .layernorm_linear import LayerNormLinear
+from .rmsnorm import RMSNorm
 
-__all__ = ["Linear", "LayerNormMLP"]
+__all__ = ["Linear", "LayerNormMLP", "LayerNormLinear", "LayerNorm", "RMSNorm"]
