@@ -15,10 +15,10 @@ from typing import Any, Callable, Optional, Tuple, Union
 
 import torch
 
-from ...errors import TpflexInvalidError, TpflexUnsupportedError
+from ...errors import TpflexInvalidError, TpflexUnsupportedError  # noqa: F401
 from ...layers._modules import Linear, _divide, _flag, _tp_size
 from ...layers._te_args import _refuse
-from ..module.layernorm_linear import LayerNormLinear
+from ..module.layernorm_linear import LayerNormLinear, _SplitLinear
 from .dot_product_attention import QKV_FORMATS, DotProductAttention, _check_mask
 
 
@@ -71,11 +71,6 @@ class MultiheadAttention(torch.nn.Module):
                 f"by the column-parallel qkv and row-parallel proj)", where)
         self.fuse_qkv_params = _flag(where, "fuse_qkv_params", fuse_qkv_params)
         self.input_layernorm = _flag(where, "input_layernorm", input_layernorm)
-        if not self.input_layernorm and not self.fuse_qkv_params:
-            raise TpflexUnsupportedError(
-                "input_layernorm=False with fuse_qkv_params=False (TE's split qkv Linear): "
-                "tpflex's Linear keeps one weight; pass fuse_qkv_params=True or "
-                "input_layernorm=True", where)
         self.qkv_weight_interleaved = self.fuse_qkv_params and bool(qkv_weight_interleaved)
         self.hidden_size, self.num_attention_heads = hidden_size, num_attention_heads
         self.num_gqa_groups = num_attention_heads if num_gqa_groups is None else num_gqa_groups
@@ -113,6 +108,14 @@ class MultiheadAttention(torch.nn.Module):
                 ub_bulk_dgrad=ub_bulk_dgrad, ub_overlap_rs_dgrad=ub_overlap_rs_dgrad,
                 ub_overlap_ag=ub_overlap_ag, normalization=normalization, ub_name="qkv",
                 name=None if name is None else name + ".layernorm_linear_qkv", **common)
+        elif not self.fuse_qkv_params:
+            # TE's qkv Linear with parameters_split (query/key/value): LayerNormLinear's GEMM
+            # without the norm; like TE's, it takes no ub flags.
+            self.qkv = _SplitLinear(hidden_size, hq + 2 * hkv, init_method=init_method,
+                                    bias=bias, return_bias=False, parallel_mode=mode,
+                                    parameters_split={"query": hq, "key": hkv, "value": hkv},
+                                    name=None if name is None else name + ".linear_qkv",
+                                    **common)
         else:
             # TE's qkv Linear takes no ub flags (its overlap needs the norm's module).
             self.qkv = Linear(hidden_size, hq + 2 * hkv, init_method=init_method, bias=bias,

@@ -21,9 +21,10 @@ from ...layers._te_args import _ExtraState
 def _normalize(x: torch.Tensor, kind: str, shape: Tuple[int, ...], w: torch.Tensor,
                b: Optional[torch.Tensor], eps: float, zero_centered: bool) -> torch.Tensor:
     """LayerNorm or RMSNorm of x over its trailing `shape` in fp32, rounded once to x's dtype."""
+    wide = x.dtype in (torch.float32, torch.float64)
     if zero_centered:
-        w = w.float() + 1.0 if x.dtype != torch.float32 else w + 1.0
-    if x.dtype == torch.float32 or (x.is_cuda and kind == "LayerNorm" and not zero_centered):
+        w = w + 1.0 if wide else w.float() + 1.0
+    if wide or (x.is_cuda and kind == "LayerNorm" and not zero_centered):
         if kind == "LayerNorm":
             return Fn.layer_norm(x, shape, w if w.dtype == x.dtype else w.to(x.dtype),
                                  None if b is None else b.to(x.dtype), eps)

@@ -63,6 +63,8 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
     and bias [out/P] (or TE's parameters_split names). With sequence_parallel the input is this
     rank's rows [T/P, in] and the output the full [T, out/P]."""
 
+    _WITH_NORM = True
+
     def __init__(self, in_features: int, out_features: int, eps: float = 1e-5,
                  sequence_parallel: bool = False, fuse_wgrad_accumulation: bool = False,
                  tp_group: Any = None, tp_size: int = 1,
@@ -132,9 +134,10 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
         dt = params_dtype or torch.get_default_dtype()
         dev = _device(device)
         fill = torch.zeros if self.zero_centered_gamma else torch.ones
-        self.layer_norm_weight = torch.nn.Parameter(fill(in_features, dtype=dt, device=dev))
-        self.layer_norm_weight.sequence_parallel = self.sequence_parallel
-        if normalization == "LayerNorm":
+        if self._WITH_NORM:
+            self.layer_norm_weight = torch.nn.Parameter(fill(in_features, dtype=dt, device=dev))
+            self.layer_norm_weight.sequence_parallel = self.sequence_parallel
+        if self._WITH_NORM and normalization == "LayerNorm":
             self.layer_norm_bias = torch.nn.Parameter(torch.zeros(in_features, dtype=dt,
                                                                   device=dev))
             self.layer_norm_bias.sequence_parallel = self.sequence_parallel
@@ -175,8 +178,9 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
         x = inp if inp.dim() == 2 else inp.reshape(-1, H)
         if x.dtype != w0.dtype:
             x = x.to(w0.dtype)
-        ln = _normalize(x, self.normalization, self._hshape, self.layer_norm_weight,
-                        self.layer_norm_bias, self.eps, self.zero_centered_gamma)
+        ln = x if not self._WITH_NORM else _normalize(
+            x, self.normalization, self._hshape, self.layer_norm_weight, self.layer_norm_bias,
+            self.eps, self.zero_centered_gamma)
         W, b = self._weight(), self._bias()
         if self._local and not self.fuse_wgrad_accumulation and _native(W):
             # Nothing to communicate: torch's own linear and backward (as Linear's fast path).
@@ -206,6 +210,14 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
                 f"parallel_mode={self.parallel_mode}, tp_size={self.tp_size}, "
                 f"sequence_parallel={self.sequence_parallel}, ub_name={self.ub_name}, "
                 f"ub={flags}")
+
+
+class _SplitLinear(LayerNormLinear):
+    """TE's Linear with parameters_split (MultiheadAttention's `qkv` without input_layernorm):
+    LayerNormLinear's column-parallel GEMM and split parameters, no norm and no norm
+    parameters; state_dict keys as TE's Linear ({name}_weight, {name}_bias, _extra_state)."""
+
+    _WITH_NORM = False
 
 
 __all__ = ["LayerNormLinear"]
