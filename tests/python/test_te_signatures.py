@@ -173,6 +173,7 @@ class Signatures(unittest.TestCase):
     def test_module_base_path(self):
         for n in ("initialize_ub", "destroy_ub", "get_ub"):
             self.assertIs(getattr(base, n), getattr(te, n))
+            self.assertIs(getattr(te.module.base, n), getattr(te, n))   # TE's attribute path
 
     def test_against_te_source(self):
         git_dir = os.environ.get("TPFLEX_TE_MIRROR",
