@@ -2,8 +2,8 @@
 blocks on packed sequences, examples/thd_model.py: causal attention within each sequence of 64
 tokens, every ub_* overlap) on tpflex.torch's modules against the same shapes in plain PyTorch
 (nn.Linear / nn.LayerNorm / scaled_dot_product_attention on this rank's shards, no
-communication), side by side in one run, at each T. With --profile, the host-time table of torch.profiler for one tpflex step at the
-first T (where the host time goes).
+communication), side by side in one run, at each T. With --profile, the host-time table of
+torch.profiler for one tpflex step at the first T (where the host time goes).
 
   torchrun --standalone --nproc-per-node 1 examples/bench_thd_step.py --T 1024,4096,16384
   torchrun --standalone --nproc-per-node 2 examples/bench_thd_step.py     (P = 2; under MPS)

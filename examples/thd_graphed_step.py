@@ -1,6 +1,7 @@
-"""The THD training step (two te.TransformerLayer blocks on packed sequences, examples/thd_model.py:
-causal attention within each sequence, every ub_* overlap on, forward + backward) under CUDA graphs: tpflex.torch.graphed against plain torch
-graphed with torch.cuda.graph, at fixed T and over a random T stream.
+"""The THD training step (two te.TransformerLayer blocks on packed sequences,
+examples/thd_model.py: causal attention within each sequence, every ub_* overlap on, forward +
+backward) under CUDA graphs: tpflex.torch.graphed against plain torch graphed with
+torch.cuda.graph, at fixed T and over a random T stream.
 
   torchrun --standalone --nproc-per-node 1 examples/thd_graphed_step.py --backend cuda
   torchrun --standalone --nproc-per-node 2 examples/thd_graphed_step.py --backend cuda   (MPS)

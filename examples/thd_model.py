@@ -57,7 +57,8 @@ class PlainBlock(torch.nn.Module):
         self.ln1, self.ln2 = torch.nn.LayerNorm(H, **kw), torch.nn.LayerNorm(H, **kw)
         self.qkv = torch.nn.Linear(H, 3 * H // P, **kw)
         self.proj = torch.nn.Linear(H // P, H, **kw)
-        self.fc1, self.fc2 = torch.nn.Linear(H, 4 * H // P, **kw), torch.nn.Linear(4 * H // P, H, **kw)
+        self.fc1 = torch.nn.Linear(H, 4 * H // P, **kw)
+        self.fc2 = torch.nn.Linear(4 * H // P, H, **kw)
 
     def attention(self, qkv):
         """qkv [n, s, h*3*d] (TE's interleaved rows) -> [n, s, h*d], causal per sequence."""

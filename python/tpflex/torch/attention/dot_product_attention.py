@@ -33,8 +33,28 @@ from ...layers._te_args import _ExtraState, _refuse
 
 try:  # torch >= 2.9: the varlen (flash) attention over packed sequences
     from torch.nn.attention.varlen import varlen_attn as _varlen_attn
-except ImportError:  # pragma: no cover - older torch: the masked SDPA path serves
-    _varlen_attn = None
+    import inspect as _inspect
+    _VARLEN_ARGS = frozenset(_inspect.signature(_varlen_attn).parameters)
+except (ImportError, TypeError, ValueError):  # older torch: the masked SDPA path serves
+    _varlen_attn, _VARLEN_ARGS = None, frozenset()
+
+
+def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, iq: torch.Tensor,
+            ik: torch.Tensor, mq: int, mk: int, causal: bool, scale: float) -> torch.Tensor:
+    """torch's varlen_attn with the arguments this torch's version names: the causal mask as
+    window_size (-1, 0) (2.10 on) or is_causal (2.9); GQA as enable_gqa, else k/v repeated."""
+    kw = {"scale": scale}
+    if "window_size" in _VARLEN_ARGS:
+        kw["window_size"] = (-1, 0) if causal else (-1, -1)
+    else:
+        kw["is_causal"] = causal
+    if q.shape[1] != k.shape[1]:
+        if "enable_gqa" in _VARLEN_ARGS:
+            kw["enable_gqa"] = True
+        else:
+            r = q.shape[1] // k.shape[1]
+            k, v = k.repeat_interleave(r, 1), v.repeat_interleave(r, 1)
+    return _varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), iq, ik, mq, mk, **kw)
 
 QKV_FORMATS = ("sbhd", "bshd", "thd")
 MASK_TYPES = ("no_mask", "padding", "causal", "padding_causal", "causal_bottom_right",
@@ -136,9 +156,7 @@ def attend(where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_fo
             mq = int((iq[1:] - iq[:-1]).max()) if max_seqlen_q is None else int(max_seqlen_q)
             mk = mq if same and max_seqlen_kv is None else (
                 int((ik[1:] - ik[:-1]).max()) if max_seqlen_kv is None else int(max_seqlen_kv))
-            o = _varlen_attn(q.contiguous(), k.contiguous(), v.contiguous(), iq, ik, mq, mk,
-                             scale=sc, window_size=(-1, 0) if causal else (-1, -1),
-                             enable_gqa=hq != hkv)
+            o = _varlen(q, k, v, iq, ik, mq, mk, causal, sc)
             valid = torch.arange(tq, device=q.device) < iq[-1]
             o = torch.where(valid[:, None, None], o, torch.zeros((), dtype=o.dtype,
                                                                  device=o.device))
@@ -299,9 +317,10 @@ class DotProductAttention(_ExtraState, torch.nn.Module):
                 raise TpflexInvalidError(f"{nm} must be a torch.Tensor", where)
             if t.dim() != nd or t.shape[-2] != h or \
                     t.shape[-1] != self.hidden_size_per_attention_head:
+                lead = {"thd": "t", "sbhd": "s, b", "bshd": "b, s"}[fmt]
                 raise TpflexShapeError(f"{nm} has shape {list(t.shape)}; '{fmt}' on this rank "
-                                       f"is [{'t' if nd == 3 else 's, b' if fmt == 'sbhd' else 'b, s'}"
-                                       f", {h}, {self.hidden_size_per_attention_head}]", where)
+                                       f"is [{lead}, {h}, {self.hidden_size_per_attention_head}]",
+                                       where)
         p = self.attention_dropout if self.training else 0.0
 
         def core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
