@@ -598,6 +598,44 @@ class Modules(unittest.TestCase):
             torch.testing.assert_close(u, v)
 
 
+    def test_varlen_path_plumbing(self):
+        """The CUDA varlen path's arguments and result handling, on the CPU: the kernel stood
+        in for by a function that checks what it is given (int32 offsets, int maxima, the
+        causal window, GQA) and answers with the fp64 reference; the padded tail must come
+        back zero, the maxima must come from cu_seqlens when not given."""
+        import tpflex.torch.attention.dot_product_attention as dpa_mod
+        seen = []
+
+        def fake(q, k, v, cu_q, cu_k, max_q, max_k, **kw):
+            self.assertEqual((cu_q.dtype, cu_k.dtype), (torch.int32, torch.int32))
+            self.assertTrue(isinstance(max_q, int) and isinstance(max_k, int))
+            seen.append((max_q, max_k, kw))
+            lens = (cu_q[1:] - cu_q[:-1]).tolist()
+            causal = kw.get("window_size", (-1, -1)) == (-1, 0) or kw.get("is_causal", False)
+            o = ref_attention(q.double(), k.double(), v.double(), lens, causal)
+            return (o.reshape(q.shape) + 7.0).to(q.dtype)   # garbage in the tail rows
+        saved = (dpa_mod._varlen_attn, dpa_mod._use_varlen)
+        dpa_mod._varlen_attn, dpa_mod._use_varlen = fake, lambda *a: True
+        try:
+            torch.manual_seed(5)
+            lens, T = [3, 1, 6], 12
+            qh, kh, vh = torch.randn(T, 4, 8), torch.randn(T, 2, 8), torch.randn(T, 2, 8)
+            cu = cu_of(lens).long()
+            m = te.DotProductAttention(4, 8, 2, qkv_format="thd", attn_mask_type="padding_causal")
+            o = m(qh, kh, vh, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+            o2 = m(qh, kh, vh, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=6, max_seqlen_kv=6)
+        finally:
+            dpa_mod._varlen_attn, dpa_mod._use_varlen = saved
+        ref = ref_attention(qh.double(), kh.double(), vh.double(), lens, True)
+        self.assertEqual(verdict("varlen", o[:10], ref[:10] + 7.0, torch.float32), [])
+        self.assertTrue(torch.equal(o[10:], torch.zeros_like(o[10:])))
+        self.assertTrue(torch.equal(o, o2))
+        self.assertEqual([(a, b) for a, b, _ in seen], [(6, 6), (6, 6)])
+        kw = seen[0][2]
+        self.assertTrue(kw.get("window_size") == (-1, 0) or kw.get("is_causal") is True)
+        self.assertTrue(kw.get("enable_gqa", True))
+
+
 class Errors(unittest.TestCase):
     def test_heads_must_divide(self):
         with self.assertRaisesRegex(E.TpflexDivisibleError, "num_attention_heads 6 does not "

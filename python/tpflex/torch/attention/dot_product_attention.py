@@ -39,6 +39,15 @@ except (ImportError, TypeError, ValueError):  # older torch: the masked SDPA pat
     _varlen_attn, _VARLEN_ARGS = None, frozenset()
 
 
+def _use_varlen(q: torch.Tensor, dropout: float, causal: bool, same: bool) -> bool:
+    """Whether torch's varlen kernel serves this call: CUDA, 16-bit, no dropout (it has none),
+    a head dim its kernels take, and a causal mask only over one cu_seqlens (its causal mask is
+    bottom-right aligned; with equal q/kv lengths that is TE's top-left one)."""
+    d = q.shape[-1]
+    return (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.bfloat16, torch.float16)
+            and dropout == 0.0 and d % 8 == 0 and d <= 256 and (not causal or same))
+
+
 def _varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, iq: torch.Tensor,
             ik: torch.Tensor, mq: int, mk: int, causal: bool, scale: float) -> torch.Tensor:
     """torch's varlen_attn with the arguments this torch's version names: the causal mask as
@@ -149,9 +158,7 @@ def attend(where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_fo
                                    f"cu_seqlens_kv {cu_k.numel() - 1}", where)
         same = cu_k is cu_q
         bottom = "bottom_right" in mask_type
-        if (_varlen_attn is not None and q.is_cuda and q.dtype in (torch.bfloat16,
-                                                                   torch.float16)
-                and dropout == 0.0 and d % 8 == 0 and d <= 256 and (not causal or same)):
+        if _use_varlen(q, dropout, causal, same):
             iq, ik = cu_q.to(torch.int32), cu_k.to(torch.int32)
             mq = int((iq[1:] - iq[:-1]).max()) if max_seqlen_q is None else int(max_seqlen_q)
             mk = mq if same and max_seqlen_kv is None else (
