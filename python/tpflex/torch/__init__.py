@@ -43,6 +43,9 @@ This module is the public face; the code lives in modules named for what they do
     _graphs.py     graphed(fn): dynamic T under CUDA graphs (a ladder of buckets, one capture
                    per bucket; on the simulator a stand-in that re-runs fn)
     layers/        Linear, LayerNormMLP, active_tokens: TE's modules on these operations
+    torch/module/  LayerNormLinear, LayerNorm, RMSNorm (and base: TE's userbuffer path)
+    torch/attention/, torch/transformer.py   DotProductAttention (THD), MultiheadAttention,
+                   TransformerLayer (SPEC §13)
 """
 from __future__ import annotations
 
