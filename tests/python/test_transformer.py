@@ -737,6 +737,27 @@ class State(unittest.TestCase):
                 self.assertTrue(torch.equal(y, yy))
             self.assertEqual(keys, self.TE_KEYS)
 
+    def test_deepcopy_shares_the_process_group(self):
+        """A module built with tp_group deep-copies (the copy shares the group: a ProcessGroup
+        cannot be copied) and computes the same."""
+        import torch.distributed as dist
+        if dist.is_initialized():
+            self.skipTest("torch.distributed already initialised in this process")
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+        try:
+            g = dist.new_group([0])
+            m = te.TransformerLayer(H, FF, NH, tp_group=g, params_dtype=torch.float32,
+                                    fuse_qkv_params=True, hidden_dropout=0.0,
+                                    attention_dropout=0.0, attn_input_format="thd")
+            x, cu = torch.randn(10, H), cu_of([4, 6])
+            y = m(x, cu_seqlens_q=cu, cu_seqlens_kv=cu)
+            m2 = copy.deepcopy(m)
+            self.assertIs(m2.self_attention.proj.tp_group, g)
+            self.assertIsNot(m2.self_attention.proj.weight, m.self_attention.proj.weight)
+            self.assertTrue(torch.equal(m2(x, cu_seqlens_q=cu, cu_seqlens_kv=cu), y))
+        finally:
+            dist.destroy_process_group()
+
     def test_te_state_dict_loads_strict(self):
         m = te.TransformerLayer(H, FF, NH, fuse_qkv_params=True, params_dtype=torch.float32)
         sd = {k: torch.empty(0, dtype=torch.uint8) if k.endswith("_extra_state") else

@@ -3,6 +3,7 @@ given a value other than TE's default), TE's parameter initialisation under an R
 TE's `_extra_state` entries in a module's state_dict (SPEC §12's correction, §13)."""
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Any, Callable, Optional
 
@@ -52,7 +53,28 @@ def _init_param(w: torch.Tensor, init: Callable[[torch.Tensor], Any],
         init(w)
 
 
-class _ExtraState:
+class _SharesGroups:
+    """deepcopy shares the torch.distributed process groups a module (or any module inside it)
+    holds, instead of trying to copy them (a ProcessGroup cannot be copied or pickled, so a
+    plain deep copy of a module built with tp_group fails, in TE as well): a group is a
+    handle on the processes, the same for the copy. Everything else is copied as usual."""
+
+    def __deepcopy__(self, memo: dict) -> Any:
+        for m in self.modules():  # type: ignore[attr-defined]
+            for holder in (m, getattr(m, "_site", None), getattr(m, "_fc1", None),
+                           getattr(m, "_fc2", None)):
+                g = getattr(holder, "tp_group", None) if holder is m else \
+                    getattr(holder, "group", None)
+                if g is not None:
+                    memo[id(g)] = g
+        cls = type(self)
+        new = cls.__new__(cls)
+        memo[id(self)] = new
+        new.__dict__.update(copy.deepcopy(self.__dict__, memo))
+        return new
+
+
+class _ExtraState(_SharesGroups):
     """TE's `_extra_state` entry: TE's modules (TransformerEngineBaseModule and the ops-based
     LayerNorm / RMSNorm) store their FP8 scaling state there, an empty uint8 tensor when there
     is none. A TE state_dict therefore loads with strict=True. A non-empty entry (TE's FP8

@@ -18,7 +18,7 @@ import torch.nn.functional as Fn
 from ..errors import TpflexInvalidError
 from ..layers._modules import LayerNormMLP, _flag, _tp_size
 from ..layers._sites import _native
-from ..layers._te_args import _refuse
+from ..layers._te_args import _SharesGroups, _refuse
 from .attention.dot_product_attention import QKV_FORMATS, _check_mask
 from .attention.multi_head_attention import MultiheadAttention
 
@@ -35,7 +35,7 @@ def _bias_dropout_add(x: torch.Tensor, bias: Optional[torch.Tensor], residual: t
     return residual + x if _native(x) else (residual.float() + x.float()).to(x.dtype)
 
 
-class TransformerLayer(torch.nn.Module):
+class TransformerLayer(_SharesGroups, torch.nn.Module):
     """TransformerEngine's TransformerLayer (encoder, pre-norm). forward(hidden_states, ...)
     with TE's arguments; attn_input_format 'thd' takes cu_seqlens_q / cu_seqlens_kv and
     max_seqlen_q / max_seqlen_kv. With sequence_parallel the input and output are this rank's

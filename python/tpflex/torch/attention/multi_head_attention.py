@@ -17,12 +17,12 @@ import torch
 
 from ...errors import TpflexInvalidError, TpflexUnsupportedError  # noqa: F401
 from ...layers._modules import Linear, _divide, _flag, _tp_size
-from ...layers._te_args import _refuse
+from ...layers._te_args import _SharesGroups, _refuse
 from ..module.layernorm_linear import LayerNormLinear, _SplitLinear
 from .dot_product_attention import QKV_FORMATS, DotProductAttention, _check_mask
 
 
-class MultiheadAttention(torch.nn.Module):
+class MultiheadAttention(_SharesGroups, torch.nn.Module):
     """TransformerEngine's MultiheadAttention (self-attention). forward(hidden_states, ...)
     returns the projection's output [T/P, H] with sequence_parallel (THD: [t/P, H]; sbhd:
     [s/P, b, H]), then the projection's bias with return_bias, then the norm's output with
