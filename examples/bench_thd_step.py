@@ -1,8 +1,9 @@
-"""Benchmark (not a test): one THD training step (forward + backward of the two blocks of
-examples/thd_training_step.py) on tpflex.torch's modules against the same shapes in plain
-PyTorch (torch.nn.functional on this rank's shards, no communication), side by side in one run,
-at each T. With --profile, the host-time table of torch.profiler for one tpflex step at the
-first T (where the host time goes).
+"""Benchmark (not a test): one THD training step (forward + backward of two te.TransformerLayer
+blocks on packed sequences, examples/thd_model.py: causal attention within each sequence of 64
+tokens, every ub_* overlap) on tpflex.torch's modules against the same shapes in plain PyTorch
+(nn.Linear / nn.LayerNorm / scaled_dot_product_attention on this rank's shards, no
+communication), side by side in one run, at each T. With --profile, the host-time table of
+torch.profiler for one tpflex step at the first T (where the host time goes).
 
   torchrun --standalone --nproc-per-node 1 examples/bench_thd_step.py --T 1024,4096,16384
   torchrun --standalone --nproc-per-node 2 examples/bench_thd_step.py     (P = 2; under MPS)
@@ -41,8 +42,7 @@ import torch.nn.functional as Fn  # noqa: E402,F401
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 import tpflex.torch as te  # noqa: E402
-from thd_graphed_step import PlainBlock  # noqa: E402  (this rank's shards, plain torch)
-from thd_training_step import Block  # noqa: E402
+from thd_model import Block, PlainBlock  # noqa: E402  (te.TransformerLayer on THD; plain torch)
 
 
 class AtenOps(TorchDispatchMode):

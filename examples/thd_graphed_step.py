@@ -1,6 +1,7 @@
-"""The THD training step (two blocks: LayerNormMLP, then column 'qkv' / row 'proj' Linear, every
-ub_* overlap on, forward + backward) under CUDA graphs: tpflex.torch.graphed against plain torch
-graphed with torch.cuda.graph, at fixed T and over a random T stream.
+"""The THD training step (two te.TransformerLayer blocks on packed sequences,
+examples/thd_model.py: causal attention within each sequence, every ub_* overlap on, forward +
+backward) under CUDA graphs: tpflex.torch.graphed against plain torch graphed with
+torch.cuda.graph, at fixed T and over a random T stream.
 
   torchrun --standalone --nproc-per-node 1 examples/thd_graphed_step.py --backend cuda
   torchrun --standalone --nproc-per-node 2 examples/thd_graphed_step.py --backend cuda   (MPS)
@@ -10,8 +11,8 @@ graphed with torch.cuda.graph, at fixed T and over a random T stream.
 What is timed, per rank, bf16, H = --hidden (1024), capacity --capacity (16384):
   fixed T (--tokens, default 1024,4096,16384; each rounded to legal_rows):
     tpflex graphed    tpflex.torch.graphed(step, buckets=[T]): no padding, one graph
-    plain graphed     the same step in plain torch (nn.LayerNorm / nn.Linear on this rank's
-                      weight shards, no communication: at P = 1 exactly the model, at P > 1 a
+    plain graphed     the same step in plain torch (nn.LayerNorm / nn.Linear / SDPA on this
+                      rank's weight shards, no communication: at P = 1 exactly the model, at P > 1 a
                       lower bound of any TP step), captured with torch.cuda.graph at T
     tpflex eager      the step without graphs, under active_tokens(T)
   stream: --stream microbatches with T from THD packing (log-normal documents packed up to the
@@ -44,23 +45,7 @@ import torch.nn.functional as Fn  # noqa: E402
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as te  # noqa: E402
 from graphed_buckets import packed  # noqa: E402
-from thd_training_step import Block  # noqa: E402  (the block of the training example)
-
-
-class PlainBlock(torch.nn.Module):
-    """The same block in plain torch on this rank's shards (4H/P and 2H/P columns), on all T
-    rows, without communication."""
-
-    def __init__(self, H, P, dt, dev):
-        super().__init__()
-        kw = dict(dtype=dt, device=dev)
-        self.ln = torch.nn.LayerNorm(H, **kw)
-        self.fc1, self.fc2 = torch.nn.Linear(H, 4 * H // P, **kw), torch.nn.Linear(4 * H // P, H, **kw)
-        self.qkv, self.proj = torch.nn.Linear(H, 2 * H // P, **kw), torch.nn.Linear(2 * H // P, H, **kw)
-
-    def forward(self, x):
-        x = x + self.fc2(Fn.gelu(self.fc1(self.ln(x)), approximate="tanh"))
-        return x + self.proj(Fn.gelu(self.qkv(x), approximate="tanh"))
+from thd_model import Block, PlainBlock  # noqa: E402  (te.TransformerLayer on THD; plain torch)
 
 
 def step_fn(model):

@@ -1,36 +1,22 @@
-"""A sequence-parallel TP model of two blocks trained on packed (THD) microbatches whose token
-count T changes every microbatch, under ONE tpflex registration, with tpflex.torch's drop-in
-modules, checked step by step against the same model in plain fp32 PyTorch. A block is
-x + LayerNormMLP(x), then x + proj(gelu(qkv(x))) (Linear column 'qkv' / row 'proj'), every
-ub_* overlap on: RING AG+GEMM, GEMM+RS, the dgrad RING AG, the bulk AG/RS beside dgrad/wgrad.
+"""A sequence-parallel TP model of two te.TransformerLayers (LayerNormLinear 'qkv', causal attention
+within each packed sequence, row-parallel 'proj', LayerNormMLP 'fc1'/'fc2') trained on packed (THD)
+microbatches whose T and sequence boundaries (cu_seqlens) change every microbatch, under ONE tpflex
+registration, checked step by step against the same model in plain fp32 PyTorch. Every ub_* overlap
+on (ub_tp_comm_overlap): RING AG+GEMM, GEMM+RS, the dgrad RING AG, bulk AG/RS beside dgrad/wgrad.
   python3 examples/thd_training_step.py --backend sim [--tp 2] [--dtype bf16|fp32] [--steps 6]
   torchrun --standalone --nproc-per-node 2 examples/thd_training_step.py --backend cuda
   (--bench T1,T2: median ms of one forward+backward at each T instead of training)"""
-import argparse, os, random, sys, threading, time, warnings  # noqa: E401
+import argparse, functools, os, random, sys, threading, time, warnings  # noqa: E401
 warnings.filterwarnings("ignore")
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 import tpflex.sim as sim, tpflex.torch as te  # noqa: E401,E402
-
-UB = dict(ub_overlap_ag=True, ub_overlap_rs=True, ub_bulk_dgrad=True, ub_bulk_wgrad=True)
-
-
-class Block(torch.nn.Module):
-    def __init__(self, H, P, dt, dev):
-        super().__init__()
-        kw = dict(tp_size=P, sequence_parallel=True, params_dtype=dt, device=dev)
-        self.mlp = te.LayerNormMLP(H, 4 * H, set_parallel_mode=True, **UB, **kw)
-        self.qkv = te.Linear(H, 2 * H, parallel_mode="column", ub_name="qkv", **UB, **kw)
-        self.proj = te.Linear(2 * H, H, parallel_mode="row", ub_name="proj", **UB, **kw)
-
-    def forward(self, x):
-        return (x := x + self.mlp(x)) + self.proj(Fn.gelu(self.qkv(x), approximate="tanh"))
+HEADS = 4
 
 
 def full_weights(model, P, dt, seed):
-    """Unsharded fp32 leaves named as the model's parameters (a TP weight's full shape: its
-    partition_dim times P), rounded to dt so both models start from the same values."""
+    """Unsharded fp32 leaves named as the model's parameters (partition_dim times P), in dt."""
     g, full = torch.Generator().manual_seed(seed), {}
     for n, p in model.named_parameters():
         shape = [s * (P if getattr(p, "partition_dim", -1) == d else 1)
@@ -40,38 +26,51 @@ def full_weights(model, P, dt, seed):
     return full
 
 
-def reference(x, f):
-    """The two blocks in plain fp32 PyTorch on the unsharded weights."""
+def reference(x, f, lens):
+    """The model in plain fp32 PyTorch, unsharded, attention per sequence (qkv rows: TE's)."""
+    c, A, M = [0] + torch.tensor(lens).cumsum(0).tolist(), "self_attention.", "layernorm_mlp."
     for i in range(2):
         w = lambda n: f[f"{i}.{n}"]  # noqa: E731
-        h = Fn.layer_norm(x, x.shape[1:], w("mlp.layer_norm_weight"), w("mlp.layer_norm_bias"))
-        x = x + Fn.linear(Fn.gelu(Fn.linear(h, w("mlp.fc1_weight"), w("mlp.fc1_bias")),
-                                  approximate="tanh"), w("mlp.fc2_weight"), w("mlp.fc2_bias"))
-        x = x + Fn.linear(Fn.gelu(Fn.linear(x, w("qkv.weight"), w("qkv.bias")),
-                                  approximate="tanh"), w("proj.weight"), w("proj.bias"))
+        lin = lambda v, p: Fn.linear(v, w(p + "weight"), w(p + "bias"))  # noqa: E731
+        ln = lambda v, p: Fn.layer_norm(v, v.shape[1:], w(p + "layer_norm_weight"),  # noqa: E731
+                                        w(p + "layer_norm_bias"))
+        q, k, v = lin(ln(x, A + "layernorm_qkv."), A + "layernorm_qkv.").view(
+            len(x), HEADS, 3, -1).permute(2, 1, 0, 3)            # [heads, T, d] each
+        ctx = torch.cat([Fn.scaled_dot_product_attention(q[:, a:b], k[:, a:b], v[:, a:b],
+                         is_causal=True) for a, b in zip(c, c[1:])] + [0 * q[:, c[-1]:]], 1)
+        x = x + lin(ctx.transpose(0, 1).reshape(len(x), -1), A + "proj.")
+        x = x + lin(Fn.gelu(lin(ln(x, M), M + "fc1_"), approximate="tanh"), M + "fc2_")
     return x
 
 
 def packed_stream(seed, C, H):
-    """Packed microbatches: random-length sequences up to ~C tokens, (T_raw, x, target)."""
+    """Packed microbatches of random-length sequences (length 1 now and then): (lens, x, y)."""
     rng, g = random.Random(seed), torch.Generator().manual_seed(seed)
     while True:
-        lens = [rng.randint(4, C // 4) for _ in range(8)]     # sequences, packed until >= C/2
-        T_raw = min(C - 8, next(sum(lens[:k]) for k in range(1, 9) if sum(lens[:k]) >= C // 2))
-        yield T_raw, torch.randn(T_raw, H, generator=g), torch.randn(T_raw, H, generator=g)
+        lens = [rng.choice([1, rng.randint(2, C // 4)]) for _ in range(8)]
+        k = next((k for k in range(1, 9) if sum(lens[:k]) >= C // 2), 8)
+        lens = lens[:k] if sum(lens[:k]) <= C - 8 else [C - 8]
+        yield lens, torch.randn(sum(lens), H, generator=g), torch.randn(sum(lens), H, generator=g)
 
 
 def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --bench): (lines, ok)
     H, C = a.hidden, a.capacity
     te.initialize_ub([C, H], P, dtype=dt, **({"backend": "sim"} if a.backend == "sim" else {}))
-    model = torch.nn.Sequential(Block(H, P, dt, dev), Block(H, P, dt, dev))
+    model = torch.nn.ModuleList(te.TransformerLayer(    # TE's arguments; THD, causal per sequence
+        H, 4 * H, HEADS, tp_size=P, sequence_parallel=True, set_parallel_mode=True,
+        fuse_qkv_params=True, params_dtype=dt, device=dev, attn_input_format="thd",
+        self_attn_mask_type="padding_causal", hidden_dropout=0.0, attention_dropout=0.0,
+        ub_tp_comm_overlap=True) for _ in range(2))
+    run = lambda x, cu, m: functools.reduce(lambda h, layer: layer(  # noqa: E731
+        h, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m), model, x)
     if a.bench:                                           # median ms of forward+backward per T
         for T in (te.legal_rows(int(t)) for t in a.bench.split(",")):
             x, ts = torch.randn(T // P, H, device=dev, dtype=dt, requires_grad=True), []
+            cu = torch.arange(0, T + 1, T // 8, dtype=torch.int32, device=dev)   # 8 sequences
             with te.active_tokens(T):
                 for _ in range(a.bench_iters + 2):
                     torch.cuda.synchronize(), ts.append(time.perf_counter())
-                    model(x).sum().backward()
+                    run(x, cu, T // 8).sum().backward()
                     torch.cuda.synchronize(), ts.append(time.perf_counter() - ts.pop())
             print(f"T={T} rank {rank}: {1e3 * sorted(ts[2:])[len(ts[2:]) // 2]:.3f} ms fwd+bwd")
         return te.destroy_ub() or [], True
@@ -86,20 +85,21 @@ def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --b
     rows, ok, stream = [f"{head}  check (rank {rank}'s rows)"], True, packed_stream(a.seed, C, H)
     for step in range(a.steps):
         loss, ref_loss, Ts, t0 = 0.0, 0.0, [], time.perf_counter()
-        for T_raw, x, tgt in (next(stream) for _ in range(a.micro)):
+        for lens, x, tgt in (next(stream) for _ in range(a.micro)):
+            T_raw, cu = sum(lens), torch.tensor([0] + lens).cumsum(0).int()
             Ts.append(f"{T_raw}->{(T := te.legal_rows(T_raw))}")   # pad to a legal T
             xp, tp = Fn.pad(x, (0, 0, 0, T - T_raw)), Fn.pad(tgt, (0, 0, 0, T - T_raw))
             mask = (torch.arange(T) < T_raw).float()[:, None]
             mine = slice(rank * T // P, (rank + 1) * T // P)
             with te.active_tokens(T):                     # T for this microbatch, then restored
-                out = model(xp[mine].to(dev, dt)).float() - tp[mine].to(dev)
+                out = run(xp[mine].to(dev, dt), cu.to(dev), max(lens)).float() - tp[mine].to(dev)
                 (l_r := (out ** 2 * mask[mine].to(dev)).sum() / (T_raw * H)).backward()
             loss += l_r.item()
-            err = ((reference(xp.to(dt).float(), full) - tp) ** 2) * mask   # every rank's rows
+            err = ((reference(xp.to(dt).float(), full, lens) - tp) ** 2) * mask   # all rows
             (err.sum() / (T_raw * H)).backward()
             ref_loss += err[mine].sum().item() / (T_raw * H)
-        for p in (p for b in model for p in (b.mlp.layer_norm_weight, b.mlp.layer_norm_bias)):
-            allreduce(rank, p.grad)        # the norms' gradients: per-rank partial sums (TE's)
+        for p in (p for p in model.parameters() if getattr(p, "sequence_parallel", False)):
+            allreduce(rank, p.grad)   # norms, row biases: per-rank partial sums (Megatron's)
         opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
         ok &= (good := abs(loss - ref_loss) <= tol * abs(ref_loss) + tol)
         rows.append(f"{step:>4} {' '.join(Ts):>32} {loss:>10.5f} {ref_loss:>10.5f} "
@@ -118,7 +118,7 @@ def main():
     a.capacity, dt = max([a.capacity] + [int(t) for t in a.bench.split(",") if t]), \
         {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     print(f"thd_training_step: backend {a.backend}, {a.dtype}, H={a.hidden}, capacity {a.capacity}"
-          f", two blocks (LayerNormMLP + column/row Linear), {a.micro} microbatches per step")
+          f", two TransformerLayers on THD, {a.micro} microbatches per step")
     if a.backend == "sim":                                # ranks are threads of this process
         bar, parts = threading.Barrier(a.tp), [None] * a.tp
 

@@ -12,6 +12,7 @@ from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, Tpf
                       TpflexStateError, TpflexUnsupportedError)
 from ._autograd import _Call, _check_tokens, _ColumnParallel, _RowParallel
 from ._sites import _Plain, _get, _linear, _native, _need, _site_names, _tt
+from ._te_args import _ExtraState, _init_param, _refuse
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -110,6 +111,13 @@ class _Site:
             if self.bulk_wgrad:
                 _need(where, f"{n}_wgrad", "ub_bulk_wgrad", ("bulk",), "rs")
 
+    def __getstate__(self) -> dict:
+        # The cache holds the registration's communicators (C handles, locks): a deep copy or
+        # a pickle of the module takes the site without it and resolves again on first use.
+        d = dict(self.__dict__)
+        d["_cache"] = None
+        return d
+
     @property
     def any_ub(self) -> bool:
         return self.ag or self.rs or self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad or \
@@ -170,20 +178,30 @@ class _Site:
         return c
 
 
-class Linear(torch.nn.Module):
+class Linear(_ExtraState, torch.nn.Module):
     """TransformerEngine's Linear (SPEC §12): parallel_mode None, "column" or "row"."""
 
-    def __init__(self, in_features: int, out_features: int, bias: bool = True, *,
-                 sequence_parallel: bool = False, fuse_wgrad_accumulation: bool = False,
-                 tp_group: Any = None, tp_size: int = 1,
+    def __init__(self, in_features: int, out_features: int, sequence_parallel: bool = False,
+                 fuse_wgrad_accumulation: bool = False, tp_group: Any = None, tp_size: int = 1,
+                 get_rng_state_tracker: Optional[Callable[[], Any]] = None,
+                 rng_tracker_name: Optional[str] = None,
                  init_method: Optional[Callable[[torch.Tensor], Any]] = None,
-                 return_bias: bool = False, params_dtype: Optional[torch.dtype] = None,
-                 parallel_mode: Optional[str] = None, device: Any = None,
+                 bias: bool = True, return_bias: bool = False,
+                 params_dtype: Optional[torch.dtype] = None, parallel_mode: Optional[str] = None,
+                 parameters_split: Any = None, device: Any = None,
                  ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
                  ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
-                 ub_bulk_wgrad: bool = False, ub_name: Optional[str] = None) -> None:
+                 ub_bulk_wgrad: bool = False, ub_name: Optional[str] = None,
+                 delay_wgrad_compute: bool = False, symmetric_ar_type: Optional[str] = None,
+                 save_original_input: bool = False, name: Optional[str] = None) -> None:
         super().__init__()
         where = f"Linear({in_features}, {out_features})"
+        # TE's order and every TE argument (SPEC §12's correction); save_original_input only
+        # changes what TE's FP8 path saves, so it is accepted; name labels the module.
+        _refuse(where, parameters_split=(parameters_split, None),
+                delay_wgrad_compute=(delay_wgrad_compute, False),
+                symmetric_ar_type=(symmetric_ar_type, None))
+        self.name = name
         if parallel_mode not in (None, "column", "row"):
             raise TpflexInvalidError(f"parallel_mode={parallel_mode!r} (None, 'column' or 'row')",
                                      where)
@@ -214,7 +232,8 @@ class Linear(torch.nn.Module):
         dt = params_dtype or torch.get_default_dtype()
         dev = _device(device)
         self.weight = torch.nn.Parameter(torch.empty(n_out, n_in, dtype=dt, device=dev))
-        (init_method or _default_init)(self.weight.data)
+        _init_param(self.weight.data, init_method or _default_init, get_rng_state_tracker,
+                    rng_tracker_name)
         if parallel_mode is not None:
             self.weight.tensor_model_parallel = True
             self.weight.partition_dim = 0 if parallel_mode == "column" else 1
@@ -276,23 +295,40 @@ _NORMS = ("LayerNorm", "RMSNorm")
 _ACTS = ("gelu", "relu")
 
 
-class LayerNormMLP(torch.nn.Module):
+class LayerNormMLP(_ExtraState, torch.nn.Module):
     """TransformerEngine's LayerNormMLP (SPEC §12): norm -> fc1 (column-parallel) -> activation
     -> fc2 (row-parallel), on the sites 'fc1' and 'fc2'."""
 
     def __init__(self, hidden_size: int, ffn_hidden_size: int, eps: float = 1e-5,
-                 bias: bool = True, *, normalization: str = "LayerNorm",
-                 activation: str = "gelu", sequence_parallel: bool = False,
-                 fuse_wgrad_accumulation: bool = False, tp_group: Any = None, tp_size: int = 1,
+                 sequence_parallel: bool = False, return_bias: bool = False,
+                 get_rng_state_tracker: Optional[Callable[[], Any]] = None,
+                 tp_group: Any = None, tp_size: int = 1,
                  init_method: Optional[Callable[[torch.Tensor], Any]] = None,
+                 bias: bool = True, normalization: str = "LayerNorm",
+                 activation: str = "gelu", activation_params: Optional[dict] = None,
                  output_layer_init_method: Optional[Callable[[torch.Tensor], Any]] = None,
-                 return_bias: bool = False, params_dtype: Optional[torch.dtype] = None,
-                 set_parallel_mode: bool = False, device: Any = None,
-                 ub_overlap_ag: bool = False, ub_overlap_rs: bool = False,
-                 ub_overlap_rs_dgrad: bool = False, ub_bulk_dgrad: bool = False,
-                 ub_bulk_wgrad: bool = False) -> None:
+                 fuse_wgrad_accumulation: bool = False,
+                 params_dtype: Optional[torch.dtype] = None,
+                 return_layernorm_output: bool = False,
+                 return_layernorm_output_gathered: bool = False,
+                 seq_length: Optional[int] = None, micro_batch_size: Optional[int] = None,
+                 set_parallel_mode: bool = False, zero_centered_gamma: bool = False,
+                 device: Any = None, ub_overlap_ag: bool = False, name: Optional[str] = None,
+                 ub_overlap_rs: bool = False, ub_overlap_rs_dgrad: bool = False,
+                 ub_bulk_dgrad: bool = False, ub_bulk_wgrad: bool = False,
+                 delay_wgrad_compute: bool = False, symmetric_ar_type: Optional[str] = None,
+                 checkpoint: bool = False) -> None:
         super().__init__()
         where = f"LayerNormMLP({hidden_size}, {ffn_hidden_size})"
+        # TE's order and every TE argument (SPEC §12's correction). seq_length and
+        # micro_batch_size are TE's JIT-warmup hints: accepted, nothing to warm up here.
+        _refuse(where, activation_params=(activation_params, None),
+                return_layernorm_output=(return_layernorm_output, False),
+                return_layernorm_output_gathered=(return_layernorm_output_gathered, False),
+                zero_centered_gamma=(zero_centered_gamma, False),
+                delay_wgrad_compute=(delay_wgrad_compute, False),
+                symmetric_ar_type=(symmetric_ar_type, None), checkpoint=(checkpoint, False))
+        self.name, self.seq_length, self.micro_batch_size = name, seq_length, micro_batch_size
         if normalization not in _NORMS:
             raise TpflexInvalidError(f"normalization={normalization!r} ({' or '.join(_NORMS)})",
                                      where)
@@ -340,9 +376,11 @@ class LayerNormMLP(torch.nn.Module):
         else:
             self.register_parameter("layer_norm_bias", None)
         self.fc1_weight = torch.nn.Parameter(torch.empty(Fp, H, dtype=dt, device=dev))
-        (init_method or _default_init)(self.fc1_weight.data)
+        _init_param(self.fc1_weight.data, init_method or _default_init, get_rng_state_tracker,
+                    None)
         self.fc2_weight = torch.nn.Parameter(torch.empty(H, Fp, dtype=dt, device=dev))
-        (output_layer_init_method or _default_init)(self.fc2_weight.data)
+        _init_param(self.fc2_weight.data, output_layer_init_method or _default_init,
+                    get_rng_state_tracker, None)
         self.fc1_weight.tensor_model_parallel, self.fc1_weight.partition_dim = True, 0
         self.fc2_weight.tensor_model_parallel, self.fc2_weight.partition_dim = True, 1
         if self.use_bias:

@@ -46,6 +46,9 @@ This module is the public face; the code lives in modules named for what they do
     _observe.py    profile (torch.profiler / NVTX ranges, or TPFLEX_PROFILE=1), stats,
                    print_stats, reset_stats (telemetry per communicator), trace (a Chrome /
                    Perfetto JSON trace of the steps inside it)
+    torch/module/  LayerNormLinear, LayerNorm, RMSNorm (and base: TE's userbuffer path)
+    torch/attention/, torch/transformer.py   DotProductAttention (THD), MultiheadAttention,
+                   TransformerLayer (SPEC §13)
 """
 from __future__ import annotations
 
@@ -61,9 +64,13 @@ from .._options import OPTION_NAMES
 from .._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
                   set_ub_active_shape)
 from ..layers import Linear, LayerNormMLP, active_tokens
+from .module import LayerNorm, LayerNormLinear, RMSNorm
+from .attention import DotProductAttention, MultiheadAttention
+from .transformer import TransformerLayer
 
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",
            "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens", "graphed",
            "GraphedCallable", "profile", "profiling", "stats", "print_stats", "reset_stats",
-           "StatsReport", "trace"]
+           "StatsReport", "trace", "LayerNormLinear", "LayerNorm", "RMSNorm",
+           "DotProductAttention", "MultiheadAttention", "TransformerLayer"]

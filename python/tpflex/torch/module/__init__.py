@@ -1,4 +1,8 @@
 """TE's `transformer_engine.pytorch.module` path: the modules and `base` (userbuffers)."""
 from ...layers import LayerNormMLP, Linear
+from . import base  # noqa: F401  (TE's te.module.base.initialize_ub path)
+from .layernorm import LayerNorm
+from .layernorm_linear import LayerNormLinear
+from .rmsnorm import RMSNorm
 
-__all__ = ["Linear", "LayerNormMLP"]
+__all__ = ["Linear", "LayerNormMLP", "LayerNormLinear", "LayerNorm", "RMSNorm"]
