@@ -43,6 +43,8 @@ This module is the public face; the code lives in modules named for what they do
     _graphs.py     graphed(fn): dynamic T under CUDA graphs (a ladder of buckets, one capture
                    per bucket; on the simulator a stand-in that re-runs fn)
     layers/        Linear, LayerNormMLP, active_tokens: TE's modules on these operations
+    quantization.py  autocast (FP8, TE's recipes from tpflex.common.recipe), quantized_model_init
+                   (SPEC §14); the code in tpflex._quant, below the layers
 """
 from __future__ import annotations
 
@@ -53,11 +55,20 @@ from .._graphs import GraphedCallable, graphed
 from .._manager import Manager
 from .._ops import OP_NAMES
 from .._options import OPTION_NAMES
-from .._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
-                  set_ub_active_shape)
+from .._te import (DEFAULT_UB_CFGS, UserBufferQuantizationMode, destroy_ub, get_ub,
+                  initialize_ub, legal_rows, set_ub_active_shape)
+from ..common import recipe
+from ..common.recipe import (CustomRecipe, DelayedScaling, Float8BlockScaling,
+                             Float8CurrentScaling, Format, MXFP8BlockScaling, NVFP4BlockScaling,
+                             Recipe)
 from ..layers import Linear, LayerNormMLP, active_tokens
+from .quantization import (autocast, fp8_autocast, fp8_model_init, is_fp8_enabled,
+                           quantized_model_init)
 
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",
            "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens", "graphed",
-           "GraphedCallable"]
+           "GraphedCallable", "UserBufferQuantizationMode", "autocast", "fp8_autocast",
+           "quantized_model_init", "fp8_model_init", "is_fp8_enabled", "recipe", "Recipe",
+           "Format", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
+           "Float8BlockScaling", "NVFP4BlockScaling", "CustomRecipe"]
