@@ -310,7 +310,9 @@ class _DelayedMeta:
         if r.scaling_factor_compute_algo is not None:
             self.scale.copy_(r.scaling_factor_compute_algo(amax, self.scale, fp8_max, r))
             return
-        sf = (fp8_max / amax) / (2 ** r.margin)
+        # A correctly rounded fp32 quotient (TE's fused update divides with __fdiv_rn; torch's
+        # scalar / tensor multiplies by a reciprocal instead, one ulp off at times).
+        sf = (torch.full_like(amax, fp8_max) / amax) / (2 ** r.margin)
         sf = torch.where(amax > 0.0, sf, self.scale)
         sf = torch.where(torch.isfinite(amax), sf, self.scale)
         sf = torch.where(torch.isinf(sf), torch.full_like(sf, FP32_MAX), sf)
