@@ -166,6 +166,9 @@ class Signature(unittest.TestCase):
         self.assertEqual([m.value for m in te.UserBufferQuantizationMode], ["none", "fp8"])
         from tpflex.torch import quantization, fp8  # noqa: F401 (TE's paths)
         self.assertIs(quantization.autocast, te.autocast)
+        # TE's layer test spells them te.module.base.initialize_ub / ...UserBufferQuantizationMode.
+        self.assertIs(te.module.base.initialize_ub, te.initialize_ub)
+        self.assertIs(te.quantization.quantized_model_init, te.quantized_model_init)
         self.assertIs(fp8.DelayedScaling, te.DelayedScaling)
 
 

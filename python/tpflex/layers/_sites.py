@@ -121,12 +121,13 @@ def _precision(owner: Any, call: Any, weight: torch.Tensor, first_microbatch: Op
     cdt = _compute_dtype(weight)
     q = _quant.site_quant(owner, weight.device)
     call.cdt, call.q = cdt, q
-    if q is not None and q.delayed and call.sp and call.P > 1 and not q.recipe.reduce_amax:
+    sp = call.sp and call.P > 1 and getattr(owner, "mode", None) is not None   # gathers rows
+    if q is not None and q.delayed and sp and not q.recipe.reduce_amax:
         raise TpflexUnsupportedError(
             "DelayedScaling(reduce_amax=False) gives every rank its own scales, but this "
             "sequence-parallel site gathers FP8 shards that must share one scale: keep "
             "reduce_amax=True (with amax_reduction_group covering the TP group)", call.where)
-    call.tp_reduce = _tp_reducer(group) if q is not None and call.sp and call.P > 1 else None
+    call.tp_reduce = _tp_reducer(group) if q is not None and sp else None
     why = "torch.autocast's dtype" if cdt != weight.dtype else "the parameters' dtype"
     for comm, kind in ((call.fprop, "fprop"), (call.dgrad, "dgrad"), (call.wgrad, "wgrad")):
         if comm is None:

@@ -62,6 +62,7 @@ from ..common.recipe import (CustomRecipe, DelayedScaling, Float8BlockScaling,
                              Float8CurrentScaling, Format, MXFP8BlockScaling, NVFP4BlockScaling,
                              Recipe)
 from ..layers import Linear, LayerNormMLP, active_tokens
+from . import module, quantization  # noqa: F401 (TE's paths: te.module.base, te.quantization)
 from .quantization import (autocast, fp8_autocast, fp8_model_init, is_fp8_enabled,
                            quantized_model_init)
 
