@@ -181,8 +181,9 @@ class autocast:
             reduce_and_update(True, recipe, group)
 
 
-def fp8_autocast(enabled: bool = True, calibrating: bool = False, fp8_recipe: Optional[Recipe] = None,
-                 fp8_group: Any = None, _graph: bool = False) -> autocast:
+def fp8_autocast(enabled: bool = True, calibrating: bool = False,
+                 fp8_recipe: Optional[Recipe] = None, fp8_group: Any = None,
+                 _graph: bool = False) -> autocast:
     """TE's deprecated spelling of autocast (its argument names)."""
     return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe,
                     amax_reduction_group=fp8_group, _graph=_graph)

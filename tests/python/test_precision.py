@@ -594,6 +594,45 @@ class Fp8(unittest.TestCase):
                                                         for v in row] for row in hist_b])
                         self.assertEqual(sb.tolist(), scale_b, (algo, P, i, q))
 
+    def test_both_modes_pick_the_registration(self):
+        """quantization_modes=[FP8, NONE] (TE's first/last layers in bf16): a module inside
+        autocast runs on the FP8 registrations, one under a nested autocast(enabled=False) on
+        the NONE ones: each equal to the run on a registration of that mode alone."""
+        M = te.UserBufferQuantizationMode
+
+        def body(P, r, which):
+            m = _col_linear(P, r, 71, ub_overlap_ag=True, ub_bulk_dgrad=True, ub_bulk_wgrad=True)
+            x = rnd(32, H, seed=12)[r * 16:(r + 1) * 16]
+            out = {}
+            with te.active_tokens(32), torch.autocast("cpu", dtype=BF):
+                with te.autocast(recipe=te.Float8CurrentScaling()):
+                    if which in ("both", "fp8"):
+                        out["fp8"] = m(x).detach()
+                    if which in ("both", "none"):
+                        with te.autocast(enabled=False):
+                            out["none"] = m(x).detach()
+            return out
+        both = run(2, lambda P, r: body(P, r, "both"), quantization_modes=[M.FP8, M.NONE])
+        fp8 = run(2, lambda P, r: body(P, r, "fp8"), quantization_modes=[M.FP8])
+        none = run(2, lambda P, r: body(P, r, "none"), quantization_modes=[M.NONE])
+        for r in range(2):
+            self.assertTrue(torch.equal(both[r]["fp8"], fp8[r]["fp8"]), r)
+            self.assertTrue(torch.equal(both[r]["none"], none[r]["none"]), r)
+            self.assertFalse(torch.equal(both[r]["fp8"], both[r]["none"]), r)
+
+    def test_current_scaling_rules(self):
+        """TE's compute_scale_from_amax: fp8_max / amax; 1 for 0, inf and NaN; amax_epsilon
+        raises a small amax; power_2_scale keeps the exponent only; fp32's max on overflow."""
+        from tpflex import _quant
+        a = torch.tensor([3.0, 0.0, float("inf"), float("nan"), 1e-3, 1e-45])
+        got = _quant.scale_from_amax(a, 448.0).tolist()
+        self.assertEqual(got[:4], [h_scale(3.0, 448.0), 1.0, 1.0, 1.0])
+        self.assertEqual(got[4], h_scale(float(torch.tensor(1e-3)), 448.0))
+        self.assertEqual(got[5], float(torch.finfo(torch.float32).max))
+        self.assertEqual(_quant.scale_from_amax(a[:1], 448.0, pow2=True).tolist(), [128.0])
+        self.assertEqual(_quant.scale_from_amax(torch.tensor([1e-3]), 448.0,
+                                                epsilon=0.5).tolist(), [896.0])
+
     def test_other_recipes_refused(self):
         from tpflex.common import recipe as R
         for rec in (R.MXFP8BlockScaling(), R.Float8BlockScaling(), R.NVFP4BlockScaling(),

@@ -88,7 +88,8 @@ class _ColumnParallel(torch.autograd.Function):
                 y = _column_fp8_fwd(ctx, x, b, call)
             else:
                 w = call.weight(weight)
-                if call.ag:  # RING AG + GEMM, the bias (and, without grad, the GELU) in the epilogue
+                if call.ag:  # RING AG + GEMM, the bias (and, without grad, the GELU) in the
+                    # epilogue
                     call.fprop.local_chunk().copy_(x)
                     kw = {} if b is None else {"bias": b}
                     if call.gelu:
