@@ -12,8 +12,8 @@ from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, Tpf
                       TpflexStateError, TpflexUnsupportedError)
 from ._autograd import _Call, _check_tokens, _ColumnParallel, _RowParallel
 from .. import _quant
-from ._sites import (_Plain, _autocast_off, _compute_dtype, _get, _linear, _native, _need,
-                     _precision, _site_names, _tt)
+from ._sites import (_Plain, _autocast_off, _autocast_on, _compute_dtype, _get, _linear,
+                     _native, _need, _precision, _site_names, _tt)
 
 
 # ---- modules -----------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ class _Site:
 def _plain_precision(w: torch.Tensor) -> bool:
     """Whether the parameters' dtype is what the GEMMs run in: no torch.autocast for w's device
     and no FP8 autocast (else the modules take their autograd functions, which cast)."""
-    return not torch.is_autocast_enabled(w.device.type) and not _quant.is_fp8_enabled()
+    return not _autocast_on(w.device.type) and not _quant.is_fp8_enabled()
 
 
 class Linear(torch.nn.Module):

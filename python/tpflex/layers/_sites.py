@@ -77,9 +77,21 @@ def _compute_dtype(t: torch.Tensor) -> torch.dtype:
     """The dtype the GEMMs run in: torch.autocast's for t's device type when it is on (as TE),
     else t's (the parameters')."""
     dev = t.device.type
-    if torch.is_autocast_enabled(dev):
-        return torch.get_autocast_dtype(dev)
+    if _autocast_on(dev):
+        try:
+            return torch.get_autocast_dtype(dev)
+        except (AttributeError, TypeError):   # torch < 2.4: per-device functions
+            return torch.get_autocast_cpu_dtype() if dev == "cpu" else \
+                torch.get_autocast_gpu_dtype()
     return t.dtype
+
+
+def _autocast_on(dev: str) -> bool:
+    """Whether torch.autocast is on for device type `dev` (torch < 2.4 had no argument)."""
+    try:
+        return torch.is_autocast_enabled(dev)
+    except TypeError:
+        return torch.is_autocast_cpu_enabled() if dev == "cpu" else torch.is_autocast_enabled()
 
 
 def _autocast_off(t: torch.Tensor) -> Any:
