@@ -324,8 +324,9 @@ class TorchAutocast(unittest.TestCase):
 
     def test_main_grad_and_weight_cache(self):
         """fuse_wgrad_accumulation: main_grad fp32 accumulates the bf16 GEMMs' fp32 sums;
-        is_first_microbatch: True casts and caches, False reuses (a weight changed in between
-        is not seen), None casts afresh."""
+        is_first_microbatch under FP8: True quantizes and caches, False reuses (a weight changed
+        in between is not seen), None quantizes afresh; under torch.autocast alone the bf16
+        cast is made every call (TE caches quantized weights only)."""
         def body(P, r):
             m = te.Linear(H, F, tp_size=P, sequence_parallel=True, parallel_mode="column",
                           ub_name="fc1", ub_overlap_ag=True, ub_bulk_dgrad=True,
@@ -346,22 +347,33 @@ class TorchAutocast(unittest.TestCase):
                 with torch.no_grad():
                     m.weight.mul_(2)
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    cached = m(x, is_first_microbatch=False).detach()
-                    fresh = m(x, is_first_microbatch=None).detach()
-            return ys, mg, m.weight.grad, cached, fresh, w0, x, dy
+                    amp = m(x, is_first_microbatch=False).detach()   # AMP: cast afresh
+                fp8 = []
+                with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+                    rec = te.Float8CurrentScaling()
+                    for first in (True, False, None):
+                        if first is False:
+                            m.weight.mul_(0.5)
+                        with te.autocast(recipe=rec):
+                            fp8.append(m(x, is_first_microbatch=first))
+            return ys, mg, m.weight.grad, amp, fp8, w0, x, dy
+        M = te.UserBufferQuantizationMode
         for P in (2,):
-            res = run(P, body)
+            res = run(P, body, quantization_modes=[M.NONE, M.FP8])
             for r in range(P):
-                ys, mg, g, cached, fresh, w0, x, dy = res[r]
+                ys, mg, g, amp, fp8, w0, x, dy = res[r]
                 self.assertIsNone(g)
                 self.assertEqual(mg.dtype, torch.float32)
                 xt = torch.cat([res[q][6] for q in range(P)]).to(BF).float()
                 ref = 2 * (dy.float().t() @ xt)
                 self.assertTrue(close(mg, ref, BF), r)
                 self.assertTrue(torch.equal(ys[0], ys[1]))
-                self.assertTrue(torch.equal(cached, ys[0]))       # the cached bf16 weight
-                self.assertTrue(close(fresh, (xt @ (2 * w0).to(BF).float().t()).to(BF), BF))
-                self.assertFalse(torch.equal(fresh, cached))
+                self.assertTrue(close(amp, (xt @ (2 * w0).to(BF).float().t()).to(BF), BF))
+                self.assertTrue(torch.equal(fp8[1], fp8[0]))    # the cached FP8 weight (2 w0)
+                self.assertFalse(torch.equal(fp8[2], fp8[1]))   # None: w0 quantized afresh
+                xq, xi = h_q(xt, h_scale(xt.abs().max(), 448.0), E4)
+                wq, wi = h_q(w0, h_scale(w0.abs().max(), 448.0), E4)
+                self.assertTrue(close(fp8[2], h_mm(xq, wq.t(), xi, wi), BF))
 
 
 # ---- FP8 -------------------------------------------------------------------------------------

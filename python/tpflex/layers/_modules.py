@@ -174,7 +174,7 @@ class _Site:
             c.fuse_wgrad = False
         c.accumulate = accumulate
         # torch.autocast / FP8 autocast: the GEMMs' dtype, the quantization, the weight cast
-        # (cached per is_first_microbatch), each communicator's dtype checked against it.
+        # (FP8: cached per is_first_microbatch), each communicator's dtype checked against it.
         _precision(self, c, weight, first_microbatch, self.group)
         return c
 

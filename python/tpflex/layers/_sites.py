@@ -102,19 +102,19 @@ def _autocast_off(t: torch.Tensor) -> Any:
 
 def _weight_cast(owner: Any, weight: torch.Tensor, cdt: torch.dtype, q: Any,
                  first_microbatch: Optional[bool]) -> Any:
-    """The weight as the GEMMs take it: cast to cdt, or quantized (q), cached on `owner` as TE
-    caches it: is_first_microbatch True computes and caches, False reuses the cache (computing
-    it when there is none), None neither reads nor writes it."""
-    key = (weight, weight.dtype, cdt, None if q is None else (q.fwd, repr(q.recipe)))
+    """The weight as the GEMMs take it: cast to cdt (every call, as TE's AMP cast), or quantized
+    (q) and then cached on `owner` as TE caches its FP8 weight: is_first_microbatch True
+    quantizes and caches, False reuses the cache (quantizing when there is none), None neither
+    reads nor writes it."""
+    if q is None:
+        w = weight.detach()
+        return w if w.dtype == cdt else w.to(cdt)
+    key = (weight, weight.dtype, cdt, (q.fwd, repr(q.recipe)))
     if first_microbatch is False:
         hit = getattr(owner, "_wcache", None)
         if hit is not None and hit[0][0] is weight and hit[0][1:] == key[1:]:
             return hit[1]
-    w = weight.detach()
-    if q is not None:
-        w = q.quantize(w, "weight")
-    elif w.dtype != cdt:
-        w = w.to(cdt)
+    w = q.quantize(weight.detach(), "weight")
     if first_microbatch is not None:
         owner._wcache = (key, w)
     return w
