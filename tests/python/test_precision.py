@@ -645,6 +645,51 @@ class Fp8(unittest.TestCase):
         self.assertEqual(_quant.scale_from_amax(torch.tensor([1e-3]), 448.0,
                                                 epsilon=0.5).tolist(), [896.0])
 
+    def test_delayed_scaling_callables(self):
+        """amax_compute_algo and scaling_factor_compute_algo as callables (TE's unfused update):
+        the scale is what they return, from the history before it rolls."""
+        seen = []
+
+        def amax_algo(h):
+            seen.append(h.clone())
+            return h.max(0).values * 2
+
+        def sf_algo(amax, scale, fp8_max, recipe):
+            return fp8_max / amax / 4
+
+        recipe = te.DelayedScaling(amax_history_len=2, amax_compute_algo=amax_algo,
+                                   scaling_factor_compute_algo=sf_algo)
+        m = te.Linear(H, F, params_dtype=torch.float32)
+        x = rnd(8, H, seed=13, scale=2.0)
+        with te.autocast(recipe=recipe):
+            m(x)
+        _, fwd, _ = m._site._fp8_metas
+        amax = torch.tensor([float(x.abs().max()), float(m.weight.abs().max())])
+        self.assertEqual(seen[0][0].tolist(), amax.tolist())     # the newest row, before the roll
+        self.assertEqual(fwd.amax_history[-1].tolist(), amax.tolist())
+        self.assertEqual(fwd.scale.tolist(), (448.0 / (2 * amax) / 4).tolist())
+
+    def test_refusals(self):
+        with self.assertRaises(E.TpflexUnsupportedError):
+            te.autocast(calibrating=True)
+        a = te.autocast()
+        with a:
+            with self.assertRaises(E.TpflexInvalidError):
+                a.__enter__()
+        with self.assertRaises(E.TpflexUnsupportedError):
+            with te.quantized_model_init(enabled=True):
+                pass
+
+        def body(P, r):
+            m = _col_linear(P, r, 91)
+            try:
+                with te.active_tokens(16), te.autocast(recipe=te.DelayedScaling(
+                        reduce_amax=False)):
+                    m(rnd(8, H, seed=1))
+            except E.TpflexUnsupportedError as e:
+                return str(e)
+        self.assertIn("reduce_amax=False", run(2, body, use_fp8=True)[0])
+
     def test_other_recipes_refused(self):
         from tpflex.common import recipe as R
         for rec in (R.MXFP8BlockScaling(), R.Float8BlockScaling(), R.NVFP4BlockScaling(),
