@@ -27,8 +27,9 @@ As in TE, giving qkv_dgrad or fc1_dgrad a method other than "bulk" makes it a re
 and drops the matching *_wgrad site (which must then not be configured)."""
 from __future__ import annotations
 
+import enum
 import warnings
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -80,6 +81,18 @@ FP8_AG_SITES: Tuple[str, ...] = ("qkv_fprop", "qkv_dgrad", "proj_dgrad", "fc1_fp
                                  "fc2_dgrad")
 # The sites that gather a gradient (dY): E5M2 under TE's HYBRID recipe; the others E4M3.
 FP8_E5M2_SITES: Tuple[str, ...] = ("proj_dgrad", "fc2_dgrad")
+
+
+class UserBufferQuantizationMode(enum.Enum):
+    """TE's quantization mode of a userbuffer registration (module/base.py): NONE registers the
+    sites in initialize_ub's dtype, FP8 registers TE's fp8_buf all-gather sites in FP8."""
+    NONE = "none"
+    FP8 = "fp8"
+
+
+# With both modes registered, the FP8 mode's communicators carry this suffix (TE keys its
+# communicators by (name, mode); get_ub(name, use_fp8=True) finds them).
+FP8_SUFFIX = ".fp8"
 
 
 class SiteConfig(NamedTuple):
@@ -195,21 +208,77 @@ def resolve_cfgs(ub_cfgs: Any, where: str = "initialize_ub") -> Dict[str, SiteCo
     return out
 
 
-def _quantization(where: str, use_fp8: Any, quantization_modes: Any) -> bool:
-    """TE's use_fp8 / quantization_modes: whether the fp8_buf sites register in FP8 (SPEC §11)."""
+def _mode(where: str, m: Any) -> UserBufferQuantizationMode:
+    if isinstance(m, UserBufferQuantizationMode):
+        return m
+    # TE's own enum (transformer_engine.pytorch.module.base), or its value / name as a str.
+    v = getattr(m, "value", m)
+    name = v.lower() if isinstance(v, str) else None
+    for mode in UserBufferQuantizationMode:
+        if name in (mode.value, mode.name.lower()):
+            return mode
+    raise TpflexInvalidError(f"quantization_modes: unknown mode {m!r} (UserBufferQuantizationMode"
+                             f".NONE or .FP8)", where)
+
+
+def _quantization(where: str, use_fp8: Any,
+                  quantization_modes: Any) -> List[UserBufferQuantizationMode]:
+    """TE's use_fp8 / quantization_modes: the modes to register, in order. As TE: a non-empty
+    quantization_modes (a list) wins; otherwise use_fp8 picks [FP8] or [NONE]."""
     fp8 = bool_arg(where, "use_fp8", use_fp8)
-    if quantization_modes is None:
-        return fp8
-    modes = quantization_modes if isinstance(quantization_modes, (list, tuple)) else \
-        [quantization_modes]
-    for m in modes:
-        name = str(getattr(m, "name", m)).lower()
-        if name.endswith("fp8"):
-            fp8 = True
-        elif not name.endswith("none"):
-            raise TpflexInvalidError(f"quantization_modes: unknown mode {m!r} (NONE or FP8)",
-                                     where)
-    return fp8
+    if quantization_modes is None or (isinstance(quantization_modes, (list, tuple)) and
+                                      not quantization_modes):
+        return [UserBufferQuantizationMode.FP8 if fp8 else UserBufferQuantizationMode.NONE]
+    if not isinstance(quantization_modes, (list, tuple)):
+        raise TpflexInvalidError(f"quantization_modes must be a list of "
+                                 f"UserBufferQuantizationMode, got "
+                                 f"{type(quantization_modes).__name__}", where)
+    modes = [_mode(where, m) for m in quantization_modes]
+    if len(set(modes)) != len(modes):
+        raise TpflexInvalidError(f"quantization_modes {[m.name for m in modes]} names a mode "
+                                 f"twice: give each of NONE and FP8 at most once", where)
+    if fp8 and UserBufferQuantizationMode.FP8 not in modes:
+        warnings.warn(TpflexConfigWarning(
+            "initialize_ub: use_fp8=True is ignored: quantization_modes is given and has no "
+            "FP8 mode (as TE: quantization_modes replaces the deprecated use_fp8)"), stacklevel=3)
+    return modes
+
+
+def _cfgs_per_mode(where: str, ub_cfgs: Any, n: int) -> List[Any]:
+    """TE's ub_cfgs: None or one dict for every mode, or a list of one (dict or None) per mode."""
+    if ub_cfgs is None or isinstance(ub_cfgs, dict):
+        return [ub_cfgs] * n
+    if not isinstance(ub_cfgs, (list, tuple)):
+        raise TpflexInvalidError(f"ub_cfgs must be a dict {{site: {{key: value}}}}, a list of "
+                                 f"such dicts (one per quantization mode) or None, got "
+                                 f"{type(ub_cfgs).__name__}", where)
+    if len(ub_cfgs) != n:
+        raise TpflexInvalidError(f"ub_cfgs is a list of {len(ub_cfgs)} entries but "
+                                 f"quantization_modes has {n}: give one dict (or None) per mode, "
+                                 f"in quantization_modes' order", where)
+    for i, c in enumerate(ub_cfgs):
+        if c is not None and not isinstance(c, dict):
+            raise TpflexInvalidError(f"ub_cfgs[{i}] must be a dict {{site: {{key: value}}}} or "
+                                     f"None (the list holds one per quantization mode), got "
+                                     f"{type(c).__name__}", where)
+    return list(ub_cfgs)
+
+
+def registered_name(site: str, use_fp8: Optional[bool]) -> str:
+    """The manager's name for TE's (site, mode): `site` itself, or site + FP8_SUFFIX for the
+    FP8 mode when both modes are registered. use_fp8=None: `site` (the only or NONE mode's)."""
+    modes = state().get("ub_modes")
+    if use_fp8 is None or not modes:
+        return site
+    want = UserBufferQuantizationMode.FP8 if use_fp8 else UserBufferQuantizationMode.NONE
+    if want not in modes:
+        have = "/".join(m.name for m in modes)
+        fix = ("quantization_modes=[UserBufferQuantizationMode.NONE, "
+               "UserBufferQuantizationMode.FP8]")
+        raise TpflexInvalidError(
+            f"'{site}' with use_fp8={use_fp8}: initialize_ub registered the {have} mode only "
+            f"(register both with initialize_ub(..., {fix}))", "get_ub")
+    return site + FP8_SUFFIX if use_fp8 and len(modes) > 1 else site
 
 
 def _bootstrap_backend(where: str, v: Any, backend: str) -> None:
@@ -232,19 +301,28 @@ def _bootstrap_backend(where: str, v: Any, backend: str) -> None:
 
 
 def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
-                  quantization_modes: Any = None, dtype: torch.dtype = torch.bfloat16,
-                  ub_cfgs: Optional[Dict[str, Dict[str, Any]]] = None,
-                  bootstrap_backend: Any = None, *, group: Any = None,
+                  quantization_modes: Optional[List[UserBufferQuantizationMode]] = None,
+                  dtype: torch.dtype = torch.bfloat16,
+                  ub_cfgs: Optional[Union[Dict[str, Dict[str, Any]],
+                                          List[Dict[str, Dict[str, Any]]]]] = None,
+                  bootstrap_backend: Any = None, with_cublasmp: bool = False, *,
+                  group: Any = None,
                   backend: Optional[str] = None, device: Any = None,
                   timeout_ms: Optional[int] = None) -> Manager:
     """Registers TE's default communicators (DEFAULT_UB_CFGS updated by ub_cfgs: see this
     module's docstring for every key) at capacity `shape` = [max_tokens, hidden], once.
     Collective over the tp group. Returns the manager (also the module's current one).
 
-    TE's arguments: use_fp8=True (or an FP8 quantization mode) registers TE's fp8_buf sites in
-    FP8 (fp8_dtype: float8_e4m3fn, float8_e5m2 for proj_dgrad / fc2_dgrad); their operations
-    take fp8 weights and a_scale_inv= / w_scale_inv= (SPEC §11); bootstrap_backend takes TE's values ("gloo", "mpi", "nccl") and
-    tpflex bootstraps over gloo whatever it says (a warning names what is ignored).
+    TE's arguments: quantization_modes (a list of UserBufferQuantizationMode; None or empty:
+    the deprecated use_fp8 picks [FP8] or [NONE]) registers TE's sites once per mode; the FP8
+    mode registers TE's fp8_buf sites in FP8 (fp8_dtype: float8_e4m3fn, float8_e5m2 for
+    proj_dgrad / fc2_dgrad), whose operations take fp8 weights and a_scale_inv= / w_scale_inv=
+    (SPEC §11). With both modes the FP8 mode's communicators are named site + ".fp8"
+    (get_ub(site, use_fp8=True) finds them). ub_cfgs is one dict for every mode or, as TE
+    reads it, a list of one dict (or None) per mode in quantization_modes' order.
+    bootstrap_backend takes TE's values ("gloo", "mpi", "nccl") and tpflex bootstraps over gloo
+    whatever it says (a warning names what is ignored). with_cublasmp=True (TE's cuBLASMp
+    backend) is refused: tpflex's own overlap is the backend.
     tpflex's: backend "sim" (inside tpflex.sim.run), "cuda" (torch.distributed initialised;
     `group` is the tp group, default the world; `device` default torch.cuda.current_device();
     timeout_ms bounds every device-side wait, default 30 s or TPF_CUDA_TIMEOUT_MS), or None for
@@ -255,7 +333,13 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
                                  "torch.float32; FP8 sites come from use_fp8=True)", where)
     cap = as_shape(where, "shape", shape)
     P = int_arg(where, "tp_size", tp_size, 1, I32_MAX, ctype="int")
-    use_fp8 = _quantization(where, use_fp8, quantization_modes)
+    modes = _quantization(where, use_fp8, quantization_modes)
+    if bool_arg(where, "with_cublasmp", with_cublasmp):
+        raise TpflexUnsupportedError(
+            "with_cublasmp=True asks for TE's cuBLASMp backend (NVIDIA's distributed GEMM "
+            "library, TE built with NVTE_WITH_CUBLASMP=1); tpflex has no cuBLASMp backend and "
+            "runs its own overlap schedules: leave with_cublasmp=False", where)
+    use_fp8 = UserBufferQuantizationMode.FP8 in modes
     if timeout_ms is not None:
         timeout_ms = int_arg(where, "timeout_ms", timeout_ms, 1, U32_MAX, ctype="unsigned")
     if backend is None:
@@ -263,7 +347,14 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     if backend not in ("sim", "cuda"):
         raise TpflexInvalidError(f"backend={backend!r}: 'sim' or 'cuda' (or None)", where)
     _bootstrap_backend(where, bootstrap_backend, backend)
-    cfgs = resolve_cfgs(ub_cfgs, where)
+    per_mode = _cfgs_per_mode(where, ub_cfgs, len(modes))
+    regs: List[Tuple[str, SiteConfig, Optional[torch.dtype]]] = []
+    for mode, user in zip(modes, per_mode):
+        fp8 = mode is UserBufferQuantizationMode.FP8
+        suffix = FP8_SUFFIX if fp8 and len(modes) > 1 else ""
+        for name, c in resolve_cfgs(user, where).items():
+            regs.append((name + suffix, c, fp8_dtype(name, c, fp8)))
+    cfgs = {name: c for name, c, _ in regs}
     st = state()
     if st.get("manager") is not None:
         raise TpflexStateError("initialize_ub called twice without destroy_ub", where)
@@ -282,13 +373,14 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     else:
         mgr = _cuda_manager(cap, P, dtype, cfgs, group, device, timeout_ms, use_fp8)
     try:
-        for name, c in cfgs.items():
-            mgr.add(name, c.method, c.coll, fp8_dtype(name, c, use_fp8) or dtype, cap,
+        for name, c, fdt in regs:
+            mgr.add(name, c.method, c.coll, fdt or dtype, cap,
                     external=c.external, num_splits=c.num_splits, aggregate=c.aggregate)
     except BaseException:
         mgr.destroy()
         raise
     st["manager"] = mgr
+    st["ub_modes"] = tuple(modes)
     st.setdefault(sim.ON_CLOSE, {})["tpflex.torch"] = destroy_ub
     return mgr
 
@@ -355,8 +447,13 @@ def set_ub_active_shape(shape: Sequence[int]) -> None:
     current_manager().set_active_shape(shape)
 
 
-def get_ub(name: str) -> Communicator:
-    return current_manager().get(name)
+def get_ub(name: str, use_fp8: Optional[bool] = None) -> Communicator:
+    """The communicator of site `name`: TE's get_ub(name, use_fp8) picks the registration of
+    that quantization mode (use_fp8=None, tpflex's default: the site's only or NONE-mode one)."""
+    if use_fp8 is not None:
+        use_fp8 = bool_arg("get_ub", "use_fp8", use_fp8)
+    mgr = current_manager()
+    return mgr.get(registered_name(name, use_fp8))
 
 
 def legal_rows(tokens: int) -> int:
@@ -377,4 +474,5 @@ def destroy_ub() -> None:
     finally:
         if m._h is None:  # destroyed (or failed while destroying): no longer this rank's
             st.pop("manager", None)
+            st.pop("ub_modes", None)
             st.get(sim.ON_CLOSE, {}).pop("tpflex.torch", None)

@@ -54,7 +54,7 @@ class TEVocabulary(unittest.TestCase):
     and every ub_cfgs key; the manager's legal_rows."""
 
     TE_PARAMS = ["shape", "tp_size", "use_fp8", "quantization_modes", "dtype", "ub_cfgs",
-                 "bootstrap_backend"]  # TE's initialize_ub, in order (module/base.py)
+                 "bootstrap_backend", "with_cublasmp"]  # TE's initialize_ub, in order
 
     def test_signature_is_tes(self):
         sig = inspect.signature(tt.initialize_ub)
@@ -63,7 +63,7 @@ class TEVocabulary(unittest.TestCase):
         defaults = {n: sig.parameters[n].default for n in self.TE_PARAMS[2:]}
         self.assertEqual(defaults, {"use_fp8": False, "quantization_modes": None,
                                     "dtype": torch.bfloat16, "ub_cfgs": None,
-                                    "bootstrap_backend": None})
+                                    "bootstrap_backend": None, "with_cublasmp": False})
         kw = [n for n, p in sig.parameters.items() if p.kind == p.KEYWORD_ONLY]
         self.assertEqual(kw, ["group", "backend", "device", "timeout_ms"])
 

@@ -55,6 +55,12 @@ sequence-parallel LayerNorm parameters are this rank's partial sums, as in TE: t
 carry ``sequence_parallel = True`` and the caller all-reduces them over the TP group (Megatron
 does). A row-parallel bias's gradient is the full one on every rank (it reads the gathered dY).
 
+Precision (SPEC §14): under torch.autocast the parameters keep their dtype and every GEMM and
+communicator runs in the autocast dtype (a registration in another dtype is refused naming
+both); inside tpflex.torch.autocast the GEMM inputs are quantized per the recipe
+(tpflex._quant) and gathered in FP8 on FP8 registrations. The FP8 weight is cached per site
+as TE caches it (is_first_microbatch); the AMP cast is made every call, as TE's.
+
 The package: _sites.py (communicators by site name, the plain path's GEMMs and collectives),
 _autograd.py (one call's settings, the column- and row-parallel autograd functions),
 _modules.py (Linear, LayerNormMLP, active_tokens).

@@ -7,8 +7,10 @@ from typing import Any, Optional, Tuple
 import torch
 import torch.nn.functional as Fn
 
+from .._quant import QTensor, fp8_mm
 from ..errors import TpflexShapeError
-from ._sites import _Plain, _add_bias, _bias_grad, _linear, _mm, _wgrad_into
+from ._sites import (_Plain, _add_bias, _autocast_off, _bias_grad, _fp8_wgrad_into, _gather_q,
+                     _linear, _mm, _wgrad_into)
 
 
 # ---- one call's settings -----------------------------------------------------------------------
@@ -18,7 +20,8 @@ class _Call:
     the communicators, the plain collectives, the token count T."""
     __slots__ = ("where", "P", "sp", "ag", "rs", "ag_dgrad", "rs_dgrad", "bulk_dgrad",
                  "bulk_wgrad", "fprop", "dgrad", "wgrad", "plain", "fuse_wgrad", "main_grad",
-                 "accumulate", "gelu", "reduce", "tokens", "shape_comm")
+                 "accumulate", "gelu", "reduce", "tokens", "shape_comm", "cdt", "q", "wc",
+                 "tp_reduce")
 
     def __init__(self, where: str) -> None:
         self.where = where
@@ -35,6 +38,16 @@ class _Call:
         self.reduce = True
         self.tokens = 0
         self.shape_comm: Any = None
+        # Precision (_sites._precision): the GEMMs' dtype, the FP8 quantization (None: none),
+        # the weight as the GEMMs take it (cdt, or a QTensor), the TP amax reducer.
+        self.cdt: Optional[torch.dtype] = None
+        self.q: Any = None
+        self.wc: Any = None
+        self.tp_reduce: Any = None
+
+    def weight(self, weight: torch.Tensor) -> Any:
+        """The weight in compute form (the parameter itself where nothing set one)."""
+        return weight if self.wc is None else self.wc
 
     def check_backward(self) -> None:
         """The microbatch's shape must still be active when its backward runs."""
@@ -68,17 +81,25 @@ class _ColumnParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 call: _Call) -> torch.Tensor:
-        if call.ag:  # RING AG + GEMM, the bias (and, without grad, the GELU) in the epilogue
-            call.fprop.local_chunk().copy_(x)
-            kw = {} if bias is None else {"bias": bias}
-            if call.gelu:
-                kw["gelu"] = True
-            y = call.fprop.ag_gemm(weight, **kw)
-        else:
-            xt = call.plain.ag(x) if call.sp else x
-            y = _linear(xt, weight, bias)
-            if call.gelu:
-                y = Fn.gelu(y, approximate="tanh")
+        with _autocast_off(x):
+            x, b = _in_cdt(x, bias, call)
+            ctx.bias_dtype = None if bias is None else bias.dtype
+            if call.q is not None:
+                y = _column_fp8_fwd(ctx, x, b, call)
+            else:
+                w = call.weight(weight)
+                if call.ag:  # RING AG + GEMM, the bias (and, without grad, the GELU) in the
+                    # epilogue
+                    call.fprop.local_chunk().copy_(x)
+                    kw = {} if b is None else {"bias": b}
+                    if call.gelu:
+                        kw["gelu"] = True
+                    y = call.fprop.ag_gemm(w, **kw)
+                else:
+                    xt = call.plain.ag(x) if call.sp else x
+                    y = _linear(xt, w, b)
+                    if call.gelu:
+                        y = Fn.gelu(y, approximate="tanh")
         ctx.save_for_backward(x, weight)
         ctx.call = call
         ctx.has_bias = bias is not None
@@ -86,13 +107,21 @@ class _ColumnParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Any, ...]:
-        x, weight = ctx.saved_tensors
+        with _autocast_off(dy):
+            return _ColumnParallel._backward(ctx, dy)
+
+    @staticmethod
+    def _backward(ctx: Any, dy: torch.Tensor) -> Tuple[Any, ...]:
+        x, param = ctx.saved_tensors
         c: _Call = ctx.call
         c.check_backward()
         dy = dy.contiguous()
+        if c.q is not None:
+            return _column_fp8_bwd(ctx, x, param, dy, c)
+        weight = c.weight(param)
         need_dx = ctx.needs_input_grad[0]
         need_w = ctx.needs_input_grad[1] or c.fuse_wgrad
-        dt = weight.dtype
+        dt = x.dtype     # the compute dtype (torch.autocast's, else the parameters')
         dx = dw = None
         if c.sp:
             bulk_dgrad = c.bulk_dgrad and need_w   # TE: the bulk overlaps need the wgrad
@@ -121,22 +150,24 @@ class _ColumnParallel(torch.autograd.Function):
                     if c.fuse_wgrad:
                         c.wgrad.bulk_overlap(dy, xt, out=c.main_grad, trans_a=True,
                                              trans_w=True, beta=1.0 if c.accumulate else 0.0)
-                    else:
-                        dw = c.wgrad.bulk_overlap(dy, xt, trans_a=True, trans_w=True)
+                    else:  # written in the parameter's dtype (fp32 under torch.autocast)
+                        dw = c.wgrad.bulk_overlap(dy, xt, trans_a=True, trans_w=True,
+                                                  out=torch.empty(param.shape, dtype=param.dtype,
+                                                                  device=dy.device))
                     dx = c.wgrad.local_chunk().clone()
                     need_w = False
                 elif need_dx:
                     dx = c.plain.rs(part)
             if need_w:
-                dw = _wgrad_into(dy, xt, weight, c)
+                dw = _wgrad_into(dy, xt, param, c)
         else:
             if need_dx:
                 dx = _mm(dy, weight, dt)
                 if c.P > 1 and c.reduce:  # tensor parallel without sequence parallelism
                     dx = c.plain.ar(dx)
             if need_w:
-                dw = _wgrad_into(dy, x, weight, c)
-        db = _bias_grad(dy, dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+                dw = _wgrad_into(dy, x, param, c)
+        db = _bias_grad(dy, ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx if need_dx else None, dw, db, None
 
 
@@ -147,15 +178,28 @@ class _RowParallel(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, bias: Optional[torch.Tensor],
                 call: _Call) -> torch.Tensor:
-        if call.rs:  # GEMM + RS, the bias once on the reduced rows
-            y = call.fprop.gemm_rs(x, weight, **({} if bias is None else {"bias": bias}))
-        elif call.P > 1 and call.reduce:
-            part = _linear(x, weight, None)
-            y = call.plain.rs(part) if call.sp else call.plain.ar(part)
-            if bias is not None:
-                y = _add_bias(y, bias)
-        else:
-            y = _linear(x, weight, bias)
+        with _autocast_off(x):
+            x, b = _in_cdt(x, bias, call)
+            ctx.bias_dtype = None if bias is None else bias.dtype
+            w = call.weight(weight)
+            q = call.q
+            if q is not None:  # the input in FP8 (not gathered: this rank's columns)
+                xq = ctx.xq = q.quantize(x, "input")
+            if call.rs:  # GEMM + RS, the bias once on the reduced rows
+                kw = {} if b is None else {"bias": b}
+                if q is not None:
+                    kw.update(a_scale_inv=xq.scale_inv, w_scale_inv=w.scale_inv)
+                y = call.fprop.gemm_rs(xq.data if q is not None else x,
+                                       w.data if q is not None else w, **kw)
+            elif call.P > 1 and call.reduce:
+                part = fp8_mm(xq, w, x.dtype, trans_b=True) if q is not None else \
+                    _linear(x, w, None)
+                y = call.plain.rs(part) if call.sp else call.plain.ar(part)
+                if b is not None:
+                    y = _add_bias(y, b)
+            else:
+                y = fp8_mm(xq, w, x.dtype, trans_b=True, bias=b) if q is not None else \
+                    _linear(x, w, b)
         ctx.save_for_backward(x, weight)
         ctx.call = call
         ctx.has_bias = bias is not None
@@ -163,11 +207,19 @@ class _RowParallel(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, dy: torch.Tensor) -> Tuple[Any, ...]:
-        x, weight = ctx.saved_tensors
+        with _autocast_off(dy):
+            return _RowParallel._backward(ctx, dy)
+
+    @staticmethod
+    def _backward(ctx: Any, dy: torch.Tensor) -> Tuple[Any, ...]:
+        x, param = ctx.saved_tensors
         c: _Call = ctx.call
         c.check_backward()
         dy = dy.contiguous()
-        dt = weight.dtype
+        if c.q is not None:
+            return _row_fp8_bwd(ctx, x, param, dy, c)
+        weight = c.weight(param)
+        dt = x.dtype     # the compute dtype (torch.autocast's, else the parameters')
         need_w = ctx.needs_input_grad[1] or c.fuse_wgrad
         dx = None
         if c.ag_dgrad:  # RING AG of dy + GEMM on '{ub}_dgrad'; the wgrad reads AG(dy) there
@@ -178,6 +230,132 @@ class _RowParallel(torch.autograd.Function):
             dyt = c.plain.ag(dy) if c.sp else dy
             if ctx.needs_input_grad[0]:
                 dx = _mm(dyt, weight, dt)
-        dw = _wgrad_into(dyt, x, weight, c) if need_w else None
-        db = _bias_grad(dyt, dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        dw = _wgrad_into(dyt, x, param, c) if need_w else None
+        db = _bias_grad(dyt, ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None
+
+
+# ---- precision helpers (SPEC §14) --------------------------------------------------------------
+
+def _in_cdt(x: torch.Tensor, bias: Optional[torch.Tensor],
+            call: _Call) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """The input and the bias in the GEMMs' dtype (torch.autocast's, else the parameters'); the
+    gradients go back in the tensors' own dtypes (autograd casts them)."""
+    cdt = call.cdt
+    if cdt is None:
+        return x, bias
+    if x.dtype != cdt:
+        x = x.to(cdt)
+    if bias is not None and bias.dtype != cdt:
+        bias = bias.detach().to(cdt)
+    return x, bias
+
+
+def _column_fp8_fwd(ctx: Any, x: torch.Tensor, b: Optional[torch.Tensor], call: _Call) -> Any:
+    """Column-parallel forward in FP8: the input quantized (one scale across the TP group when it
+    is gathered), gathered in FP8, one FP8 GEMM with both scale inverses."""
+    q, w = call.q, call.wc
+    xq = ctx.xq = q.quantize(x, "input", call.tp_reduce)
+    if call.ag:  # FP8 RING AG + GEMM on the FP8 registration
+        call.fprop.local_chunk().copy_(xq.data)
+        kw: dict = {"a_scale_inv": xq.scale_inv, "w_scale_inv": w.scale_inv}
+        if b is not None:
+            kw["bias"] = b
+        if call.gelu:
+            kw["gelu"] = True
+        T = call.fprop.active_shape[0]
+        out = torch.empty((T, w.data.shape[0]), dtype=x.dtype, device=x.device)
+        return call.fprop.ag_gemm(w.data, out=out, **kw)
+    xt = _gather_q(call.plain, xq) if call.sp else xq
+    y = fp8_mm(xt, w, x.dtype, trans_b=True, bias=b)
+    return Fn.gelu(y, approximate="tanh") if call.gelu else y
+
+
+def _column_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tensor,
+                    c: _Call) -> Tuple[Any, ...]:
+    q, w, xq = c.q, c.wc, ctx.xq
+    need_dx = ctx.needs_input_grad[0]
+    need_w = ctx.needs_input_grad[1] or c.fuse_wgrad
+    dt = x.dtype
+    dyq = q.quantize(dy, "grad")        # this rank's output columns, all T rows: not gathered
+    dx = dw = None
+    if c.sp:
+        bulk_dgrad = c.bulk_dgrad and need_w
+        bulk_wgrad = c.bulk_wgrad and need_w
+        xt = part = None
+        if c.rs_dgrad:
+            if need_w:
+                xt = _gather_q(c.plain, xq)
+            if need_dx:  # FP8 dgrad GEMM + RS (in the compute dtype) on '{ub}_dgrad'
+                dx = c.dgrad.gemm_rs(dyq.data, w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
+                                     w_scale_inv=w.scale_inv)
+        else:
+            if bulk_dgrad:  # BULK AG of the FP8 input beside the FP8 dgrad GEMM
+                c.dgrad.local_chunk().copy_(xq.data)
+                dst = c.wgrad.buffer() if bulk_wgrad else \
+                    torch.empty((dy.shape[0], w.data.shape[1]), dtype=dt, device=dy.device)
+                part = c.dgrad.bulk_overlap(dyq.data, w.data, out=dst, trans_w=True,
+                                            a_scale_inv=dyq.scale_inv, w_scale_inv=w.scale_inv)
+                xt = QTensor(c.dgrad.buffer(), xq.scale, xq.scale_inv)
+            else:
+                if need_w:
+                    xt = _gather_q(c.plain, xq)
+                if need_dx or bulk_wgrad:
+                    part = fp8_mm(dyq, w, dt)
+            if bulk_wgrad:  # BULK RS of dgrad beside the FP8 wgrad GEMM
+                buf = c.wgrad.buffer()
+                if part is not buf:
+                    buf.copy_(part)
+                out = c.main_grad if c.fuse_wgrad else \
+                    torch.empty(param.shape, dtype=param.dtype, device=dy.device)
+                c.wgrad.bulk_overlap(dyq.data, xt.data, out=out, trans_a=True, trans_w=True,
+                                     beta=1.0 if c.fuse_wgrad and c.accumulate else 0.0,
+                                     a_scale_inv=dyq.scale_inv, w_scale_inv=xt.scale_inv)
+                dw = None if c.fuse_wgrad else out
+                dx = c.wgrad.local_chunk().clone()
+                need_w = False
+            elif need_dx:
+                dx = c.plain.rs(part)
+        if need_w:
+            dw = _fp8_wgrad_into(dyq, xt, param, c)
+    else:
+        if need_dx:
+            dx = fp8_mm(dyq, w, dt)
+            if c.P > 1 and c.reduce:
+                dx = c.plain.ar(dx)
+        if need_w:
+            dw = _fp8_wgrad_into(dyq, xq, param, c)
+    db = _bias_grad(dy, ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+    q.end_of_backward()
+    return dx if need_dx else None, dw, db, None
+
+
+def _row_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tensor,
+                 c: _Call) -> Tuple[Any, ...]:
+    q, w, xq = c.q, c.wc, ctx.xq
+    dt = x.dtype
+    need_w = ctx.needs_input_grad[1] or c.fuse_wgrad
+    dyq = q.quantize(dy, "grad", c.tp_reduce)   # gathered with sequence parallelism: one scale
+    dx = None
+    if c.ag_dgrad:  # FP8 RING AG of dY + GEMM; the wgrad reads the gathered FP8 dY there
+        c.dgrad.local_chunk().copy_(dyq.data)
+        T = c.dgrad.active_shape[0]
+        dx = c.dgrad.ag_gemm(w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
+                             w_scale_inv=w.scale_inv,
+                             out=torch.empty((T, w.data.shape[1]), dtype=dt, device=dy.device))
+        dytq = QTensor(c.dgrad.buffer(), dyq.scale, dyq.scale_inv)
+        dyt = None
+    else:
+        dyt = c.plain.ag(dy) if c.sp else dy
+        dytq = _gather_q(c.plain, dyq) if c.sp else dyq
+        if ctx.needs_input_grad[0]:
+            dx = fp8_mm(dytq, w, dt)
+    dw = _fp8_wgrad_into(dytq, xq, param, c) if need_w else None
+    db = None
+    if ctx.has_bias and ctx.needs_input_grad[2]:
+        # The gathered dY in high precision where the plain path has it; on the FP8 RING AG
+        # only its FP8 copy travelled (the bias gradient then sums the dequantized values).
+        db = _bias_grad(dyt if dyt is not None else dytq.dequantize(torch.float32),
+                        ctx.bias_dtype)
+    q.end_of_backward()
+    return dx, dw, db, None

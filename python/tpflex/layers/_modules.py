@@ -11,7 +11,9 @@ from .. import sim
 from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, TpflexShapeError,
                       TpflexStateError, TpflexUnsupportedError)
 from ._autograd import _Call, _check_tokens, _ColumnParallel, _RowParallel
-from ._sites import _Plain, _get, _linear, _native, _need, _site_names, _tt
+from .. import _quant
+from ._sites import (_Plain, _autocast_off, _autocast_on, _compute_dtype, _get, _linear,
+                     _native, _need, _precision, _site_names, _tt)
 from ._te_args import _ExtraState, _init_param, _refuse
 
 
@@ -123,7 +125,8 @@ class _Site:
         return self.ag or self.rs or self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad or \
             self.bulk_wgrad
 
-    def _resolve(self, reduce: bool) -> Tuple[Any, Any, Any, Optional[_Plain], Any]:
+    def _resolve(self, reduce: bool,
+                 fp8: bool = False) -> Tuple[Any, Any, Any, Optional[_Plain], Any]:
         """(fprop, dgrad, wgrad, plain, ref): the communicators of this site's flags, the plain
         path's collectives and the communicator whose active shape the rows are checked
         against. Resolved once per registration (manager) and kept: a manager's communicators
@@ -131,14 +134,15 @@ class _Site:
         P = self.P
         on_sim = P > 1 and reduce and self.group is None and sim.current() is not None
         mgr = _tt().current_manager() if self.any_ub or on_sim else None
-        key = (mgr, reduce, on_sim)
+        key = (mgr, reduce, on_sim, fp8)   # fp8: the FP8 mode's registrations (SPEC §14)
         hit = self._cache
         if hit is not None and hit[0] == key:
             return hit[1]
         n = self.ub_name
-        fprop = _get(f"{n}_fprop") if self.ag or self.rs else None
-        dgrad = _get(f"{n}_dgrad") if self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad else None
-        wgrad = _get(f"{n}_wgrad") if self.bulk_wgrad else None
+        fprop = _get(f"{n}_fprop", fp8) if self.ag or self.rs else None
+        dgrad = _get(f"{n}_dgrad", fp8) if self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad \
+            else None
+        wgrad = _get(f"{n}_wgrad", fp8) if self.bulk_wgrad else None
         plain = None
         if P > 1 and reduce:
             pre = (f"{n}_dgrad", f"{n}_wgrad") if n else ()
@@ -151,7 +155,8 @@ class _Site:
         return res
 
     def call(self, rows: int, cols: int, weight: torch.nn.Parameter, fuse_wgrad: bool,
-             accumulate: bool, reduce: bool = True) -> _Call:
+             accumulate: bool, reduce: bool = True,
+             first_microbatch: Optional[bool] = None) -> _Call:
         """This call's settings: the communicators (resolved once per registration), the rows
         checked against the active shape. rows, cols: the input's (column) or the output's
         (row) row count and width."""
@@ -159,7 +164,8 @@ class _Site:
         c.P, c.sp, c.reduce = self.P, self.sp, reduce
         c.ag, c.rs, c.ag_dgrad, c.rs_dgrad = self.ag, self.rs, self.ag_dgrad, self.rs_dgrad
         c.bulk_dgrad, c.bulk_wgrad = self.bulk_dgrad, self.bulk_wgrad
-        c.fprop, c.dgrad, c.wgrad, c.plain, ref = self._resolve(reduce)
+        c.fprop, c.dgrad, c.wgrad, c.plain, ref = self._resolve(reduce,
+                                                                _quant.is_fp8_enabled())
         if ref is not None:
             tokens = rows * self.P if self.mode == "column" and self.sp else rows
             what = ("the input" if self.mode == "column" else "the input (row-parallel)")
@@ -175,7 +181,16 @@ class _Site:
         elif fuse_wgrad:
             c.fuse_wgrad = False
         c.accumulate = accumulate
+        # torch.autocast / FP8 autocast: the GEMMs' dtype, the quantization, the weight cast
+        # (FP8: cached per is_first_microbatch), each communicator's dtype checked against it.
+        _precision(self, c, weight, first_microbatch, self.group)
         return c
+
+
+def _plain_precision(w: torch.Tensor) -> bool:
+    """Whether the parameters' dtype is what the GEMMs run in: no torch.autocast for w's device
+    and no FP8 autocast (else the modules take their autograd functions, which cast)."""
+    return not _autocast_on(w.device.type) and not _quant.is_fp8_enabled()
 
 
 class Linear(_ExtraState, torch.nn.Module):
@@ -250,7 +265,8 @@ class Linear(_ExtraState, torch.nn.Module):
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> Any:
         w = self.weight
         K = w.shape[1]
-        if self._local and not self.fuse_wgrad_accumulation and _native(w):
+        if self._local and not self.fuse_wgrad_accumulation and _native(w) and \
+                _plain_precision(w):
             # Nothing to communicate and torch's kernels round as the operation does: torch's
             # linear and its own backward (no autograd Function, no per-call settings), the
             # same aten ops as torch.nn.Linear (tests/python/test_layers.py counts them).
@@ -259,17 +275,20 @@ class Linear(_ExtraState, torch.nn.Module):
                         self.bias if self.apply_bias else None)
             return (y, self.bias) if self.return_bias else y
         x = _2d(self._where, inp, K, "the input")
-        if x.dtype != self.weight.dtype:
-            x = x.to(self.weight.dtype)
+        cdt = _compute_dtype(self.weight)   # torch.autocast's dtype, else the parameters'
+        if x.dtype != cdt:
+            x = x.to(cdt)
         mode, P = self.parallel_mode, self.tp_size
         reduce = mode is not None
         if mode == "row":
             call = self._site.call(x.shape[0], self.weight.shape[0], self.weight,
-                                   self.fuse_wgrad_accumulation, not is_first_microbatch, reduce)
+                                   self.fuse_wgrad_accumulation, not is_first_microbatch, reduce,
+                                   first_microbatch=is_first_microbatch)
             fn = _RowParallel
         else:
             call = self._site.call(x.shape[0], K, self.weight, self.fuse_wgrad_accumulation,
-                                   not is_first_microbatch, reduce and P > 1)
+                                   not is_first_microbatch, reduce and P > 1,
+                                   first_microbatch=is_first_microbatch)
             fn = _ColumnParallel
         if mode is None:
             call.P, call.sp, call.plain = 1, False, None
@@ -399,7 +418,12 @@ class LayerNormMLP(_ExtraState, torch.nn.Module):
         kernels and most of the bytes of the norm. fp32 inputs take torch's kernel directly
         (any norm, any device); RMSNorm on 16-bit inputs keeps the explicit fp32 path."""
         w, hs = self.layer_norm_weight, self._hshape
-        if x.dtype == torch.float32 or (x.is_cuda and self.normalization == "LayerNorm"):
+        with _autocast_off(x):   # under torch.autocast: fp32 parameters, x in its dtype
+            return self._norm_body(x, w, hs)
+
+    def _norm_body(self, x: torch.Tensor, w: torch.Tensor, hs: Tuple[int, ...]) -> torch.Tensor:
+        if (x.dtype == torch.float32 and w.dtype == torch.float32) or \
+                (x.is_cuda and self.normalization == "LayerNorm" and w.dtype == x.dtype):
             if self.normalization == "LayerNorm":
                 return Fn.layer_norm(x, hs, w, self.layer_norm_bias, self.eps)
             return Fn.rms_norm(x, hs, w, self.eps)
@@ -412,7 +436,8 @@ class LayerNormMLP(_ExtraState, torch.nn.Module):
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> Any:
         H = self.hidden_size
         w1 = self.fc1_weight
-        if self._local and not self.fuse_wgrad_accumulation and _native(w1):
+        if self._local and not self.fuse_wgrad_accumulation and _native(w1) and \
+                _plain_precision(w1):
             # tp_size 1 (TE turns sequence parallelism off): torch's own norm, linears and
             # activation with their own backward, the aten ops of the same block in torch.nn
             # (tests/python/test_layers.py counts them): no autograd Function, no settings.
@@ -423,18 +448,21 @@ class LayerNormMLP(_ExtraState, torch.nn.Module):
             y = _linear(y, self.fc2_weight, self.fc2_bias if self.apply_bias else None)
             return (y, self.fc2_bias) if self.return_bias else y
         x = _2d(self._where, inp, H, "the input")
-        if x.dtype != self.fc1_weight.dtype:
-            x = x.to(self.fc1_weight.dtype)
+        cdt = _compute_dtype(self.fc1_weight)   # torch.autocast's dtype, else the parameters'
+        if x.dtype != cdt:
+            x = x.to(cdt)
         acc = not is_first_microbatch
         fuse = self.fuse_wgrad_accumulation
-        c1 = self._fc1.call(x.shape[0], H, self.fc1_weight, fuse, acc)
+        c1 = self._fc1.call(x.shape[0], H, self.fc1_weight, fuse, acc,
+                            first_microbatch=is_first_microbatch)
         ln = self._norm(x)
         # The GELU in fc1's epilogue only when nothing needs the pre-activation.
         c1.gelu = (self.activation == "gelu" and c1.ag and not torch.is_grad_enabled())
         y1 = _ColumnParallel.apply(ln, self.fc1_weight, self.fc1_bias, c1)
         if not c1.gelu:
             y1 = Fn.gelu(y1, approximate="tanh") if self.activation == "gelu" else Fn.relu(y1)
-        c2 = self._fc2.call(y1.shape[0], H, self.fc2_weight, fuse, acc)
+        c2 = self._fc2.call(y1.shape[0], H, self.fc2_weight, fuse, acc,
+                            first_microbatch=is_first_microbatch)
         b2 = self.fc2_bias if self.apply_bias else None
         y = _RowParallel.apply(y1, self.fc2_weight, b2, c2)
         if inp.dim() != 2:

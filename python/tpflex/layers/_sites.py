@@ -6,9 +6,9 @@ from typing import Any, List, Optional, Sequence, Tuple
 import torch
 import torch.nn.functional as Fn
 
-from .. import _te, sim
+from .. import _quant, _te, sim
 from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, TpflexShapeError,
-                      TpflexStateError)
+                      TpflexStateError, TpflexUnsupportedError)
 
 def _tt() -> Any:
     """initialize_ub's module (get_ub, set_ub_active_shape, DEFAULT_UB_CFGS): tpflex._te, not the
@@ -21,7 +21,11 @@ def _site_names() -> List[str]:
     return list(_te.DEFAULT_UB_CFGS)
 
 
-def _get(name: str) -> Any:
+def _get(name: str, fp8: bool = False) -> Any:
+    """Site `name`'s communicator; with fp8 the FP8 mode's where initialize_ub registered both
+    modes (else the site's only registration: its dtype is checked by _precision)."""
+    if fp8 and len(_te.state().get("ub_modes") or ()) > 1:
+        name += _te.FP8_SUFFIX
     return _tt().get_ub(name)
 
 
@@ -65,6 +69,135 @@ def _need(where: str, name: str, flag: str, algos: Tuple[str, ...], coll: str) -
         want = " or ".join(f"{a.upper()} {coll.upper()}" for a in algos)
         raise TpflexInvalidError(f"{flag} runs on '{name}' as {want}, but '{name}' is registered "
                                  f"as {_kind(c)} (change it with initialize_ub's ub_cfgs)", where)
+
+
+# ---- precision: torch.autocast and FP8 autocast (SPEC §14) --------------------------------------
+
+def _compute_dtype(t: torch.Tensor) -> torch.dtype:
+    """The dtype the GEMMs run in: torch.autocast's for t's device type when it is on (as TE),
+    else t's (the parameters')."""
+    dev = t.device.type
+    if _autocast_on(dev):
+        try:
+            return torch.get_autocast_dtype(dev)
+        except (AttributeError, TypeError):   # torch < 2.4: per-device functions
+            return torch.get_autocast_cpu_dtype() if dev == "cpu" else \
+                torch.get_autocast_gpu_dtype()
+    return t.dtype
+
+
+def _autocast_on(dev: str) -> bool:
+    """Whether torch.autocast is on for device type `dev` (torch < 2.4 had no argument)."""
+    try:
+        return torch.is_autocast_enabled(dev)
+    except TypeError:
+        return torch.is_autocast_cpu_enabled() if dev == "cpu" else torch.is_autocast_enabled()
+
+
+def _autocast_off(t: torch.Tensor) -> Any:
+    """A context with torch.autocast off for t's device type: the GEMMs below pick their dtypes
+    themselves (torch.autocast would re-cast their fp32 accumulation)."""
+    return torch.autocast(t.device.type, enabled=False)
+
+
+def _weight_cast(owner: Any, weight: torch.Tensor, cdt: torch.dtype, q: Any,
+                 first_microbatch: Optional[bool]) -> Any:
+    """The weight as the GEMMs take it: cast to cdt (every call, as TE's AMP cast), or quantized
+    (q) and then cached on `owner` as TE caches its FP8 weight: is_first_microbatch True
+    quantizes and caches, False reuses the cache (quantizing when there is none), None neither
+    reads nor writes it."""
+    if q is None:
+        w = weight.detach()
+        return w if w.dtype == cdt else w.to(cdt)
+    key = (weight, weight.dtype, cdt, (q.fwd, repr(q.recipe)))
+    if first_microbatch is False:
+        hit = getattr(owner, "_wcache", None)
+        if hit is not None and hit[0][0] is weight and hit[0][1:] == key[1:]:
+            return hit[1]
+    w = q.quantize(weight.detach(), "weight")
+    if first_microbatch is not None:
+        owner._wcache = (key, w)
+    return w
+
+
+def _tp_reducer(group: Any) -> Any:
+    """A callable max-reducing a one-element amax over the TP group (the simulator world in
+    tpflex.sim.run's threads)."""
+    return lambda t: _quant.amax_allreduce(t, group)
+
+
+def _precision(owner: Any, call: Any, weight: torch.Tensor, first_microbatch: Optional[bool],
+               group: Any) -> None:
+    """Sets call.cdt, call.q, call.wc (the weight in compute form) and call.tp_reduce, and checks
+    every communicator the call uses against the dtype it will carry there."""
+    cdt = _compute_dtype(weight)
+    q = _quant.site_quant(owner, weight.device)
+    call.cdt, call.q = cdt, q
+    sp = call.sp and call.P > 1 and getattr(owner, "mode", None) is not None   # gathers rows
+    if q is not None and q.delayed and sp and not q.recipe.reduce_amax:
+        raise TpflexUnsupportedError(
+            "DelayedScaling(reduce_amax=False) gives every rank its own scales, but this "
+            "sequence-parallel site gathers FP8 shards that must share one scale: keep "
+            "reduce_amax=True (with amax_reduction_group covering the TP group)", call.where)
+    call.tp_reduce = _tp_reducer(group) if q is not None and sp else None
+    why = "torch.autocast's dtype" if cdt != weight.dtype else "the parameters' dtype"
+    for comm, kind in ((call.fprop, "fprop"), (call.dgrad, "dgrad"), (call.wgrad, "wgrad")):
+        if comm is None:
+            continue
+        gathers_grad = kind == "dgrad" and call.ag_dgrad
+        if q is not None and comm.coll == "ag":
+            want = q.bwd if gathers_grad else q.fwd
+            if comm.dtype != want:
+                raise TpflexInvalidError(
+                    f"'{comm.name}' is registered in {comm.dtype}, but FP8 autocast "
+                    f"({type(q.recipe).__name__}, {q.recipe.fp8_format.name}) gathers "
+                    f"{want} there: register the FP8 sites with initialize_ub(..., "
+                    f"use_fp8=True) or quantization_modes=[UserBufferQuantizationMode.FP8]"
+                    + (" and use Format.HYBRID (its E5M2 gradients are the dgrad sites' format)"
+                       if gathers_grad and comm.dtype == torch.float8_e5m2 else ""),
+                    call.where)
+        elif comm.dtype != cdt:
+            fix = (f"run under torch.autocast(dtype={comm.dtype}) or" if comm.dtype not in
+                   (torch.float8_e4m3fn, torch.float8_e5m2) else
+                   "wrap the step in tpflex.torch.autocast(recipe=...) (FP8) or")
+            raise TpflexInvalidError(
+                f"'{comm.name}' is registered in {comm.dtype}, but this GEMM runs in {cdt} "
+                f"({why}): {fix} register with initialize_ub(..., dtype={cdt})"
+                + (" and the NONE quantization mode" if comm.dtype in
+                   (torch.float8_e4m3fn, torch.float8_e5m2) else ""), call.where)
+    call.wc = _weight_cast(owner, weight, cdt, q, first_microbatch)
+
+
+def _fp8_wgrad_into(dyq: Any, xq: Any, w: torch.Tensor, call: Any) -> Any:
+    """dW = dy^T x of two quantized tensors: into w.main_grad (fp32) with
+    fuse_wgrad_accumulation (returns None), else returned in w's dtype."""
+    if call.fuse_wgrad:
+        _quant.fp8_mm(dyq, xq, torch.float32, trans_a=True, out=call.main_grad,
+                      beta=1.0 if call.accumulate else 0.0)
+        return None
+    return _quant.fp8_mm(dyq, xq, w.dtype, trans_a=True)
+
+
+def _gather_q(plain: "_Plain", xq: Any) -> Any:
+    """The plain path's all-gather of a quantized shard (every rank's shard has the one scale):
+    its fp8 bytes over torch.distributed, or on the simulator through the plain AG
+    communicator's dtype when that holds the fp8 values exactly (the same fp8 dtype, or
+    bf16/fp16/fp32, which hold every e4m3 and e5m2 value)."""
+    data = xq.data
+    if plain.P == 1:
+        return xq
+    if plain.on_sim:
+        c = plain._comm("ag")
+        if c.dtype != data.dtype and c.dtype not in (torch.bfloat16, torch.float16,
+                                                      torch.float32):
+            raise TpflexInvalidError(
+                f"the plain path gathers {data.dtype} shards through '{c.name}', registered in "
+                f"{c.dtype}, which does not hold them: give the site a ub flag or register "
+                f"the NONE quantization mode too", plain.where)
+        g = plain.ag(data if c.dtype == data.dtype else data.to(c.dtype)).to(data.dtype)
+    else:
+        g = plain.ag(data.view(torch.uint8)).view(data.dtype)
+    return _quant.QTensor(g, xq.scale, xq.scale_inv)
 
 
 # ---- GEMMs and collectives of the plain path ----------------------------------------------------

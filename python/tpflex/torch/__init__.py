@@ -49,6 +49,8 @@ This module is the public face; the code lives in modules named for what they do
     torch/module/  LayerNormLinear, LayerNorm, RMSNorm (and base: TE's userbuffer path)
     torch/attention/, torch/transformer.py   DotProductAttention (THD), MultiheadAttention,
                    TransformerLayer (SPEC §13)
+    quantization.py  autocast (FP8, TE's recipes from tpflex.common.recipe), quantized_model_init
+                   (SPEC §14); the code in tpflex._quant, below the layers
 """
 from __future__ import annotations
 
@@ -61,16 +63,27 @@ from .._observe import (StatsReport, print_stats, profile, profiling, reset_stat
                         trace)
 from .._ops import OP_NAMES
 from .._options import OPTION_NAMES
-from .._te import (DEFAULT_UB_CFGS, destroy_ub, get_ub, initialize_ub, legal_rows,
-                  set_ub_active_shape)
+from .._te import (DEFAULT_UB_CFGS, UserBufferQuantizationMode, destroy_ub, get_ub,
+                  initialize_ub, legal_rows, set_ub_active_shape)
+from ..common import recipe
+from ..common.recipe import (CustomRecipe, DelayedScaling, Float8BlockScaling,
+                             Float8CurrentScaling, Format, MXFP8BlockScaling, NVFP4BlockScaling,
+                             Recipe)
 from ..layers import Linear, LayerNormMLP, active_tokens
 from .module import LayerNorm, LayerNormLinear, RMSNorm
 from .attention import DotProductAttention, MultiheadAttention
 from .transformer import TransformerLayer
+from . import module, quantization  # noqa: F401 (TE's paths: te.module.base, te.quantization)
+from .quantization import (autocast, fp8_autocast, fp8_model_init, is_fp8_enabled,
+                           quantized_model_init)
 
 __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "legal_rows",
            "Manager", "Communicator", "GlooBootstrap", "DEFAULT_UB_CFGS", "OPTION_NAMES",
            "OP_NAMES", "dlpack_view", "Linear", "LayerNormMLP", "active_tokens", "graphed",
            "GraphedCallable", "profile", "profiling", "stats", "print_stats", "reset_stats",
            "StatsReport", "trace", "LayerNormLinear", "LayerNorm", "RMSNorm",
-           "DotProductAttention", "MultiheadAttention", "TransformerLayer"]
+           "DotProductAttention", "MultiheadAttention", "TransformerLayer",
+           "UserBufferQuantizationMode", "autocast", "fp8_autocast",
+           "quantized_model_init", "fp8_model_init", "is_fp8_enabled", "recipe", "Recipe",
+           "Format", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
+           "Float8BlockScaling", "NVFP4BlockScaling", "CustomRecipe"]

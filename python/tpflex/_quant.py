@@ -1,0 +1,467 @@
+"""Precision in the modules (SPEC §14): `autocast` (alias `fp8_autocast`), `quantized_model_init`
+(alias `fp8_model_init`), the per-tensor recipes' state and the FP8 casts and GEMMs the modules
+run inside autocast. Public face: tpflex.torch.quantization (TE's
+`transformer_engine.pytorch.quantization`); this module sits below the layers, which use it.
+
+Method. Inside `autocast(enabled=True, recipe=...)` every module's GEMM site quantizes its
+operands per tensor: the input and the weight in the forward format (E4M3), the output gradient
+in the backward format (E5M2 under Format.HYBRID, else E4M3). A tensor x with scale s becomes
+q = fp8(clamp(x * s, -max, max)) (round to nearest even, saturating: SPEC §11) and carries
+scale_inv = 1 / s; a GEMM of two quantized tensors is sum(qa * qb) * scale_inv_a * scale_inv_b,
+accumulated in fp32 (the simulator's and cuBLASLt's FP8 GEMM; on the plain path torch._scaled_mm
+on CUDA, the same sum on the CPU), written in the activation dtype (torch.autocast's, else the
+parameters'). Scales:
+  Float8CurrentScaling  s = fp8_max / amax(x) at cast time (amax below amax_epsilon raised to
+                        it; 1 where amax is 0, inf or NaN; fp32's max where the quotient
+                        overflows; its power of 2 with use_power_2_scales). A tensor that is
+                        gathered (a sequence-parallel input, a row-parallel output gradient)
+                        takes the amax max-reduced over the TP group first, as TE does, so that
+                        every rank's shard has the one scale of the gathered tensor.
+  DelayedScaling        s from the amax history (TE's DelayedScaling, see the recipe): casts
+                        max their amax into the history's newest row; the forward rows are
+                        updated when the outermost autocast exits (grad enabled), the backward
+                        rows at the end of the backward of the autocast's first module; both
+                        max-reduce the amaxes over amax_reduction_group first (reduce_amax;
+                        default group: torch.distributed's world, or the simulator world
+                        inside tpflex.sim.run).
+Gathered activations travel in FP8 where the site is registered FP8 (initialize_ub(use_fp8=True)
+or the FP8 quantization mode): half the bytes of bf16; reduce-scatters stay in the activation
+dtype (SPEC §11). The plain (ub-less) path gathers in the activation dtype and quantizes the
+gathered tensor with the shard's scale (the same values: a per-tensor cast is elementwise)."""
+from __future__ import annotations
+
+import contextlib
+import threading
+import weakref
+from typing import Any, Dict, Iterator, List, Optional, Tuple
+
+import torch
+
+from . import sim
+from ._state import state
+from .common.recipe import (CustomRecipe, DelayedScaling, Float8BlockScaling,
+                             Float8CurrentScaling, Format, MXFP8BlockScaling,
+                             NVFP4BlockScaling, Recipe)
+from .errors import TpflexInvalidError, TpflexTimeoutError, TpflexUnsupportedError
+
+FP32_MAX = float(torch.finfo(torch.float32).max)
+_FMAX = {torch.float8_e4m3fn: 448.0, torch.float8_e5m2: 57344.0}
+_UNSUPPORTED = {
+    MXFP8BlockScaling: "MXFP8 block scaling needs Blackwell's block-scaled FP8 GEMMs (sm_100+), "
+                       "which tpflex's operations do not run",
+    Float8BlockScaling: "FP8 block scaling (1D/2D blocks with a scale per block) needs "
+                        "block-scaled GEMM operands, which tpflex's operations do not take",
+    NVFP4BlockScaling: "NVFP4 (FP4 with E4M3 block scales) needs Blackwell's FP4 GEMMs, which "
+                       "tpflex's operations do not run",
+    CustomRecipe: "custom quantizer factories produce tensor types tpflex's operations do not "
+                  "take",
+}
+
+
+# ---- the autocast state (per process, or per simulator rank) --------------------------------
+
+class _QState:
+    __slots__ = ("enabled", "recipe", "group", "graph", "depth", "first_module", "buffers",
+                 "fp8_parameters")
+
+    def __init__(self) -> None:
+        self.enabled = False
+        self.recipe: Optional[Recipe] = None
+        self.group: Any = None
+        self.graph = False
+        self.depth = 0
+        self.first_module = False
+        # (forward, recipe key, group id) -> (recipe, group, [_DelayedMeta]): the delayed-
+        # scaling metas updated together (TE's global amax buffers).
+        self.buffers: Dict[Tuple[bool, str, int], Tuple[Recipe, Any, List[Any]]] = {}
+        self.fp8_parameters = False
+
+
+def _qstate() -> _QState:
+    st = state()
+    q = st.get("quantization")
+    if q is None:
+        q = st["quantization"] = _QState()
+    return q
+
+
+def is_fp8_enabled() -> bool:
+    """Whether the caller is inside autocast(enabled=True)."""
+    return _qstate().enabled
+
+
+def get_fp8_recipe() -> Recipe:
+    q = _qstate()
+    return q.recipe if q.recipe is not None else get_default_fp8_recipe()
+
+
+def get_default_fp8_recipe() -> Recipe:
+    """TE's default on Hopper: DelayedScaling() (tpflex runs no MXFP8, TE's Blackwell default)."""
+    return DelayedScaling()
+
+
+def check_recipe_support(recipe: Any) -> None:
+    """TpflexUnsupportedError for a recipe tpflex does not run, naming it and why."""
+    if recipe is None:
+        return
+    if not isinstance(recipe, Recipe):
+        raise TpflexInvalidError(f"recipe={recipe!r} is not a recipe (tpflex.common.recipe."
+                                 f"DelayedScaling or Float8CurrentScaling)", "autocast")
+    for cls, why in _UNSUPPORTED.items():
+        if isinstance(recipe, cls):
+            raise TpflexUnsupportedError(
+                f"recipe {type(recipe).__name__}: {why}; tpflex runs the per-tensor recipes "
+                f"DelayedScaling and Float8CurrentScaling", "autocast")
+    if not isinstance(recipe, (DelayedScaling, Float8CurrentScaling)):
+        raise TpflexUnsupportedError(f"recipe {type(recipe).__name__}: tpflex runs "
+                                     f"DelayedScaling and Float8CurrentScaling", "autocast")
+    if getattr(recipe, "fp8_dpa", False) or getattr(recipe, "fp8_mha", False):
+        raise TpflexUnsupportedError(f"recipe {type(recipe).__name__} with fp8_dpa/fp8_mha: "
+                                     f"tpflex's attention runs in the activation dtype; leave "
+                                     f"them False", "autocast")
+    if getattr(recipe, "backward_override", None) is not None:
+        raise TpflexUnsupportedError(f"recipe {type(recipe).__name__} with backward_override="
+                                     f"{recipe.backward_override!r} (NVTE_BACKWARD_OVERRIDE): "
+                                     f"tpflex's backward quantizes as the recipe's format says; "
+                                     f"leave it None", "autocast")
+
+
+class autocast:
+    """TE's autocast(enabled=True, calibrating=False, recipe=None, amax_reduction_group=None,
+    _graph=False): inside it (enabled) the modules run their GEMMs in FP8 per `recipe` (None:
+    DelayedScaling()). Nested contexts restore the outer state on exit; leaving the outermost
+    one with grad enabled updates the delayed-scaling forward scales (skipped with _graph=True,
+    as TE). calibrating=True is refused (tpflex keeps no calibration statistics)."""
+
+    __slots__ = ("_enabled", "_calibrating", "_recipe", "_amax_reduction_group", "_graph",
+                 "_saved")
+
+    def __init__(self, enabled: bool = True, calibrating: bool = False,
+                 recipe: Optional[Recipe] = None, amax_reduction_group: Any = None,
+                 _graph: bool = False) -> None:
+        where = "autocast"
+        for n, v in (("enabled", enabled), ("calibrating", calibrating), ("_graph", _graph)):
+            if not isinstance(v, bool):
+                raise TpflexInvalidError(f"{n}={v!r} must be a bool", where)
+        if calibrating:
+            raise TpflexUnsupportedError("calibrating=True: tpflex collects no FP8 calibration "
+                                         "statistics outside FP8 training; leave it False",
+                                         where)
+        if enabled:
+            check_recipe_support(recipe)
+        elif recipe is not None and not isinstance(recipe, Recipe):
+            raise TpflexInvalidError(f"recipe={recipe!r} is not a recipe", where)
+        self._enabled, self._calibrating = enabled, calibrating
+        self._recipe, self._amax_reduction_group, self._graph = recipe, amax_reduction_group, _graph
+        self._saved: Optional[tuple] = None
+
+    def __enter__(self) -> "autocast":
+        if self._saved is not None:
+            raise TpflexInvalidError("this autocast object is already entered: make one per "
+                                     "region (it cannot be nested in itself)", "autocast")
+        q = _qstate()
+        self._saved = (q.enabled, q.recipe, q.group, q.graph, q.first_module)
+        q.enabled = self._enabled
+        q.recipe = self._recipe if self._recipe is not None else get_default_fp8_recipe()
+        q.group, q.graph = self._amax_reduction_group, self._graph
+        if q.depth == 0:
+            q.first_module = True
+        q.depth += 1
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        q = _qstate()
+        saved, self._saved = self._saved, None
+        q.depth -= 1
+        recipe, group = q.recipe, q.group
+        assert saved is not None
+        q.enabled, q.recipe, q.group, q.graph, q.first_module = saved
+        if self._enabled and q.depth == 0 and not self._graph and torch.is_grad_enabled() and \
+                exc[0] is None:
+            reduce_and_update(True, recipe, group)
+
+
+def fp8_autocast(enabled: bool = True, calibrating: bool = False,
+                 fp8_recipe: Optional[Recipe] = None, fp8_group: Any = None,
+                 _graph: bool = False) -> autocast:
+    """TE's deprecated spelling of autocast (its argument names)."""
+    return autocast(enabled=enabled, calibrating=calibrating, recipe=fp8_recipe,
+                    amax_reduction_group=fp8_group, _graph=_graph)
+
+
+@contextlib.contextmanager
+def quantized_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                         preserve_high_precision_init_val: bool = False) -> Iterator[None]:
+    """TE's quantized_model_init: modules built inside it would hold FP8 parameters only.
+    tpflex keeps parameters in their dtype and quantizes (and caches, per is_first_microbatch)
+    at the GEMM, so enabled=True is refused; enabled=False is a no-op, as in TE."""
+    if enabled:
+        raise TpflexUnsupportedError(
+            "quantized_model_init(enabled=True): tpflex modules keep high-precision parameters "
+            "and quantize them per recipe inside autocast (with is_first_microbatch caching the "
+            "FP8 weights); build the model outside it (or with enabled=False)",
+            "quantized_model_init")
+    if recipe is not None:
+        check_recipe_support(recipe)
+    yield
+
+
+def fp8_model_init(enabled: bool = True, recipe: Optional[Recipe] = None,
+                   preserve_high_precision_init_val: bool = False) -> Any:
+    """TE's deprecated spelling of quantized_model_init."""
+    return quantized_model_init(enabled, recipe, preserve_high_precision_init_val)
+
+
+# ---- amax reduction -------------------------------------------------------------------------
+
+class _SimReduce:
+    """A max all-reduce among the rank threads of one simulator world (threads mode has no
+    torch.distributed): a barrier-protected exchange with a bounded wait."""
+
+    def __init__(self, P: int) -> None:
+        self.P = P
+        self.barrier = threading.Barrier(P)
+        self.slots: List[Any] = [None] * P
+
+
+_sim_reducers: "weakref.WeakKeyDictionary[Any, _SimReduce]" = weakref.WeakKeyDictionary()
+_sim_lock = threading.Lock()
+
+
+def _sim_max(t: torch.Tensor, timeout_s: float = 30.0) -> None:
+    ctx = sim.current()
+    assert ctx is not None
+    with _sim_lock:
+        r = _sim_reducers.get(ctx.world)
+        if r is None:
+            r = _sim_reducers[ctx.world] = _SimReduce(ctx.tp_size)
+    try:
+        r.slots[ctx.rank] = t.detach().clone()
+        r.barrier.wait(timeout_s)
+        m = torch.stack([s.to(t.device) for s in r.slots]).amax(0)
+        r.barrier.wait(timeout_s)
+    except threading.BrokenBarrierError:
+        raise TpflexTimeoutError("the amax reduction over the simulator world timed out: every "
+                                 "rank must run the same FP8 modules in the same order",
+                                 "autocast") from None
+    t.copy_(m)
+
+
+def amax_allreduce(t: torch.Tensor, group: Any) -> None:
+    """Max-reduces t in place over `group` (torch.distributed; None: the world), or over the
+    simulator world in tpflex.sim.run's threads; nothing where there is no group."""
+    import torch.distributed as dist
+    if sim.current() is not None and group is None and \
+            not (dist.is_available() and dist.is_initialized()):
+        if sim.current().tp_size > 1:
+            _sim_max(t)
+        return
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+
+
+# ---- scales ---------------------------------------------------------------------------------
+
+def fp8_dtype(recipe: Recipe, forward: bool) -> torch.dtype:
+    """TE's get_fp8_torch_dtype."""
+    if recipe.fp8_format == Format.E4M3 or (recipe.fp8_format == Format.HYBRID and forward):
+        return torch.float8_e4m3fn
+    return torch.float8_e5m2
+
+
+def scale_from_amax(amax: torch.Tensor, fp8_max: float, pow2: bool = False,
+                    epsilon: float = 0.0) -> torch.Tensor:
+    """Current scaling's scale (TE's compute_scale_from_amax), elementwise, fp32."""
+    a = amax.float()
+    a = torch.where(a < epsilon, torch.full_like(a, epsilon), a)
+    bad = torch.isinf(a) | torch.isnan(a) | (a == 0)
+    s = torch.full_like(a, fp8_max) / torch.where(bad, torch.ones_like(a), a)
+    s = torch.where(torch.isinf(s), torch.full_like(s, FP32_MAX), s)
+    if pow2:
+        s = (s.view(torch.int32) & torch.tensor(-8388608, dtype=torch.int32, device=s.device)
+             ).view(torch.float32)  # 0xFF800000: the exponent only
+    return torch.where(bad, torch.ones_like(s), s)
+
+
+class _DelayedMeta:
+    """One GEMM site's delayed-scaling state in one direction: scale [n] and amax_history
+    [len, n] (TE's DelayedScalingRecipeState), fp32 on the site's device."""
+
+    def __init__(self, recipe: DelayedScaling, n: int, device: torch.device) -> None:
+        self.recipe = recipe
+        self.scale = torch.ones(n, dtype=torch.float32, device=device)
+        self.amax_history = torch.zeros(recipe.amax_history_len, n, dtype=torch.float32,
+                                        device=device)
+
+    def record(self, i: int, amax: torch.Tensor) -> None:
+        self.amax_history[0, i] = torch.maximum(self.amax_history[0, i], amax)
+
+    def update(self, fp8_max: float) -> None:
+        """TE's _amax_and_scale_update: amax from the history, roll, scale from amax."""
+        r, h = self.recipe, self.amax_history
+        if callable(r.amax_compute_algo):
+            amax = r.amax_compute_algo(h)
+        elif r.amax_compute_algo == "max":
+            amax = h.max(0).values
+        else:
+            amax = h[0].clone()
+        if h.shape[0] > 1:
+            h.copy_(torch.roll(h, -1, 0))
+        h[0].fill_(0.0)
+        if r.scaling_factor_compute_algo is not None:
+            self.scale.copy_(r.scaling_factor_compute_algo(amax, self.scale, fp8_max, r))
+            return
+        # A correctly rounded fp32 quotient (TE's fused update divides with __fdiv_rn; torch's
+        # scalar / tensor multiplies by a reciprocal instead, one ulp off at times).
+        sf = (torch.full_like(amax, fp8_max) / amax) / (2 ** r.margin)
+        sf = torch.where(amax > 0.0, sf, self.scale)
+        sf = torch.where(torch.isfinite(amax), sf, self.scale)
+        sf = torch.where(torch.isinf(sf), torch.full_like(sf, FP32_MAX), sf)
+        self.scale.copy_(sf)
+
+
+def _key(recipe: Recipe, group: Any) -> Tuple[str, int]:
+    return repr(recipe), id(group)
+
+
+def reduce_and_update(forward: bool, recipe: Optional[Recipe] = None, group: Any = None) -> None:
+    """TE's reduce_and_update_fp8_tensors: for every delayed-scaling buffer of this direction
+    (of `recipe`/`group` when given), max-reduce the newest amaxes over the autocast's group
+    (recipe.reduce_amax), then update each site's history and scale."""
+    q = _qstate()
+    want = None if recipe is None else _key(recipe, group)
+    for (fwd, rk, gk), (rec, grp, metas) in list(q.buffers.items()):
+        if fwd != forward or (want is not None and (rk, gk) != want) or not metas:
+            continue
+        newest = torch.cat([m.amax_history[0] for m in metas])
+        if rec.reduce_amax:
+            amax_allreduce(newest, grp)
+        off = 0
+        for m in metas:
+            n = m.amax_history.shape[1]
+            m.amax_history[0].copy_(newest[off:off + n])
+            off += n
+            m.update(_FMAX[fp8_dtype(rec, forward)])
+
+
+# ---- quantized tensors and GEMMs -----------------------------------------------------------
+
+class QTensor:
+    """A per-tensor quantized tensor: data (fp8), scale (one-element fp32) and
+    scale_inv = 1 / scale."""
+    __slots__ = ("data", "scale", "scale_inv")
+
+    def __init__(self, data: torch.Tensor, scale: torch.Tensor,
+                 scale_inv: torch.Tensor) -> None:
+        self.data, self.scale, self.scale_inv = data, scale, scale_inv
+
+    def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
+        return (self.data.float() * self.scale_inv).to(dtype)
+
+
+def cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> QTensor:
+    """fp8(clamp(x * scale)) with scale_inv = 1 / scale (fp32), round to nearest even."""
+    m = _FMAX[dtype]
+    s = scale.detach().reshape(1).float().clone()  # the scale of this cast, not a live view
+    data = (x.float() * s).clamp_(-m, m).to(dtype)
+    return QTensor(data, s, torch.reciprocal(s))
+
+
+def amax(x: torch.Tensor) -> torch.Tensor:
+    return x.detach().abs().amax().float().reshape(1) if x.numel() else \
+        torch.zeros(1, dtype=torch.float32, device=x.device)
+
+
+def fp8_mm(a: QTensor, b: QTensor, out_dtype: torch.dtype, trans_a: bool = False,
+           trans_b: bool = False, bias: Optional[torch.Tensor] = None,
+           out: Optional[torch.Tensor] = None, beta: float = 0.0) -> torch.Tensor:
+    """op(a) @ op(b) * a.scale_inv * b.scale_inv (+ bias), accumulated in fp32, rounded once to
+    out_dtype (or accumulated into out with beta = 1). CUDA: torch._scaled_mm where it takes
+    the shapes; else the fp32 sum of the exactly decoded fp8 products."""
+    A = a.data.t() if trans_a else a.data
+    B = b.data.t() if trans_b else b.data
+    if A.is_cuda and out is None:
+        try:
+            return torch._scaled_mm(A.contiguous(), B.t().contiguous().t(), a.scale_inv,
+                                    b.scale_inv, bias=bias, out_dtype=out_dtype)
+        except (RuntimeError, TypeError):
+            pass
+    y = (A.float() @ B.float()) * (a.scale_inv * b.scale_inv)
+    if bias is not None:
+        y = y + bias.float()
+    if out is not None:
+        if beta:
+            out.add_(y.to(out.dtype))
+        else:
+            out.copy_(y)
+        return out
+    return y.to(out_dtype)
+
+
+class SiteQuant:
+    """One GEMM site's quantization under the current autocast: the recipe, the formats and
+    (delayed scaling) the site's metas: forward [input, weight], backward [grad_output]."""
+
+    def __init__(self, owner: Any, recipe: Recipe, group: Any, device: torch.device) -> None:
+        self.recipe, self.group = recipe, group
+        self.fwd, self.bwd = fp8_dtype(recipe, True), fp8_dtype(recipe, False)
+        self.delayed = isinstance(recipe, DelayedScaling)
+        self.meta_fwd = self.meta_bwd = None
+        if self.delayed:
+            metas = getattr(owner, "_fp8_metas", None)
+            k = _key(recipe, group)
+            if metas is None or metas[0] != k:
+                metas = (k, _DelayedMeta(recipe, 2, device), _DelayedMeta(recipe, 1, device))
+                owner._fp8_metas = metas
+                q = _qstate()
+                for fwd, m in ((True, metas[1]), (False, metas[2])):
+                    q.buffers.setdefault((fwd, *k), (recipe, group, []))[2].append(m)
+            self.meta_fwd, self.meta_bwd = metas[1], metas[2]
+        self.reduce_bwd_at_end = False
+
+    def _qp(self, which: str) -> Tuple[bool, float]:
+        qp = getattr(self.recipe, which, None)
+        return (bool(qp.power_2_scale), float(qp.amax_epsilon)) if qp is not None else (False,
+                                                                                         0.0)
+
+    def quantize(self, x: torch.Tensor, kind: str, tp: Optional[Any] = None) -> QTensor:
+        """kind: "input", "weight" or "grad". tp: the TP group's reducer for a tensor that is
+        gathered afterwards (a callable max-reducing a one-element tensor in place), else None:
+        current scaling then scales by the group's amax."""
+        forward = kind != "grad"
+        dt = self.fwd if forward else self.bwd
+        a = amax(x)
+        if self.delayed:
+            meta = self.meta_fwd if forward else self.meta_bwd
+            i = 1 if kind == "weight" else 0
+            meta.record(i, a)
+            scale = meta.scale[i]
+        else:
+            if tp is not None:
+                tp(a)
+            pow2, eps = self._qp({"input": "fp8_quant_fwd_inp", "weight": "fp8_quant_fwd_weight",
+                                  "grad": "fp8_quant_bwd_grad"}[kind])
+            scale = scale_from_amax(a, _FMAX[dt], pow2, eps)
+        return cast(x, scale, dt)
+
+    def end_of_backward(self) -> None:
+        """The first module of an autocast updates the backward scales after its backward."""
+        if self.reduce_bwd_at_end and self.delayed:
+            reduce_and_update(False, self.recipe, self.group)
+
+
+def site_quant(owner: Any, device: torch.device) -> Optional[SiteQuant]:
+    """The site's quantization when the caller is inside autocast(enabled=True), else None."""
+    q = _qstate()
+    if not q.enabled:
+        return None
+    sq = SiteQuant(owner, q.recipe, q.group, device)
+    if q.first_module:
+        q.first_module = False
+        sq.reduce_bwd_at_end = torch.is_grad_enabled()
+    return sq
+
+
+__all__ = ["autocast", "fp8_autocast", "quantized_model_init", "fp8_model_init",
+           "is_fp8_enabled", "get_fp8_recipe", "get_default_fp8_recipe", "check_recipe_support",
+           "reduce_and_update", "QTensor", "cast", "fp8_mm", "scale_from_amax", "fp8_dtype"]
