@@ -20,8 +20,8 @@ import torch
 from ...errors import TpflexDivisibleError, TpflexInvalidError
 from ...layers._autograd import _ColumnParallel
 from ...layers._modules import (_NORMS, _Site, _default_init, _device, _divide, _flag,
-                                _last_dim, _tp_size)
-from ...layers._sites import _linear, _native
+                                _last_dim, _plain_precision, _tp_size)
+from ...layers._sites import _compute_dtype, _linear, _native
 from ...layers._te_args import _ExtraState, _init_param, _refuse
 from .layernorm import _normalize
 
@@ -176,19 +176,24 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
         _last_dim(self._where, inp, H, "the input")
         w0 = getattr(self, self.weight_names[0])
         x = inp if inp.dim() == 2 else inp.reshape(-1, H)
-        if x.dtype != w0.dtype:
-            x = x.to(w0.dtype)
+        cdt = _compute_dtype(w0)   # torch.autocast's dtype, else the parameters'
+        if x.dtype != cdt:
+            x = x.to(cdt)
         ln = x if not self._WITH_NORM else _normalize(
             x, self.normalization, self._hshape, self.layer_norm_weight, self.layer_norm_bias,
             self.eps, self.zero_centered_gamma)
         W, b = self._weight(), self._bias()
-        if self._local and not self.fuse_wgrad_accumulation and _native(W):
+        if self._local and not self.fuse_wgrad_accumulation and _native(W) and \
+                _plain_precision(w0):
             # Nothing to communicate: torch's own linear and backward (as Linear's fast path).
             y = _linear(ln, W, b if self.apply_bias else None)
         else:
             reduce = self.parallel_mode is not None and self.tp_size > 1
-            call = self._site.call(ln.shape[0], H, w0, self.fuse_wgrad_accumulation,
-                                   not is_first_microbatch, reduce)
+            # The whole weight (split parameters concatenated): the GEMM's operand, whose
+            # compute form (autocast / FP8 cast) the call prepares.
+            call = self._site.call(ln.shape[0], H, W, self.fuse_wgrad_accumulation,
+                                   not is_first_microbatch, reduce,
+                                   first_microbatch=is_first_microbatch)
             if self.parallel_mode is None:
                 call.P, call.sp, call.plain = 1, False, None
             y = _ColumnParallel.apply(ln, W, b if self.apply_bias else None, call)
