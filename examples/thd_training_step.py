@@ -98,8 +98,8 @@ def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --b
             err = ((reference(xp.to(dt).float(), full) - tp) ** 2) * mask   # every rank's rows
             (err.sum() / (T_raw * H)).backward()
             ref_loss += err[mine].sum().item() / (T_raw * H)
-        for p in (p for b in model for p in (b.mlp.layer_norm_weight, b.mlp.layer_norm_bias)):
-            allreduce(rank, p.grad)        # the norms' gradients: per-rank partial sums (TE's)
+        for p in (p for p in model.parameters() if getattr(p, "sequence_parallel", False)):
+            allreduce(rank, p.grad)        # Megatron's rule: per-rank partial sums (SPEC §12)
         opt.step(), ref_opt.step(), opt.zero_grad(), ref_opt.zero_grad()
         ok &= (good := abs(loss - ref_loss) <= tol * abs(ref_loss) + tol)
         rows.append(f"{step:>4} {' '.join(Ts):>32} {loss:>10.5f} {ref_loss:>10.5f} "

