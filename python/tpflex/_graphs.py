@@ -49,8 +49,15 @@ What the caller must know (the rules of CUDA graphs, made explicit):
 * Every rank must call with the same bucket sequence (the ranks' Ts must pad to the same bucket;
   they do when every rank's microbatch has the same T, as tensor parallelism requires). A rank
   replaying another bucket than its peers is TPF_EMISMATCH from the operations (SPEC §10).
-* Warmup runs fn eagerly ``warmup`` times per bucket (side effects included: a backward inside
-  fn accumulates into .grad); the capture runs fn's Python once and its device work not at all.
+* Warmup runs fn eagerly ``warmup`` times per bucket; the capture runs fn's Python once and its
+  device work not at all. What a backward inside fn accumulates during the warmup (the .grad,
+  and the .main_grad of fuse_wgrad_accumulation, of every leaf its graph reaches) is restored
+  before the capture (LeafGuard), so a bucket's first call leaves the gradients of one eager
+  call, as later calls do (torch.cuda.make_graphed_callables' contract). Other side effects of
+  fn (an optimizer step, running statistics, a Python counter) happen at each warmup run: keep
+  them outside fn. On CUDA a .grad that is None at the capture becomes the graph's own tensor,
+  overwritten (not accumulated) by every replay: zero gradients with set_to_none=False before
+  the first call when replays must accumulate.
 
 Buckets. ``buckets=None`` gives the default ladder (geometric_ladder): geometric with ratio
 DEFAULT_RATIO from the manager's capacity down to capacity / DEFAULT_SPAN, each rung rounded up
@@ -99,6 +106,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 
 import torch
 import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 
 from ._checks import U64_MAX
 from ._state import state
@@ -266,6 +274,76 @@ def _desc(v: Any) -> str:
     if isinstance(v, torch.Tensor):
         return f"{v.dtype} {list(v.shape)} on {v.device}"
     return repr(v)
+
+
+# ---- warmup leaves what the caller sees as it was ----------------------------------------------
+
+class LeafGuard(TorchFunctionMode):
+    """Active around a bucket's warmup runs (both mechanisms): every backward that fn runs
+    (Tensor.backward, torch.autograd.backward) is seen before it runs, and the leaves it will
+    accumulate into (the AccumulateGrad nodes of its graph: parameters, inputs that require
+    grad) have their .grad and .main_grad (fuse_wgrad_accumulation's) saved as the caller left
+    them. restore() puts them back (in place where the tensor is still there, so references the
+    caller holds see the old values): the capture then starts from the caller's state, and the
+    call leaves one eager call's gradients (torch.cuda.make_graphed_callables' contract)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: Dict[int, Tuple[torch.Tensor, Any, Any, Any, Any]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            roots = args[0] if args else kwargs.get("tensors")
+            self._watch(roots if isinstance(roots, (list, tuple)) else [roots])
+        return func(*args, **kwargs)
+
+    def _watch(self, roots: Sequence[Any]) -> None:
+        seen = set()
+        stack = [getattr(t, "grad_fn", None) for t in roots if isinstance(t, torch.Tensor)]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            leaf = getattr(node, "variable", None)   # an AccumulateGrad node's leaf
+            if isinstance(leaf, torch.Tensor) and id(leaf) not in self.saved:
+                g = leaf.grad
+                mg = getattr(leaf, "main_grad", None)
+                mg = mg if isinstance(mg, torch.Tensor) else None
+                self.saved[id(leaf)] = (leaf, g, None if g is None else g.detach().clone(),
+                                        mg, None if mg is None else mg.detach().clone())
+            stack.extend(n for n, _ in node.next_functions)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for leaf, g, gv, mg, mgv in self.saved.values():
+                if g is None:
+                    leaf.grad = None
+                else:
+                    g.copy_(gv)
+                    if leaf.grad is not g:
+                        leaf.grad = g
+                if mg is not None:
+                    mg.copy_(mgv)
+                    if getattr(leaf, "main_grad", None) is not mg:
+                        leaf.main_grad = mg
+        self.saved.clear()
+
+
+def warm_up(runner: Any, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
+            n: int) -> int:
+    """Runs the runner's warmup under a LeafGuard and restores what fn's backward accumulated
+    into (the shared logic of both mechanisms). Returns the number of leaves restored."""
+    guard = LeafGuard()
+    try:
+        with guard:
+            runner.warmup(fn, args, kwargs, n)
+    finally:
+        k = len(guard.saved)
+        guard.restore()
+    return k
 
 
 # ---- the graphed callable -----------------------------------------------------------------------
@@ -632,7 +710,7 @@ class GraphedCallable:
         it = iter(bk.inputs)
         static = [next(it) if isinstance(v, torch.Tensor) else v for v in leaves]
         a, kw = self._unflatten(static, spec)
-        runner.warmup(self.fn, a, kw, self.warmup)
+        warm_up(runner, self.fn, a, kw, self.warmup)
         out = runner.capture(self.fn, a, kw)
         bk.out_leaves, bk.out_spec = pytree.tree_flatten(out)
         # the usual forms without pytree on every call: one tensor (1), a flat tuple (2)

@@ -158,5 +158,102 @@ class TpSizeMismatch(unittest.TestCase):
                     self.assertIn(f"tp_size={P}", m)
 
 
+# ---- 4: graphed's warmup leaves the caller's gradients as one eager call ------------------------
+
+import tpflex._graphs as G  # noqa: E402
+
+
+class _CudaLike(G.EagerRerun):
+    """The CUDA runner's order on the CPU: its capture changes no value and the replay that
+    follows it runs fn once; here the capture runs fn (both effects at once) and that first
+    replay is skipped. executes_on_capture False, as CudaGraphRunner: the wrapper replays."""
+    executes_on_capture = False
+
+    def capture(self, fn, args, kwargs):
+        self._skip = True
+        return super().capture(fn, args, kwargs)
+
+    def replay(self):
+        if getattr(self, "_skip", False):
+            self._skip = False
+            return
+        super().replay()
+
+
+class GraphedWarmup(unittest.TestCase):
+    def run_case(self, runner_cls, preset, fuse):
+        P, T = 2, 32
+
+        def f(rank):
+            torch.manual_seed(1)
+            m = LayerNormMLP(H, F, tp_size=P, sequence_parallel=True, set_parallel_mode=True,
+                             params_dtype=torch.float32, ub_overlap_ag=True, ub_overlap_rs=True,
+                             ub_bulk_dgrad=True, ub_bulk_wgrad=True,
+                             fuse_wgrad_accumulation=fuse)
+            g = torch.Generator().manual_seed(2 + rank)
+            x, dy = torch.randn(T // P, H, generator=g), torch.randn(T // P, H, generator=g)
+            params = list(m.parameters())
+            if fuse:
+                for p in (m.fc1_weight, m.fc2_weight):
+                    p.main_grad = torch.zeros(p.shape)
+
+            def start():
+                for p in params:
+                    p.grad = torch.full_like(p, 0.5) if preset else None
+                if fuse:
+                    for p in (m.fc1_weight, m.fc2_weight):
+                        p.main_grad.fill_(0.25)
+
+            def state():
+                out = {n: None if p.grad is None else p.grad.clone()
+                       for n, p in m.named_parameters()}
+                if fuse:
+                    out.update({n + ".main_grad": getattr(m, n).main_grad.clone()
+                                for n in ("fc1_weight", "fc2_weight")})
+                return out
+
+            def step(xs, dys):
+                out = m(xs)
+                out.backward(dys)
+                return out.detach()
+
+            start()
+            with active_tokens(T):
+                step(x, dy)
+            eager = state()
+            start()
+            held = [p.grad for p in params]
+            old = G.EagerRerun
+            G.EagerRerun = runner_cls
+            try:
+                gs = tt.graphed(step, [T], sequence_parallel=True)
+                gs(x, dy)
+            finally:
+                G.EagerRerun = old
+            ident = all(p.grad is h for p, h in zip(params, held)) if preset else True
+            return eager, state(), gs.stats()["warmup_runs"], ident
+        for eager, got, warm, ident in on_ranks(P, f):
+            self.assertEqual(warm, 3)
+            self.assertTrue(ident, "a .grad the caller held was replaced")
+            for n in eager:
+                e, g = eager[n], got[n]
+                self.assertEqual(e is None, g is None, n)
+                if e is not None:
+                    self.assertTrue(torch.allclose(e, g, rtol=1e-5, atol=1e-5),
+                                    f"{runner_cls.__name__} preset={preset} fuse={fuse} {n}: "
+                                    f"graphed first call {g.flatten()[:3].tolist()} vs eager "
+                                    f"{e.flatten()[:3].tolist()}")
+
+    def test_stand_in(self):
+        for preset in (False, True):
+            self.run_case(G.EagerRerun, preset, False)
+        self.run_case(G.EagerRerun, True, True)
+
+    def test_cuda_order(self):
+        for preset in (False, True):
+            self.run_case(_CudaLike, preset, False)
+        self.run_case(_CudaLike, True, True)
+
+
 if __name__ == "__main__":
     unittest.main()
