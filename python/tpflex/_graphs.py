@@ -117,6 +117,8 @@ DEFAULT_RATIO = 1.125  # the default ladder's ratio between rungs (module docstr
 DEFAULT_SPAN = 64      # the default ladder's smallest rung: capacity / DEFAULT_SPAN
 DEFAULT_WARMUP = 3     # eager runs before a capture (torch.cuda.make_graphed_callables' default)
 
+IN_GRAPHED = "graphed"  # state() key: the GraphedCallable whose fn is running (else None)
+
 CUDA_GRAPH = "cuda_graph"
 EAGER_RERUN = "eager_rerun"
 MECHANISM_TEXT = {CUDA_GRAPH: "torch.cuda.CUDAGraph capture and replay",
@@ -592,21 +594,27 @@ class GraphedCallable:
         bk = self._table.get(B)
         if mgr is not None and self._shape_comm.active_shape[0] != B:
             mgr.set_active_shape([B, self._H])
-        if bk is None:
-            bk = _Bucket(B // P if self.sequence_parallel else B, B)
-            try:
-                self._capture(bk, leaves, spec, T)
-            except BaseException:
-                if not self._table:   # nothing captured yet: the next call starts afresh
-                    self._inputs, self._filled = [], 0
-                raise
-            self._table[B] = bk
-            if self._sig is None:
-                self._sig = self._signature(leaves, spec)
-        else:
-            self._fill(leaves, T, B)
-            bk.runner.replay()
-            bk.replays += 1
+        st = state()
+        outer = st.get(IN_GRAPHED)
+        st[IN_GRAPHED] = self   # fn's errors can name graphed's own arguments
+        try:
+            if bk is None:
+                bk = _Bucket(B // P if self.sequence_parallel else B, B)
+                try:
+                    self._capture(bk, leaves, spec, T)
+                except BaseException:
+                    if not self._table:   # nothing captured yet: the next call starts afresh
+                        self._inputs, self._filled = [], 0
+                    raise
+                self._table[B] = bk
+                if self._sig is None:
+                    self._sig = self._signature(leaves, spec)
+            else:
+                self._fill(leaves, T, B)
+                bk.runner.replay()
+                bk.replays += 1
+        finally:
+            st[IN_GRAPHED] = outer
         self.calls += 1
         bk.real += T
         bk.padded += B - T
@@ -748,8 +756,9 @@ class GraphedCallable:
 
     def reset(self) -> None:
         """Drops every bucket's graph and static buffers (the next call at a bucket captures
-        again) and the first call's argument signature; the counters restart. Call it before
-        destroy_ub when the callable outlives the manager."""
+        again), the first call's argument signature and the manager it was bound to (the next
+        call binds to the current one); the counters restart. Call it before destroy_ub when
+        the callable outlives the manager, and use it again after initialize_ub."""
         self._table.clear()
         self._sig = None
         self._inputs = []
@@ -757,6 +766,12 @@ class GraphedCallable:
         self._pool = None
         self._mechanism = None
         self.calls = 0
+        # unbound: the next call binds to the manager current then (re-use after destroy_ub +
+        # initialize_ub), resolving the default ladder against it again
+        self._bound = False
+        self._mgr = self._shape_comm = None
+        self._buckets = None
+        self._P, self._H = 1, 0
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -771,6 +786,8 @@ def _same(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b):
         return False
+    if isinstance(a, (float, complex)) and a != a and b != b:   # NaN is the same value baked
+        return True
     try:
         return bool(a == b)
     except Exception:  # an == that does not give one bool (arrays): compare by identity only

@@ -255,5 +255,194 @@ class GraphedWarmup(unittest.TestCase):
         self.run_case(_CudaLike, True, True)
 
 
+# ---- 9: errors that name the real cause and a fix that works -----------------------------------
+
+def _raises(fn, cls=E.TpflexError):
+    try:
+        fn()
+    except cls as e:
+        return str(e)
+    return None
+
+
+class Messages(unittest.TestCase):
+    P, T = 2, 32
+
+    def sp_mlp(self, **kw):
+        return LayerNormMLP(H, F, tp_size=self.P, sequence_parallel=True, set_parallel_mode=True,
+                            params_dtype=kw.pop("params_dtype", torch.float32), **kw)
+
+    def test_full_t_input_and_empty_microbatch(self):
+        P, T = self.P, self.T
+
+        def f(rank):
+            out = []
+            for flags in ({}, {"ub_overlap_ag": True, "ub_overlap_rs": True}):
+                m = self.sp_mlp(**flags)
+                with active_tokens(T):
+                    out.append(_raises(lambda: m(torch.randn(T, H))))
+                    out.append(_raises(lambda: m(torch.randn(0, H))))
+                # the fix the first message names works
+                with active_tokens(T):
+                    m(torch.randn(T // P, H))
+            return out
+        for msgs in on_ranks(P, f):
+            for full, empty in zip(msgs[::2], msgs[1::2]):
+                self.assertIn(f"takes this rank's T/P = {T // P} rows", full)
+                self.assertNotIn("set_ub_active_shape", full)
+                self.assertIn("empty microbatch", empty)
+                self.assertNotIn("active_tokens(0)", empty)
+
+    def test_inside_graphed_points_to_sequence_parallel(self):
+        P, T = self.P, self.T
+
+        def f(rank):
+            m = self.sp_mlp(ub_overlap_ag=True, ub_overlap_rs=True)
+            x = torch.randn(T // P, H)
+            bad = _raises(lambda: tt.graphed(lambda a: m(a), [T // P])(x))
+            good = tt.graphed(lambda a: m(a), [T], sequence_parallel=True)(x)   # the fix
+            return bad, tuple(good.shape)
+        for bad, shape in on_ranks(P, f):
+            self.assertIn("sequence_parallel=True", bad)
+            self.assertIn("graphed", bad)
+            self.assertNotIn("set_ub_active_shape", bad)
+            self.assertEqual(shape, (T // P, H))
+
+    def test_use_fp8_manager(self):
+        P, T = self.P, self.T
+
+        def f(rank):
+            out = []
+            for flags in ({}, {"ub_overlap_ag": True, "ub_overlap_rs": True}):
+                m = self.sp_mlp(**flags)
+                with active_tokens(T):
+                    out.append(_raises(lambda: m(torch.randn(T // P, H))))
+            return out
+        for msgs in on_ranks(P, f, use_fp8=True):
+            for m in msgs:
+                self.assertIn("use_fp8=False", m)
+                self.assertIn("LayerNormMLP", m)
+                self.assertNotIn("a_scale_inv", m)
+
+    def test_dtype_names_the_module(self):
+        P, T = self.P, self.T
+
+        def f(rank):
+            tt.destroy_ub()
+            tt.initialize_ub([C, H], P, dtype=torch.bfloat16)
+            m = Linear(H, F, parallel_mode="column", tp_size=P, sequence_parallel=True,
+                       ub_name="fc1", ub_overlap_ag=True, params_dtype=torch.float32)
+            with torch.autocast("cpu", dtype=torch.bfloat16), active_tokens(T):
+                return _raises(lambda: m(torch.randn(T // P, H)))
+        for msg in on_ranks(P, f):
+            self.assertIn("Linear(", msg)
+            self.assertIn("params_dtype=torch.bfloat16", msg)
+            self.assertIn("torch.autocast", msg)
+
+    def test_transposed_input_and_column_major_main_grad(self):
+        P, T = self.P, self.T
+
+        def f(rank):
+            torch.manual_seed(3)
+            row = Linear(F, H, parallel_mode="row", tp_size=P, sequence_parallel=True,
+                         ub_name="fc2", ub_overlap_rs=True, params_dtype=torch.float32)
+            col = Linear(H, F, parallel_mode="column", tp_size=P, sequence_parallel=True,
+                         ub_name="fc1", ub_bulk_dgrad=True, ub_bulk_wgrad=True,
+                         fuse_wgrad_accumulation=True, params_dtype=torch.float32)
+            xt = torch.randn(F // P, T)                      # x = xt.t(): [T, F/P] transposed
+            xl = torch.randn(T // P, H, requires_grad=True)
+            with active_tokens(T):
+                a, b = row(xt.t()), row(xt.t().contiguous())
+                res = [bool(torch.equal(a, b))]
+                mgs = []
+                for mg in (torch.zeros(F // P, H), torch.zeros(H, F // P).t()):
+                    col.weight.main_grad = mg
+                    col(xl).sum().backward()
+                    mgs.append(mg.clone())
+                res.append(bool(torch.equal(mgs[0], mgs[1])) and bool(mgs[0].abs().sum() > 0))
+            return res
+        for res in on_ranks(P, f):
+            self.assertEqual(res, [True, True])
+
+    def test_dgrad_rs_cfgs_on_the_simulator(self):
+        P, T = self.P, self.T
+        cfgs = {"qkv_dgrad": {"method": "pipeline"}, "fc1_dgrad": {"method": "pipeline"}}
+
+        def f(rank):
+            m = self.sp_mlp()
+            with active_tokens(T):
+                return _raises(lambda: m(torch.randn(T // P, H)))
+        for msg in on_ranks(P, f, ub_cfgs=cfgs):
+            self.assertIn("has none", msg)
+            self.assertIn("fc1_dgrad PIPELINE RS", msg)
+            self.assertNotIn("initialize_ub registers TE's", msg)
+
+    def test_active_tokens_keeps_the_blocks_exception(self):
+        def f(rank):
+            try:
+                with active_tokens(self.T):
+                    tt.destroy_ub()     # the restore will fail too
+                    raise E.TpflexTimeoutError("the block's own failure", "test")
+            except E.TpflexError as e:
+                tt.initialize_ub([C, H], self.P, dtype=torch.float32)
+                return type(e).__name__, str(e), " ".join(getattr(e, "__notes__", []))
+        for name, msg, notes in on_ranks(self.P, f):
+            self.assertEqual(name, "TpflexTimeoutError")
+            self.assertIn("the block's own failure", msg)
+            self.assertIn("could not restore", notes)
+
+    def test_graphed_nan_argument_and_reset(self):
+        P, T = self.P, self.T
+
+        def f(rank):
+            w = torch.randn(H, H)
+            g = tt.graphed(lambda x, s: x @ w * (1.0 if s != s else 2.0), [T])
+            x = torch.randn(T // P * P, H)
+            g(x, float("nan"))
+            second = _raises(lambda: g(x, float("nan")))
+            g.reset()
+            tt.destroy_ub()
+            tt.initialize_ub([C, H], P, dtype=torch.float32)
+            y = g(x, float("nan"))     # re-use after destroy_ub + initialize_ub
+            return second, bool(torch.allclose(y, x @ w))
+        for second, ok in on_ranks(P, f):
+            self.assertIsNone(second)
+            self.assertTrue(ok)
+
+
+# ---- 5: stale views ------------------------------------------------------------------------------
+
+class StaleViews(unittest.TestCase):
+    def test_stale_view_as_an_operation_argument(self):
+        P = 2
+
+        def f(rank):
+            out = []
+            tt.set_ub_active_shape([32, H])
+            dg, wg = tt.get_ub("fc1_dgrad"), tt.get_ub("fc1_wgrad")
+            held_buf = dg.buffer()              # [32, H], taken before T grows
+            held_chunk = dg.local_chunk()       # [16, H]
+            tt.set_ub_active_shape([64, H])     # T grew: the views cover the old rows
+            w = torch.randn(H, H)
+            # shapes the GEMM beside the collective accepts: without the check they ran on the
+            # old rows silently
+            out.append(_raises(lambda: wg.bulk_overlap(torch.randn(8, 32), held_buf,
+                                                       trans_w=True)))
+            out.append(_raises(lambda: wg.bulk_overlap(held_chunk, w)))
+            out.append(_raises(lambda: wg.bulk_overlap(torch.randn(32, H), w, out=held_buf)))
+            # the fix the message names: take the view again
+            wg.bulk_overlap(torch.randn(8, 64), dg.buffer(), trans_w=True)
+            # back at the old shape, the held view covers the active rows again: accepted
+            tt.set_ub_active_shape([32, H])
+            wg.bulk_overlap(torch.randn(8, 32), held_buf, trans_w=True)
+            return out
+        for msgs in on_ranks(P, f):
+            for m, arg in zip(msgs, ("b", "a", "out")):
+                self.assertIsNotNone(m, f"a stale view as {arg} was accepted")
+                self.assertIn(f"{arg} is a ", m)
+                self.assertIn("taken while the active shape was [32, 16]", m)
+                self.assertIn("again after set_ub_active_shape", m)
+
+
 if __name__ == "__main__":
     unittest.main()

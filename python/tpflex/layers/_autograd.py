@@ -50,6 +50,7 @@ def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> 
     """Checks the microbatch's tokens against comm's active shape [T, H]; returns H."""
     T, H = comm.active_shape
     if tokens != T:
+        _tokens_hint(call, T, H, tokens, rows, what)
         per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
         raise TpflexShapeError(
             f"{what} has {per}, but the active shape is [{T}, {H}] ('{comm.name}'): call "
@@ -57,6 +58,30 @@ def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> 
             f"for this microbatch", call.where)
     call.tokens, call.shape_comm = tokens, comm
     return H
+
+
+def _tokens_hint(call: _Call, T: int, H: int, tokens: int, rows: int, what: str) -> None:
+    """The errors whose fix is not another active shape: an empty microbatch, and all T rows
+    given to a sequence-parallel input (which takes this rank's T/P), inside graphed or not."""
+    if rows == 0:
+        raise TpflexShapeError(
+            f"{what} is an empty microbatch (0 rows): no active shape has T = 0; skip the "
+            f"module's call for it", call.where)
+    if tokens != rows and rows == T:
+        from .._state import state
+        g = state().get("graphed")
+        P = tokens // rows
+        if g is not None and not g.sequence_parallel:
+            raise TpflexShapeError(
+                f"{what} has {rows} rows inside {g._where}, which took them as the whole "
+                f"microbatch (T = {rows}, active [{T}, {H}]); a sequence-parallel module takes "
+                f"this rank's T/P rows: pass those to a callable made with "
+                f"tpflex.torch.graphed(fn, sequence_parallel=True)", call.where)
+        raise TpflexShapeError(
+            f"{what} has {rows} rows, the whole microbatch (the active shape is [{T}, {H}]); "
+            f"a sequence-parallel module takes this rank's T/P = {T // P} rows: pass rows "
+            f"[rank * {T // P}, (rank + 1) * {T // P}) (or build the module with "
+            f"sequence_parallel=False)", call.where)
 
 
 # ---- autograd functions ------------------------------------------------------------------------
@@ -119,8 +144,12 @@ class _ColumnParallel(torch.autograd.Function):
                     if part is not buf:
                         buf.copy_(part)
                     if c.fuse_wgrad:
-                        c.wgrad.bulk_overlap(dy, xt, out=c.main_grad, trans_a=True,
+                        mg = c.main_grad   # not row-major (column-major): through a copy
+                        out = mg if mg.is_contiguous() else mg.contiguous()
+                        c.wgrad.bulk_overlap(dy, xt, out=out, trans_a=True,
                                              trans_w=True, beta=1.0 if c.accumulate else 0.0)
+                        if out is not mg:
+                            mg.copy_(out)
                     else:
                         dw = c.wgrad.bulk_overlap(dy, xt, trans_a=True, trans_w=True)
                     dx = c.wgrad.local_chunk().clone()

@@ -73,7 +73,39 @@ def _last_dim(where: str, inp: Any, K: int, what: str) -> None:
 
 def _2d(where: str, inp: Any, K: int, what: str) -> torch.Tensor:
     _last_dim(where, inp, K, what)
-    return inp if inp.dim() == 2 else inp.reshape(-1, K)
+    x = inp if inp.dim() == 2 else inp.reshape(-1, K)
+    return x if x.is_contiguous() else x.contiguous()   # a transposed input: row-major rows
+
+
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:   # an older torch: no device argument
+        return bool(torch.is_autocast_enabled() or (device_type == "cpu" and
+                                                    torch.is_autocast_cpu_enabled()))
+
+
+def _check_dtype(where: str, comms: Tuple[Any, ...], dt: torch.dtype) -> None:
+    """The communicators a call uses must hold the module's dtype (a copy into the buffer
+    would round silently; an operation would name itself, not the module)."""
+    for c in comms:
+        if c is None or c.dtype == dt:
+            continue
+        if c.dtype in _FP8:
+            raise TpflexUnsupportedError(
+                f"'{c.name}' is registered in {c.dtype} (initialize_ub(use_fp8=True)), but the "
+                f"modules compute in {dt}: their paths are bf16/fp16/fp32 (FP8 modules run under "
+                f"tpflex.torch.autocast(recipe)); call initialize_ub with use_fp8=False and "
+                f"dtype={dt}", where)
+        auto = (" (torch.autocast does not change the module's parameters)"
+                if _autocast_on(c.device.type) else "")
+        raise TpflexInvalidError(
+            f"the module's parameters are {dt} but '{c.name}' is registered in {c.dtype}"
+            f"{auto}: build the module with params_dtype={c.dtype} or call initialize_ub with "
+            f"dtype={dt}", where)
 
 
 def _check_tp(where: str, P: int, mgr: Any) -> None:
@@ -163,6 +195,7 @@ class _Site:
         c.bulk_dgrad, c.bulk_wgrad = self.bulk_dgrad, self.bulk_wgrad
         c.fprop, c.dgrad, c.wgrad, c.plain, ref = self._resolve(reduce)
         if ref is not None:
+            _check_dtype(self.where, (c.fprop, c.dgrad, c.wgrad, ref), weight.dtype)
             tokens = rows * self.P if self.mode == "column" and self.sp else rows
             what = ("the input" if self.mode == "column" else "the input (row-parallel)")
             H = _check_tokens(c, ref, tokens, rows, what)
@@ -447,5 +480,15 @@ def active_tokens(tokens: int) -> Iterator[Tuple[int, int]]:
     tt.set_ub_active_shape([tokens, H])
     try:
         yield (int(tokens), int(H))
-    finally:
-        tt.set_ub_active_shape(list(prev))
+    except BaseException as e:
+        # the block's own exception is the one raised; a restore that fails too is noted on it
+        try:
+            tt.set_ub_active_shape(list(prev))
+        except TpflexError as e2:
+            note = f"active_tokens could not restore the active shape {list(prev)}: {e2}"
+            if hasattr(e, "add_note"):
+                e.add_note(note)
+            else:  # Python < 3.11
+                e.args = e.args + (note,)
+        raise
+    tt.set_ub_active_shape(list(prev))
