@@ -444,5 +444,89 @@ class StaleViews(unittest.TestCase):
                 self.assertIn("again after set_ub_active_shape", m)
 
 
+# ---- 10-12: the package on a fresh install -----------------------------------------------------
+
+import shutil  # noqa: E402
+import tempfile  # noqa: E402
+
+
+def _run(args, env_extra, cwd):
+    env = {k: v for k, v in os.environ.items() if k not in ("TPFLEX_LIBRARY", "PYTHONPATH")}
+    env.update(env_extra)
+    p = subprocess.run([sys.executable] + args, env=env, cwd=cwd, capture_output=True, text=True,
+                       timeout=120)
+    return p.returncode, p.stdout, p.stderr
+
+
+class Package(unittest.TestCase):
+    def test_example_uses_the_installed_package(self):
+        """README: pip install './python[torch]', then examples/thd_training_step.py from the
+        checkout. A checkout without a build folder (a fresh clone) and the package installed
+        (a copy with the library bundled, as pip lays it out): the example must not shadow it
+        with the checkout's python/ (no library there), and the checkout's package itself finds
+        the installed library."""
+        lib = os.environ.get("TPFLEX_LIBRARY") or __import__("tpflex").LIBRARY_PATH
+        with tempfile.TemporaryDirectory() as tmp:
+            site = os.path.join(tmp, "site")
+            shutil.copytree(os.path.join(ROOT, "python", "tpflex"), os.path.join(site, "tpflex"),
+                            ignore=shutil.ignore_patterns("__pycache__", "lib"))
+            os.makedirs(os.path.join(site, "tpflex", "lib"))
+            shutil.copy2(lib, os.path.join(site, "tpflex", "lib", "libtpflex.so"))
+            clone = os.path.join(tmp, "clone")   # a checkout: core/tpflex.map, python/, no build
+            os.makedirs(os.path.join(clone, "core"))
+            shutil.copy2(os.path.join(ROOT, "core", "tpflex.map"), os.path.join(clone, "core"))
+            shutil.copytree(os.path.join(ROOT, "python", "tpflex"),
+                            os.path.join(clone, "python", "tpflex"),
+                            ignore=shutil.ignore_patterns("__pycache__", "lib"))
+            os.makedirs(os.path.join(clone, "examples"))
+            ex = os.path.join(clone, "examples", "thd_training_step.py")
+            shutil.copy2(os.path.join(ROOT, "examples", "thd_training_step.py"), ex)
+            rc, out, err = _run([ex, "--backend", "sim", "--steps", "1"], {"PYTHONPATH": site},
+                                clone)
+            self.assertEqual(rc, 0, out + err)
+            self.assertIn("thd_training_step: every check OK", out)
+            # the checkout's package first on sys.path, no build: the installed library
+            code = "import tpflex; print(tpflex.LIBRARY_PATH)"
+            rc, out, err = _run(["-c", code],
+                                {"PYTHONPATH": os.path.join(clone, "python") + os.pathsep + site},
+                                tmp)
+            self.assertEqual(rc, 0, out + err)
+            self.assertEqual(out.strip().splitlines()[-1],
+                             os.path.join(site, "tpflex", "lib", "libtpflex.so"))
+
+    def test_readme_installs_torch(self):
+        """The README's install command names the torch extra, and the extra holds torch and
+        numpy (item 12: torch warns 'Failed to initialize NumPy' on every import without it)."""
+        with open(os.path.join(ROOT, "python", "pyproject.toml"), encoding="utf-8") as f:
+            text = f.read()
+        try:
+            import tomllib
+            extra = tomllib.loads(text)["project"]["optional-dependencies"]["torch"]
+        except ImportError:   # Python < 3.11
+            import re
+            extra = re.findall(r'"([^"]+)"', re.search(r"^torch = \[(.*)\]", text, re.M)[1])
+        self.assertIn("torch", extra)
+        self.assertIn("numpy", extra)
+        with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+            readme = f.read()
+        self.assertIn("pip install './python[torch]'", readme)
+
+    def test_python_m_tpflex_refuses_arguments(self):
+        env = {"PYTHONPATH": os.path.join(ROOT, "python")}
+        if os.environ.get("TPFLEX_LIBRARY"):
+            env["TPFLEX_LIBRARY"] = os.environ["TPFLEX_LIBRARY"]
+        rc, out, err = _run(["-m", "tpflex", "plan", "--tp", "4"], env, ROOT)
+        self.assertEqual(rc, 2, out + err)
+        self.assertEqual(out, "")
+        self.assertIn("pip does not install", err)
+        self.assertIn("build/tpflex plan --tp 4", err)
+        rc, out, err = _run(["-m", "tpflex", "--bogus"], env, ROOT)
+        self.assertEqual(rc, 2)
+        self.assertIn("unknown argument '--bogus'", err)
+        rc, out, err = _run(["-m", "tpflex"], env, ROOT)
+        self.assertEqual(rc, 0, err)
+        self.assertIn("library ", out)
+
+
 if __name__ == "__main__":
     unittest.main()
