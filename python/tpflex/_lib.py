@@ -2,7 +2,8 @@
 call). Search order, each by absolute path: $TPFLEX_LIBRARY (the override), the library the
 package bundles (tpflex/lib/libtpflex.so, installed by `pip install ./python`), the newest
 build*/libtpflex.so of the source tree that is not an ASan or TSan build (TPF_SANITIZE in its
-CMakeCache.txt) when the package runs from it (PYTHONPATH=python), then
+CMakeCache.txt) when the package runs from it (PYTHONPATH=python) or, with no build there, the
+bundled library of an installed tpflex further along sys.path, then
 an installed library (ctypes.util.find_library / libtpflex.so.0).
 
 A library with the CUDA backend needs libnccl.so.2, libcudart and libcublasLt. Loaded first, it
