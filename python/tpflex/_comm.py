@@ -274,12 +274,19 @@ class Communicator:
     def _retire_views(self) -> None:
         """The cached views are about to be dropped: one that a caller still holds is recorded
         in _STALE with the geometry it covers."""
-        for v, g, kind in ((self._vbuf, self._gbuf, "buffer"),
-                           (self._vchunk, self._gchunk, "local_chunk")):
-            # references: the attribute, the tuple, v, getrefcount's argument; more: a caller's
-            if v is not None and sys.getrefcount(v) > 4 and id(v) not in _STALE:
-                _STALE[id(v)] = (weakref.ref(v, _forget(id(v))), weakref.ref(self), kind, g,
-                                 self._active)
+        b, c = self._vbuf, self._vchunk
+        if b is None and c is None:   # no view taken since the last change: nothing to do
+            return
+        # references: the attribute, the local, getrefcount's argument; more: a caller's
+        if b is not None and sys.getrefcount(b) > 3:
+            self._stale(b, self._gbuf, "buffer")
+        if c is not None and sys.getrefcount(c) > 3:
+            self._stale(c, self._gchunk, "local_chunk")
+
+    def _stale(self, v: torch.Tensor, g: Tuple[int, int, int, int], kind: str) -> None:
+        if id(v) not in _STALE:
+            _STALE[id(v)] = (weakref.ref(v, _forget(id(v))), weakref.ref(self), kind, g,
+                             self._active)
 
     def _strided(self, g: Tuple[int, int, int, int]) -> torch.Tensor:
         rows, cols, ld, off = g
