@@ -493,6 +493,15 @@ class Package(unittest.TestCase):
             self.assertEqual(rc, 0, out + err)
             self.assertEqual(out.strip().splitlines()[-1],
                              os.path.join(site, "tpflex", "lib", "libtpflex.so"))
+            # nothing installed, no build: the error names the cause and the fixes, not the
+            # `pip install ./python` a user may just have run
+            import ctypes.util
+            if ctypes.util.find_library("tpflex") is None:   # no system-wide libtpflex here
+                rc, out, err = _run(["-c", code], {"PYTHONPATH": os.path.join(clone, "python")},
+                                    tmp)
+                self.assertNotEqual(rc, 0)
+                self.assertIn("this is the source tree's package", err)
+                self.assertIn("without the source tree's python/ on sys.path", err)
 
     def test_readme_installs_torch(self):
         """The README's install command names the torch extra, and the extra holds torch and
