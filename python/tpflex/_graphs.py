@@ -285,7 +285,7 @@ class LeafGuard(TorchFunctionMode):
     (Tensor.backward, torch.autograd.backward) is seen before it runs, and the leaves it will
     accumulate into (the AccumulateGrad nodes of its graph: parameters, inputs that require
     grad) have their .grad and .main_grad (fuse_wgrad_accumulation's) saved as the caller left
-    them. restore() puts them back (in place where the tensor is still there, so references the
+    them (a copy of each, held during the warmup only). restore() puts them back (in place where the tensor is still there, so references the
     caller holds see the old values): the capture then starts from the caller's state, and the
     call leaves one eager call's gradients (torch.cuda.make_graphed_callables' contract)."""
 
