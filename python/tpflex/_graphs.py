@@ -53,11 +53,12 @@ What the caller must know (the rules of CUDA graphs, made explicit):
   device work not at all. What a backward inside fn accumulates during the warmup (the .grad,
   and the .main_grad of fuse_wgrad_accumulation, of every leaf its graph reaches) is restored
   before the capture (LeafGuard), so a bucket's first call leaves the gradients of one eager
-  call, as later calls do (torch.cuda.make_graphed_callables' contract). Other side effects of
-  fn (an optimizer step, running statistics, a Python counter) happen at each warmup run: keep
-  them outside fn. On CUDA a .grad that is None at the capture becomes the graph's own tensor,
-  overwritten (not accumulated) by every replay: zero gradients with set_to_none=False before
-  the first call when replays must accumulate.
+  call, as later calls do (torch.cuda.make_graphed_callables' contract); a .grad that was None
+  is the warmup's tensor, zeroed, so the capture accumulates into it and every replay adds its
+  gradient as an eager call does (between steps zero it in place: zero_grad(set_to_none=False);
+  a None .grad would leave the graph writing a tensor nobody sees). Other side effects of fn (an
+  optimizer step, running statistics, a Python counter) happen at each warmup run: keep them
+  outside fn.
 
 Buckets. ``buckets=None`` gives the default ladder (geometric_ladder): geometric with ratio
 DEFAULT_RATIO from the manager's capacity down to capacity / DEFAULT_SPAN, each rung rounded up
@@ -285,9 +286,10 @@ class LeafGuard(TorchFunctionMode):
     (Tensor.backward, torch.autograd.backward) is seen before it runs, and the leaves it will
     accumulate into (the AccumulateGrad nodes of its graph: parameters, inputs that require
     grad) have their .grad and .main_grad (fuse_wgrad_accumulation's) saved as the caller left
-    them (a copy of each, held during the warmup only). restore() puts them back (in place where the tensor is still there, so references the
-    caller holds see the old values): the capture then starts from the caller's state, and the
-    call leaves one eager call's gradients (torch.cuda.make_graphed_callables' contract)."""
+    them (a copy of each, held during the warmup only). restore() puts the values back, in
+    place (references the caller holds see them; a .grad that was None becomes the warmup's
+    tensor, zeroed): the capture starts from the caller's values, and the call leaves one eager
+    call's gradients (torch.cuda.make_graphed_callables' contract)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -322,7 +324,11 @@ class LeafGuard(TorchFunctionMode):
         with torch.no_grad():
             for leaf, g, gv, mg, mgv in self.saved.values():
                 if g is None:
-                    leaf.grad = None
+                    # None before: the warmup's tensor stays, zeroed (zero + one call's gradient
+                    # is one eager call's), so that the capture accumulates into memory outside
+                    # the graph's pool and every replay adds, as eager calls do
+                    if leaf.grad is not None:
+                        leaf.grad.zero_()
                 else:
                     g.copy_(gv)
                     if leaf.grad is not g:

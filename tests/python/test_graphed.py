@@ -501,27 +501,29 @@ class Cuda(unittest.TestCase):
             (y.float().square().sum() / T).backward()
             return y.detach()
 
-        def preset():
-            for p in col.parameters():
-                p.grad = torch.full_like(p, 0.5)
-        preset()
-        with tt.active_tokens(T):
-            fn(x)
-        eager = [p.grad.float().cpu() - 0.5 for p in col.parameters()]
-        preset()
-        g = tt.graphed(fn, [T], sequence_parallel=True)
         bad = []
-        for k in (1, 2):
-            g(x)
-            torch.cuda.synchronize()
-            for i, p in enumerate(col.parameters()):
-                got = p.grad.float().cpu() - 0.5
-                if not torch.allclose(got, k * eager[i], rtol=0.05, atol=0.01):
-                    bad.append(f"rank {RANK} call {k} param {i}: grad - 0.5 "
-                               f"{got.flatten()[:3].tolist()} vs {k} x eager "
-                               f"{(k * eager[i]).flatten()[:3].tolist()}")
+        for base in (0.5, None):   # .grad held by the caller, or None (allocated by the warmup)
+            def preset():
+                for p in col.parameters():
+                    p.grad = None if base is None else torch.full_like(p, base)
+            preset()
+            with tt.active_tokens(T):
+                fn(x)
+            off = 0.0 if base is None else base
+            eager = [p.grad.float().cpu() - off for p in col.parameters()]
+            preset()
+            g = tt.graphed(fn, [T], sequence_parallel=True)
+            for k in (1, 2):
+                g(x)
+                torch.cuda.synchronize()
+                for i, p in enumerate(col.parameters()):
+                    got = p.grad.float().cpu() - off
+                    if not torch.allclose(got, k * eager[i], rtol=0.05, atol=0.01):
+                        bad.append(f"rank {RANK} .grad {base} call {k} param {i}: "
+                                   f"{got.flatten()[:3].tolist()} vs {k} x eager "
+                                   f"{(k * eager[i]).flatten()[:3].tolist()}")
+            g.reset()
         self.assertEqual(bad, [])
-        g.reset()
 
 
 def cuda_main() -> int:

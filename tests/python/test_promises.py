@@ -218,31 +218,38 @@ class GraphedWarmup(unittest.TestCase):
                 return out.detach()
 
             start()
-            with active_tokens(T):
-                step(x, dy)
-            eager = state()
+            eager = []
+            for _ in range(2):
+                with active_tokens(T):
+                    step(x, dy)
+                eager.append(state())
             start()
             held = [p.grad for p in params]
             old = G.EagerRerun
             G.EagerRerun = runner_cls
+            got = []
             try:
                 gs = tt.graphed(step, [T], sequence_parallel=True)
-                gs(x, dy)
+                for _ in range(2):   # the first call (warmup, capture) and a replay
+                    gs(x, dy)
+                    got.append(state())
             finally:
                 G.EagerRerun = old
             ident = all(p.grad is h for p, h in zip(params, held)) if preset else True
-            return eager, state(), gs.stats()["warmup_runs"], ident
+            return eager, got, gs.stats()["warmup_runs"], ident
         for eager, got, warm, ident in on_ranks(P, f):
             self.assertEqual(warm, 3)
             self.assertTrue(ident, "a .grad the caller held was replaced")
-            for n in eager:
-                e, g = eager[n], got[n]
-                self.assertEqual(e is None, g is None, n)
-                if e is not None:
-                    self.assertTrue(torch.allclose(e, g, rtol=1e-5, atol=1e-5),
-                                    f"{runner_cls.__name__} preset={preset} fuse={fuse} {n}: "
-                                    f"graphed first call {g.flatten()[:3].tolist()} vs eager "
-                                    f"{e.flatten()[:3].tolist()}")
+            for k in range(2):
+                for n in eager[k]:
+                    e, g = eager[k][n], got[k][n]
+                    self.assertEqual(e is None, g is None, n)
+                    if e is not None:
+                        self.assertTrue(torch.allclose(e, g, rtol=1e-5, atol=1e-5),
+                                        f"{runner_cls.__name__} preset={preset} fuse={fuse} "
+                                        f"{n} after call {k + 1}: graphed "
+                                        f"{g.flatten()[:3].tolist()} vs eager "
+                                        f"{e.flatten()[:3].tolist()}")
 
     def test_stand_in(self):
         for preset in (False, True):
