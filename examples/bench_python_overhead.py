@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import importlib.util
 import statistics
 import timeit
 import os
@@ -27,7 +28,8 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+if importlib.util.find_spec("tpflex") is None:  # not installed: the source tree's
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 
 import torch  # noqa: E402
 

@@ -26,6 +26,7 @@ not the GPU's."""
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
 import sys
@@ -34,7 +35,8 @@ import warnings
 
 warnings.filterwarnings("ignore")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+if importlib.util.find_spec("tpflex") is None:  # not installed: the source tree's
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 
 import torch  # noqa: E402

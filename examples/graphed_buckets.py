@@ -18,6 +18,7 @@ over C (the memory of graphs with private pools, in units of one full-capacity g
 graphed()'s shared pool about 1).
 """
 import argparse
+import importlib.util
 import math
 import os
 import random
@@ -25,7 +26,8 @@ import sys
 import warnings
 
 warnings.filterwarnings("ignore")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+if importlib.util.find_spec("tpflex") is None:  # not installed: the source tree's
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
 import tpflex.sim as sim  # noqa: E402
 import tpflex.torch as tt  # noqa: E402
 from tpflex._graphs import geometric_ladder, pad_stats  # noqa: E402

@@ -28,6 +28,7 @@ of the real rows and the buckets used. Output: one table on rank 0; ends with
 """
 import argparse
 import bisect
+import importlib.util
 import os
 import random
 import statistics
@@ -37,7 +38,8 @@ import warnings
 
 warnings.filterwarnings("ignore")
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+if importlib.util.find_spec("tpflex") is None:  # not installed: the source tree's
+    sys.path.insert(0, os.path.join(HERE, "..", "python"))
 sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402

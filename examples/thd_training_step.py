@@ -6,9 +6,12 @@ on (ub_tp_comm_overlap): RING AG+GEMM, GEMM+RS, the dgrad RING AG, bulk AG/RS be
   python3 examples/thd_training_step.py --backend sim [--tp 2] [--dtype bf16|fp32] [--steps 6]
   torchrun --standalone --nproc-per-node 2 examples/thd_training_step.py --backend cuda
   (--bench T1,T2: median ms of one forward+backward at each T instead of training)"""
-import argparse, functools, os, random, sys, threading, time, warnings  # noqa: E401
+import argparse, functools, importlib.util, os, random, sys, threading, time, warnings  # noqa: E401
 warnings.filterwarnings("ignore")
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+if importlib.util.find_spec("tpflex") is None:  # not installed: the source tree's (PYTHONPATH=python)
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "python"))
+if importlib.util.find_spec("torch") is None:
+    sys.exit("thd_training_step: needs torch: pip install './python[torch]' (or pip install torch)")
 import torch  # noqa: E402
 import torch.nn.functional as Fn  # noqa: E402
 import tpflex.sim as sim, tpflex.torch as te  # noqa: E401,E402

@@ -82,10 +82,36 @@ def report() -> List[str]:
         cuda = torch.cuda.is_available()
         lines.append(f"torch     {torch.__version__} (cuda available: {'yes' if cuda else 'no'}; "
                      f"imported before the library: {'yes' if _lib.TORCH_IMPORTED_FIRST else 'no'})")
+        if importlib.util.find_spec("numpy") is None:
+            lines.append("numpy     not installed: torch warns 'Failed to initialize NumPy' on "
+                         "import (pip install numpy, or install './python[torch]')")
     return lines
 
 
-def main() -> int:
+TOOL_COMMANDS = ("plan", "demo", "bench", "calibrate", "version")
+USAGE = ("usage: python -m tpflex   (no arguments: this installation's version, library, backends "
+         "and GPU)")
+
+
+def refusal(args: List[str]) -> str:
+    """What `python -m tpflex ARGS` says instead of ignoring ARGS."""
+    cmd = args[0]
+    line = " ".join(args)
+    if cmd in TOOL_COMMANDS:
+        return (f"python -m tpflex: '{cmd}' is a command of the C tool `tpflex`, which pip does "
+                f"not install. Build it from the checkout: cmake -S . -B build && cmake --build "
+                f"build --target tpflex_cli, then run: build/tpflex {line}\n{USAGE}")
+    return f"python -m tpflex: unknown argument {cmd!r}\n{USAGE}"
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if args and args[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0
+    if args:
+        print(refusal(args), file=sys.stderr)
+        return 2
     print("\n".join(report()))
     return 0
 

@@ -3,6 +3,8 @@ operations (the custom ops of _ops.py)."""
 from __future__ import annotations
 
 import ctypes
+import sys
+import weakref
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -67,6 +69,37 @@ def _metas(out: Any, bias: Any, sa: Any, sw: Any) -> Any:
 
 
 _MEMO_MAX = 512  # checked signatures kept per communicator (cleared when full)
+
+# Stale views (issue 41): a buffer() / local_chunk() view a caller still held when the active
+# shape changed, by id: (weakref to the view, weakref to its communicator, which view, its
+# geometry, the active shape it was taken at). Recorded when the communicator drops the view
+# from its cache (one refcount test per view per shape change: nothing on the operations' path
+# while no such view lives); an operation given one whose geometry is no longer the active one
+# refuses it. A copy_ into such a view cannot be intercepted (it is a plain torch tensor).
+_STALE: Dict[int, Tuple[Any, Any, str, Tuple[int, int, int, int], Tuple[int, int]]] = {}
+
+
+def _forget(key: int) -> Any:
+    return lambda _ref: _STALE.pop(key, None)
+
+
+def _check_views(where: str, *named: Tuple[str, Any]) -> None:
+    """Refuses an operation argument that is a view of a registration taken before the active
+    shape moved it (TpflexStateError naming the view and the shapes)."""
+    for arg, t in named:
+        hit = _STALE.get(id(t)) if t is not None else None
+        if hit is None or hit[0]() is not t:
+            continue
+        comm = hit[1]()
+        if comm is None or comm._mgr._h is None:
+            continue
+        comm._refresh_views()
+        now = comm._gbuf if hit[2] == "buffer" else comm._gchunk
+        if now != hit[3]:
+            raise TpflexStateError(
+                f"{arg} is a {hit[2]}() view of '{comm.name}' taken while the active shape was "
+                f"{list(hit[4])}; it is now {list(comm._active)}, so the view covers other rows: "
+                f"take {hit[2]}() again after set_ub_active_shape / active_tokens", where)
 
 
 class Communicator:
@@ -217,6 +250,7 @@ class Communicator:
         epoch = int(lib.tpf_comm_epoch(h))
         if epoch == self._vepoch:
             return
+        self._retire_views()
         mb, mc = Matrix(), Matrix()
         check(lib.tpf_comm_buffer(h, ctypes.byref(mb)), f"{self.name}.buffer")
         check(lib.tpf_comm_local_chunk(h, ctypes.byref(mc)), f"{self.name}.local_chunk")
@@ -233,6 +267,7 @@ class Communicator:
         that code under torch.compile reads it with no C call; the eager views are taken again
         on first use (the epoch no longer matches). tests/python/test_direct.py checks it
         against the C geometry."""
+        self._retire_views()
         P, H = self.tp_size, self._cols
         R = rows // P
         ring_rs = self.algo == "ring" and self.coll == "rs"
@@ -240,6 +275,23 @@ class Communicator:
         self._gchunk = (R, H, H, ((P - 1) if ring_rs else self.rank) * R * H)
         self._vbuf = self._vchunk = None
         self._vepoch = -1
+
+    def _retire_views(self) -> None:
+        """The cached views are about to be dropped: one that a caller still holds is recorded
+        in _STALE with the geometry it covers."""
+        b, c = self._vbuf, self._vchunk
+        if b is None and c is None:   # no view taken since the last change: nothing to do
+            return
+        # references: the attribute, the local, getrefcount's argument; more: a caller's
+        if b is not None and sys.getrefcount(b) > 3:
+            self._stale(b, self._gbuf, "buffer")
+        if c is not None and sys.getrefcount(c) > 3:
+            self._stale(c, self._gchunk, "local_chunk")
+
+    def _stale(self, v: torch.Tensor, g: Tuple[int, int, int, int], kind: str) -> None:
+        if id(v) not in _STALE:
+            _STALE[id(v)] = (weakref.ref(v, _forget(id(v))), weakref.ref(self), kind, g,
+                             self._active)
 
     def _strided(self, g: Tuple[int, int, int, int]) -> torch.Tensor:
         rows, cols, ld, off = g
@@ -342,6 +394,8 @@ class Communicator:
         AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
         if torch.compiler.is_compiling():
             return self._ag_gemm(weight, out, options)
+        if _STALE:
+            _check_views(self._w_ag, ("weight", weight), ("out", out))
         try:
             if _observe.ON:  # profiler ranges or a trace (SPEC §16)
                 return _observe.op(self, "ag_gemm", self._ag_gemm_eager, weight, out, options)
@@ -443,6 +497,8 @@ class Communicator:
         trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
         if torch.compiler.is_compiling():
             return self._gemm_rs(x, weight, out, options)
+        if _STALE:
+            _check_views(self._w_rs, ("x", x), ("weight", weight), ("out", out))
         try:
             if _observe.ON:  # profiler ranges or a trace (SPEC §16)
                 return _observe.op(self, "gemm_rs", self._gemm_rs_eager, x, weight, out, options)
@@ -534,6 +590,8 @@ class Communicator:
         torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
         if torch.compiler.is_compiling():
             return self._bulk_overlap(a, b, out, options)
+        if _STALE:
+            _check_views(self._w_bulk, ("a", a), ("b", b), ("out", out))
         try:
             if _observe.ON:  # profiler ranges or a trace (SPEC §16)
                 return _observe.op(self, "bulk_overlap", self._bulk_eager, a, b, out, options)

@@ -49,8 +49,16 @@ What the caller must know (the rules of CUDA graphs, made explicit):
 * Every rank must call with the same bucket sequence (the ranks' Ts must pad to the same bucket;
   they do when every rank's microbatch has the same T, as tensor parallelism requires). A rank
   replaying another bucket than its peers is TPF_EMISMATCH from the operations (SPEC §10).
-* Warmup runs fn eagerly ``warmup`` times per bucket (side effects included: a backward inside
-  fn accumulates into .grad); the capture runs fn's Python once and its device work not at all.
+* Warmup runs fn eagerly ``warmup`` times per bucket; the capture runs fn's Python once and its
+  device work not at all. What a backward inside fn accumulates during the warmup (the .grad,
+  and the .main_grad of fuse_wgrad_accumulation, of every leaf its graph reaches) is restored
+  before the capture (LeafGuard), so a bucket's first call leaves the gradients of one eager
+  call, as later calls do (torch.cuda.make_graphed_callables' contract); a .grad that was None
+  is the warmup's tensor, zeroed, so the capture accumulates into it and every replay adds its
+  gradient as an eager call does (between steps zero it in place: zero_grad(set_to_none=False);
+  a None .grad would leave the graph writing a tensor nobody sees). Other side effects of fn (an
+  optimizer step, running statistics, a Python counter) happen at each warmup run: keep them
+  outside fn.
 
 Buckets. ``buckets=None`` gives the default ladder (geometric_ladder): geometric with ratio
 DEFAULT_RATIO from the manager's capacity down to capacity / DEFAULT_SPAN, each rung rounded up
@@ -99,6 +107,7 @@ from typing import Any, Callable, Dict, List, Optional, Protocol, Sequence, Tupl
 
 import torch
 import torch.utils._pytree as pytree
+from torch.overrides import TorchFunctionMode
 
 from ._checks import U64_MAX
 from ._state import state
@@ -108,6 +117,8 @@ from .errors import (TpflexCapacityError, TpflexDivisibleError, TpflexInvalidErr
 DEFAULT_RATIO = 1.125  # the default ladder's ratio between rungs (module docstring: why)
 DEFAULT_SPAN = 64      # the default ladder's smallest rung: capacity / DEFAULT_SPAN
 DEFAULT_WARMUP = 3     # eager runs before a capture (torch.cuda.make_graphed_callables' default)
+
+IN_GRAPHED = "graphed"  # state() key: the GraphedCallable whose fn is running (else None)
 
 CUDA_GRAPH = "cuda_graph"
 EAGER_RERUN = "eager_rerun"
@@ -266,6 +277,81 @@ def _desc(v: Any) -> str:
     if isinstance(v, torch.Tensor):
         return f"{v.dtype} {list(v.shape)} on {v.device}"
     return repr(v)
+
+
+# ---- warmup leaves what the caller sees as it was ----------------------------------------------
+
+class LeafGuard(TorchFunctionMode):
+    """Active around a bucket's warmup runs (both mechanisms): every backward that fn runs
+    (Tensor.backward, torch.autograd.backward) is seen before it runs, and the leaves it will
+    accumulate into (the AccumulateGrad nodes of its graph: parameters, inputs that require
+    grad) have their .grad and .main_grad (fuse_wgrad_accumulation's) saved as the caller left
+    them (a copy of each, held during the warmup only). restore() puts the values back, in
+    place (references the caller holds see them; a .grad that was None becomes the warmup's
+    tensor, zeroed): the capture starts from the caller's values, and the call leaves one eager
+    call's gradients (torch.cuda.make_graphed_callables' contract)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.saved: Dict[int, Tuple[torch.Tensor, Any, Any, Any, Any]] = {}
+
+    def __torch_function__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        if func is torch.Tensor.backward or func is torch.autograd.backward:
+            roots = args[0] if args else kwargs.get("tensors")
+            self._watch(roots if isinstance(roots, (list, tuple)) else [roots])
+        return func(*args, **kwargs)
+
+    def _watch(self, roots: Sequence[Any]) -> None:
+        seen = set()
+        stack = [getattr(t, "grad_fn", None) for t in roots if isinstance(t, torch.Tensor)]
+        while stack:
+            node = stack.pop()
+            if node is None or id(node) in seen:
+                continue
+            seen.add(id(node))
+            leaf = getattr(node, "variable", None)   # an AccumulateGrad node's leaf
+            if isinstance(leaf, torch.Tensor) and id(leaf) not in self.saved:
+                g = leaf.grad
+                mg = getattr(leaf, "main_grad", None)
+                mg = mg if isinstance(mg, torch.Tensor) else None
+                self.saved[id(leaf)] = (leaf, g, None if g is None else g.detach().clone(),
+                                        mg, None if mg is None else mg.detach().clone())
+            stack.extend(n for n, _ in node.next_functions)
+
+    def restore(self) -> None:
+        with torch.no_grad():
+            for leaf, g, gv, mg, mgv in self.saved.values():
+                if g is None:
+                    # None before: the warmup's tensor stays, zeroed (zero + one call's gradient
+                    # is one eager call's), so that the capture accumulates into memory outside
+                    # the graph's pool and every replay adds, as eager calls do
+                    if leaf.grad is not None:
+                        leaf.grad.zero_()
+                else:
+                    g.copy_(gv)
+                    if leaf.grad is not g:
+                        leaf.grad = g
+                if mg is not None:
+                    mg.copy_(mgv)
+                    if getattr(leaf, "main_grad", None) is not mg:
+                        leaf.main_grad = mg
+        self.saved.clear()
+
+
+def warm_up(runner: Any, fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, Any],
+            n: int) -> int:
+    """Runs the runner's warmup under a LeafGuard and restores what fn's backward accumulated
+    into (the shared logic of both mechanisms). Returns the number of leaves restored."""
+    guard = LeafGuard()
+    try:
+        with guard:
+            runner.warmup(fn, args, kwargs, n)
+    finally:
+        k = len(guard.saved)
+        guard.restore()
+    return k
 
 
 # ---- the graphed callable -----------------------------------------------------------------------
@@ -514,21 +600,27 @@ class GraphedCallable:
         bk = self._table.get(B)
         if mgr is not None and self._shape_comm.active_shape[0] != B:
             mgr.set_active_shape([B, self._H])
-        if bk is None:
-            bk = _Bucket(B // P if self.sequence_parallel else B, B)
-            try:
-                self._capture(bk, leaves, spec, T)
-            except BaseException:
-                if not self._table:   # nothing captured yet: the next call starts afresh
-                    self._inputs, self._filled = [], 0
-                raise
-            self._table[B] = bk
-            if self._sig is None:
-                self._sig = self._signature(leaves, spec)
-        else:
-            self._fill(leaves, T, B)
-            bk.runner.replay()
-            bk.replays += 1
+        st = state()
+        outer = st.get(IN_GRAPHED)
+        st[IN_GRAPHED] = self   # fn's errors can name graphed's own arguments
+        try:
+            if bk is None:
+                bk = _Bucket(B // P if self.sequence_parallel else B, B)
+                try:
+                    self._capture(bk, leaves, spec, T)
+                except BaseException:
+                    if not self._table:   # nothing captured yet: the next call starts afresh
+                        self._inputs, self._filled = [], 0
+                    raise
+                self._table[B] = bk
+                if self._sig is None:
+                    self._sig = self._signature(leaves, spec)
+            else:
+                self._fill(leaves, T, B)
+                bk.runner.replay()
+                bk.replays += 1
+        finally:
+            st[IN_GRAPHED] = outer
         self.calls += 1
         bk.real += T
         bk.padded += B - T
@@ -632,7 +724,7 @@ class GraphedCallable:
         it = iter(bk.inputs)
         static = [next(it) if isinstance(v, torch.Tensor) else v for v in leaves]
         a, kw = self._unflatten(static, spec)
-        runner.warmup(self.fn, a, kw, self.warmup)
+        warm_up(runner, self.fn, a, kw, self.warmup)
         out = runner.capture(self.fn, a, kw)
         bk.out_leaves, bk.out_spec = pytree.tree_flatten(out)
         # the usual forms without pytree on every call: one tensor (1), a flat tuple (2)
@@ -670,8 +762,9 @@ class GraphedCallable:
 
     def reset(self) -> None:
         """Drops every bucket's graph and static buffers (the next call at a bucket captures
-        again) and the first call's argument signature; the counters restart. Call it before
-        destroy_ub when the callable outlives the manager."""
+        again), the first call's argument signature and the manager it was bound to (the next
+        call binds to the current one); the counters restart. Call it before destroy_ub when
+        the callable outlives the manager, and use it again after initialize_ub."""
         self._table.clear()
         self._sig = None
         self._inputs = []
@@ -679,6 +772,12 @@ class GraphedCallable:
         self._pool = None
         self._mechanism = None
         self.calls = 0
+        # unbound: the next call binds to the manager current then (re-use after destroy_ub +
+        # initialize_ub), resolving the default ladder against it again
+        self._bound = False
+        self._mgr = self._shape_comm = None
+        self._buckets = None
+        self._P, self._H = 1, 0
 
     def __repr__(self) -> str:
         s = self.stats()
@@ -693,6 +792,8 @@ def _same(a: Any, b: Any) -> bool:
         return True
     if type(a) is not type(b):
         return False
+    if isinstance(a, (float, complex)) and a != a and b != b:   # NaN is the same value baked
+        return True
     try:
         return bool(a == b)
     except Exception:  # an == that does not give one bool (arrays): compare by identity only

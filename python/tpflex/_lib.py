@@ -2,7 +2,8 @@
 call). Search order, each by absolute path: $TPFLEX_LIBRARY (the override), the library the
 package bundles (tpflex/lib/libtpflex.so, installed by `pip install ./python`), the newest
 build*/libtpflex.so of the source tree that is not an ASan or TSan build (TPF_SANITIZE in its
-CMakeCache.txt) when the package runs from it (PYTHONPATH=python), then
+CMakeCache.txt) when the package runs from it (PYTHONPATH=python) or, with no build there, the
+bundled library of an installed tpflex further along sys.path, then
 an installed library (ctypes.util.find_library / libtpflex.so.0).
 
 A library with the CUDA backend needs libnccl.so.2, libcudart and libcublasLt. Loaded first, it
@@ -19,6 +20,7 @@ import glob
 import importlib.util
 import os
 import struct
+import sys
 from ctypes import (POINTER, c_bool, c_char_p, c_float, c_int, c_size_t, c_uint, c_uint64,
                     c_void_p)
 from typing import List, Optional
@@ -118,8 +120,19 @@ def _find() -> str:
         for cand in cands:
             if not _sanitized(os.path.dirname(cand)):
                 return cand
+        # No build: the library of an installed tpflex (pip install ./python) further along
+        # sys.path, e.g. a script that put this source tree's python/ first.
+        for entry in sys.path:
+            cand = os.path.join(os.path.abspath(entry or "."), "tpflex", "lib", "libtpflex.so")
+            if os.path.isfile(cand) and os.path.dirname(os.path.dirname(cand)) != _HERE:
+                return cand
     found = ctypes.util.find_library("tpflex")
     return found or "libtpflex.so.0"
+
+
+def _in_source_tree() -> bool:
+    return os.path.isfile(os.path.join(os.path.dirname(os.path.dirname(_HERE)), "core",
+                                       "tpflex.map"))
 
 
 def _needed(path: str) -> Optional[List[str]]:
@@ -168,6 +181,13 @@ if _needs_cuda_libraries(_path) and importlib.util.find_spec("torch") is not Non
 try:
     lib = ctypes.CDLL(_path)
 except OSError as e:  # pragma: no cover - depends on the machine
+    if _in_source_tree() and not os.environ.get("TPFLEX_LIBRARY"):
+        raise ImportError(
+            f"tpflex: cannot load the C library '{_path}' ({e}): this is the source tree's "
+            f"package ({_HERE}), which has no library of its own and found no build*/libtpflex.so "
+            "and no installed tpflex: build one (cmake -S . -B build && cmake --build build), or "
+            "`pip install ./python` and run without the source tree's python/ on sys.path, or "
+            "set TPFLEX_LIBRARY=/path/to/libtpflex.so") from e
     raise ImportError(f"tpflex: cannot load the C library '{_path}' ({e}); install the package "
                       "with `pip install ./python` (it builds and bundles the library), or build "
                       "it with CMake and set TPFLEX_LIBRARY=/path/to/libtpflex.so") from e

@@ -483,6 +483,48 @@ class Cuda(unittest.TestCase):
         self.assertEqual(g.buckets, geometric_ladder(1024, tt.legal_rows))
         g.reset()
 
+    def test_first_call_gradients(self):
+        """A backward inside fn (issue 41): the first call at a bucket leaves one eager call's
+        .grad (what the warmup runs accumulated is restored before the capture), and a replay
+        adds one more, as an eager call would."""
+        dev = torch.device("cuda", 0)
+        torch.manual_seed(16)
+        col = tt.Linear(256, 128, parallel_mode="column", sequence_parallel=True, tp_size=WORLD,
+                        ub_overlap_ag=True, ub_name="fc1", params_dtype=torch.bfloat16,
+                        device=dev)
+        T = 256
+        gen = torch.Generator().manual_seed(17)
+        x = torch.randn(T // WORLD, 256, generator=gen).to(dev, torch.bfloat16)
+
+        def fn(xs):
+            y = col(xs)
+            (y.float().square().sum() / T).backward()
+            return y.detach()
+
+        bad = []
+        for base in (0.5, None):   # .grad held by the caller, or None (allocated by the warmup)
+            def preset():
+                for p in col.parameters():
+                    p.grad = None if base is None else torch.full_like(p, base)
+            preset()
+            with tt.active_tokens(T):
+                fn(x)
+            off = 0.0 if base is None else base
+            eager = [p.grad.float().cpu() - off for p in col.parameters()]
+            preset()
+            g = tt.graphed(fn, [T], sequence_parallel=True)
+            for k in (1, 2):
+                g(x)
+                torch.cuda.synchronize()
+                for i, p in enumerate(col.parameters()):
+                    got = p.grad.float().cpu() - off
+                    if not torch.allclose(got, k * eager[i], rtol=0.05, atol=0.01):
+                        bad.append(f"rank {RANK} .grad {base} call {k} param {i}: "
+                                   f"{got.flatten()[:3].tolist()} vs {k} x eager "
+                                   f"{(k * eager[i]).flatten()[:3].tolist()}")
+            g.reset()
+        self.assertEqual(bad, [])
+
 
 def cuda_main() -> int:
     """--cuda: the CUDA class alone (exit 77 when it cannot run here: CTest's skip)."""

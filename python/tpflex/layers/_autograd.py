@@ -63,6 +63,7 @@ def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> 
     """Checks the microbatch's tokens against comm's active shape [T, H]; returns H."""
     T, H = comm.active_shape
     if tokens != T:
+        _tokens_hint(call, T, H, tokens, rows, what)
         per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
         raise TpflexShapeError(
             f"{what} has {per}, but the active shape is [{T}, {H}] ('{comm.name}'): call "
@@ -70,6 +71,30 @@ def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> 
             f"for this microbatch", call.where)
     call.tokens, call.shape_comm = tokens, comm
     return H
+
+
+def _tokens_hint(call: _Call, T: int, H: int, tokens: int, rows: int, what: str) -> None:
+    """The errors whose fix is not another active shape: an empty microbatch, and all T rows
+    given to a sequence-parallel input (which takes this rank's T/P), inside graphed or not."""
+    if rows == 0:
+        raise TpflexShapeError(
+            f"{what} is an empty microbatch (0 rows): no active shape has T = 0; skip the "
+            f"module's call for it", call.where)
+    if tokens != rows and rows == T:
+        from .._state import state
+        g = state().get("graphed")
+        P = tokens // rows
+        if g is not None and not g.sequence_parallel:
+            raise TpflexShapeError(
+                f"{what} has {rows} rows inside {g._where}, which took them as the whole "
+                f"microbatch (T = {rows}, active [{T}, {H}]); a sequence-parallel module takes "
+                f"this rank's T/P rows: pass those to a callable made with "
+                f"tpflex.torch.graphed(fn, sequence_parallel=True)", call.where)
+        raise TpflexShapeError(
+            f"{what} has {rows} rows, the whole microbatch (the active shape is [{T}, {H}]); "
+            f"a sequence-parallel module takes this rank's T/P = {T // P} rows: pass rows "
+            f"[rank * {T // P}, (rank + 1) * {T // P}) (or build the module with "
+            f"sequence_parallel=False)", call.where)
 
 
 # ---- autograd functions ------------------------------------------------------------------------
@@ -148,8 +173,12 @@ class _ColumnParallel(torch.autograd.Function):
                     if part is not buf:
                         buf.copy_(part)
                     if c.fuse_wgrad:
-                        c.wgrad.bulk_overlap(dy, xt, out=c.main_grad, trans_a=True,
+                        mg = c.main_grad   # not row-major (column-major): through a copy
+                        out = mg if mg.is_contiguous() else mg.contiguous()
+                        c.wgrad.bulk_overlap(dy, xt, out=out, trans_a=True,
                                              trans_w=True, beta=1.0 if c.accumulate else 0.0)
+                        if out is not mg:
+                            mg.copy_(out)
                     else:  # written in the parameter's dtype (fp32 under torch.autocast)
                         dw = c.wgrad.bulk_overlap(dy, xt, trans_a=True, trans_w=True,
                                                   out=torch.empty(param.shape, dtype=param.dtype,
@@ -231,7 +260,10 @@ class _RowParallel(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 dx = _mm(dyt, weight, dt)
         dw = _wgrad_into(dyt, x, param, c) if need_w else None
-        db = _bias_grad(dyt, ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
+        # The bias grad sums this rank's rows of dY (SPEC §12: with sequence parallelism the
+        # bias is marked sequence_parallel and holds a partial sum that the TP all-reduce
+        # completes, as TE's FP8 path computes it; without it dy is the full dY).
+        db = _bias_grad(dy, ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
         return dx, dw, db, None
 
 
@@ -351,11 +383,8 @@ def _row_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tenso
         if ctx.needs_input_grad[0]:
             dx = fp8_mm(dytq, w, dt)
     dw = _fp8_wgrad_into(dytq, xq, param, c) if need_w else None
-    db = None
-    if ctx.has_bias and ctx.needs_input_grad[2]:
-        # The gathered dY in high precision where the plain path has it; on the FP8 RING AG
-        # only its FP8 copy travelled (the bias gradient then sums the dequantized values).
-        db = _bias_grad(dyt if dyt is not None else dytq.dequantize(torch.float32),
-                        ctx.bias_dtype)
+    # This rank's rows of dY in high precision, as the bf16 path (SPEC §12's gradient contract:
+    # a partial sum under sequence parallelism, completed by the TP all-reduce).
+    db = _bias_grad(dy, ctx.bias_dtype) if ctx.has_bias and ctx.needs_input_grad[2] else None
     q.end_of_backward()
     return dx, dw, db, None

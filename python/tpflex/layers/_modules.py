@@ -76,7 +76,47 @@ def _last_dim(where: str, inp: Any, K: int, what: str) -> None:
 
 def _2d(where: str, inp: Any, K: int, what: str) -> torch.Tensor:
     _last_dim(where, inp, K, what)
-    return inp if inp.dim() == 2 else inp.reshape(-1, K)
+    x = inp if inp.dim() == 2 else inp.reshape(-1, K)
+    return x if x.is_contiguous() else x.contiguous()   # a transposed input: row-major rows
+
+
+_FP8 = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2") if hasattr(torch, n))
+
+
+def _autocast_on(device_type: str) -> bool:
+    try:
+        return bool(torch.is_autocast_enabled(device_type))
+    except TypeError:   # an older torch: no device argument
+        return bool(torch.is_autocast_enabled() or (device_type == "cpu" and
+                                                    torch.is_autocast_cpu_enabled()))
+
+
+def _check_dtype(where: str, comms: Tuple[Any, ...], dt: torch.dtype) -> None:
+    """The communicators a call uses must hold the module's dtype (a copy into the buffer
+    would round silently; an operation would name itself, not the module)."""
+    for c in comms:
+        if c is None or c.dtype == dt:
+            continue
+        if c.dtype in _FP8:
+            raise TpflexUnsupportedError(
+                f"'{c.name}' is registered in {c.dtype} (initialize_ub(use_fp8=True)), but the "
+                f"modules compute in {dt}: their paths are bf16/fp16/fp32 (FP8 modules run under "
+                f"tpflex.torch.autocast(recipe)); call initialize_ub with use_fp8=False and "
+                f"dtype={dt}", where)
+        auto = (" (torch.autocast does not change the module's parameters)"
+                if _autocast_on(c.device.type) else "")
+        raise TpflexInvalidError(
+            f"the module's parameters are {dt} but '{c.name}' is registered in {c.dtype}"
+            f"{auto}: build the module with params_dtype={c.dtype} or call initialize_ub with "
+            f"dtype={dt}", where)
+
+
+def _check_tp(where: str, P: int, mgr: Any) -> None:
+    """A module that communicates over the manager's communicators must have its tp_size."""
+    if mgr is not None and mgr.tp_size != P:
+        raise TpflexInvalidError(
+            f"the module's tp_size is {P} but initialize_ub registered tp_size {mgr.tp_size}: "
+            f"build the module with tp_size={mgr.tp_size} (or the manager with {P} ranks)", where)
 
 
 class _Site:
@@ -112,6 +152,7 @@ class _Site:
                 _need(where, f"{n}_dgrad", "ub_bulk_dgrad", ("bulk",), "ag")
             if self.bulk_wgrad:
                 _need(where, f"{n}_wgrad", "ub_bulk_wgrad", ("bulk",), "rs")
+            _check_tp(where, P, _tt().current_manager())
 
     def __getstate__(self) -> dict:
         # The cache holds the registration's communicators (C handles, locks): a deep copy or
@@ -138,6 +179,7 @@ class _Site:
         hit = self._cache
         if hit is not None and hit[0] == key:
             return hit[1]
+        _check_tp(self.where, P, mgr)
         n = self.ub_name
         fprop = _get(f"{n}_fprop", fp8) if self.ag or self.rs else None
         dgrad = _get(f"{n}_dgrad", fp8) if self.ag_dgrad or self.rs_dgrad or self.bulk_dgrad \
@@ -167,6 +209,7 @@ class _Site:
         c.fprop, c.dgrad, c.wgrad, c.plain, ref = self._resolve(reduce,
                                                                 _quant.is_fp8_enabled())
         if ref is not None:
+            _check_dtype(self.where, (c.fprop, c.dgrad, c.wgrad, ref), weight.dtype)
             tokens = rows * self.P if self.mode == "column" and self.sp else rows
             what = ("the input" if self.mode == "column" else "the input (row-parallel)")
             H = _check_tokens(c, ref, tokens, rows, what)
@@ -503,5 +546,15 @@ def active_tokens(tokens: int) -> Iterator[Tuple[int, int]]:
     tt.set_ub_active_shape([tokens, H])
     try:
         yield (int(tokens), int(H))
-    finally:
-        tt.set_ub_active_shape(list(prev))
+    except BaseException as e:
+        # the block's own exception is the one raised; a restore that fails too is noted on it
+        try:
+            tt.set_ub_active_shape(list(prev))
+        except TpflexError as e2:
+            note = f"active_tokens could not restore the active shape {list(prev)}: {e2}"
+            if hasattr(e, "add_note"):
+                e.add_note(note)
+            else:  # Python < 3.11
+                e.args = e.args + (note,)
+        raise
+    tt.set_ub_active_shape(list(prev))

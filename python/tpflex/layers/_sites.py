@@ -290,10 +290,22 @@ class _Plain:
             return c
         c = _find(self.prefer_ag if coll == "ag" else self.prefer_rs, "bulk", coll)
         if c is None:
+            kinds = []
+            for n in _site_names():
+                try:
+                    kinds.append(f"{n} {_kind(_get(n))}")
+                except TpflexStateError:
+                    raise
+                except TpflexError:
+                    continue
+            dflt = ("qkv_dgrad and fc1_dgrad" if coll == "ag" else "qkv_wgrad and fc1_wgrad")
             raise TpflexStateError(
                 f"the plain path at tp_size {self.P} on the simulator needs a registered BULK "
-                f"{coll.upper()} communicator (initialize_ub registers TE's; none found)",
-                self.where)
+                f"{coll.upper()} communicator, and this registration has none (registered: "
+                f"{', '.join(kinds) or 'nothing'}): TE's default ub_cfgs make {dflt} BULK "
+                f"{coll.upper()}; keep one of them so in initialize_ub's ub_cfgs (a method "
+                f"other than 'bulk' for qkv_dgrad / fc1_dgrad makes it an RS site and drops its "
+                f"wgrad site)", self.where)
         self._comms[coll] = c
         return c
 
