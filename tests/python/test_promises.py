@@ -326,25 +326,28 @@ class Messages(unittest.TestCase):
                     out.append(_raises(lambda: m(torch.randn(T // P, H))))
             return out
         for msgs in on_ranks(P, f, use_fp8=True):
-            for m in msgs:
-                self.assertIn("use_fp8=False", m)
+            for m in msgs:   # the plain path: no activation-dtype BULK site; ub: FP8 autocast
                 self.assertIn("LayerNormMLP", m)
                 self.assertNotIn("a_scale_inv", m)
+            self.assertIn("UserBufferQuantizationMode.NONE", msgs[0])
+            self.assertNotIn("_empty_gemm", msgs[0])
+            self.assertIn("tpflex.torch.autocast(recipe=", msgs[1])
 
     def test_dtype_names_the_module(self):
         P, T = self.P, self.T
 
         def f(rank):
             tt.destroy_ub()
-            tt.initialize_ub([C, H], P, dtype=torch.bfloat16)
+            tt.initialize_ub([C, H], P, dtype=torch.float32)   # autocast runs the GEMMs in bf16
             m = Linear(H, F, parallel_mode="column", tp_size=P, sequence_parallel=True,
                        ub_name="fc1", ub_overlap_ag=True, params_dtype=torch.float32)
             with torch.autocast("cpu", dtype=torch.bfloat16), active_tokens(T):
                 return _raises(lambda: m(torch.randn(T // P, H)))
         for msg in on_ranks(P, f):
             self.assertIn("Linear(", msg)
-            self.assertIn("params_dtype=torch.bfloat16", msg)
+            self.assertIn("initialize_ub(..., dtype=torch.bfloat16)", msg)
             self.assertIn("torch.autocast", msg)
+            self.assertNotIn("ag_gemm", msg)
 
     def test_transposed_input_and_column_major_main_grad(self):
         P, T = self.P, self.T

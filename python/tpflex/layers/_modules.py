@@ -91,26 +91,6 @@ def _autocast_on(device_type: str) -> bool:
                                                     torch.is_autocast_cpu_enabled()))
 
 
-def _check_dtype(where: str, comms: Tuple[Any, ...], dt: torch.dtype) -> None:
-    """The communicators a call uses must hold the module's dtype (a copy into the buffer
-    would round silently; an operation would name itself, not the module)."""
-    for c in comms:
-        if c is None or c.dtype == dt:
-            continue
-        if c.dtype in _FP8:
-            raise TpflexUnsupportedError(
-                f"'{c.name}' is registered in {c.dtype} (initialize_ub(use_fp8=True)), but the "
-                f"modules compute in {dt}: their paths are bf16/fp16/fp32 (FP8 modules run under "
-                f"tpflex.torch.autocast(recipe)); call initialize_ub with use_fp8=False and "
-                f"dtype={dt}", where)
-        auto = (" (torch.autocast does not change the module's parameters)"
-                if _autocast_on(c.device.type) else "")
-        raise TpflexInvalidError(
-            f"the module's parameters are {dt} but '{c.name}' is registered in {c.dtype}"
-            f"{auto}: build the module with params_dtype={c.dtype} or call initialize_ub with "
-            f"dtype={dt}", where)
-
-
 def _check_tp(where: str, P: int, mgr: Any) -> None:
     """A module that communicates over the manager's communicators must have its tp_size."""
     if mgr is not None and mgr.tp_size != P:
@@ -209,7 +189,6 @@ class _Site:
         c.fprop, c.dgrad, c.wgrad, c.plain, ref = self._resolve(reduce,
                                                                 _quant.is_fp8_enabled())
         if ref is not None:
-            _check_dtype(self.where, (c.fprop, c.dgrad, c.wgrad, ref), weight.dtype)
             tokens = rows * self.P if self.mode == "column" and self.sp else rows
             what = ("the input" if self.mode == "column" else "the input (row-parallel)")
             H = _check_tokens(c, ref, tokens, rows, what)

@@ -29,9 +29,13 @@ def _get(name: str, fp8: bool = False) -> Any:
     return _tt().get_ub(name)
 
 
-def _find(prefer: Sequence[str], algo: Optional[str], coll: str) -> Any:
+_FP8_DTYPES = tuple(getattr(torch, n) for n in ("float8_e4m3fn", "float8_e5m2")
+                    if hasattr(torch, n))
+
+
+def _find(prefer: Sequence[str], algo: Optional[str], coll: str, skip_fp8: bool = False) -> Any:
     """The first registered, non-external communicator of kind (algo, coll) among `prefer`, then
-    TE's sites; None when there is none."""
+    TE's sites (with skip_fp8, none registered in FP8); None when there is none."""
     seen = set()
     for n in list(prefer) + _site_names():
         if n in seen:
@@ -45,7 +49,8 @@ def _find(prefer: Sequence[str], algo: Optional[str], coll: str) -> Any:
             continue
         if getattr(c, "external", False):
             continue
-        if c.coll == coll and (algo is None or c.algo == algo):
+        if c.coll == coll and (algo is None or c.algo == algo) and \
+                not (skip_fp8 and c.dtype in _FP8_DTYPES):
             return c
     return None
 
@@ -312,7 +317,21 @@ class _Plain:
     @staticmethod
     def _empty_gemm(c: Any) -> None:
         z = torch.zeros(1, 1, dtype=c.dtype, device=c.device)
-        c.bulk_overlap(z, z)
+        if c.dtype in _FP8_DTYPES:   # an FP8 GEMM takes its scales (unit: nothing is scaled)
+            one = torch.ones(1, dtype=torch.float32, device=c.device)
+            c.bulk_overlap(z, z, a_scale_inv=one, w_scale_inv=one)
+        else:
+            c.bulk_overlap(z, z)
+
+    def _same_dtype(self, c: Any, x: torch.Tensor) -> None:
+        """High-precision rows through an FP8 registration would round silently: refused."""
+        if c.dtype in _FP8_DTYPES and x.dtype != c.dtype:
+            raise TpflexInvalidError(
+                f"the plain path (no ub flag) on the simulator moves {x.dtype} rows through "
+                f"'{c.name}', registered in {c.dtype} (an FP8 quantization mode): register the "
+                f"NONE mode too (initialize_ub(..., quantization_modes=[UserBufferQuantizationMode"
+                f".FP8, UserBufferQuantizationMode.NONE])), or run the step under "
+                f"tpflex.torch.autocast(recipe=...)", self.where)
 
     def _check(self, c: Any, rows: int, cols: int, what: str) -> None:
         T, H = c.active_shape
@@ -326,6 +345,7 @@ class _Plain:
             return x
         if self.on_sim:
             c = self._comm("ag")
+            self._same_dtype(c, x)
             self._check(c, x.shape[0] * self.P, x.shape[1], "the all-gathered tensor")
             c.local_chunk().copy_(x)
             self._empty_gemm(c)
@@ -348,6 +368,7 @@ class _Plain:
                                        self.where)
         if self.on_sim:
             c = self._comm("rs")
+            self._same_dtype(c, y)
             self._check(c, y.shape[0], y.shape[1], "the reduce-scattered tensor")
             c.buffer().copy_(y)
             self._empty_gemm(c)
