@@ -267,7 +267,14 @@ tpf_status tpf_sim__canary_verify(tpf_sim_reg *r, const char *comm, uint64_t row
 unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
 _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);
-_Atomic uint32_t *tpf_sim__bell(const tpf_sim_shared *sh, int rank);
+/* The doorbell word of a rank (process mode), after its ready words (tpf_sim__shared_layout
+ * reserves it); inline, so that the doorbell room needs nothing of sim_reg.c. */
+static inline _Atomic uint32_t *tpf_sim__bell(const tpf_sim_shared *sh, int rank) {
+  unsigned char *p = sh->base + (uint64_t)rank * sh->block_bytes + sh->data_span;
+  return (_Atomic uint32_t *)(void *)((_Atomic uint64_t *)(void *)p +
+                                      (size_t)sh->tp_size * TPF_MAX_TAGS +
+                                      2u * (size_t)sh->tp_size);
+}
 /* Fills sh's layout (block sizes) for P ranks of `bytes` registered bytes; false on overflow. */
 bool tpf_sim__shared_layout(tpf_sim_shared *sh, int P, uint64_t bytes);
 void tpf_sim__free_groups(tpf_sim_world *w);

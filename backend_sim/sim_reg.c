@@ -40,14 +40,6 @@ _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sen
          (size_t)(seq & 1u);
 }
 
-/* The doorbell word of a rank (process mode), after its ready words. */
-_Atomic uint32_t *tpf_sim__bell(const tpf_sim_shared *sh, int rank) {
-  unsigned char *p = tpf_sim__data(sh, rank) + sh->data_span;
-  return (_Atomic uint32_t *)(void *)((_Atomic uint64_t *)(void *)p +
-                                      (size_t)sh->tp_size * TPF_MAX_TAGS +
-                                      2u * (size_t)sh->tp_size);
-}
-
 bool tpf_sim__shared_layout(tpf_sim_shared *sh, int P, uint64_t bytes) {
   sh->tp_size = P;
   sh->data_bytes = bytes;
@@ -280,13 +272,79 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
  * name no longer runs: tpf_sim__shm_sweep). Destroy is local: each process unmaps its mapping,
  * so a peer still writing into this rank's block writes into memory it maps itself. */
 
-static tpf_status procs_fail(tpf_sim_world *w, const char *seg, tpf_sim_reg *h, tpf_sim_shared *sh,
-                             tpf_status st, const char *msg) {
+static tpf_status procs_fail(const char *seg, tpf_sim_reg *h, tpf_sim_shared *sh, tpf_status st,
+                             const char *msg) {
   if (seg) tpf_sim__shm_unlink(seg);
-  (void)w;
   tpf_free(h);
   tpf_free(sh);
   return tpf_set_error(st, "%s", msg);
+}
+
+/* Exchange (1)'s verdict, the same on every rank: a rank's local failure (its status; this rank's
+ * own message when it is the one), else the first size or name that differs from rank 0's. */
+static tpf_status procs_agree(int P, int me, uint64_t k, tpf_sim_proposal *all,
+                              const tpf_sim_proposal *mine, char *msg, size_t n) {
+  for (int q = 0; q < P; q++) {
+    if (all[q].status == TPF_OK) continue;
+    all[q].msg[sizeof all[q].msg - 1] = '\0';
+    all[q].name[sizeof all[q].name - 1] = '\0';
+    if (q == me)
+      snprintf(msg, n, "%s", mine->msg);
+    else
+      snprintf(msg, n, "registration %llu ('%.60s'): rank %d failed: %.120s",
+               (unsigned long long)k, all[q].name, q, all[q].msg);
+    return (tpf_status)all[q].status;
+  }
+  for (int q = 1; q < P; q++) {
+    all[q].name[sizeof all[q].name - 1] = '\0';
+    if (all[q].bytes != all[0].bytes || strcmp(all[q].name, all[0].name) != 0) {
+      snprintf(msg, n,
+               "registration %llu differs between ranks: rank 0 registers '%s' with %llu bytes, "
+               "rank %d '%s' with %llu bytes",
+               (unsigned long long)k, all[0].name, (unsigned long long)all[0].bytes, q,
+               all[q].name, (unsigned long long)all[q].bytes);
+      return TPF_EMISMATCH;
+    }
+  }
+  return TPF_OK;
+}
+
+/* Exchanges (2) and (3): rank 0 creates the segment, then the others map it; every rank learns
+ * how each went. On failure nothing stays mapped here (the caller unlinks the name). */
+static tpf_status procs_map(tpf_sim_world *w, uint64_t k, const char *seg, const char *name,
+                            uint64_t bytes, unsigned char **base_out, char *msg, size_t n) {
+  const int P = w->tp_size, me = w->proc_rank;
+  unsigned char *base = NULL;
+  for (int phase = 0; phase < 2; phase++) {
+    tpf_sim_outcome out, outs[TPF_MAX_RANKS];
+    memset(&out, 0, sizeof out);
+    if ((phase == 0) == (me == 0)) {
+      tpf_status ms = phase == 0 ? tpf_sim__shm_create(seg, bytes, &base)
+                                 : tpf_sim__shm_map(seg, bytes, &base);
+      out.status = (int32_t)ms;
+      if (ms != TPF_OK) snprintf(out.msg, sizeof out.msg, "%s", tpf_last_error());
+    }
+    tpf_status st = w->boot.allgather(w->boot.ctx, &out, outs, sizeof out);
+    if (st != TPF_OK)
+      snprintf(msg, n, "registration %llu ('%s'): %s", (unsigned long long)k, name,
+               tpf_last_error());
+    for (int q = 0; st == TPF_OK && q < P; q++) {
+      if (outs[q].status == TPF_OK) continue;
+      st = (tpf_status)outs[q].status;
+      outs[q].msg[sizeof outs[q].msg - 1] = '\0';
+      if (q == me)
+        snprintf(msg, n, "%s", outs[q].msg);
+      else
+        snprintf(msg, n, "registration %llu ('%s'): rank %d failed to %s its shared memory: %s",
+                 (unsigned long long)k, name, q, phase == 0 ? "create" : "map", outs[q].msg);
+    }
+    if (st != TPF_OK) {
+      if (base) tpf_sim__shm_unmap(base, bytes);
+      return st;
+    }
+  }
+  *base_out = base;
+  return TPF_OK;
 }
 
 static tpf_status reg_create_procs(tpf_sim_rank *rk, const char *name, uint64_t bytes,
@@ -318,63 +376,15 @@ static tpf_status reg_create_procs(tpf_sim_rank *rk, const char *name, uint64_t 
   char seg[sizeof w->job + 24], msg[TPF_SIM_MSG_LEN];
   snprintf(seg, sizeof seg, "%s-%llu", w->job, (unsigned long long)k);
 
-  /* (1) proposals */
-  tpf_status st = w->boot.allgather(w->boot.ctx, &mine, all, sizeof mine);
-  if (st != TPF_OK) {
+  tpf_status st = w->boot.allgather(w->boot.ctx, &mine, all, sizeof mine); /* (1) */
+  if (st != TPF_OK)
     snprintf(msg, sizeof msg, "registration %llu ('%s'): %s", (unsigned long long)k, mine.name,
              tpf_last_error());
-    return procs_fail(w, seg, h, sh, st, msg);
-  }
-  for (int q = 0; q < P; q++) {
-    if (all[q].status == TPF_OK) continue;
-    if (q == me) return procs_fail(w, seg, h, sh, local_st, mine.msg);
-    snprintf(msg, sizeof msg, "registration %llu ('%.60s'): rank %d failed: %.120s",
-             (unsigned long long)k, all[q].name, q, all[q].msg);
-    return procs_fail(w, seg, h, sh, (tpf_status)all[q].status, msg);
-  }
-  for (int q = 1; q < P; q++) {
-    all[q].name[sizeof all[q].name - 1] = '\0';
-    if (all[q].bytes != all[0].bytes || strcmp(all[q].name, all[0].name) != 0) {
-      snprintf(msg, sizeof msg,
-               "registration %llu differs between ranks: rank 0 registers '%s' with %llu bytes, "
-               "rank %d '%s' with %llu bytes",
-               (unsigned long long)k, all[0].name, (unsigned long long)all[0].bytes, q,
-               all[q].name, (unsigned long long)all[q].bytes);
-      return procs_fail(w, seg, h, sh, TPF_EMISMATCH, msg);
-    }
-  }
-
-  /* (2) rank 0 creates; (3) the others map. */
+  else
+    st = procs_agree(P, me, k, all, &mine, msg, sizeof msg);
   unsigned char *base = NULL;
-  for (int phase = 0; phase < 2; phase++) {
-    tpf_sim_outcome out, outs[TPF_MAX_RANKS];
-    memset(&out, 0, sizeof out);
-    if ((phase == 0) == (me == 0)) {
-      tpf_status ms = phase == 0 ? tpf_sim__shm_create(seg, sh->arena_len, &base)
-                                 : tpf_sim__shm_map(seg, sh->arena_len, &base);
-      out.status = (int32_t)ms;
-      if (ms != TPF_OK) snprintf(out.msg, sizeof out.msg, "%s", tpf_last_error());
-    }
-    st = w->boot.allgather(w->boot.ctx, &out, outs, sizeof out);
-    if (st != TPF_OK)
-      snprintf(msg, sizeof msg, "registration %llu ('%s'): %s", (unsigned long long)k, mine.name,
-               tpf_last_error());
-    for (int q = 0; st == TPF_OK && q < P; q++) {
-      if (outs[q].status == TPF_OK) continue;
-      st = (tpf_status)outs[q].status;
-      outs[q].msg[sizeof outs[q].msg - 1] = '\0';
-      if (q == me)
-        snprintf(msg, sizeof msg, "%s", outs[q].msg);
-      else
-        snprintf(msg, sizeof msg, "registration %llu ('%s'): rank %d failed to %s its shared "
-                 "memory: %s", (unsigned long long)k, mine.name, q,
-                 phase == 0 ? "create" : "map", outs[q].msg);
-    }
-    if (st != TPF_OK) {
-      if (base) tpf_sim__shm_unmap(base, sh->arena_len);
-      return procs_fail(w, seg, h, sh, st, msg);
-    }
-  }
+  if (st == TPF_OK) st = procs_map(w, k, seg, mine.name, sh->arena_len, &base, msg, sizeof msg);
+  if (st != TPF_OK) return procs_fail(seg, h, sh, local_st != TPF_OK ? local_st : st, msg);
   tpf_sim__shm_unlink(seg); /* every rank has it mapped: no name is left */
   snprintf(sh->name, sizeof sh->name, "%s", mine.name);
   sh->base = base;

@@ -10,10 +10,21 @@
  * wait carries a deadline. tpf_sim_run starts one thread per rank for the user's function; the
  * workers outlive runs, so objects created in one run are usable in the next.
  *
+ * Ranks as processes (tpf_sim_backend_create): a world holds one rank, the one of this process,
+ * and the execution code is the same. What changes is where the shared things live and how
+ * ranks meet: each registration is a POSIX shared memory segment of its own instead of an arena
+ * extent (sim_reg.c), the rendezvous of reg_create and of the creation allgather is the
+ * bootstrap's allgather instead of the world mutex (sim_reg.c, sim_exchange.c), the doorbell is
+ * a futex word in the registration instead of the rank's condition (sim_doorbell.c), and a
+ * cross-rank wait also watches the peers' pids (sim_exec.c, sim_proc.c). Creation exchanges
+ * every rank's pid and rank 0's job name (the prefix of the segment names) with a local outcome,
+ * so a local failure fails every rank at once, naming it.
+ *
  * Rooms: sim_world.c (this: world, ranks, runs, the ops table, observation) calls sim_exec.c
  * (execute and the stream workers), sim_reg.c (registrations, canary), sim_exchange.c (the
  * creation allgather) and sim_math.c; those call only the leaves sim_clock.c, sim_arena.c,
- * sim_doorbell.c and sim_fault.c, which call nothing. No file calls back up.
+ * sim_doorbell.c, sim_fault.c and sim_proc.c (shared memory segments, peer liveness), which call
+ * nothing but the clock. No file calls back up.
  */
 #define _DEFAULT_SOURCE /* MAP_ANONYMOUS, MAP_NORESERVE */
 #include "sim_internal.h"
