@@ -132,16 +132,17 @@ static tpf_status wait_pred_loop(sim_ctx *c, const sim_pred *p, uint64_t start_n
     /* Process mode: a peer whose process ended never raises another flag; name it now instead
      * of at the bound (what it stored before it died still counts: the predicate is read again
      * after the check). */
-    int gone = -1;
     if (c->w->procs && tpf_sim__now_ns() >= next_live) {
       next_live = tpf_sim__now_ns() + TPF_SIM_LIVE_NS;
-      if (tpf_sim__peer_gone(c->w, &gone) && !pred_holds(p)) {
+      char gone[200];
+      const int ngone = tpf_sim__peers_gone(c->w, gone, sizeof gone);
+      if (ngone > 0 && !pred_holds(p)) {
         op_fail(c, TPF_ETIMEOUT,
-                "rank %d (pid %ld) is gone (its process exited or was killed): rank %d, step %d "
-                "(%s) of '%s' operation %llu cannot complete without it",
-                gone, (long)c->w->pids[gone], c->me, c->step_index,
+                "%s %s gone (the process exited or was killed): rank %d, step %d (%s) of '%s' "
+                "operation %llu cannot complete without %s",
+                gone, ngone > 1 ? "are" : "is", c->me, c->step_index,
                 tpf_step_kind_name(c->sched->steps[c->step_index].kind), comm_name(c),
-                (unsigned long long)c->args->seq);
+                (unsigned long long)c->args->seq, ngone > 1 ? "them" : "it");
         return TPF_ESTATE; /* failed, with the message above */
       }
     }

@@ -296,8 +296,9 @@ void tpf_sim__shm_unmap(unsigned char *base, uint64_t bytes);
 /* Removes segments "tpflex-sim-<pid>-*" whose pid no longer runs (left by a job whose every
  * rank was killed between creating and unlinking a segment); returns how many. */
 int tpf_sim__shm_sweep(void);
-/* True (and *who the rank) when a peer's process has ended (exited, killed, a zombie). */
-bool tpf_sim__peer_gone(const tpf_sim_world *w, int *who);
+/* How many peers' processes have ended (exited, killed, a zombie), named in names ("rank 1 (pid
+ * 123) and rank 2 (pid 456)": every one, since which ended first cannot be known). */
+int tpf_sim__peers_gone(const tpf_sim_world *w, char *names, size_t n);
 
 /* sim_exec.c */
 tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);

@@ -104,13 +104,18 @@ static bool pid_gone(long pid) {
   return false;
 }
 
-bool tpf_sim__peer_gone(const tpf_sim_world *w, int *who) {
+int tpf_sim__peers_gone(const tpf_sim_world *w, char *names, size_t n) {
+  int count = 0;
+  size_t at = 0;
+  names[0] = '\0';
   for (int r = 0; r < w->tp_size; r++) {
     if (r == w->proc_rank || !pid_gone((long)w->pids[r])) continue;
-    *who = r;
-    return true;
+    if (at + 40 < n)
+      at += (size_t)snprintf(names + at, n - at, "%srank %d (pid %ld)", count ? " and " : "", r,
+                             (long)w->pids[r]);
+    count++;
   }
-  return false;
+  return count;
 }
 
 int tpf_sim__shm_sweep(void) {
