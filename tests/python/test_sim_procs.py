@@ -9,7 +9,8 @@
 The worker checks: a bad TPFLEX_BACKEND is refused naming it; backend='sim' wins over
 TPFLEX_BACKEND=cuda; a RING AG+GEMM gathers every process's shard; ranks that disagree on the
 active rows get TpflexMismatchError on every rank, after which agreed operations run; the
-modules' plain path (no ub flag) is torch.distributed over the group and matches fp32 PyTorch.
+modules' plain path (no ub flag) is torch.distributed over the group and matches fp32 PyTorch;
+a peer process that exits is named by the survivor's next operation within seconds.
 A torchrun whose rendezvous fails (a port in use, no localhost) is reported as such."""
 import os
 import subprocess
@@ -94,7 +95,7 @@ def worker():
     import torch
     import torch.distributed as dist
     import tpflex.torch as te
-    from tpflex.errors import TpflexInvalidError, TpflexMismatchError
+    from tpflex.errors import TpflexInvalidError, TpflexMismatchError, TpflexTimeoutError
     dist.init_process_group("gloo")
     P, r = dist.get_world_size(), dist.get_rank()
     H = 32
@@ -140,11 +141,25 @@ def worker():
     ref = (X @ W.t() + b)[r * T // P:(r + 1) * T // P]
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (out - ref).abs().max().item()
     te.destroy_ub()
+    # A peer whose process ends is named within a bounded time (not at the 20 s bound): rank 1
+    # leaves without a word, rank 0's next operation fails naming it.
+    m = te.initialize_ub([64, H], P, dtype=torch.float32, backend="sim", timeout_ms=20000)
+    te.set_ub_active_shape([32, H])
     dist.barrier()
-    if r == 0:
-        print("test_sim_procs worker: every check OK", flush=True)
-    dist.destroy_process_group()
-    return 0
+    if r == 1:
+        os._exit(0)
+    fp = te.get_ub("fc1_fprop")
+    t0 = time.monotonic()
+    try:
+        fp.ag_gemm(torch.eye(H))
+        raise AssertionError("an operation without rank 1 completed")
+    except TpflexTimeoutError as e:
+        assert "rank 1" in str(e) and "gone" in str(e), str(e)
+    took = time.monotonic() - t0
+    assert took < 5.0, f"the dead peer was named after {took:.1f} s"
+    print(f"test_sim_procs worker: dead peer named after {took * 1e3:.0f} ms", flush=True)
+    print("test_sim_procs worker: every check OK", flush=True)
+    os._exit(0)  # destroy_ub and gloo's teardown are collective: the peer is gone
 
 
 if __name__ == "__main__":
