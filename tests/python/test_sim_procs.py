@@ -10,6 +10,7 @@ The worker checks: a bad TPFLEX_BACKEND is refused naming it; backend='sim' wins
 TPFLEX_BACKEND=cuda; a RING AG+GEMM gathers every process's shard; ranks that disagree on the
 active rows get TpflexMismatchError on every rank, after which agreed operations run; the
 modules' plain path (no ub flag) is torch.distributed over the group and matches fp32 PyTorch;
+TE's DGRAD+RS configuration gives what TE's no-overlap baseline gives;
 a peer process that exits is named by the survivor's next operation within seconds.
 A torchrun whose rendezvous fails (a port in use, no localhost) is reported as such."""
 import os
@@ -140,6 +141,31 @@ def worker():
         out = lin(X.chunk(P, 1)[r].contiguous())
     ref = (X @ W.t() + b)[r * T // P:(r + 1) * T // P]
     assert torch.allclose(out, ref, rtol=1e-5, atol=1e-5), (out - ref).abs().max().item()
+    te.destroy_ub()
+    # TE's DGRAD+RS configuration (fc1_dgrad a RING RS site) against TE's no-overlap baseline (no
+    # ub flag: every collective is torch.distributed over gloo), same weights, same gradients.
+    te.initialize_ub([64, H], P, dtype=torch.float32, backend="sim",
+                     ub_cfgs={"fc1_dgrad": {"method": "ring_exchange"}})
+    kw = dict(tp_size=P, sequence_parallel=True, set_parallel_mode=True,
+              params_dtype=torch.float32, device="cpu")
+    ub = te.LayerNormMLP(H, 2 * H, ub_overlap_ag=True, ub_overlap_rs=True,
+                         ub_overlap_rs_dgrad=True, **kw)
+    base = te.LayerNormMLP(H, 2 * H, **kw)
+    with torch.no_grad():
+        for (n, p), (_, q) in zip(ub.named_parameters(), base.named_parameters()):
+            q.copy_(p)
+    gr = torch.Generator().manual_seed(10 + r)
+    x, dy = torch.randn(T // P, H, generator=gr), torch.randn(T // P, H, generator=gr)
+    outs = []
+    for mod in (ub, base):
+        xi = x.clone().requires_grad_(True)
+        with te.active_tokens(T):
+            y = mod(xi)
+            y.backward(dy)
+        outs.append((y.detach(), xi.grad, mod.fc1_weight.grad))
+    for a, b, what in zip(outs[0], outs[1], ("output", "input grad", "fc1 weight grad")):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-4), (what, (a - b).abs().max().item())
+    del ub, base, outs
     te.destroy_ub()
     # A peer whose process ends is named within a bounded time (not at the 20 s bound): rank 1
     # leaves without a word, rank 0's next operation fails naming it.
