@@ -293,8 +293,9 @@ tpf_status tpf_sim__shm_create(const char *name, uint64_t bytes, unsigned char *
 tpf_status tpf_sim__shm_map(const char *name, uint64_t bytes, unsigned char **base);
 void tpf_sim__shm_unlink(const char *name);
 void tpf_sim__shm_unmap(unsigned char *base, uint64_t bytes);
-/* Removes segments "tpflex-sim-<pid>-*" whose pid no longer runs (left by a job whose every
- * rank was killed between creating and unlinking a segment); returns how many. */
+/* Removes segments "tpflex-sim-<pid>-*" whose pid no longer runs and that have not changed for
+ * a minute (left by a job whose every rank was killed between creating and unlinking a segment);
+ * returns how many. */
 int tpf_sim__shm_sweep(void);
 /* How many peers' processes have ended (exited, killed, a zombie), named in names ("rank 1 (pid
  * 123) and rank 2 (pid 456)": every one, since which ended first cannot be known). */

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <time.h>
 #include <unistd.h>
 
 static tpf_status shm_error(int err, const char *what, const char *name, uint64_t bytes) {
@@ -118,6 +119,9 @@ int tpf_sim__peers_gone(const tpf_sim_world *w, char *names, size_t n) {
   return count;
 }
 
+/* Age (seconds since the last change) below which a segment is never swept. */
+#define TPF_SIM_SWEEP_AGE_S 60
+
 int tpf_sim__shm_sweep(void) {
   int removed = 0;
 #ifdef __linux__
@@ -129,7 +133,13 @@ int tpf_sim__shm_sweep(void) {
     char *end = NULL;
     long pid = strtol(e->d_name + sizeof prefix - 1, &end, 10);
     if (!end || *end != '-' || !pid_gone(pid)) continue;
-    char name[300];
+    /* Only segments older than a creation takes: a job in another pid namespace that shares
+     * /dev/shm (docker --ipc=host) shows a pid that is not ours, and its segment lives for the
+     * moment between its creation and its unlink only. */
+    char path[300], name[300];
+    snprintf(path, sizeof path, "/dev/shm/%s", e->d_name);
+    struct stat st;
+    if (stat(path, &st) != 0 || time(NULL) - st.st_mtime < TPF_SIM_SWEEP_AGE_S) continue;
     snprintf(name, sizeof name, "/%s", e->d_name);
     if (shm_unlink(name) == 0) removed++;
   }

@@ -268,8 +268,8 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
  * every rank has mapped it: it goes away with the last mapping whatever way the processes end.
  * The one window where a name exists is between rank 0's creation and the others' unlink; a
  * rank killed there is survived by the others, who unlink it when their exchange fails, and a
- * job killed whole there is swept by the next backend creation on the machine (the pid in the
- * name no longer runs: tpf_sim__shm_sweep). Destroy is local: each process unmaps its mapping,
+ * job killed whole there is swept by a backend creation on the machine a minute later or more
+ * (the pid in the name no longer runs: tpf_sim__shm_sweep). Destroy is local: each process unmaps its mapping,
  * so a peer still writing into this rank's block writes into memory it maps itself. */
 
 static tpf_status procs_fail(const char *seg, tpf_sim_reg *h, tpf_sim_shared *sh, tpf_status st,

@@ -46,8 +46,8 @@ TPF_API tpf_status tpf_sim_world_destroy(tpf_sim_world *w);
  * stream workers, steps, flags, handshake and canary, on registrations that live in POSIX shared
  * memory that every rank maps (one segment per registration, "/dev/shm/tpflex-sim-<pid of rank
  * 0>-<nonce>-<k>", unlinked once every rank has mapped it, so nothing stays behind on any exit
- * path; a job killed whole between a segment's creation and its unlink leaves it until the next
- * creation on the machine sweeps it). What is different:
+ * path; a job killed whole between a segment's creation and its unlink leaves it until a
+ * creation on the machine a minute later or more sweeps it). What is different:
  *   - Creation agreement (the k-th registration of every rank meets, sizes and names compared,
  *     the configuration fingerprint of tpf_comm_create) goes through the bootstrap, bounded by
  *     the bootstrap's own timeout; a failure on one rank fails every rank, naming it.

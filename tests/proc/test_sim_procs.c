@@ -285,7 +285,7 @@ static void test_sim_procs__stopped_peer_runs_into_the_bound(void **state) {
   tpf_launch_free(l);
 }
 
-/* A segment whose creator's pid no longer runs is swept by the next creation. */
+/* A segment whose creator's pid no longer runs and that is old is swept by the next creation. */
 static void test_sim_procs__stale_segments_are_swept(void **state) {
   (void)state;
   pid_t child = fork();
@@ -295,10 +295,20 @@ static void test_sim_procs__stale_segments_are_swept(void **state) {
   char name[96], live[96];
   snprintf(name, sizeof name, "/tpflex-sim-%ld-deadbeef-0", (long)child);
   snprintf(live, sizeof live, "/tpflex-sim-%ld-deadbeef-0", (long)getpid());
+  char fresh[96];
+  snprintf(fresh, sizeof fresh, "/tpflex-sim-%ld-deadbeef-1", (long)child);
+  /* An hour old: stale. The live job's and the fresh one (possibly a job of another pid
+   * namespace between creation and unlink) are kept. */
+  const struct timespec old[2] = {{time(NULL) - 3600, 0}, {time(NULL) - 3600, 0}};
   int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
   assert_true(fd >= 0);
+  assert_int_equal(futimens(fd, old), 0);
   close(fd);
-  fd = shm_open(live, O_RDWR | O_CREAT | O_EXCL, 0600); /* a live job's: kept */
+  fd = shm_open(live, O_RDWR | O_CREAT | O_EXCL, 0600);
+  assert_true(fd >= 0);
+  assert_int_equal(futimens(fd, old), 0);
+  close(fd);
+  fd = shm_open(fresh, O_RDWR | O_CREAT | O_EXCL, 0600);
   assert_true(fd >= 0);
   close(fd);
   tpf_bootstrap boot = {1, 0, 0, solo_allgather, no_barrier, NULL};
@@ -313,8 +323,13 @@ static void test_sim_procs__stale_segments_are_swept(void **state) {
   const bool live_kept = fd >= 0;
   if (fd >= 0) close(fd);
   shm_unlink(live);
+  fd = shm_open(fresh, O_RDWR, 0);
+  const bool fresh_kept = fd >= 0;
+  if (fd >= 0) close(fd);
+  shm_unlink(fresh);
   assert_false(stale_left);
   assert_true(live_kept);
+  assert_true(fresh_kept);
 }
 
 int main(void) {
