@@ -79,6 +79,17 @@ def driver():
                      "torch.distributed was accepted") or 1
     except TpflexStateError as e:
         assert "init_process_group" in str(e) and "tpflex.sim.run" in str(e), str(e)
+    # Inside tpflex.sim.run the rank thread's world is used whatever TPFLEX_BACKEND says.
+    import tpflex.sim as sim
+    os.environ["TPFLEX_BACKEND"] = "cuda"
+
+    def rank(r):
+        m = te.initialize_ub([64, 32], 2, dtype=torch.float32)
+        b = m.backend
+        te.destroy_ub()
+        return b
+    assert sim.run(2, rank) == ["sim", "sim"]
+    del os.environ["TPFLEX_BACKEND"]
     fails = []
     for P in (2, 4):
         fails.append(check_run("thd_training_step", P, ["examples/thd_training_step.py"],
