@@ -27,11 +27,11 @@
  * bootstrap: its status, size and name) and the creator's outcome that follows it; the fault
  * tests kill the creator between the two (tests/proc/test_proc_faults_sim.c). */
 typedef struct {
-  int32_t status;  /* TPF_OK, or this rank's local failure */
+  int32_t status; /* TPF_OK, or this rank's local failure */
   uint32_t pad;
   uint64_t bytes;
-  char name[64];   /* TPF_SIM_NAME_LEN */
-  char msg[120];   /* the local failure's detail */
+  char name[64]; /* TPF_SIM_NAME_LEN */
+  char msg[120]; /* the local failure's detail */
 } tpf_sim_proposal;
 typedef struct {
   int32_t status; /* rank 0: creating the segment; others: mapping it */

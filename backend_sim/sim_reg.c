@@ -269,8 +269,8 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
  * The one window where a name exists is between rank 0's creation and the others' unlink; a
  * rank killed there is survived by the others, who unlink it when their exchange fails, and a
  * job killed whole there is swept by a backend creation on the machine a minute later or more
- * (the pid in the name no longer runs: tpf_sim__shm_sweep). Destroy is local: each process unmaps its mapping,
- * so a peer still writing into this rank's block writes into memory it maps itself. */
+ * (the pid in the name no longer runs: tpf_sim__shm_sweep). Destroy is local: each process unmaps
+ * its mapping, so a peer still writing into this rank's block writes into memory it maps itself. */
 
 static tpf_status procs_fail(const char *seg, tpf_sim_reg *h, tpf_sim_shared *sh, tpf_status st,
                              const char *msg) {
@@ -291,8 +291,8 @@ static tpf_status procs_agree(int P, int me, uint64_t k, tpf_sim_proposal *all,
     if (q == me)
       snprintf(msg, n, "%s", mine->msg);
     else
-      snprintf(msg, n, "registration %llu ('%.60s'): rank %d failed: %.120s",
-               (unsigned long long)k, all[q].name, q, all[q].msg);
+      snprintf(msg, n, "registration %llu ('%.60s'): rank %d failed: %.120s", (unsigned long long)k,
+               all[q].name, q, all[q].msg);
     return (tpf_status)all[q].status;
   }
   for (int q = 1; q < P; q++) {
@@ -301,8 +301,8 @@ static tpf_status procs_agree(int P, int me, uint64_t k, tpf_sim_proposal *all,
       snprintf(msg, n,
                "registration %llu differs between ranks: rank 0 registers '%s' with %llu bytes, "
                "rank %d '%s' with %llu bytes",
-               (unsigned long long)k, all[0].name, (unsigned long long)all[0].bytes, q,
-               all[q].name, (unsigned long long)all[q].bytes);
+               (unsigned long long)k, all[0].name, (unsigned long long)all[0].bytes, q, all[q].name,
+               (unsigned long long)all[q].bytes);
       return TPF_EMISMATCH;
     }
   }
@@ -319,8 +319,8 @@ static tpf_status procs_map(tpf_sim_world *w, uint64_t k, const char *seg, const
     tpf_sim_outcome out, outs[TPF_MAX_RANKS];
     memset(&out, 0, sizeof out);
     if ((phase == 0) == (me == 0)) {
-      tpf_status ms = phase == 0 ? tpf_sim__shm_create(seg, bytes, &base)
-                                 : tpf_sim__shm_map(seg, bytes, &base);
+      tpf_status ms =
+          phase == 0 ? tpf_sim__shm_create(seg, bytes, &base) : tpf_sim__shm_map(seg, bytes, &base);
       out.status = (int32_t)ms;
       if (ms != TPF_OK) snprintf(out.msg, sizeof out.msg, "%s", tpf_last_error());
     }

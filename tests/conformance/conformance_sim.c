@@ -108,9 +108,9 @@ static tpf_status proc_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *
   proc_job job = {run_config(env->ctx, P), fn, arg};
   const size_t shared_bytes = (size_t)P * sizeof(proc_report);
   tpf_launch *l = NULL;
-  tpf_status rc = arg != NULL ? tpf_launch_fork_merging(P, shared_bytes, proc_rank_main, &job, arg,
-                                                        0, &l)
-                              : tpf_launch_fork(P, shared_bytes, proc_rank_main, &job, &l);
+  tpf_status rc = arg != NULL
+                      ? tpf_launch_fork_merging(P, shared_bytes, proc_rank_main, &job, arg, 0, &l)
+                      : tpf_launch_fork(P, shared_bytes, proc_rank_main, &job, &l);
   if (rc != TPF_OK) return rc;
   int codes[TPF_MAX_RANKS];
   /* A rank that dies makes the others fail within the timeout; one that hangs is killed. */
@@ -126,8 +126,8 @@ static tpf_status proc_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *
       snprintf(why[r], sizeof why[r], "%s", rep[r].detail);
     } else {
       rs[r] = wst == TPF_ETIMEOUT ? TPF_ETIMEOUT : TPF_EBACKEND;
-      snprintf(why[r], sizeof why[r], "rank %d's process ended (status %d) before reporting%s%s",
-               r, codes[r], wait_why[0] ? ": " : "", wait_why);
+      snprintf(why[r], sizeof why[r], "rank %d's process ended (status %d) before reporting%s%s", r,
+               codes[r], wait_why[0] ? ": " : "", wait_why);
     }
   }
   rc = arg != NULL ? tpf_launch_merge(l, arg, NULL) : TPF_OK;
@@ -164,8 +164,8 @@ int main(int argc, char **argv) {
       rest[nrest++] = argv[i];
   }
   printf("simulator%s: delays 0..%u us before each step, delay seed %llu, timeout %u ms\n",
-         procs ? " (every rank its own process)" : "", ctx.delay_us,
-         (unsigned long long)ctx.seed, ctx.timeout_ms);
+         procs ? " (every rank its own process)" : "", ctx.delay_us, (unsigned long long)ctx.seed,
+         ctx.timeout_ms);
   tpf_conf_env env;
   tpf_conf_host_env(&env); /* operands in host memory, where the simulator computes */
   env.name = procs ? "sim-procs" : "sim";

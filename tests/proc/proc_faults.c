@@ -68,10 +68,10 @@ struct proc_case {
 
 static tpf_status wrap_allgather(void *ctx, const void *send, void *recv, size_t bytes) {
   rank_ctx *x = ctx;
-  const size_t name_bytes = x->k->create_name_bytes ? x->k->create_name_bytes
-                                                    : PROC_TABLE_NAME_BYTES;
-  const size_t outcome_bytes = x->k->create_outcome_bytes ? x->k->create_outcome_bytes
-                                                          : sizeof(int32_t);
+  const size_t name_bytes =
+      x->k->create_name_bytes ? x->k->create_name_bytes : PROC_TABLE_NAME_BYTES;
+  const size_t outcome_bytes =
+      x->k->create_outcome_bytes ? x->k->create_outcome_bytes : sizeof(int32_t);
   if (x->die_in_table && bytes == outcome_bytes && x->last_bytes == name_bytes)
     kill(getpid(), SIGKILL);
   x->last_bytes = bytes;

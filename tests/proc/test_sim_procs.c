@@ -161,8 +161,8 @@ typedef struct {
   int stop_rank; /* stopped-peer case: the rank that stops itself */
 } case_arg;
 
-static bool rank_setup(const tpf_launch_rank *me, shared *sh, tpf_bootstrap *boot,
-                       tpf_backend **be, unsigned timeout_ms) {
+static bool rank_setup(const tpf_launch_rank *me, shared *sh, tpf_bootstrap *boot, tpf_backend **be,
+                       unsigned timeout_ms) {
   double t0 = now_ms();
   tpf_status st = tpf_sockboot_create(me, 0, 20000, boot);
   if (st == TPF_OK) {
