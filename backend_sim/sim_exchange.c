@@ -3,7 +3,8 @@
  *
  * Method: a rendezvous like reg_create's, in its own list. The k-th allgather of every rank meets
  * in exchange k; each arrival copies its bytes into slot r of the exchange, the last one wakes
- * the others, and every rank copies all P slots out. Ranks that pass different sizes fail with
+ * the others, and every rank copies all P slots out. Ranks as processes (tpf_sim_backend_create):
+ * the bootstrap's allgather instead. Ranks that pass different sizes fail with
  * TPF_EMISMATCH; an arrival waits at most the world's timeout (TPF_ETIMEOUT naming the missing
  * ranks, and the exchange is marked failed so a late rank fails at once). Not a counted backend
  * call for fault injection: the fault plans count what they did in 0.1.
@@ -154,7 +155,14 @@ static tpf_status allgather_held(tpf_sim_rank *rk, const void *mine, void *all, 
 tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size_t bytes) {
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   TPF_CHECK(tpf_sim__enter(rk, "allgather"));
-  tpf_status st = allgather_held(rk, mine, all, bytes);
+  tpf_sim_world *w = rk->world;
+  tpf_status st;
+  if (!w->procs)
+    st = allgather_held(rk, mine, all, bytes);
+  else if (!mine || !all || bytes == 0)
+    st = tpf_set_error(TPF_EINVAL, "sim allgather: %s", bytes ? "NULL buffer" : "zero bytes");
+  else /* ranks as processes: the bootstrap is the rendezvous (bounded by its own timeout) */
+    st = w->boot.allgather(w->boot.ctx, mine, all, bytes);
   tpf_sim__leave(rk);
   return st;
 }

@@ -83,7 +83,7 @@ static tpf_status op_fail(sim_ctx *c, tpf_status st, const char *fmt, ...) {
   }
   pthread_cond_broadcast(&c->op->cv);
   pthread_mutex_unlock(&c->op->mu);
-  tpf_sim__ring(c->rk);
+  tpf_sim__ring(c->w, c->sh, c->me);
   return st;
 }
 
@@ -120,22 +120,33 @@ static tpf_status wait_pred(sim_ctx *c, const sim_pred *p, uint64_t start_ns) {
 }
 
 static tpf_status wait_pred_loop(sim_ctx *c, const sim_pred *p, uint64_t start_ns) {
-  tpf_sim_rank *rk = c->rk;
+  uint64_t next_live = tpf_sim__now_ns() + TPF_SIM_LIVE_NS;
   for (;;) {
-    pthread_mutex_lock(&rk->bell_mu);
-    uint64_t gen = rk->bell_gen;
-    pthread_mutex_unlock(&rk->bell_mu);
+    uint64_t gen = tpf_sim__bell_gen(c->w, c->sh, c->me);
     if (pred_holds(p)) return TPF_OK;
     if (atomic_load(&c->op->failed)) return TPF_ESTATE;
     if (atomic_load(&c->op->reg->aborted))
       return op_fail(c, TPF_ESTATE, "'%s' was aborted (tpf_comm_abort): rank %d gave up at step %d",
                      comm_name(c), c->me, c->step_index);
     if (tpf_sim__expired(c->w, start_ns, &c->waited_ms)) return TPF_ETIMEOUT;
-    struct timespec ts = mono_ts(tpf_sim__now_ns() + TPF_SIM_POLL_NS);
-    pthread_mutex_lock(&rk->bell_mu);
-    if (rk->bell_gen == gen) /* nothing rung since we looked: sleep */
-      pthread_cond_timedwait(&rk->bell_cv, &rk->bell_mu, &ts);
-    pthread_mutex_unlock(&rk->bell_mu);
+    /* Process mode: a peer whose process ended never raises another flag; name it now instead
+     * of at the bound (what it stored before it died still counts: the predicate is read again
+     * after the check). */
+    if (c->w->procs && tpf_sim__now_ns() >= next_live) {
+      next_live = tpf_sim__now_ns() + TPF_SIM_LIVE_NS;
+      char gone[200];
+      const int ngone = tpf_sim__peers_gone(c->w, gone, sizeof gone);
+      if (ngone > 0 && !pred_holds(p)) {
+        op_fail(c, TPF_ETIMEOUT,
+                "%s %s gone (the process exited or was killed): rank %d, step %d (%s) of '%s' "
+                "operation %llu cannot complete without %s",
+                gone, ngone > 1 ? "are" : "is", c->me, c->step_index,
+                tpf_step_kind_name(c->sched->steps[c->step_index].kind), comm_name(c),
+                (unsigned long long)c->args->seq, ngone > 1 ? "them" : "it");
+        return TPF_ESTATE; /* failed, with the message above */
+      }
+    }
+    tpf_sim__bell_wait(c->w, c->sh, c->me, gen, TPF_SIM_POLL_NS);
   }
 }
 
@@ -149,7 +160,7 @@ static void store_flag(tpf_sim_world *w, tpf_sim_shared *sh, int receiver, int s
   while (cur < seq && !atomic_compare_exchange_weak_explicit(f, &cur, seq, memory_order_release,
                                                              memory_order_relaxed)) {
   }
-  tpf_sim__ring(&w->ranks[receiver]);
+  tpf_sim__ring(w, sh, receiver);
 }
 
 static void sleep_us(unsigned us) {
@@ -351,7 +362,7 @@ static tpf_status step_handshake(sim_ctx *c) {
   for (int q = 0; q < P; q++) {
     if (q == c->me) continue;
     atomic_store_explicit(tpf_sim__ready(c->sh, q, c->me, seq), word, memory_order_release);
-    tpf_sim__ring(&c->w->ranks[q]);
+    tpf_sim__ring(c->w, c->sh, q);
   }
   uint64_t start = tpf_sim__now_ns();
   for (int q = 0; q < P; q++) {
@@ -660,7 +671,7 @@ static tpf_status execute_held(tpf_sim_rank *rk, tpf_reg *reg, const tpf_exec_ar
       atomic_store(&op.failed, 1);
       pthread_cond_broadcast(&op.cv);
       pthread_mutex_unlock(&op.mu);
-      tpf_sim__ring(rk);
+      tpf_sim__ring(rk->world, h->sh, rk->rank);
       pthread_mutex_lock(&op.mu);
       continue;
     }
@@ -730,7 +741,7 @@ tpf_status tpf_sim__reg_abort(tpf_backend *be, tpf_reg *reg) {
   tpf_sim_reg *h = (tpf_sim_reg *)reg;
   if (!h) return tpf_set_error(TPF_EINVAL, "sim reg_abort: NULL registration");
   atomic_store(&h->aborted, 1);
-  tpf_sim__ring(rk);
+  tpf_sim__ring(rk->world, h->sh, rk->rank);
   /* A step waiting on another step of its own operation waits on the operation's condition
    * variable; the aborted wait above fails the operation, which broadcasts it. */
   return TPF_OK;

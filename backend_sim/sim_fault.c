@@ -109,8 +109,8 @@ tpf_status tpf_sim_set_fault_ex(tpf_sim_world *w, const tpf_sim_fault_ex *f) {
   atomic_store(&w->fault_entries, 0);
   atomic_store(&w->fault_injected, 0);
   atomic_store(&w->fault_lossy, 0);
-  for (int r = 0; r < w->tp_size; r++) {
-    tpf_sim_rank *rk = &w->ranks[r];
+  for (int i = 0; i < w->nlocal; i++) {
+    tpf_sim_rank *rk = &w->ranks[i];
     pthread_mutex_lock(&rk->fault_mu);
     rk->held_reorder.on = false;
     rk->held_dup.on = false;

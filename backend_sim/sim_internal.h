@@ -21,13 +21,30 @@
 /* Longest sleep of any wait before it re-checks its predicate and its bound (a bound lowered
  * while it sleeps, tpf_sim_set_timeout, takes effect within this). */
 #define TPF_SIM_POLL_NS 20000000ull
+/* Process mode: how often a cross-rank wait checks that its peers' processes still exist. */
+#define TPF_SIM_LIVE_NS 100000000ull
+/* Process mode: a registration's proposal (what every rank exchanges first through the
+ * bootstrap: its status, size and name) and the creator's outcome that follows it; the fault
+ * tests kill the creator between the two (tests/proc/test_proc_faults_sim.c). */
+typedef struct {
+  int32_t status; /* TPF_OK, or this rank's local failure */
+  uint32_t pad;
+  uint64_t bytes;
+  char name[64]; /* TPF_SIM_NAME_LEN */
+  char msg[120]; /* the local failure's detail */
+} tpf_sim_proposal;
+typedef struct {
+  int32_t status; /* rank 0: creating the segment; others: mapping it */
+  char msg[124];
+} tpf_sim_outcome;
 
 typedef struct tpf_sim_rank tpf_sim_rank;
 
-/* One collective registration: P per-rank blocks in the arena. Block r holds rank r's data
- * (data_bytes, rounded up to 64), then its incoming flags [sender][TPF_MAX_TAGS] and its
- * incoming ready words [sender][seq parity]: everything a rank waits on lives in its own block, so
- * a writer knows whose doorbell to ring. */
+/* One collective registration: P per-rank blocks in the arena (threads) or in one POSIX shared
+ * memory segment of its own (process mode). Block r holds rank r's data (data_bytes, rounded up
+ * to 64), then its incoming flags [sender][TPF_MAX_TAGS], its incoming ready words [sender][seq
+ * parity] and its doorbell word (process mode: a futex): everything a rank waits on lives in its
+ * own block, so a writer knows whose doorbell to ring. */
 typedef struct tpf_sim_shared {
   char name[TPF_SIM_NAME_LEN];
   int tp_size;
@@ -36,8 +53,9 @@ typedef struct tpf_sim_shared {
   uint64_t block_bytes; /* one rank's block */
   uint64_t arena_off;   /* start in the arena */
   uint64_t arena_len;   /* reserved length */
-  unsigned char *base;  /* arena + arena_off */
+  unsigned char *base;  /* arena + arena_off, or the mapped segment (process mode) */
   int refs;             /* ranks that still hold it; world mutex */
+  bool mapped;          /* process mode: base is this process's mapping of arena_len bytes */
 } tpf_sim_shared;
 
 /* A rank's handle on a registration (what the core calls tpf_reg). */
@@ -185,7 +203,16 @@ struct tpf_sim_world {
   atomic_uint_fast64_t fault_lossy; /* injected faults that lose something: failed calls, lost
                                      * signals, late entries (what arms fault_timeout_ms) */
   uint64_t live_regs, arena_used;   /* mu */
-  tpf_sim_rank *ranks;              /* tp_size entries */
+  tpf_sim_rank *ranks;              /* nlocal entries: ranks 0..P-1, or this process's rank */
+  int nlocal;
+  /* Process mode (tpf_sim_backend_create): this process holds rank proc_rank of P, peers are
+   * other processes; registrations are shared memory segments named job-k, rendezvous and
+   * agreement go through boot, and the waits watch the peers' pids. */
+  bool procs;
+  int proc_rank;
+  tpf_bootstrap boot;
+  int32_t pids[TPF_MAX_RANKS];
+  char job[64]; /* "/tpflex-sim-<pid of rank 0>-<nonce>" */
 };
 
 extern const tpf_backend_ops tpf_sim_ops;
@@ -194,7 +221,16 @@ extern const tpf_backend_ops tpf_sim_ops;
 uint64_t tpf_sim__now_ns(void);
 tpf_status tpf_sim__arena_alloc(tpf_sim_world *w, uint64_t len, uint64_t *off);
 void tpf_sim__arena_free(tpf_sim_world *w, uint64_t off, uint64_t len);
-void tpf_sim__ring(tpf_sim_rank *rk);
+/* Rings rank's doorbell for a store into its words of sh (threads: the rank's condition; process
+ * mode: the futex word in sh). */
+void tpf_sim__ring(tpf_sim_world *w, const tpf_sim_shared *sh, int rank);
+/* The doorbell's generation now; tpf_sim__bell_wait sleeps until it moves on from gen, at most
+ * ns. Read the generation before checking what is awaited, so that no ring is lost. */
+uint64_t tpf_sim__bell_gen(tpf_sim_world *w, const tpf_sim_shared *sh, int rank);
+void tpf_sim__bell_wait(tpf_sim_world *w, const tpf_sim_shared *sh, int rank, uint64_t gen,
+                        uint64_t ns);
+/* The local rank object of rank r (NULL: held by another process). */
+tpf_sim_rank *tpf_sim__local(tpf_sim_world *w, int r);
 /* Counts one backend call (an entry); returns the injected failure when it is the chosen one. */
 tpf_status tpf_sim__fault_call(tpf_sim_world *w, const char *what, int rank);
 /* The same for an entry that also owns `steps` numbered calls after it (execute): *step_base
@@ -231,6 +267,16 @@ tpf_status tpf_sim__canary_verify(tpf_sim_reg *r, const char *comm, uint64_t row
 unsigned char *tpf_sim__data(const tpf_sim_shared *sh, int rank);
 _Atomic uint64_t *tpf_sim__flag(const tpf_sim_shared *sh, int receiver, int sender, uint32_t tag);
 _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sender, uint64_t seq);
+/* The doorbell word of a rank (process mode), after its ready words (tpf_sim__shared_layout
+ * reserves it); inline, so that the doorbell room needs nothing of sim_reg.c. */
+static inline _Atomic uint32_t *tpf_sim__bell(const tpf_sim_shared *sh, int rank) {
+  unsigned char *p = sh->base + (uint64_t)rank * sh->block_bytes + sh->data_span;
+  return (_Atomic uint32_t *)(void *)((_Atomic uint64_t *)(void *)p +
+                                      (size_t)sh->tp_size * TPF_MAX_TAGS +
+                                      2u * (size_t)sh->tp_size);
+}
+/* Fills sh's layout (block sizes) for P ranks of `bytes` registered bytes; false on overflow. */
+bool tpf_sim__shared_layout(tpf_sim_shared *sh, int P, uint64_t bytes);
 void tpf_sim__free_groups(tpf_sim_world *w);
 /* The next wakeup of a wait on the world condition (CLOCK_REALTIME): one poll period ahead. */
 void tpf_sim__poll_deadline(struct timespec *ts);
@@ -239,6 +285,21 @@ tpf_status tpf_sim__allgather(tpf_backend *be, const void *mine, void *all, size
 void tpf_sim__free_exchanges(tpf_sim_world *w);
 /* Exchanges some rank has not reached yet (world mutex held). */
 uint64_t tpf_sim__pending_exchanges(const tpf_sim_world *w);
+
+/* sim_proc.c (a leaf): process mode's shared memory segments and peer liveness. */
+/* Creates (O_EXCL) and maps the segment `name` of `bytes` zeroed bytes. */
+tpf_status tpf_sim__shm_create(const char *name, uint64_t bytes, unsigned char **base);
+/* Maps the existing segment `name`, which must hold exactly `bytes`. */
+tpf_status tpf_sim__shm_map(const char *name, uint64_t bytes, unsigned char **base);
+void tpf_sim__shm_unlink(const char *name);
+void tpf_sim__shm_unmap(unsigned char *base, uint64_t bytes);
+/* Removes segments "tpflex-sim-<pid>-*" whose pid no longer runs and that have not changed for
+ * a minute (left by a job whose every rank was killed between creating and unlinking a segment);
+ * returns how many. */
+int tpf_sim__shm_sweep(void);
+/* How many peers' processes have ended (exited, killed, a zombie), named in names ("rank 1 (pid
+ * 123) and rank 2 (pid 456)": every one, since which ended first cannot be known). */
+int tpf_sim__peers_gone(const tpf_sim_world *w, char *names, size_t n);
 
 /* sim_exec.c */
 tpf_status tpf_sim__execute(tpf_backend *be, tpf_reg *reg, const tpf_exec_args *a, void *stream);

@@ -40,6 +40,17 @@ _Atomic uint64_t *tpf_sim__ready(const tpf_sim_shared *sh, int receiver, int sen
          (size_t)(seq & 1u);
 }
 
+bool tpf_sim__shared_layout(tpf_sim_shared *sh, int P, uint64_t bytes) {
+  sh->tp_size = P;
+  sh->data_bytes = bytes;
+  if (bytes > UINT64_MAX - 4096u) return false;
+  sh->data_span = (bytes + 63u) / 64u * 64u;
+  /* flags [P][tags], ready words [P][2], the doorbell word (one u64 slot) */
+  uint64_t sync_bytes = ((uint64_t)P * TPF_MAX_TAGS + 2u * (uint64_t)P + 1u) * sizeof(uint64_t);
+  sh->block_bytes = (sh->data_span + sync_bytes + 63u) / 64u * 64u;
+  return tpf_mul_u64(sh->block_bytes, (uint64_t)P, &sh->arena_len);
+}
+
 void tpf_sim__free_groups(tpf_sim_world *w) {
   while (w->groups) {
     tpf_sim_group *g = w->groups;
@@ -82,14 +93,8 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
     return;
   }
   snprintf(sh->name, sizeof sh->name, "%s", g->names[0]);
-  sh->tp_size = P;
-  sh->data_bytes = g->bytes[0];
-  sh->data_span = (g->bytes[0] + 63u) / 64u * 64u;
-  uint64_t sync_bytes = ((uint64_t)P * TPF_MAX_TAGS + 2u * (uint64_t)P) * sizeof(uint64_t);
-  sh->block_bytes = (sh->data_span + sync_bytes + 63u) / 64u * 64u;
-  uint64_t total;
-  if (!tpf_mul_u64(sh->block_bytes, (uint64_t)P, &total) ||
-      tpf_sim__arena_alloc(w, total, &sh->arena_off) != TPF_OK) {
+  if (!tpf_sim__shared_layout(sh, P, g->bytes[0]) ||
+      tpf_sim__arena_alloc(w, sh->arena_len, &sh->arena_off) != TPF_OK) {
     g->status = TPF_ENOMEM;
     snprintf(g->msg, sizeof g->msg,
              "registration '%s' of %llu bytes x %d ranks does not fit the simulator arena (%llu "
@@ -98,7 +103,6 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
     tpf_free(sh);
     return;
   }
-  sh->arena_len = total;
   sh->base = w->arena + sh->arena_off;
   sh->refs = P;
   for (int r = 0; r < P; r++) {
@@ -109,6 +113,7 @@ static void group_decide(tpf_sim_world *w, tpf_sim_group *g) {
       atomic_init(tpf_sim__ready(sh, r, s, 0), 0);
       atomic_init(tpf_sim__ready(sh, r, s, 1), 0);
     }
+    atomic_init(tpf_sim__bell(sh, r), 0u);
   }
   atomic_fetch_add(&w->registrations, 1);
   w->live_regs++;
@@ -249,11 +254,161 @@ static tpf_status reg_create_held(tpf_sim_rank *rk, const char *name, uint64_t b
   return TPF_OK;
 }
 
+/* ---- process mode ----
+ *
+ * Method: the k-th reg_create of every process is one registration, in a POSIX shared memory
+ * segment of its own named "<job>-k" (job: "/tpflex-sim-<pid of rank 0>-<nonce>", agreed when
+ * the backend was created), so every rank knows the name without being told. Three exchanges
+ * over the bootstrap: (1) every rank's proposal (its local status, size and name): any local
+ * failure fails every rank naming the rank, any difference is TPF_EMISMATCH on every rank, as in
+ * threads mode, and nothing is created; (2) rank 0 creates, sizes (posix_fallocate: a full
+ * /dev/shm is a clean TPF_ENOMEM, not a SIGBUS later) and maps the segment, and says how that
+ * went; (3) every other rank maps it and says how that went. After (3), and on every failure
+ * path after (1), every rank unlinks the name (ENOENT is fine), so the segment has no name once
+ * every rank has mapped it: it goes away with the last mapping whatever way the processes end.
+ * The one window where a name exists is between rank 0's creation and the others' unlink; a
+ * rank killed there is survived by the others, who unlink it when their exchange fails, and a
+ * job killed whole there is swept by a backend creation on the machine a minute later or more
+ * (the pid in the name no longer runs: tpf_sim__shm_sweep). Destroy is local: each process unmaps
+ * its mapping, so a peer still writing into this rank's block writes into memory it maps itself. */
+
+static tpf_status procs_fail(const char *seg, tpf_sim_reg *h, tpf_sim_shared *sh, tpf_status st,
+                             const char *msg) {
+  if (seg) tpf_sim__shm_unlink(seg);
+  tpf_free(h);
+  tpf_free(sh);
+  return tpf_set_error(st, "%s", msg);
+}
+
+/* Exchange (1)'s verdict, the same on every rank: a rank's local failure (its status; this rank's
+ * own message when it is the one), else the first size or name that differs from rank 0's. */
+static tpf_status procs_agree(int P, int me, uint64_t k, tpf_sim_proposal *all,
+                              const tpf_sim_proposal *mine, char *msg, size_t n) {
+  for (int q = 0; q < P; q++) {
+    if (all[q].status == TPF_OK) continue;
+    all[q].msg[sizeof all[q].msg - 1] = '\0';
+    all[q].name[sizeof all[q].name - 1] = '\0';
+    if (q == me)
+      snprintf(msg, n, "%s", mine->msg);
+    else
+      snprintf(msg, n, "registration %llu ('%.60s'): rank %d failed: %.120s", (unsigned long long)k,
+               all[q].name, q, all[q].msg);
+    return (tpf_status)all[q].status;
+  }
+  for (int q = 1; q < P; q++) {
+    all[q].name[sizeof all[q].name - 1] = '\0';
+    if (all[q].bytes != all[0].bytes || strcmp(all[q].name, all[0].name) != 0) {
+      snprintf(msg, n,
+               "registration %llu differs between ranks: rank 0 registers '%s' with %llu bytes, "
+               "rank %d '%s' with %llu bytes",
+               (unsigned long long)k, all[0].name, (unsigned long long)all[0].bytes, q, all[q].name,
+               (unsigned long long)all[q].bytes);
+      return TPF_EMISMATCH;
+    }
+  }
+  return TPF_OK;
+}
+
+/* Exchanges (2) and (3): rank 0 creates the segment, then the others map it; every rank learns
+ * how each went. On failure nothing stays mapped here (the caller unlinks the name). */
+static tpf_status procs_map(tpf_sim_world *w, uint64_t k, const char *seg, const char *name,
+                            uint64_t bytes, unsigned char **base_out, char *msg, size_t n) {
+  const int P = w->tp_size, me = w->proc_rank;
+  unsigned char *base = NULL;
+  for (int phase = 0; phase < 2; phase++) {
+    tpf_sim_outcome out, outs[TPF_MAX_RANKS];
+    memset(&out, 0, sizeof out);
+    if ((phase == 0) == (me == 0)) {
+      tpf_status ms =
+          phase == 0 ? tpf_sim__shm_create(seg, bytes, &base) : tpf_sim__shm_map(seg, bytes, &base);
+      out.status = (int32_t)ms;
+      if (ms != TPF_OK) snprintf(out.msg, sizeof out.msg, "%s", tpf_last_error());
+    }
+    tpf_status st = w->boot.allgather(w->boot.ctx, &out, outs, sizeof out);
+    if (st != TPF_OK)
+      snprintf(msg, n, "registration %llu ('%s'): %s", (unsigned long long)k, name,
+               tpf_last_error());
+    for (int q = 0; st == TPF_OK && q < P; q++) {
+      if (outs[q].status == TPF_OK) continue;
+      st = (tpf_status)outs[q].status;
+      outs[q].msg[sizeof outs[q].msg - 1] = '\0';
+      if (q == me)
+        snprintf(msg, n, "%s", outs[q].msg);
+      else
+        snprintf(msg, n, "registration %llu ('%s'): rank %d failed to %s its shared memory: %s",
+                 (unsigned long long)k, name, q, phase == 0 ? "create" : "map", outs[q].msg);
+    }
+    if (st != TPF_OK) {
+      if (base) tpf_sim__shm_unmap(base, bytes);
+      return st;
+    }
+  }
+  *base_out = base;
+  return TPF_OK;
+}
+
+static tpf_status reg_create_procs(tpf_sim_rank *rk, const char *name, uint64_t bytes,
+                                   tpf_reg **reg, void **local) {
+  tpf_sim_world *w = rk->world;
+  const int P = w->tp_size, me = w->proc_rank;
+  if (!reg || !local || bytes == 0)
+    return tpf_set_error(TPF_EINVAL, "sim reg_create: %s", bytes ? "NULL out" : "zero bytes");
+  /* A local failure still takes part in the exchanges, so that the peers fail at once naming
+   * this rank and every rank's registration count stays in step. */
+  tpf_status local_st = tpf_sim__fault_call(w, "reg_create", me);
+  tpf_sim_reg *h = NULL;
+  tpf_sim_shared *sh = NULL;
+  if (local_st == TPF_OK) {
+    h = tpf_calloc(1, sizeof *h);
+    sh = tpf_calloc(1, sizeof *sh);
+    if (!h || !sh) local_st = tpf_set_error(TPF_ENOMEM, "sim reg_create: handle");
+  }
+  if (local_st == TPF_OK && !tpf_sim__shared_layout(sh, P, bytes))
+    local_st = tpf_set_error(TPF_EOVERFLOW, "sim reg_create '%s': %llu bytes x %d ranks overflow",
+                             name ? name : "", (unsigned long long)bytes, P);
+  tpf_sim_proposal mine, all[TPF_MAX_RANKS];
+  memset(&mine, 0, sizeof mine);
+  mine.status = (int32_t)local_st;
+  mine.bytes = bytes;
+  snprintf(mine.name, sizeof mine.name, "%s", name ? name : "");
+  if (local_st != TPF_OK) snprintf(mine.msg, sizeof mine.msg, "%s", tpf_last_error());
+  const uint64_t k = rk->reg_count++;
+  char seg[sizeof w->job + 24], msg[TPF_SIM_MSG_LEN];
+  snprintf(seg, sizeof seg, "%s-%llu", w->job, (unsigned long long)k);
+
+  tpf_status st = w->boot.allgather(w->boot.ctx, &mine, all, sizeof mine); /* (1) */
+  if (st != TPF_OK)
+    snprintf(msg, sizeof msg, "registration %llu ('%s'): %s", (unsigned long long)k, mine.name,
+             tpf_last_error());
+  else
+    st = procs_agree(P, me, k, all, &mine, msg, sizeof msg);
+  unsigned char *base = NULL;
+  if (st == TPF_OK) st = procs_map(w, k, seg, mine.name, sh->arena_len, &base, msg, sizeof msg);
+  if (st != TPF_OK) return procs_fail(seg, h, sh, local_st != TPF_OK ? local_st : st, msg);
+  tpf_sim__shm_unlink(seg); /* every rank has it mapped: no name is left */
+  snprintf(sh->name, sizeof sh->name, "%s", mine.name);
+  sh->base = base;
+  sh->mapped = true;
+  sh->refs = 1;
+  pthread_mutex_lock(&w->mu);
+  w->live_regs++;
+  w->arena_used += sh->arena_len;
+  pthread_mutex_unlock(&w->mu);
+  atomic_fetch_add(&w->registrations, 1);
+  h->sh = sh;
+  h->rank = me;
+  h->canary_off = sh->data_bytes;
+  *reg = (tpf_reg *)h;
+  *local = tpf_sim__data(sh, me);
+  return TPF_OK;
+}
+
 tpf_status tpf_sim__reg_create(tpf_backend *be, const char *name, uint64_t bytes, tpf_reg **reg,
                                void **local) {
   tpf_sim_rank *rk = (tpf_sim_rank *)be;
   TPF_CHECK(tpf_sim__enter(rk, "reg_create"));
-  tpf_status st = reg_create_held(rk, name, bytes, reg, local);
+  tpf_status st = rk->world->procs ? reg_create_procs(rk, name, bytes, reg, local)
+                                   : reg_create_held(rk, name, bytes, reg, local);
   tpf_sim__leave(rk);
   return st;
 }
@@ -270,7 +425,12 @@ tpf_status tpf_sim__reg_destroy(tpf_backend *be, tpf_reg *reg) {
   pthread_mutex_lock(&w->mu);
   tpf_sim_shared *sh = h->sh;
   if (--sh->refs == 0) {
-    tpf_sim__arena_free(w, sh->arena_off, sh->arena_len);
+    if (sh->mapped) { /* process mode: this process's mapping; the peers keep theirs */
+      tpf_sim__shm_unmap(sh->base, sh->arena_len);
+      w->arena_used -= sh->arena_len;
+    } else {
+      tpf_sim__arena_free(w, sh->arena_off, sh->arena_len);
+    }
     w->live_regs--;
     tpf_free(sh);
   }

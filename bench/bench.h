@@ -101,12 +101,11 @@ struct bench_group {
   const bench_opts *o;
   bool cuda;
   int tp;     /* P: ranks of the group, in all processes */
-  int nlocal; /* rank threads in this process: tp, or 1 for a process-mode CUDA rank */
+  int nlocal; /* rank threads in this process: tp, or 1 for a process-mode rank */
   int rank0;  /* the global rank of this process's first rank thread */
   /* Ranks in other processes (procs mode): the bootstrap between the processes (one per process;
-   * NULL when every rank is here). The CUDA rank's backend is created over it. On the simulator,
-   * which cannot span processes, every process runs a whole world of P ranks and the bootstrap
-   * only joins the processes (a check of the process-mode path, not a process-mode figure). */
+   * NULL when every rank is here). The rank's backend is created over it (CUDA, or the simulator
+   * with ranks as processes: tpf_sim_backend_create). */
   const tpf_bootstrap *xboot;
   atomic_int xfail;      /* a bootstrap call failed (sticky): every later agreement fails */
   char xerr[300];        /* its message */
@@ -125,7 +124,8 @@ struct bench_group {
   double *t0, *t1; /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
   double *h0, *h1; /* host-wall timing, either backend: [rank * BENCH_MAX_ITERS + it], ns */
   double *enq;     /* host time of the operation call: [rank * BENCH_MAX_ITERS + it], ns */
-  void *sim_world;
+  void *sim_world; /* the simulator world (procs mode: the world of sim_be) */
+  tpf_backend *sim_be; /* procs mode on the simulator: this process's rank */
   void *cu; /* bench_cuda_dev.c's state */
 };
 struct bench_rank {
@@ -139,7 +139,7 @@ struct bench_rank {
 tpf_status bench_group_create(const bench_opts *o, int tp, bench_group **out);
 /* This process's part of a group of tp ranks spread over xboot->tp_size processes (procs mode;
  * xboot outlives the group): CUDA, one rank thread, rank xboot->rank, its backend created over
- * xboot; simulator, a whole world of tp ranks (see struct bench_group). Collective over xboot. */
+ * xboot; simulator, likewise (tpf_sim_backend_create over xboot). Collective over xboot. */
 tpf_status bench_group_create_procs(const bench_opts *o, int tp, const tpf_bootstrap *xboot,
                                     bench_group **out);
 /* Runs fn once per rank, each on its own thread; the same backend objects in every run. */

@@ -117,10 +117,9 @@ static tpf_status group_create(const bench_opts *o, int tp, const tpf_bootstrap 
   g->tp = tp;
   g->xboot = xboot;
   atomic_init(&g->xfail, 0);
-  /* A process-mode CUDA rank is one thread here; the simulator's world is whole in every
-   * process (see struct bench_group). */
-  g->nlocal = xboot && o->cuda ? 1 : tp;
-  g->rank0 = xboot && o->cuda ? xboot->rank : 0;
+  /* A process-mode rank (CUDA, or the simulator with ranks as processes) is one thread here. */
+  g->nlocal = xboot ? 1 : tp;
+  g->rank0 = xboot ? xboot->rank : 0;
   if (tp > 0) /* tp == 0: inputs and GEMMs only, no ranks (CUDA baselines) */
     pthread_barrier_init(&g->bar, NULL, (unsigned)g->nlocal);
   const size_t slots = (size_t)(tp + 1) * BENCH_MAX_ITERS;
@@ -144,7 +143,16 @@ static tpf_status group_create(const bench_opts *o, int tp, const tpf_bootstrap 
       cfg.timeout_ms = 60000;
       cfg.arena_bytes = o->arena_bytes;
       tpf_sim_world *w = NULL;
-      st = tpf_sim_world_create(&cfg, &w);
+      if (xboot) { /* this process's rank of a simulator group over the bootstrap */
+        tpf_backend *be = NULL;
+        st = tpf_sim_backend_create(&cfg, xboot, &be);
+        if (st == TPF_OK) {
+          g->sim_be = be;
+          st = tpf_sim_backend_world(be, &w);
+        }
+      } else {
+        st = tpf_sim_world_create(&cfg, &w);
+      }
       g->sim_world = w;
 #else
       st = tpf_set_error(TPF_EUNSUPPORTED, "bench: no simulator in this build");
@@ -174,6 +182,7 @@ tpf_status bench_group_run(bench_group *g, bench_rank_fn fn, void *arg) {
   if (g->cuda) return bench_cuda_group_run(g, fn, arg);
 #ifdef TPF_HAVE_SIM
   sim_tramp t = {g, fn, arg};
+  if (g->sim_be) return sim_rank(g->sim_be, g->rank0, &t); /* its one rank, on this thread */
   return tpf_sim_run((tpf_sim_world *)g->sim_world, sim_rank, &t);
 #else
   return TPF_EUNSUPPORTED;
@@ -186,6 +195,8 @@ void bench_group_destroy(bench_group *g) {
   if (g->src8) bench_mem_free(g, g->src8);
   if (g->cuda) bench_cuda_group_fini(g);
 #ifdef TPF_HAVE_SIM
+  else if (g->sim_be)
+    tpf_sim_backend_destroy(g->sim_be);
   else if (g->sim_world)
     tpf_sim_world_destroy((tpf_sim_world *)g->sim_world);
 #endif

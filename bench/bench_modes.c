@@ -18,9 +18,8 @@
  * the backend's peer waits (TPF_CUDA_TIMEOUT_MS), and here --timeout for the whole group, after
  * which the launcher kills the workers (and a worker dies with this process: PR_SET_PDEATHSIG).
  *
- * On the simulator, which cannot span processes, every worker runs a whole world of P ranks and
- * the bootstrap only joins the processes: the procs rows there check the process-mode path
- * (launch, exec, agreements, gathers, the result file, the tables), not process-mode times.
+ * On the simulator every worker is one simulator rank (tpf_sim_backend_create over the same
+ * bootstrap, registrations in POSIX shared memory), as on CUDA.
  */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
@@ -279,10 +278,9 @@ static void modes_notes(const bench_opts *o, const bench_tp_result *thr,
                "concurrently unless MPS is on; the device-event table above is threads only",
                o->device);
   else if (prc)
-    bench_note("simulator procs rows: every process runs a whole simulator world of P ranks (the "
-               "simulator cannot span processes), joined by the socket bootstrap: they check the "
-               "process-mode path (launch, exec, agreements, gathers, result file), their times "
-               "are not process-mode figures");
+    bench_note("simulator procs rows: every rank its own process (exec'd by the launcher), one "
+               "simulator rank each over the socket bootstrap, registrations in POSIX shared "
+               "memory; CPU times of this host");
   if (o->adaptive) {
     bench_note("[adaptive]: the operation on a TPF_PLAN_ADAPTIVE communicator (num_splits 0: per "
                "T the planner picks an overlap schedule or no overlap), cost table %s, model %s; "

@@ -5,6 +5,8 @@ registration, checked step by step against the same model in plain fp32 PyTorch.
 on (ub_tp_comm_overlap): RING AG+GEMM, GEMM+RS, the dgrad RING AG, bulk AG/RS beside dgrad/wgrad.
   python3 examples/thd_training_step.py --backend sim [--tp 2] [--dtype bf16|fp32] [--steps 6]
   torchrun --standalone --nproc-per-node 2 examples/thd_training_step.py --backend cuda
+  TPFLEX_BACKEND=sim torchrun --standalone --nproc-per-node 2 examples/thd_training_step.py
+  (under torchrun --backend sim, or TPFLEX_BACKEND=sim, makes each process a simulator rank on CPU)
   (--bench T1,T2: median ms of one forward+backward at each T instead of training)"""
 import argparse, functools, importlib.util, os, random, sys, threading, time, warnings  # noqa: E401
 warnings.filterwarnings("ignore")
@@ -113,7 +115,9 @@ def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --b
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    for k, v in dict(backend="sim", tp=2, dtype="bf16", steps=6, micro=2, hidden=0, capacity=256,
+    torchrun = "LOCAL_RANK" in os.environ                 # one process per rank
+    default = os.environ.get("TPFLEX_BACKEND", "") or ("cuda" if torchrun else "sim")
+    for k, v in dict(backend=default, tp=2, dtype="bf16", steps=6, micro=2, hidden=0, capacity=256,
                      lr=0.02, seed=0, bench="", bench_iters=10).items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     a = ap.parse_args()
@@ -122,7 +126,7 @@ def main():
         {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     print(f"thd_training_step: backend {a.backend}, {a.dtype}, H={a.hidden}, capacity {a.capacity}"
           f", two TransformerLayers on THD, {a.micro} microbatches per step")
-    if a.backend == "sim":                                # ranks are threads of this process
+    if a.backend == "sim" and not torchrun:               # ranks are threads of this process
         bar, parts = threading.Barrier(a.tp), [None] * a.tp
 
         def allreduce(rank, t):                           # sum in memory between the threads
@@ -138,12 +142,16 @@ def main():
         import torch.distributed as dist
         dist.init_process_group("gloo")
         P, rank = dist.get_world_size(), dist.get_rank()
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-        torch.cuda.set_device(dev)
+        if a.backend == "sim":                            # a simulator rank: CPU tensors
+            dev = torch.device("cpu")
+        else:
+            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) %
+                               torch.cuda.device_count())
+            torch.cuda.set_device(dev)
         allreduce = lambda _, t: t.copy_(dist.all_reduce(c := t.cpu()) or c)  # noqa: E731
         rows, ok = train(rank, P, a, dt, dev, allreduce)
-        dist.all_gather_object(flags := [None] * P, ok)
-        ok, rows = all(flags), rows if rank == 0 else []
+        dist.all_reduce(flag := torch.tensor([int(ok)]), op=dist.ReduceOp.MIN)  # every rank's
+        ok, rows = bool(flag.item()), rows if rank == 0 else []
     print("\n".join(rows))
     print("thd_training_step: every check OK" if ok else "thd_training_step: CHECK FAILED")
     return 0 if ok else 1

@@ -190,6 +190,19 @@ TPF_API tpf_status tpf_layout_legal_rows(const tpf_layout_desc *d, uint64_t rows
 
 typedef struct tpf_backend tpf_backend;
 typedef struct tpf_comm tpf_comm;
+
+/* How the ranks of a group that live in different processes find each other: the CUDA backend's
+ * (tpf_cuda_backend_create) and the simulator's process mode (tpf_sim_backend_create). allgather:
+ * every rank contributes bytes_per_rank bytes from send; recv receives tp_size * bytes_per_rank
+ * bytes in rank order. Both calls are collective, bounded by the bootstrap's own timeout, and
+ * return TPF_OK or a failure naming the rank that did not come (tpf_last_error). device is the
+ * CUDA device of the rank (the simulator ignores it). */
+typedef struct {
+  int tp_size, rank, device; /* P, r, the CUDA device this rank uses */
+  tpf_status (*allgather)(void *ctx, const void *send, void *recv, size_t bytes_per_rank);
+  tpf_status (*barrier)(void *ctx);
+  void *ctx;
+} tpf_bootstrap;
 typedef struct tpf_cost_table tpf_cost_table; /* tpflex_cost.h */
 
 /* How a communicator picks an operation's schedule. FIXED: num_splits and aggregate as

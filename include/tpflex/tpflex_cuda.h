@@ -14,14 +14,7 @@
 extern "C" {
 #endif
 
-/* How the ranks of a group find each other. allgather: every rank contributes bytes_per_rank
- * bytes from send; recv receives tp_size * bytes_per_rank bytes in rank order. */
-typedef struct {
-  int tp_size, rank, device; /* P, r, the CUDA device this rank uses */
-  tpf_status (*allgather)(void *ctx, const void *send, void *recv, size_t bytes_per_rank);
-  tpf_status (*barrier)(void *ctx);
-  void *ctx;
-} tpf_bootstrap;
+/* tpf_bootstrap (how the ranks of a group find each other) is declared in tpflex.h. */
 
 /* Creates this rank's backend (collective over the bootstrap group). A CUDA failure on any rank
  * fails the creation on every rank, promptly (the ranks exchange their outcomes, also after a

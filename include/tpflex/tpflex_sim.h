@@ -1,5 +1,7 @@
 /* tpflex simulator backend: P ranks as threads of one process, all registrations in one shared
- * arena, worker threads standing for each rank's streams. Built with TPF_WITH_SIM (default ON). */
+ * arena, worker threads standing for each rank's streams. Built with TPF_WITH_SIM (default ON).
+ * Or ranks as processes (tpf_sim_backend_create, below): one rank per process, as torchrun and
+ * the CUDA backend run them, with registrations in POSIX shared memory. */
 #ifndef TPFLEX_SIM_H
 #define TPFLEX_SIM_H
 
@@ -33,7 +35,48 @@ TPF_API tpf_status tpf_sim_world_create(const tpf_sim_config *cfg, tpf_sim_world
  * valid until tpf_sim_world_destroy, so objects created in one run may be used in the next. */
 TPF_API tpf_status tpf_sim_run(tpf_sim_world *w,
                                tpf_status (*fn)(tpf_backend *be, int rank, void *arg), void *arg);
+/* TPF_EINVAL for a world of ranks as processes (destroy it with tpf_sim_backend_destroy). */
 TPF_API tpf_status tpf_sim_world_destroy(tpf_sim_world *w);
+
+/* ---- Addition (0.3): ranks as processes ----------------------------------------------------
+ *
+ * One rank per process, created from a bootstrap exactly as tpf_cuda_backend_create (over the
+ * launcher's sockets in C, over a gloo process group in Python), so one program runs on a laptop
+ * and on GPUs by changing only the backend. The execution is the threads world's: the same
+ * stream workers, steps, flags, handshake and canary, on registrations that live in POSIX shared
+ * memory that every rank maps (one segment per registration, "/dev/shm/tpflex-sim-<pid of rank
+ * 0>-<nonce>-<k>", unlinked once every rank has mapped it, so nothing stays behind on any exit
+ * path; a job killed whole between a segment's creation and its unlink leaves it until a
+ * creation on the machine a minute later or more sweeps it). What is different:
+ *   - Creation agreement (the k-th registration of every rank meets, sizes and names compared,
+ *     the configuration fingerprint of tpf_comm_create) goes through the bootstrap, bounded by
+ *     the bootstrap's own timeout; a failure on one rank fails every rank, naming it.
+ *   - Waits for a peer are bounded by the world's timeout (tpf_sim_set_timeout on
+ *     tpf_sim_backend_world's world) and check the peers' processes every 100 ms: a peer that
+ *     exited or was killed fails the waiting operation with TPF_ETIMEOUT naming its rank and pid
+ *     well before the bound. A stopped peer (SIGSTOP) is alive: the bound applies.
+ *   - Destroy (tpf_comm_destroy, tpf_sim_backend_destroy) is local: no peer is waited for.
+ *   - Counters, traces and fault plans of the world count this process's rank only.
+ * The segments need /dev/shm room for every registration's P blocks (reserved at creation:
+ * TPF_ENOMEM naming the fix when it is too small, e.g. docker's default of 64 MiB). */
+
+/* Creates this process's rank (boot->rank of boot->tp_size; boot->device is ignored) and returns
+ * its backend. Collective over the bootstrap group. cfg may be NULL (defaults, tp_size from the
+ * bootstrap); otherwise its tp_size must equal boot->tp_size; arena_bytes is unused (every
+ * registration is a segment of its own). TPF_EINVAL (NULL, no allgather/barrier, rank outside
+ * 0..P-1, tp_size differs), TPF_EMISMATCH (ranks disagree on P), a local failure on any rank
+ * (every rank returns its status naming that rank), or the bootstrap's failure (TPF_ETIMEOUT
+ * naming a rank that never came). The bootstrap must stay valid until tpf_sim_backend_destroy:
+ * every later tpf_comm_create calls it. */
+TPF_API tpf_status tpf_sim_backend_create(const tpf_sim_config *cfg, const tpf_bootstrap *boot,
+                                          tpf_backend **out);
+/* Frees this process's rank (local: destroy its communicators first). TPF_EINVAL for anything
+ * but a backend of tpf_sim_backend_create. */
+TPF_API tpf_status tpf_sim_backend_destroy(tpf_backend *be);
+/* The world of such a backend, for the observation and test hooks below (valid until
+ * tpf_sim_backend_destroy; tpf_sim_run and tpf_sim_world_destroy refuse it). TPF_EINVAL for
+ * anything but a backend of tpf_sim_backend_create. */
+TPF_API tpf_status tpf_sim_backend_world(tpf_backend *be, tpf_sim_world **out);
 
 /* ---- Additions: observation and test hooks. Call them between runs (no rank running). ------ */
 

@@ -1,6 +1,7 @@
-"""The CUDA backend's bootstrap over torch.distributed: tpf_bootstrap's allgather and barrier as
-ctypes callbacks over a gloo process group, the tpf_backend they serve, and the agreement of the
-ranks' initialize_ub arguments before anything is registered."""
+"""The bootstrap over torch.distributed: tpf_bootstrap's allgather and barrier as ctypes
+callbacks over a gloo process group, the tpf_backends they serve (the CUDA backend, and the
+simulator with ranks as processes under torchrun), and the agreement of the ranks'
+initialize_ub arguments before anything is registered."""
 from __future__ import annotations
 
 import ctypes
@@ -149,6 +150,47 @@ class CudaBackend:
         if self.handle is not None:
             h, self.handle = self.handle, None
             check(lib.tpf_cuda_backend_destroy(h), "tpf_cuda_backend_destroy")
+
+
+def _decl_sim_procs() -> bool:
+    """Declares the simulator's process-mode entry points (tpflex_sim.h, 0.3) when the loaded
+    library has them."""
+    if not hasattr(lib, "tpf_sim_backend_create"):
+        return False
+    _lib._decl("tpf_sim_backend_create", ctypes.c_int, ctypes.POINTER(_lib.SimConfig),
+               ctypes.POINTER(Bootstrap), ctypes.POINTER(ctypes.c_void_p))
+    _lib._decl("tpf_sim_backend_destroy", ctypes.c_int, ctypes.c_void_p)
+    _lib._decl("tpf_sim_backend_world", ctypes.c_int, ctypes.c_void_p,
+               ctypes.POINTER(ctypes.c_void_p))
+    _lib._decl("tpf_sim_set_timeout", ctypes.c_int, ctypes.c_void_p, ctypes.c_uint)
+    return True
+
+
+HAVE_SIM_PROCS = _decl_sim_procs()
+
+
+class SimProcsBackend:
+    """This process's rank of a simulator group of ranks as processes (tpf_sim_backend_create):
+    created over the gloo bootstrap of the script's process group (torchrun), registrations in
+    POSIX shared memory; the bootstrap stays alive until destroy (every communicator creation
+    calls it). timeout_ms bounds every wait for a peer (default 10000 ms, the simulator's)."""
+
+    kind = "sim"
+
+    def __init__(self, boot: GlooBootstrap, timeout_ms: Optional[int]) -> None:
+        self.boot = boot
+        self._boot_struct = boot.struct(0)
+        cfg = _lib.SimConfig(size=ctypes.sizeof(_lib.SimConfig), tp_size=boot.size, seed=0,
+                             max_delay_us=0, timeout_ms=int(timeout_ms or 0), arena_bytes=0)
+        h = ctypes.c_void_p()
+        check(lib.tpf_sim_backend_create(ctypes.byref(cfg), ctypes.byref(self._boot_struct),
+                                         ctypes.byref(h)), "tpf_sim_backend_create")
+        self.handle: Optional[int] = h.value
+
+    def destroy(self) -> None:
+        if self.handle is not None:
+            h, self.handle = self.handle, None
+            check(lib.tpf_sim_backend_destroy(h), "tpf_sim_backend_destroy")
 
 
 def agree(boot: GlooBootstrap, desc: List[Tuple[str, Any]]) -> None:

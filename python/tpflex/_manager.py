@@ -91,7 +91,7 @@ class Manager:
         self.tp_size = tp_size
         self.rank = rank
         self.device = device
-        self.backend = "cuda" if owner is not None else "sim"
+        self.backend = getattr(owner, "kind", "cuda") if owner is not None else "sim"
         self._owner = owner
         self._comms: Dict[str, Communicator] = {}
 

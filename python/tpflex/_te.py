@@ -28,13 +28,15 @@ and drops the matching *_wgrad site (which must then not be configured)."""
 from __future__ import annotations
 
 import enum
+import os
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 
 from . import _lib, sim
-from ._bootstrap import CudaBackend, GlooBootstrap, agree, gloo_group
+from ._bootstrap import (HAVE_SIM_PROCS, CudaBackend, GlooBootstrap, SimProcsBackend, agree,
+                         gloo_group)
 from ._checks import I32_MAX, U32_MAX, as_shape, bool_arg, int_arg
 from ._comm import Communicator
 from ._lib import Shape
@@ -323,10 +325,13 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     bootstrap_backend takes TE's values ("gloo", "mpi", "nccl") and tpflex bootstraps over gloo
     whatever it says (a warning names what is ignored). with_cublasmp=True (TE's cuBLASMp
     backend) is refused: tpflex's own overlap is the backend.
-    tpflex's: backend "sim" (inside tpflex.sim.run), "cuda" (torch.distributed initialised;
-    `group` is the tp group, default the world; `device` default torch.cuda.current_device();
-    timeout_ms bounds every device-side wait, default 30 s or TPF_CUDA_TIMEOUT_MS), or None for
-    "sim" inside tpflex.sim.run and "cuda" otherwise."""
+    tpflex's: backend "sim" (inside tpflex.sim.run: its rank; elsewhere this process is one
+    simulator rank of `group`, under torchrun on CPU tensors with torch.distributed initialised,
+    gloo; timeout_ms bounds every wait for a peer, default 10 s), "cuda" (torch.distributed
+    initialised; `group` is the tp group, default the world; `device` default
+    torch.cuda.current_device(); timeout_ms bounds every device-side wait, default 30 s or
+    TPF_CUDA_TIMEOUT_MS), or None for "sim" inside tpflex.sim.run and otherwise the environment
+    variable TPFLEX_BACKEND ("sim" or "cuda"), else "cuda"."""
     where = "initialize_ub"
     if not isinstance(dtype, torch.dtype) or dtype not in GEMM_DTYPES:
         raise TpflexInvalidError(f"dtype={dtype!r} not supported (torch.bfloat16, torch.float16, "
@@ -342,11 +347,12 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     use_fp8 = UserBufferQuantizationMode.FP8 in modes
     if timeout_ms is not None:
         timeout_ms = int_arg(where, "timeout_ms", timeout_ms, 1, U32_MAX, ctype="unsigned")
-    if backend is None:
-        backend = "sim" if sim.current() is not None else "cuda"
+    if backend is None:  # inside tpflex.sim.run: its rank; else TPFLEX_BACKEND, else CUDA
+        backend = "sim" if sim.current() is not None else _env_backend(where)
     if backend not in ("sim", "cuda"):
         raise TpflexInvalidError(f"backend={backend!r}: 'sim' or 'cuda' (or None)", where)
-    _bootstrap_backend(where, bootstrap_backend, backend)
+    _bootstrap_backend(where, bootstrap_backend,
+                       "sim" if backend == "sim" and sim.current() is not None else "cuda")
     per_mode = _cfgs_per_mode(where, ub_cfgs, len(modes))
     regs: List[Tuple[str, SiteConfig, Optional[torch.dtype]]] = []
     for mode, user in zip(modes, per_mode):
@@ -358,11 +364,11 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     st = state()
     if st.get("manager") is not None:
         raise TpflexStateError("initialize_ub called twice without destroy_ub", where)
-    if backend == "sim":
+    if backend == "sim" and sim.current() is None:  # ranks as processes (torchrun)
+        mgr = _sim_procs_manager(cap, P, dtype, cfgs, group, device, timeout_ms, use_fp8)
+    elif backend == "sim":
         ctx = sim.current()
-        if ctx is None:
-            raise TpflexStateError("backend='sim' must be called from a rank of tpflex.sim.run",
-                                   where)
+        assert ctx is not None
         if ctx.tp_size != P:
             raise TpflexInvalidError(f"tp_size={P} but the simulator world has {ctx.tp_size} "
                                      "ranks", where)
@@ -383,6 +389,70 @@ def initialize_ub(shape: Sequence[int], tp_size: int, use_fp8: bool = False,
     st["ub_modes"] = tuple(modes)
     st.setdefault(sim.ON_CLOSE, {})["tpflex.torch"] = destroy_ub
     return mgr
+
+
+def _env_backend(where: str) -> str:
+    """TPFLEX_BACKEND ("sim" or "cuda"; unset or empty: "cuda"), so that a torchrun script runs on
+    the simulator without an edit. An explicit backend= wins over it."""
+    v = os.environ.get("TPFLEX_BACKEND", "").strip().lower()
+    if v in ("", "cuda", "sim"):
+        return v or "cuda"
+    raise TpflexInvalidError(f"environment variable TPFLEX_BACKEND={v!r}: 'sim' or 'cuda' (or "
+                             "unset for the default, 'cuda')", where)
+
+
+def _agreed_desc(cap: Shape, tp_size: int, dtype: torch.dtype, cfgs: Dict[str, SiteConfig],
+                 use_fp8: bool) -> List[Tuple[str, Any]]:
+    """What every rank's initialize_ub arguments must agree on (compared by agree())."""
+    desc: List[Tuple[str, Any]] = [("tp_size", tp_size), ("shape", [int(cap.rows), int(cap.cols)]),
+                                   ("dtype", str(dtype)), ("use_fp8", use_fp8),
+                                   ("communicators", list(cfgs))]
+    for name, c in cfgs.items():
+        for k, v in c._asdict().items():
+            desc.append((f"{name}.{k}", v))
+    return desc
+
+
+def _sim_procs_manager(cap: Shape, tp_size: int, dtype: torch.dtype,
+                       cfgs: Dict[str, SiteConfig], group: Any, device: Any,
+                       timeout_ms: Optional[int], use_fp8: bool) -> Manager:
+    """backend='sim' outside tpflex.sim.run: this process is one simulator rank of the group
+    (tpf_sim_backend_create over the gloo bootstrap; registrations in POSIX shared memory);
+    timeout_ms bounds every wait for a peer (default 10 s)."""
+    where = "initialize_ub"
+    if not HAVE_SIM_PROCS:
+        raise TpflexUnsupportedError(f"the loaded libtpflex ({_lib.LIBRARY_PATH}) has no simulator "
+                                     "with ranks as processes (tpf_sim_backend_create): rebuild "
+                                     "it from this tree", where)
+    import torch.distributed as dist
+    if not dist.is_available() or not dist.is_initialized():
+        raise TpflexStateError(
+            "backend='sim' outside tpflex.sim.run makes this process one simulator rank, "
+            "bootstrapped over torch.distributed: call torch.distributed.init_process_group("
+            "'gloo') first (torchrun --nproc-per-node P sets its environment), or run the ranks "
+            "as threads with tpflex.sim.run", where)
+    if device is not None:
+        try:
+            dev = torch.device(device)
+        except (RuntimeError, TypeError, ValueError) as e:
+            raise TpflexInvalidError(f"device={device!r} is not a device ({e})", where) from None
+        if dev.type != "cpu":
+            raise TpflexInvalidError(f"device={device!r}: the simulator computes on CPU tensors "
+                                     "(device='cpu' or None)", where)
+    g = group if group is not None else dist.group.WORLD
+    size = dist.get_world_size(g)
+    if size != tp_size:
+        raise TpflexInvalidError(f"tp_size={tp_size} but the process group has {size} ranks "
+                                 "(pass the tp group as group=)", where)
+    boot = GlooBootstrap(gloo_group(group))
+    agree(boot, _agreed_desc(cap, tp_size, dtype, cfgs, use_fp8))
+    be = SimProcsBackend(boot, timeout_ms)
+    try:
+        return Manager(be.handle, tp_size, boot.rank, torch.device("cpu"),  # type: ignore
+                       owner=be)  # type: ignore[arg-type]
+    except BaseException:
+        be.destroy()
+        raise
 
 
 def _cuda_manager(cap: Shape, tp_size: int, dtype: torch.dtype, cfgs: Dict[str, SiteConfig],

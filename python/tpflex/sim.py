@@ -1,5 +1,10 @@
 """The simulator through Python: P ranks as threads of this process.
 
+(Ranks as processes, one simulator rank per torchrun process, need nothing from this module:
+``initialize_ub(..., backend="sim")`` or ``TPFLEX_BACKEND=sim`` outside ``run``, SPEC §15. Use
+``run`` for quick checks, sweeps, fuzzing and seeded interleavings in one process; torchrun to
+run a training script unchanged before it goes to GPUs.)
+
 ``run(tp_size, fn, *args)`` creates a world, runs ``fn(rank, *args)`` on each rank's C thread
 (a ctypes callback: the thread holds the GIL while Python runs, and every tpflex call releases
 it) and returns the results in rank order. When ranks raise, the root cause is raised after

@@ -1,6 +1,6 @@
-/* Faults with ranks as processes: the cases, shared by the CPU binary (a host backend
- * built on the CUDA backend's host agreement, proc_host_backend.c) and the GPU binary (the CUDA
- * backend). Each case forks P ranks through the launcher (harness/launcher.h), every rank
+/* Faults with ranks as processes: the cases, shared by the CPU binaries (a host backend built
+ * on the CUDA backend's host agreement, test_proc_faults.c; the simulator with ranks as
+ * processes, test_proc_faults_sim.c) and the GPU binary (the CUDA backend). Each case forks P ranks through the launcher (harness/launcher.h), every rank
  * records statuses, messages and times in shared memory, and the parent checks them, the exit
  * statuses and what is left behind (/dev/shm, the rendezvous socket).
  *
@@ -60,6 +60,11 @@ struct proc_kit {
   /* Copies between host memory and the backend's (registrations). */
   tpf_status (*write_bytes)(void *dst, const void *src, size_t bytes);
   tpf_status (*read_bytes)(void *dst, const void *src, size_t bytes);
+  /* kill-in-create: the victim dies on entering the bootstrap allgather of create_outcome_bytes
+   * that follows one of create_name_bytes (the exchange after which the name of the shared
+   * memory a registration was created in is unlinked). 0, 0: the CUDA backend's host agreement
+   * table (PROC_TABLE_NAME_BYTES, then an int32 outcome). */
+  size_t create_name_bytes, create_outcome_bytes;
 };
 
 /* Runs the case named argv[1] (or all) with the kit; returns the exit status above. */

@@ -274,7 +274,9 @@ def _wgrad_into(dy: torch.Tensor, xt: torch.Tensor, w: torch.Tensor, call: "_Cal
 
 class _Plain:
     """AG / RS / AR along the rows of the plain (ub-flag-less) path: torch.distributed over the
-    group, or on the simulator the BULK communicators with an empty GEMM beside."""
+    group, as on GPU also for the simulator with ranks as processes (torchrun, gloo: SPEC §15);
+    only inside tpflex.sim.run (ranks as threads, no process group) the BULK communicators with
+    an empty GEMM beside."""
 
     def __init__(self, where: str, P: int, group: Any, prefer_ag: Sequence[str],
                  prefer_rs: Sequence[str]) -> None:
