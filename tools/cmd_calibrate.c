@@ -41,7 +41,7 @@
  *            splits 1) for P = 2, 4, 8 ranks as threads sharing the device (up to
  *            --tp), C = --capacity (default 32768), H = --hidden, N in {3584, 1024} (or --n),
  *            T = C/64 .. C doubling (--quick: C/64, C/8, C), bf16. The planner benchmark's own
- *            runner measures them (bench_planner_sched in bench/bench_planner.c: every
+ *            runner measures them (bench_planner_sched in tools/bench/bench_planner.c: every
  *            repetition runs each schedule once, in turn, each timed with CUDA events from the
  *            earliest rank's start to the latest rank's end after a 1 GiB L2 flush; medians of
  *            15 repetitions after 3 warm-up rounds, --quick 5 after 1; every output checked), so
@@ -269,7 +269,7 @@ static void cal_sched_comments(const cal_opts *o, const cal_sched_report *r, cha
       "PIPELINE RS and RING RS as\n"
       "#   whole operations, P = 2 .. %d ranks as threads sharing %s, C=%llu, H=%llu, N = %s, "
       "T = %llu .. %llu, bf16;\n"
-      "#   the planner benchmark's runner (bench/bench_planner.c, bench_planner_sched): each "
+      "#   the planner benchmark's runner (tools/bench/bench_planner.c, bench_planner_sched): each "
       "schedule timed on its own,\n"
       "#   earliest rank's start to latest rank's end, median of %d repetitions after %d warm-up "
       "round%s, outputs checked.\n"

@@ -1,7 +1,7 @@
 /* The bench library's declarations (tpf_bench; the `tpflex bench` command around it is
  * tools/cmd_bench.c): options, rank groups (simulator world or in-process CUDA ranks),
  * device-neutral memory and timing, the CUDA primitives, and the sections. The rooms, each calling
- * only the ones above it (bench/README.md, "Rooms"; scripts/check_rooms.py checks):
+ * only the ones above it (tools/bench/README.md, "Rooms"; scripts/check_rooms.py checks):
  *
  *   bench_util.c           leaf: clock, statistics, allocator counts, the report (bench_util.h)
  *   bench_cuda_dev.c       leaf: CUDA rank groups (harness tpf_cuda_ranks), device memory,
