@@ -28,7 +28,7 @@ const tpf_cuda_transport *const tpf_cuda__transports[TPF_CUDA_TP_COUNT] = {
 void tpf_cuda__transport_select(const tpf_cuda_backend *b, tpf_reg *r) {
   const int P = b->base.tp_size, me = b->base.rank;
   /* TPF_CUDA_DEVICE_FLAGS forces the device flag kernels on in-process ranks too: a diagnostic
-   * only, since spinning waits of ranks sharing one GPU can stall (docs/GPU_RUNS.md). */
+   * only, since spinning waits of ranks sharing one GPU can stall (docs/results/h200.md). */
   tpf_cuda_tp_kind kind = !r->remote && !tpf_cuda__param_on(TPF_CUDA_PARAM_DEVICE_FLAGS)
                               ? TPF_CUDA_TP_EVENTS
                               : TPF_CUDA_TP_FLAGS;

@@ -144,7 +144,7 @@ int bench_tp_nops(const bench_opts *o, int P) {
 
 /* Shared (the default): one GEMM queue for all ranks (shared_device: their GEMMs take the device
  * one at a time) and a peer copy that is a copy within the device. Replayed against the measured
- * schedules of the H200 run of 2026-12-03 (bench/RESULTS.md section 6), this model's median error
+ * schedules of the H200 run of 2026-12-03 (docs/results/h200.md, session 3), this model's median error
  * was 13 %, against 20-23 % for the earlier approximation (GEMM times x P, bandwidths / P). */
 void bench_cost_model(const bench_opts *o, tpf_cost_table *out) {
   *out = *o->cost;
