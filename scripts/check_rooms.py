@@ -41,7 +41,7 @@ ALLOWED = {
     "backend_cuda": {"include"},
     "harness": {"include", "core"},
     "tools/bench": {"include", "core", "harness"},
-    "tools": {"include", "core", "harness", "tools/bench"},
+    "tools": {"include", "harness", "tools/bench"},
     "fuzz": {"include"},
     "examples": {"include"},
 }

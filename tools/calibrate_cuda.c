@@ -52,7 +52,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "internal.h"           /* TPF_CHECK, TPF_RETURN_IF */
+#include "tpflex/tpflex_backend_support.h" /* TPF_CHECK, TPF_RETURN_IF */
 #include "reference.h"          /* tpf_ref_store: random operands of any dtype */
 #include "tpflex/tpflex_cuda.h" /* the P = 1 backend, its enqueue counters and probes */
 
