@@ -26,6 +26,13 @@
  *     tracked from the GEMM that produced them through the transfers that carried them); BULK
  *     RS reduces every rank's chunk (its partials are initial data, so no byte tiling sees a
  *     missing reduction).
+ *  7. Mechanisms (tpflex_backend.h, 0.3): every step's transport class is one its kind admits
+ *     (a SEND: the copy engine or a copy kernel; a reduction: the reduction kernel; nothing
+ *     else moves bytes) and every rank's SENDs use one class; a GEMM leaves the communication
+ *     CTAs only beside a kernel transport of its own schedule, other steps have no SM budget;
+ *     the handshake's peer set names no rank outside the group nor the rank itself and covers
+ *     every peer it sends to or receives from, and every peer where a BARRIER, a PEER_REDUCE or
+ *     a copy kernel is in the schedule (their bytes or waits reach every peer).
  * Every failure returns TPF_EINVAL with the rank, the step and what was wrong.
  */
 #include "schedule_check_state.h"
@@ -486,6 +493,63 @@ static tpf_status check_reads(const chk *c, int r, ivec *rd, ivec *allowed) {
   return TPF_OK;
 }
 
+/* ---- 7. mechanisms ---- */
+
+static bool xport_admitted(int kind, int xport) {
+  switch (kind) {
+  case TPF_STEP_SEND:
+    return xport == TPF_XPORT_COPY_ENGINE || xport == TPF_XPORT_COPY_KERNEL;
+  case TPF_STEP_REDUCE:
+  case TPF_STEP_PEER_REDUCE:
+    return xport == TPF_XPORT_REDUCE_KERNEL;
+  default:
+    return xport == TPF_XPORT_NONE;
+  }
+}
+
+static tpf_status check_mechanisms(const chk *c, int r, int *send_class) {
+  const tpf_schedule *s = c->rk[r].s;
+  const uint64_t group = c->P >= 64 ? ~0ull : (1ull << (unsigned)c->P) - 1u;
+  const uint64_t me = 1ull << (unsigned)r;
+  uint64_t need = 0;
+  bool all = false, kernels = false;
+  for (int i = 0; i < s->nsteps; i++) {
+    const tpf_step *st = &s->steps[i];
+    if (!xport_admitted(st->kind, st->xport))
+      return BAD(r, i, st->kind, "transport class %u is not one this kind admits",
+                 (unsigned)st->xport);
+    if (st->kind == TPF_STEP_SEND) {
+      if (*send_class >= 0 && st->xport != *send_class)
+        return BAD(r, i, st->kind,
+                   "sends by transport class %u where the operation's other "
+                   "SENDs use %d: one class per operation",
+                   (unsigned)st->xport, *send_class);
+      *send_class = st->xport;
+    }
+    if (st->kind == TPF_STEP_SEND || st->kind == TPF_STEP_RECV) need |= 1ull << (unsigned)st->peer;
+    kernels = kernels || st->xport == TPF_XPORT_COPY_KERNEL || st->xport == TPF_XPORT_REDUCE_KERNEL;
+    all = all || st->kind == TPF_STEP_BARRIER || st->kind == TPF_STEP_PEER_REDUCE ||
+          st->xport == TPF_XPORT_COPY_KERNEL;
+  }
+  for (int i = 0; i < s->nsteps; i++) {
+    const tpf_step *st = &s->steps[i];
+    const bool gemm = st->kind == TPF_STEP_GEMM;
+    if (st->sm_budget >= TPF_SMS_COUNT || (!gemm && st->sm_budget != TPF_SMS_ALL) ||
+        (st->sm_budget == TPF_SMS_LEAVE_COMM && !kernels))
+      return BAD(r, i, st->kind, "SM budget %u: %s", (unsigned)st->sm_budget,
+                 gemm ? "leaves SMs to communication kernels this schedule does not run"
+                      : "only a GEMM has one");
+  }
+  if (all) need = group;
+  need &= ~me;
+  if ((s->handshake_peers & ~group) || (s->handshake_peers & me) || (need & ~s->handshake_peers))
+    return BADH(r,
+                "handshake peers 0x%llx must cover 0x%llx, within the %d ranks and without "
+                "this rank",
+                (ull)s->handshake_peers, (ull)need, c->P);
+  return TPF_OK;
+}
+
 static void free_state(chk *c) {
   if (!c->rk) return;
   for (int r = 0; r < c->P; r++) {
@@ -543,6 +607,9 @@ static tpf_status run_checks(chk *c, const tpf_schedule *scheds) {
   TPF_CHECK(tpf__sc_carry_partials(c));
   for (int r = 0; r < P; r++)
     TPF_CHECK(tpf__sc_reductions(c, r));
+  int send_class = -1;
+  for (int r = 0; r < P; r++)
+    TPF_CHECK(check_mechanisms(c, r, &send_class));
   return TPF_OK;
 }
 
