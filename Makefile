@@ -117,7 +117,7 @@ test-cuda:
 	cmake --build build-cuda -j $(JOBS)
 	cd build-cuda && CUDA_DEVICE_MAX_CONNECTIONS=32 ctest --output-on-failure -L gpu 2>&1
 	@if python3 -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then \
-	  BUILD=$(CURDIR)/build-cuda OUT=$(CURDIR)/build-cuda/python-gpu bash scripts/gpu_python.sh tests; \
+	  BUILD=$(CURDIR)/build-cuda OUT=$(CURDIR)/build-cuda/python-gpu bash scripts/gpu.sh python-tests; \
 	else echo "tpflex: Python GPU tests skipped (no torch with CUDA)"; fi
 
 fuzz:

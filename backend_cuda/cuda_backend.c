@@ -8,8 +8,8 @@
  *   cuda_exec.c              execution: step mapping, the two enqueuers, execute
  *   cuda_status.c            status: device status areas (one per registration), deferred
  *                            errors, sync, reg_sync, reg_async_error, reg_abort
- *   cuda_transport.c         the per-peer transport table (events, flags, the NCCL slot) and the
- *                            choice of a transport per peer
+ *   cuda_transport.c         the transport table (memops, events, flags: the first row that can
+ *                            connect the group serves every peer of a registration)
  *   cuda_transport_events.c  in-process ranks: host-ordered CUDA events
  *   cuda_transport_flags.c   device flags over mapped memory (CUDA IPC), the host agreement;
  *                            signalled by flag kernels, or by stream memory ops (memops)

@@ -20,8 +20,8 @@
  * events recorded, in index order) and the latest publication waited on per peer and peer stream
  * (tpf_cuda_slot.order); a wait on an earlier one is implied and skipped. (3) A SEND's transport
  * records step_ev[i] right after the bytes, so no second record. (4) The handshake's device
- * waits cover b->hs_peers only (tpf_cuda__lean_prepare). Each operation's host cost is counted
- * per kind of call (TPF_CUDA_ENQ, tpf_cuda_backend_enqueue_stats).
+ * waits cover b->hs_peers only: the schedule's handshake_peers, which the core computed. Each
+ * operation's host cost is counted per kind of call (TPF_CUDA_ENQ, tpf_cuda_backend_enqueue_stats).
  *
  * Step mapping (the signals are the registration's transports', cuda_transport*.c):
  *   HANDSHAKE    nothing at P = 1; else the transport's handshake: the ready word (sequence
@@ -30,14 +30,15 @@
  *   GEMM         cuBLASLt (cuda_gemm.c) with the step's transposes (TPF_STEP_TRANS_A/W: the
  *                operand's stored block, used transposed) and, on steps flagged
  *                TPF_STEP_EPILOGUE, the operation's epilogue (alpha, beta, bias from d.col,
- *                GELU). PIPELINE and BULK leave comm_ctas SMs to the collective.
+ *                GELU). A GEMM whose SM budget is TPF_SMS_LEAVE_COMM leaves comm_ctas SMs to
+ *                the operation's communication kernels.
  *   SEND         the bytes into the peer's registration, then the transport's send signal (device
  *                flags: a 1-thread kernel storing seq into the peer's flag [me][tag]; events: an
- *                event published for the peer). BULK, and every operation under graph capture,
- *                copy with a kernel of at most comm_ctas CTAs that skips its bytes once the
- *                registration's status holds a failure; the others with cudaMemcpyAsync (copy
- *                engine, no SMs), which runs even after a failed handshake (cuda_status.c,
- *                Failures).
+ *                event published for the peer). The bytes move by the step's transport class
+ *                (kSendCopy): TPF_XPORT_COPY_KERNEL, and every SEND under graph capture, with a
+ *                kernel of at most comm_ctas CTAs that skips its bytes once the registration's
+ *                status holds a failure; TPF_XPORT_COPY_ENGINE with cudaMemcpyAsync (no SMs),
+ *                which runs even after a failed handshake (cuda_status.c, Failures).
  *   RECV         the transport's recv: a wait for that signal. Host-ordered transports never
  *                enqueue one: their enqueuer (tpf_cuda__enqueue_local) handles RECV and BARRIER.
  *   BARRIER      nothing at P = 1; else the transport's barrier: signal every peer, wait for all.
@@ -83,15 +84,10 @@ static tpf_status tpf_cuda__resolve(const tpf_reg *r, const tpf_exec_args *a, co
   case TPF_MAT_W:
     um = &a->w;
     break;
-  case TPF_MAT_D:
+  default: /* TPF_MAT_D: core/exec_check.c proved every operand id names a given matrix */
     um = &a->d;
     break;
-  default:
-    return tpf_set_error(TPF_EINVAL, "'%s': step operand id %d is not a matrix", a->comm_name,
-                         (int)m->id);
   }
-  TPF_RETURN_IF(um->ptr == NULL, TPF_EINVAL, "'%s': the schedule uses operand %d, which is NULL",
-                a->comm_name, (int)m->id);
   const uint64_t ld = m->ld != 0 ? m->ld : um->ld;
   out->ptr = (char *)um->ptr + (m->row * ld + m->col) * tpf_dtype_size(um->dtype);
   out->ld = ld;
@@ -121,6 +117,31 @@ static const tpf_cuda_transport *tpf_cuda__tp(const tpf_cuda_backend *b, const t
   return peer < 0 ? r->tp : r->peer_tp[peer];
 }
 
+/* The copy of a SEND's bytes per transport class (tpf_xport, chosen by the core): the copy
+ * engine (no SMs; it runs even after a failed handshake, cuda_status.c, Failures), or a kernel of
+ * at most comm_ctas CTAs that skips its bytes once the registration's status holds a failure:
+ * under replay that is how a mismatched HANDSHAKE moves no byte (cuda_transport_flags.c), so
+ * every SEND under graph capture takes the kernel whatever its class. */
+static cudaError_t tpf_cuda__copy_engine(const tpf_reg *r, char *dst, const char *src,
+                                         uint64_t bytes, int ctas, cudaStream_t s) {
+  (void)r;
+  (void)ctas;
+  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, s);
+}
+static cudaError_t tpf_cuda__copy_kernel(const tpf_reg *r, char *dst, const char *src,
+                                         uint64_t bytes, int ctas, cudaStream_t s) {
+  return tpf_cuda__launch_copy(dst, src, bytes, r->status_dev, ctas, s);
+}
+typedef cudaError_t (*tpf_cuda_copy_fn)(const tpf_reg *r, char *dst, const char *src,
+                                        uint64_t bytes, int ctas, cudaStream_t s);
+static const struct {
+  tpf_cuda_copy_fn copy;
+  const char *what;
+} kSendCopy[TPF_XPORT_COUNT] = {
+    [TPF_XPORT_COPY_ENGINE] = {tpf_cuda__copy_engine, "cudaMemcpyAsync(send)"},
+    [TPF_XPORT_COPY_KERNEL] = {tpf_cuda__copy_kernel, "copy kernel launch"},
+};
+
 static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                      int idx, const tpf_step *st, cudaStream_t s);
 
@@ -133,14 +154,11 @@ static tpf_status tpf_cuda__step(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec
   return rc;
 }
 
+/* One step, mapped by its kind and its mechanism (transport class, SM budget): the core chose
+ * them and core/exec_check.c proved every peer, tag, count, operand and class in range. */
 static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_exec_args *a,
                                      int idx, const tpf_step *st, cudaStream_t s) {
-  const tpf_schedule *sc = a->sched;
   const int P = b->base.tp_size, me = b->base.rank;
-  /* PIPELINE and BULK leave comm_ctas SMs to their collective's kernels; at P = 1 there is none,
-   * and the GEMM takes every SM (a P = 1 pipeline RS ran 5-16% behind the plain GEMM). */
-  const bool collective_kernels =
-      P > 1 && (sc->algo == TPF_ALGO_BULK || sc->algo == TPF_ALGO_PIPELINE);
   switch (st->kind) {
   case TPF_STEP_HANDSHAKE:
     if (P == 1) return TPF_OK;
@@ -150,8 +168,10 @@ static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->a, me, &va));
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->w, me, &vw));
     TPF_CHECK(tpf_cuda__resolve(r, a, &st->d, me, &vd));
+    /* TPF_SMS_LEAVE_COMM: the operation's copy or reduction kernels run beside this GEMM. */
     int sm_target = 0;
-    if (collective_kernels && b->num_sms > b->comm_ctas) sm_target = b->num_sms - b->comm_ctas;
+    if (st->sm_budget == TPF_SMS_LEAVE_COMM && b->num_sms > b->comm_ctas)
+      sm_target = b->num_sms - b->comm_ctas;
     const int ws = st->stream < TPF_MAX_COMPUTE_STREAMS ? (int)st->stream : 0;
     tpf_cuda_epi e;
     tpf_cuda__step_epi(a, st, &vd, &e);
@@ -162,42 +182,22 @@ static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_
                                               st->flags, &e, sm_target, ws, s));
   }
   case TPF_STEP_SEND: {
-    TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
-                  TPF_EINVAL, "'%s': SEND to peer %d tag %u", a->comm_name, (int)st->peer,
-                  (unsigned)st->tag);
     char *dst = r->peer_base[st->peer] + st->dst_off;
     const char *src = r->base + st->src_off;
-    if (sc->algo == TPF_ALGO_BULK || b->capturing) {
-      /* The copy kernel skips its bytes once the registration's status holds a failure: under
-       * replay that is how a mismatched HANDSHAKE moves no byte (cuda_transport_flags.c). */
-      TPF_CUDA_TRY(
-          TPF_CUDA_ENQ(b, COPY,
-                       tpf_cuda__launch_copy(dst, src, st->bytes, r->status_dev, b->comm_ctas, s)),
-          "copy kernel launch");
-    } else {
-      /* Copy engine: no SMs. Runs even after a failed handshake (cuda_status.c, Failures). */
-      TPF_CUDA_TRY(
-          TPF_CUDA_ENQ(b, COPY, cudaMemcpyAsync(dst, src, st->bytes, cudaMemcpyDeviceToDevice, s)),
-          "cudaMemcpyAsync(send)");
-    }
+    const int xport = b->capturing ? TPF_XPORT_COPY_KERNEL : st->xport;
+    TPF_CUDA_TRY(
+        TPF_CUDA_ENQ(b, COPY, kSendCopy[xport].copy(r, dst, src, st->bytes, b->comm_ctas, s)),
+        kSendCopy[xport].what);
     return tpf_cuda__tp(b, r, st->peer)->send(b, r, a, idx, st, s);
   }
   case TPF_STEP_RECV:
-    TPF_RETURN_IF(st->peer < 0 || st->peer >= P || st->peer == me || st->tag >= TPF_MAX_TAGS,
-                  TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
-                  (unsigned)st->tag);
     /* Host-ordered transports never get here: tpf_cuda__enqueue_local handles RECV and BARRIER. */
     return tpf_cuda__tp(b, r, st->peer)->recv(b, r, a, idx, st, s);
   case TPF_STEP_BARRIER:
     if (P == 1) return TPF_OK;
-    TPF_RETURN_IF(st->tag >= TPF_MAX_TAGS, TPF_EINVAL, "'%s': BARRIER tag %u", a->comm_name,
-                  (unsigned)st->tag);
     return tpf_cuda__tp(b, r, -1)->barrier(b, r, a, idx, st, s);
   case TPF_STEP_REDUCE:
   case TPF_STEP_PEER_REDUCE: {
-    TPF_RETURN_IF(st->count < 1 || st->count > (uint32_t)TPF_MAX_RANKS ||
-                      (st->kind == TPF_STEP_PEER_REDUCE && st->count > (uint32_t)P),
-                  TPF_EINVAL, "'%s': reduction over %u views", a->comm_name, (unsigned)st->count);
     tpf_cuda_reduce_args ra;
     memset(&ra, 0, sizeof(ra));
     tpf_cuda_view vd;
@@ -226,8 +226,8 @@ static tpf_status tpf_cuda__step_run(tpf_cuda_backend *b, tpf_reg *r, const tpf_
         "reduce kernel launch");
     return TPF_OK;
   }
-  default:
-    return tpf_set_error(TPF_EINVAL, "'%s': unknown step kind %d", a->comm_name, (int)st->kind);
+  default: /* every kind is one of the above (core/exec_check.c) */
+    return TPF_OK;
   }
 }
 
@@ -378,10 +378,6 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
       if (!deps_done) continue;
       cudaStream_t s = b->streams[k];
       if (st->kind == TPF_STEP_RECV) {
-        TPF_RETURN_IF(st->peer < 0 || st->peer >= b->base.tp_size || st->peer == me ||
-                          st->tag >= TPF_MAX_TAGS,
-                      TPF_EINVAL, "'%s': RECV from peer %d tag %u", a->comm_name, (int)st->peer,
-                      (unsigned)st->tag);
         const tpf_cuda_transport *tp = r->peer_tp[st->peer];
         if (tp->recv_ready != NULL && !tp->recv_ready(b, r, a, st)) {
           blocked = i;
@@ -462,25 +458,20 @@ static tpf_status tpf_cuda__enqueue_local(tpf_cuda_backend *b, tpf_reg *r, const
 void tpf_cuda__lean_prepare(tpf_cuda_backend *b, const tpf_reg *r, const tpf_schedule *sc,
                             bool virt[TPF_NUM_STREAMS], int last[TPF_NUM_STREAMS]) {
   const int P = b->base.tp_size, n = sc->nsteps;
-  b->hs_peers = 0;
+  b->hs_peers = sc->handshake_peers; /* the core's peer set (tpflex_backend.h) */
   for (int k = 0; k < TPF_NUM_STREAMS; k++)
     last[k] = -1;
   bool only_recv[TPF_NUM_STREAMS];
   for (int k = 0; k < TPF_NUM_STREAMS; k++)
     only_recv[k] = P > 1 && r->tp != NULL && r->tp->host_ordered;
-  bool all = sc->algo == TPF_ALGO_BULK;
   for (int i = 0; i < n; i++) {
     const tpf_step *st = &sc->steps[i];
     const int k = (int)st->stream;
     b->step_prev[i] = (int16_t)last[k];
     last[k] = i;
-    const bool xfer = st->kind == TPF_STEP_SEND || st->kind == TPF_STEP_RECV;
-    if (xfer && st->peer >= 0 && st->peer < P) b->hs_peers |= 1ull << (unsigned)st->peer;
-    all = all || st->kind == TPF_STEP_PEER_REDUCE || st->kind == TPF_STEP_BARRIER;
-    only_recv[k] = only_recv[k] && st->kind == TPF_STEP_RECV && st->peer >= 0 && st->peer < P &&
-                   r->peer_tp[st->peer] != NULL && r->peer_tp[st->peer]->recv_event != NULL;
+    only_recv[k] = only_recv[k] && st->kind == TPF_STEP_RECV && r->peer_tp[st->peer] != NULL &&
+                   r->peer_tp[st->peer]->recv_event != NULL;
   }
-  if (all) b->hs_peers = P >= 64 ? ~0ull : (1ull << (unsigned)P) - 1u;
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     bool own = true;
     for (int j = 0; j < TPF_NUM_STREAMS; j++)
@@ -506,8 +497,6 @@ static tpf_status tpf_cuda__execute_p1(tpf_cuda_backend *b, tpf_reg *r, const tp
                                        cudaStream_t user) {
   const tpf_schedule *sc = a->sched;
   for (int i = 0; i < sc->nsteps; i++) {
-    TPF_RETURN_IF(sc->steps[i].stream >= TPF_NUM_STREAMS, TPF_EINVAL, "'%s': step %d has stream %d",
-                  a->comm_name, i, (int)sc->steps[i].stream);
     TPF_CHECK(tpf_cuda__step(b, r, a, i, &sc->steps[i], user));
   }
   return tpf_cuda__record_done(b, r, user);
@@ -553,14 +542,9 @@ static tpf_status tpf_cuda__execute_body(tpf_backend *be, tpf_reg *r, const tpf_
   memset(b->need_ev, 0, (size_t)n);
   for (int i = 0; i < n; i++) {
     const tpf_step *st = &sc->steps[i];
-    TPF_RETURN_IF(st->stream >= TPF_NUM_STREAMS || st->ndeps > TPF_STEP_MAX_DEPS, TPF_EINVAL,
-                  "'%s': step %d has stream %d and %d deps", a->comm_name, i, (int)st->stream,
-                  (int)st->ndeps);
-    used[st->stream] = true;
+    used[st->stream] = true; /* streams, deps (earlier steps only): core/exec_check.c */
     for (int k = 0; k < st->ndeps; k++) {
       const int d = st->deps[k];
-      TPF_RETURN_IF(d >= i, TPF_EINVAL, "'%s': step %d depends on later step %d", a->comm_name, i,
-                    d);
       if (b->streams[sc->steps[d].stream] != b->streams[st->stream]) b->need_ev[d] = 1;
     }
   }

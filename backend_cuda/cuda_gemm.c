@@ -362,7 +362,7 @@ static tpf_status tpf_cuda__gemm_fallback(tpf_cuda_gemm *g, const void *a, tpf_d
 
 /* A 16-bit D accumulated into (beta != 0). cuBLASLt's kernels round the product to D's type
  * before they add beta * C (two roundings: on the H200 bf16 results where product and old value
- * cancel were off by 2-4e-3, docs/GPU_RUNS.md, session 7), where SPEC §5 wants
+ * cancel were off by 2-4e-3, docs/results/h200.md, session 7), where SPEC §5 wants
  * act(alpha * product + beta * D + bias) rounded once. So the product goes to fp32 scratch
  * (cuBLASLt, no epilogue) and the reduce kernel (count 1, fp32 in) applies the whole epilogue in
  * fp32 and rounds once, row block by row block of the scratch. With rows too wide for the

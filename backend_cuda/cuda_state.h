@@ -248,13 +248,12 @@ struct tpf_cuda_transport {
                         const tpf_step *st, cudaStream_t s);
 };
 
-/* The transport kinds. NCCL's slot is empty: peers whose devices cannot map each other's memory
- * (no P2P access, other nodes) would need a transport that moves the bytes too (ncclSend/Recv on
- * the caller's communicator); such peers are refused at registration (TPF_EUNSUPPORTED). */
+/* The transport kinds, chosen per registration from the table of cuda_transport.c (the first
+ * row whose can_connect accepts the group). Every one signals over memory the peers map; peers
+ * whose devices cannot map each other's memory are refused at registration (TPF_EUNSUPPORTED). */
 typedef enum {
   TPF_CUDA_TP_EVENTS, /* cuda_transport_events.c: in-process ranks, host-ordered CUDA events */
   TPF_CUDA_TP_FLAGS,  /* cuda_transport_flags.c: device flags over mapped memory (CUDA IPC) */
-  TPF_CUDA_TP_NCCL,   /* not implemented (NULL) */
   TPF_CUDA_TP_MEMOPS, /* cuda_transport_flags.c: the same flags, signalled by stream memory ops */
   TPF_CUDA_TP_COUNT
 } tpf_cuda_tp_kind;

@@ -1,6 +1,6 @@
 /* The CUDA backend's device-flags transport: ranks in other processes of the node (CUDA IPC),
  * and in-process ranks under TPF_CUDA_DEVICE_FLAGS (a diagnostic: spinning waits of ranks that
- * share one GPU can stall, docs/GPU_RUNS.md).
+ * share one GPU can stall, docs/results/h200.md).
  *
  * Method. The flag protocol of tpflex_backend.h on the flags and ready words of every rank's
  * registration (layout in cuda_internal.h), mapped into this rank's context by cuda_reg.c:
@@ -205,7 +205,7 @@ const tpf_cuda_transport tpf_cuda__transport_flags = {
  * (cuda_hostsync.c), which runs before anything is enqueued; without that table the flag
  * kernel's handshake runs instead. Why: a wait in the GPU's front end occupies no SM and, with
  * ranks in other processes sharing one GPU, does not keep the waiting process's time slice busy
- * as a spinning kernel does (docs/GPU_RUNS.md, session 4). The cost: the device does not bound
+ * as a spinning kernel does (docs/results/h200.md, session 4). The cost: the device does not bound
  * these waits. The host does: sync, reg_sync and destroy poll with the backend's timeout and on
  * expiry release every wait of this rank (tpf_cuda__memops_release). A wait cannot see which
  * peer stopped, and a ring's waits cascade behind a dead rank, so every timeout also checks the

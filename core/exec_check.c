@@ -5,8 +5,10 @@
  * known kind, stream and flag set and depends only on earlier steps; every peer and tag is in
  * range; every byte range of the registration (SEND/RECV offsets, BUF operand views, REDUCE
  * sources shifted by their stride) lies inside the registered bytes; every user operand block
- * (transposed blocks with their stored extent) lies inside its matrix. All arithmetic is
- * overflow-checked. A backend may then map steps to its calls without re-deriving any of this.
+ * (transposed blocks with their stored extent) lies inside its matrix; every step's transport
+ * class and SM budget are ones its kind admits, and the handshake's peer set covers every peer
+ * the schedule needs (tpflex_backend.h). All arithmetic is overflow-checked. A backend may then
+ * map steps to its calls without re-deriving or re-checking any of this.
  * The core's own builder never trips a rule (the conformance sweep and the schedule fuzzer run
  * through here); a rule firing means a core bug or memory corruption, and nothing is enqueued.
  */
@@ -78,6 +80,58 @@ static tpf_status range(const tpf_exec_args *a, int i, const char *what, uint64_
   return TPF_OK;
 }
 
+/* The step's mechanism (tpflex_backend.h: tpf_xport, tpf_sm_budget): a class its kind admits. */
+static tpf_status mech_ok(const tpf_exec_args *a, int i) {
+  const tpf_step *st = &a->sched->steps[i];
+  const char *n = a->comm_name ? a->comm_name : "?";
+  bool ok;
+  switch (st->kind) {
+  case TPF_STEP_SEND:
+    ok = st->xport == TPF_XPORT_COPY_ENGINE || st->xport == TPF_XPORT_COPY_KERNEL;
+    break;
+  case TPF_STEP_REDUCE:
+  case TPF_STEP_PEER_REDUCE:
+    ok = st->xport == TPF_XPORT_REDUCE_KERNEL;
+    break;
+  default:
+    ok = st->xport == TPF_XPORT_NONE;
+    break;
+  }
+  TPF_RETURN_IF(!ok, TPF_EINVAL, "'%s' step %d: transport class %u on a %s step", n, i,
+                (unsigned)st->xport, tpf_step_kind_name(st->kind));
+  TPF_RETURN_IF(st->sm_budget >= TPF_SMS_COUNT ||
+                    (st->kind != TPF_STEP_GEMM && st->sm_budget != TPF_SMS_ALL),
+                TPF_EINVAL, "'%s' step %d: SM budget %u on a %s step", n, i,
+                (unsigned)st->sm_budget, tpf_step_kind_name(st->kind));
+  return TPF_OK;
+}
+
+/* The handshake's peer set covers every peer the schedule needs to have started (the rule of
+ * tpf_schedule.handshake_peers), names no rank outside the group and not this one. */
+static tpf_status peers_ok(const tpf_exec_args *a) {
+  const tpf_schedule *s = a->sched;
+  const int P = s->tp_size;
+  const uint64_t group = P >= 64 ? ~0ull : (1ull << (unsigned)P) - 1u,
+                 me = 1ull << (unsigned)s->rank;
+  uint64_t need = 0;
+  bool all = false;
+  for (int i = 0; i < s->nsteps; i++) {
+    const tpf_step *st = &s->steps[i];
+    if (st->kind == TPF_STEP_SEND || st->kind == TPF_STEP_RECV) need |= 1ull << (unsigned)st->peer;
+    all = all || st->kind == TPF_STEP_BARRIER || st->kind == TPF_STEP_PEER_REDUCE ||
+          st->xport == TPF_XPORT_COPY_KERNEL;
+  }
+  if (all) need = group;
+  need &= ~me;
+  TPF_RETURN_IF((s->handshake_peers & ~group) != 0 || (s->handshake_peers & me) != 0 ||
+                    (need & ~s->handshake_peers) != 0,
+                TPF_EINVAL,
+                "'%s': handshake peers 0x%llx of rank %d of %d: they must cover 0x%llx, within "
+                "the group and without this rank",
+                a->comm_name ? a->comm_name : "?", (ull)s->handshake_peers, s->rank, P, (ull)need);
+  return TPF_OK;
+}
+
 static tpf_status step_ok(const tpf_exec_args *a, int i, uint64_t reg_bytes) {
   const tpf_schedule *s = a->sched;
   const tpf_step *st = &s->steps[i];
@@ -100,6 +154,7 @@ static tpf_status step_ok(const tpf_exec_args *a, int i, uint64_t reg_bytes) {
   TPF_RETURN_IF((st->flags & (TPF_STEP_TRANS_A | TPF_STEP_TRANS_W)) && st->kind != TPF_STEP_GEMM,
                 TPF_EINVAL, "'%s' step %d: transpose flags on a %s step", n, i,
                 tpf_step_kind_name(st->kind));
+  TPF_CHECK(mech_ok(a, i));
   switch (st->kind) {
   case TPF_STEP_SEND:
   case TPF_STEP_RECV:
@@ -148,5 +203,5 @@ tpf_status tpf__exec_check(const tpf_exec_args *a, uint64_t reg_bytes) {
                 s->tp_size, (int)s->dtype);
   for (int i = 0; i < s->nsteps; i++)
     TPF_CHECK(step_ok(a, i, reg_bytes));
-  return TPF_OK;
+  return peers_ok(a);
 }

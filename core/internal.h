@@ -71,6 +71,9 @@ bool tpf__dtype_quantized(tpf_dtype t);
 /* Steps reserved for any schedule of a communicator of d's configuration and capacity (any
  * active shape T <= C and any split count it may resolve to); 0 for a bad descriptor. */
 int tpf__schedule_max_steps(const tpf_layout_desc *d);
+/* Fills each step's transport class and SM budget and the schedule's handshake peers from the
+ * mechanism table (core/schedule_mech.c); every builder calls it on the schedule it made. */
+void tpf__schedule_mechanisms(tpf_schedule *s);
 /* tpf_schedule_build into caller-owned storage of storage_cap steps: allocates nothing;
  * s->steps points at storage (do not tpf_schedule_free it). TPF_ESTATE when it does not fit. */
 tpf_status tpf__schedule_build_into(const tpf_layout_desc *d, const tpf_gemm_dims *g,

@@ -413,6 +413,7 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
     build_single(&b, &c);
     h.nsteps = b.n;
     h.steps = b.steps;
+    tpf__schedule_mechanisms(&h);
     *s = h;
     return TPF_OK;
   }
@@ -433,6 +434,7 @@ static tpf_status build(const tpf_layout_desc *d, const tpf_gemm_dims *g, tpf_st
   }
   h.nsteps = b.n;
   h.steps = b.steps;
+  tpf__schedule_mechanisms(&h);
   *s = h;
   return TPF_OK;
 }

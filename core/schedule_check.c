@@ -26,139 +26,19 @@
  *     tracked from the GEMM that produced them through the transfers that carried them); BULK
  *     RS reduces every rank's chunk (its partials are initial data, so no byte tiling sees a
  *     missing reduction).
+ *  7. Mechanisms (tpflex_backend.h, 0.3): every step's transport class is one its kind admits
+ *     (a SEND: the copy engine or a copy kernel; a reduction: the reduction kernel; nothing
+ *     else moves bytes) and every rank's SENDs use one class; a GEMM leaves the communication
+ *     CTAs only beside a kernel transport of its own schedule, other steps have no SM budget;
+ *     the handshake's peer set names no rank outside the group nor the rank itself and covers
+ *     every peer it sends to or receives from, and every peer where a BARRIER, a PEER_REDUCE or
+ *     a copy kernel is in the schedule (their bytes or waits reach every peer).
  * Every failure returns TPF_EINVAL with the rank, the step and what was wrong.
  */
-#include "internal.h"
+#include "schedule_check_state.h"
 
 #include <stdlib.h>
 #include <string.h>
-
-typedef unsigned long long ull;
-
-#define BAD(r, i, kind, fmt, ...)                                                                  \
-  tpf_set_error(TPF_EINVAL, "schedule check: rank %d step %d (%s): " fmt, (r), (i),                \
-                tpf_step_kind_name(kind), __VA_ARGS__)
-#define BADH(r, fmt, ...)                                                                          \
-  tpf_set_error(TPF_EINVAL, "schedule check: rank %d: " fmt, (r), __VA_ARGS__)
-
-typedef struct {
-  uint64_t lo, hi;
-} ivl;
-
-typedef struct {
-  ivl *v;
-  size_t n, cap;
-} ivec;
-
-typedef struct {
-  uint64_t lo, hi;
-  int step;
-} wrt;
-
-/* A partial product held in a buffer view: element (row0+i, col0+j) of view (off, ld) holds
- * origin's X row xrow0+i times W row wrow0+j. */
-typedef struct {
-  int origin;
-  uint64_t off, ld, row0, col0, m, n, xrow0, wrow0, lo, hi;
-} prod;
-
-typedef struct {
-  const tpf_schedule *s;
-  uint64_t *anc; /* nsteps x words bitset: transitive predecessors */
-  int *prev;     /* previous step on the same stream, -1 if none */
-  int *match;    /* SEND: the peer's RECV; RECV: the peer's SEND; else -1 */
-  int *send_at;  /* P x TPF_MAX_TAGS: my SEND to q with tag t */
-  int *recv_at;  /* P x TPF_MAX_TAGS: my RECV from q with tag t */
-  int barrier[TPF_MAX_TAGS];
-  bool has_init;
-  ivl init;
-  wrt *w;
-  size_t nw;
-  uint64_t (*wtags)[2]; /* per write: barrier tags of this rank it precedes */
-  prod *pr;
-  size_t npr, cappr;
-} rank_state;
-
-enum { MODE_RING_AG, MODE_BULK_AG, MODE_BULK_RS, MODE_RS };
-
-typedef struct {
-  int P, words, mode;
-  uint64_t e, T, H, R, active;
-  uint64_t out_rows, out_cols; /* the user output D */
-  rank_state *rk;
-} chk;
-
-/* ---- interval helpers ---- */
-
-static tpf_status ivec_push(ivec *a, uint64_t lo, uint64_t hi) {
-  if (a->n == a->cap) {
-    size_t cap = a->cap ? 2 * a->cap : 16;
-    ivl *v = tpf__realloc(a->v, cap * sizeof *v);
-    TPF_RETURN_IF(!v, TPF_ENOMEM, "schedule check: out of memory (%zu intervals)", cap);
-    a->v = v;
-    a->cap = cap;
-  }
-  a->v[a->n].lo = lo;
-  a->v[a->n].hi = hi;
-  a->n++;
-  return TPF_OK;
-}
-
-static int cmp_ivl(const void *x, const void *y) {
-  const ivl *a = x, *b = y;
-  return a->lo < b->lo ? -1 : a->lo > b->lo ? 1 : 0;
-}
-
-/* Sorts and merges touching intervals. */
-static void ivec_normalize(ivec *a) {
-  if (a->n == 0) return;
-  qsort(a->v, a->n, sizeof *a->v, cmp_ivl);
-  size_t k = 0;
-  for (size_t i = 1; i < a->n; i++) {
-    if (a->v[i].lo <= a->v[k].hi) {
-      if (a->v[i].hi > a->v[k].hi) a->v[k].hi = a->v[i].hi;
-    } else {
-      a->v[++k] = a->v[i];
-    }
-  }
-  a->n = k + 1;
-}
-
-static bool ivec_covers(const ivec *norm, uint64_t lo, uint64_t hi) {
-  size_t a = 0, b = norm->n;
-  while (a < b) { /* first interval with lo > `lo` */
-    size_t mid = (a + b) / 2;
-    if (norm->v[mid].lo <= lo)
-      a = mid + 1;
-    else
-      b = mid;
-  }
-  return a > 0 && norm->v[a - 1].hi >= hi;
-}
-
-/* The byte intervals of an m x ncols view of a registration, starting at `off`. */
-static tpf_status view_bytes(const chk *c, int r, int i, int kind, const tpf_mref *v, uint64_t off,
-                             uint64_t m, uint64_t ncols, ivec *out) {
-  uint64_t end_col, start, row_bytes, len, t;
-  if (v->ld == 0 || !tpf__add_u64(v->col, ncols, &end_col) || end_col > v->ld)
-    return BAD(r, i, kind, "buffer view ld %llu cannot hold columns [%llu, %llu + %llu)",
-               (ull)v->ld, (ull)v->col, (ull)v->col, (ull)ncols);
-  bool ok = tpf__mul_u64(v->row, v->ld, &t) && tpf__add_u64(t, v->col, &t) &&
-            tpf__mul_u64(t, c->e, &t) && tpf__add_u64(off, t, &start) &&
-            tpf__mul_u64(v->ld, c->e, &row_bytes) && tpf__mul_u64(ncols, c->e, &len);
-  uint64_t span;
-  ok = ok && tpf__mul_u64(m, row_bytes, &span) && tpf__add_u64(start, span, &t);
-  if (!ok)
-    return BAD(r, i, kind, "buffer view at %llu row %llu overflows 64 bits", (ull)off, (ull)v->row);
-  if (ncols == v->ld) return ivec_push(out, start, start + span);
-  for (uint64_t k = 0; k < m; k++)
-    TPF_CHECK(ivec_push(out, start + k * row_bytes, start + k * row_bytes + len));
-  return TPF_OK;
-}
-
-static bool anc_has(const chk *c, int r, int i, int j) {
-  return (c->rk[r].anc[(size_t)i * (size_t)c->words + (size_t)(j / 64)] >> (j % 64)) & 1u;
-}
 
 /* ---- 1. headers ---- */
 
@@ -613,278 +493,60 @@ static tpf_status check_reads(const chk *c, int r, ivec *rd, ivec *allowed) {
   return TPF_OK;
 }
 
-/* ---- 6. outputs and meaning ---- */
+/* ---- 7. mechanisms ---- */
 
-typedef struct {
-  uint64_t row, col, m, n;
-  int step;
-} rect;
+static bool xport_admitted(int kind, int xport) {
+  switch (kind) {
+  case TPF_STEP_SEND:
+    return xport == TPF_XPORT_COPY_ENGINE || xport == TPF_XPORT_COPY_KERNEL;
+  case TPF_STEP_REDUCE:
+  case TPF_STEP_PEER_REDUCE:
+    return xport == TPF_XPORT_REDUCE_KERNEL;
+  default:
+    return xport == TPF_XPORT_NONE;
+  }
+}
 
-static tpf_status check_outputs(const chk *c, int r) {
+static tpf_status check_mechanisms(const chk *c, int r, int *send_class) {
   const tpf_schedule *s = c->rk[r].s;
-  rect *rs = tpf__malloc((size_t)s->nsteps * sizeof *rs);
-  TPF_RETURN_IF(!rs, TPF_ENOMEM, "%s", "schedule check: out of memory");
-  size_t n = 0;
-  uint64_t area = 0, want;
-  tpf_status rc = TPF_OK;
-  for (int i = 0; i < s->nsteps && rc == TPF_OK; i++) {
-    const tpf_step *st = &s->steps[i];
-    bool writer = st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE ||
-                  st->kind == TPF_STEP_PEER_REDUCE;
-    if (!writer || st->d.id != TPF_MAT_D) continue;
-    uint64_t re, ce, a;
-    if (!tpf__add_u64(st->d.row, st->m, &re) || !tpf__add_u64(st->d.col, st->n, &ce) ||
-        re > c->out_rows || ce > c->out_cols || !tpf__mul_u64(st->m, st->n, &a)) {
-      rc = BAD(r, i, st->kind,
-               "writes output rows [%llu, +%llu) cols [%llu, +%llu) outside [%llu, %llu]",
-               (ull)st->d.row, (ull)st->m, (ull)st->d.col, (ull)st->n, (ull)c->out_rows,
-               (ull)c->out_cols);
-      break;
-    }
-    for (size_t j = 0; j < n; j++) {
-      const rect *o = &rs[j];
-      if (st->d.row < o->row + o->m && o->row < re && st->d.col < o->col + o->n && o->col < ce) {
-        rc = BAD(r, i, st->kind,
-                 "writes output rows [%llu, +%llu) cols [%llu, +%llu) that step %d "
-                 "also writes: not exactly once",
-                 (ull)st->d.row, (ull)st->m, (ull)st->d.col, (ull)st->n, o->step);
-        break;
-      }
-    }
-    rs[n].row = st->d.row;
-    rs[n].col = st->d.col;
-    rs[n].m = st->m;
-    rs[n].n = st->n;
-    rs[n].step = i;
-    n++;
-    area += a; /* disjoint rectangles inside the output: the sum cannot overflow */
-  }
-  tpf__free(rs);
-  TPF_CHECK(rc);
-  if (!tpf__mul_u64(c->out_rows, c->out_cols, &want) || area != want)
-    return BADH(r, "the output [%llu, %llu] is produced for %llu of its %llu elements",
-                (ull)c->out_rows, (ull)c->out_cols, (ull)area, (ull)c->out_rows * c->out_cols);
-  return TPF_OK;
-}
-
-static tpf_status add_prod(rank_state *k, const prod *p) {
-  if (k->npr == k->cappr) {
-    size_t cap = k->cappr ? 2 * k->cappr : 16;
-    prod *v = tpf__realloc(k->pr, cap * sizeof *v);
-    TPF_RETURN_IF(!v, TPF_ENOMEM, "%s", "schedule check: out of memory");
-    k->pr = v;
-    k->cappr = cap;
-  }
-  k->pr[k->npr++] = *p;
-  return TPF_OK;
-}
-
-/* GEMM operand rules per mode, and the partials the RS GEMMs produce. */
-static tpf_status check_gemms(chk *c, int r) {
-  rank_state *k = &c->rk[r];
-  const tpf_schedule *s = k->s;
+  const uint64_t group = c->P >= 64 ? ~0ull : (1ull << (unsigned)c->P) - 1u;
+  const uint64_t me = 1ull << (unsigned)r;
+  uint64_t need = 0;
+  bool all = false, kernels = false;
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
-    if (st->kind != TPF_STEP_GEMM) continue;
-    int kind = st->kind;
-    uint64_t wend;
-    if (st->w.id != TPF_MAT_W || st->w.col != 0 || !tpf__add_u64(st->w.row, st->n, &wend) ||
-        wend > s->gemm_n || st->k != s->gemm_k)
-      return BAD(r, i, kind, "weight rows [%llu, +%llu) col %llu, k %llu do not fit W [%llu, %llu]",
-                 (ull)st->w.row, (ull)st->n, (ull)st->w.col, (ull)st->k, (ull)s->gemm_n,
-                 (ull)s->gemm_k);
-    if (c->mode == MODE_RING_AG) {
-      /* Reads the gathered [T, H] rows it writes to D: token row = byte offset / row pitch. */
-      uint64_t pitch = c->H * c->e; /* <= active bytes: no overflow */
-      if (st->a.id != TPF_MAT_BUF || st->d.id != TPF_MAT_D || st->a.ld != c->H || st->a.col != 0 ||
-          st->a.off_bytes % pitch != 0 || st->a.off_bytes / pitch + st->a.row != st->d.row ||
-          st->w.row != st->d.col)
-        return BAD(r, i, kind,
-                   "GEMM reads buffer rows %llu (off %llu, ld %llu) for output row %llu "
-                   "col %llu: not the gathered token rows",
-                   (ull)st->a.row, (ull)st->a.off_bytes, (ull)st->a.ld, (ull)st->d.row,
-                   (ull)st->d.col);
-    } else if (c->mode == MODE_BULK_AG || c->mode == MODE_BULK_RS || c->P == 1) {
-      /* BULK's independent GEMM; at P = 1 an RS is D = op(X) op(W) itself (no partials). */
-      uint64_t aend;
-      if (st->a.id != TPF_MAT_X || st->d.id != TPF_MAT_D || st->a.col != 0 ||
-          st->a.row != st->d.row || st->w.row != st->d.col ||
-          !tpf__add_u64(st->a.row, st->m, &aend) || aend > s->gemm_m)
-        return BAD(r, i, kind, "independent GEMM rows %llu -> output row %llu col %llu mismatch",
-                   (ull)st->a.row, (ull)st->d.row, (ull)st->d.col);
-    } else {
-      uint64_t aend;
-      if (st->a.id != TPF_MAT_X || st->d.id != TPF_MAT_BUF || st->a.col != 0 ||
-          !tpf__add_u64(st->a.row, st->m, &aend) || aend > c->T)
-        return BAD(r, i, kind,
-                   "rs GEMM must read X rows inside [0, %llu) and write the buffer "
-                   "(a %d row %llu, d %d)",
-                   (ull)c->T, st->a.id, (ull)st->a.row, st->d.id);
-      /* A GEMM over several chunks of full-width rows (RING RS without overlap) holds one
-       * partial per R-row band: record each band as its own contiguous view, as a per-chunk
-       * GEMM would have, so transfers and reductions are matched band by band. */
-      uint64_t band = st->m, bands = 1;
-      if (s->algo == TPF_ALGO_RING && st->d.ld == st->n && st->d.col == 0 && c->R > 0 &&
-          st->m > c->R && st->m % c->R == 0) {
-        band = c->R;
-        bands = st->m / c->R;
-      }
-      for (uint64_t b = 0; b < bands; b++) {
-        prod p;
-        ivec tmp = {NULL, 0, 0};
-        uint64_t off = st->d.off_bytes + (st->d.row + b * band) * st->d.ld * c->e; /* in view */
-        tpf_mref dv = st->d;
-        dv.off_bytes = off;
-        dv.row = 0;
-        tpf_status rc = view_bytes(c, r, i, kind, &dv, off, band, st->n, &tmp);
-        if (rc == TPF_OK) {
-          p.origin = r;
-          p.off = bands > 1 ? off : st->d.off_bytes;
-          p.ld = st->d.ld;
-          p.row0 = bands > 1 ? 0 : st->d.row;
-          p.col0 = st->d.col;
-          p.m = band;
-          p.n = st->n;
-          p.xrow0 = st->a.row + b * band;
-          p.wrow0 = st->w.row;
-          p.lo = tmp.v[0].lo;
-          p.hi = tmp.v[tmp.n - 1].hi;
-          rc = add_prod(k, &p);
-        }
-        tpf__free(tmp.v);
-        TPF_CHECK(rc);
-      }
+    if (!xport_admitted(st->kind, st->xport))
+      return BAD(r, i, st->kind, "transport class %u is not one this kind admits",
+                 (unsigned)st->xport);
+    if (st->kind == TPF_STEP_SEND) {
+      if (*send_class >= 0 && st->xport != *send_class)
+        return BAD(r, i, st->kind,
+                   "sends by transport class %u where the operation's other "
+                   "SENDs use %d: one class per operation",
+                   (unsigned)st->xport, *send_class);
+      *send_class = st->xport;
     }
+    if (st->kind == TPF_STEP_SEND || st->kind == TPF_STEP_RECV) need |= 1ull << (unsigned)st->peer;
+    kernels = kernels || st->xport == TPF_XPORT_COPY_KERNEL || st->xport == TPF_XPORT_REDUCE_KERNEL;
+    all = all || st->kind == TPF_STEP_BARRIER || st->kind == TPF_STEP_PEER_REDUCE ||
+          st->xport == TPF_XPORT_COPY_KERNEL;
   }
-  return TPF_OK;
-}
-
-/* Carries partials along transfers: a RECV whose SEND ships exactly one partial's bytes holds it.
- */
-static tpf_status carry_partials(chk *c) {
-  for (int pass = 0; pass < c->P; pass++) {
-    bool changed = false;
-    for (int r = 0; r < c->P; r++) {
-      rank_state *k = &c->rk[r];
-      for (int i = 0; i < k->s->nsteps; i++) {
-        const tpf_step *st = &k->s->steps[i];
-        if (st->kind != TPF_STEP_RECV) continue;
-        bool have = false;
-        for (size_t j = 0; j < k->npr && !have; j++)
-          have = k->pr[j].lo == st->dst_off && k->pr[j].hi == st->dst_off + st->bytes;
-        if (have) continue;
-        const rank_state *q = &c->rk[st->peer];
-        const tpf_step *snd = &q->s->steps[k->match[i]];
-        for (size_t j = 0; j < q->npr; j++) {
-          prod p = q->pr[j];
-          if (p.lo != snd->src_off || p.hi != snd->src_off + snd->bytes) continue;
-          uint64_t back = p.lo - p.off; /* view start to first byte */
-          if (st->dst_off < back) break;
-          p.off = st->dst_off - back;
-          p.lo = st->dst_off;
-          p.hi = st->dst_off + st->bytes;
-          TPF_CHECK(add_prod(k, &p));
-          changed = true;
-          break;
-        }
-      }
-    }
-    if (!changed) break;
-  }
-  return TPF_OK;
-}
-
-/* Every reduction input is one rank's partial of exactly the token and weight rows of the
- * output elements it is summed into; the inputs come from P distinct ranks. */
-static tpf_status check_reductions(const chk *c, int r) {
-  const rank_state *k = &c->rk[r];
-  const tpf_schedule *s = k->s;
-  bool reduced = false; /* BULK RS: the in-place reduction of chunk r was seen */
   for (int i = 0; i < s->nsteps; i++) {
     const tpf_step *st = &s->steps[i];
-    int kind = st->kind;
-    if (kind != TPF_STEP_REDUCE && kind != TPF_STEP_PEER_REDUCE) continue;
-    if (c->mode == MODE_RING_AG || c->mode == MODE_BULK_AG)
-      return BAD(r, i, kind, "%s", "an all-gather has nothing to reduce");
-    if (c->mode == MODE_BULK_RS) {
-      tpf_layout_desc d;
-      tpf_region local;
-      memset(&d, 0, sizeof d);
-      d.tp_size = c->P;
-      d.rank = r;
-      d.algo = s->algo;
-      d.coll = s->coll;
-      d.dtype = s->dtype;
-      d.capacity.rows = d.active.rows = c->T;
-      d.capacity.cols = d.active.cols = c->H;
-      TPF_CHECK(tpf_layout_local(&d, &local));
-      uint64_t start = 0;
-      bool ok = kind == TPF_STEP_PEER_REDUCE && st->count == (uint32_t)c->P &&
-                st->d.id == TPF_MAT_BUF && st->a.off_bytes == st->d.off_bytes &&
-                st->a.ld == st->d.ld && st->a.row == st->d.row && st->a.col == st->d.col &&
-                st->d.ld == c->H && st->d.col == 0 && st->n == c->H;
-      ok = ok && tpf__mul_u64(st->d.row, c->H * c->e, &start) &&
-           tpf__add_u64(start, st->d.off_bytes, &start) && start == local.offset_bytes &&
-           st->m == local.rows;
-      if (!ok)
-        return BAD(r, i, kind,
-                   "bulk rs must sum chunk %d of all %d ranks in place at bytes %llu "
-                   "(got count %u, output row %llu)",
-                   r, c->P, (ull)local.offset_bytes, st->count, (ull)st->d.row);
-      reduced = true; /* a second one writes the chunk twice: check_writes refused it */
-      continue;
-    }
-    if (st->d.id != TPF_MAT_D)
-      return BAD(r, i, kind, "writes operand %d, not the rs output", st->d.id);
-    uint64_t want_x = 0, seen = 0;
-    if (!tpf__mul_u64((uint64_t)r, c->R, &want_x) || !tpf__add_u64(want_x, st->d.row, &want_x))
-      return BAD(r, i, kind, "%s", "token row overflows");
-    for (uint32_t t = 0; t < st->count; t++) {
-      int h = kind == TPF_STEP_REDUCE ? r : (r + (int)t) % c->P;
-      uint64_t off = st->a.off_bytes + (kind == TPF_STEP_REDUCE ? t * st->stride_bytes : 0);
-      const rank_state *kh = &c->rk[h];
-      const prod *p = NULL;
-      for (size_t j = 0; j < kh->npr && !p; j++) {
-        const prod *x = &kh->pr[j];
-        if (x->off == off && x->ld == st->a.ld && st->a.row >= x->row0 &&
-            st->a.row + st->m <= x->row0 + x->m && st->a.col >= x->col0 &&
-            st->a.col + st->n <= x->col0 + x->n)
-          p = x;
-      }
-      if (!p)
-        return BAD(r, i, kind, "input %u (rank %d, view at %llu) holds no GEMM partial", t, h,
-                   (ull)off);
-      uint64_t xrow = p->xrow0 + (st->a.row - p->row0), wrow = p->wrow0 + (st->a.col - p->col0);
-      if (xrow != want_x || wrow != st->d.col)
-        return BAD(r, i, kind,
-                   "input %u holds rank %d's partial of token row %llu weight row %llu; "
-                   "output row %llu col %llu needs token row %llu weight row %llu",
-                   t, p->origin, (ull)xrow, (ull)wrow, (ull)st->d.row, (ull)st->d.col, (ull)want_x,
-                   (ull)st->d.col);
-      if ((seen >> p->origin) & 1u)
-        return BAD(r, i, kind, "sums rank %d's partial twice", p->origin);
-      seen |= 1ull << p->origin;
-    }
-    if (st->count != (uint32_t)c->P)
-      return BAD(r, i, kind, "sums %u partials, not all %d ranks'", st->count, c->P);
+    const bool gemm = st->kind == TPF_STEP_GEMM;
+    if (st->sm_budget >= TPF_SMS_COUNT || (!gemm && st->sm_budget != TPF_SMS_ALL) ||
+        (st->sm_budget == TPF_SMS_LEAVE_COMM && !kernels))
+      return BAD(r, i, st->kind, "SM budget %u: %s", (unsigned)st->sm_budget,
+                 gemm ? "leaves SMs to communication kernels this schedule does not run"
+                      : "only a GEMM has one");
   }
-  /* BULK RS produces no new bytes (the partials are the initial data), so the byte tiling
-   * cannot notice a missing reduction: require it here. One rank sums nothing. */
-  if (c->mode == MODE_BULK_RS && c->P > 1 && !reduced)
-    return BADH(r, "bulk rs never reduces its chunk %d over the %d ranks", r, c->P);
-  return TPF_OK;
-}
-
-static tpf_status check_moves(const chk *c, int r) {
-  const tpf_schedule *s = c->rk[r].s;
-  if (c->mode != MODE_RING_AG && c->mode != MODE_BULK_AG) return TPF_OK;
-  for (int i = 0; i < s->nsteps; i++) {
-    const tpf_step *st = &s->steps[i];
-    if (st->kind == TPF_STEP_SEND && st->src_off != st->dst_off)
-      return BAD(r, i, st->kind,
-                 "all-gather moves bytes %llu to %llu: chunks must keep their place",
-                 (ull)st->src_off, (ull)st->dst_off);
-  }
+  if (all) need = group;
+  need &= ~me;
+  if ((s->handshake_peers & ~group) || (s->handshake_peers & me) || (need & ~s->handshake_peers))
+    return BADH(r,
+                "handshake peers 0x%llx must cover 0x%llx, within the %d ranks and without "
+                "this rank",
+                (ull)s->handshake_peers, (ull)need, c->P);
   return TPF_OK;
 }
 
@@ -938,13 +600,16 @@ static tpf_status run_checks(chk *c, const tpf_schedule *scheds) {
   tpf__free(b.v);
   TPF_CHECK(rc);
   for (int r = 0; r < P; r++) {
-    TPF_CHECK(check_outputs(c, r));
-    TPF_CHECK(check_moves(c, r));
-    TPF_CHECK(check_gemms(c, r));
+    TPF_CHECK(tpf__sc_outputs(c, r));
+    TPF_CHECK(tpf__sc_moves(c, r));
+    TPF_CHECK(tpf__sc_gemms(c, r));
   }
-  TPF_CHECK(carry_partials(c));
+  TPF_CHECK(tpf__sc_carry_partials(c));
   for (int r = 0; r < P; r++)
-    TPF_CHECK(check_reductions(c, r));
+    TPF_CHECK(tpf__sc_reductions(c, r));
+  int send_class = -1;
+  for (int r = 0; r < P; r++)
+    TPF_CHECK(check_mechanisms(c, r, &send_class));
   return TPF_OK;
 }
 

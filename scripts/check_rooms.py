@@ -20,7 +20,7 @@ Arrows, unit A -> unit B, when a file of A
 A circle is a strongly connected component of more than one unit (Tarjan).
 
 Rooms. A file's room is its top directory (python/tpflex is "python", the public headers are
-"include"). ALLOWED below says which rooms each room's files may #include; docs/DESIGN.md's map
+"include"), or a sub-room of SUBROOMS (tools/bench, the tools' library). ALLOWED below says which rooms each room's files may #include; docs/DESIGN.md's map
 of rooms says the same in words and must change with it.
 
 usage: check_rooms.py [ROOT] [-v]   (ROOT: the repository, default this script's parent's parent;
@@ -40,8 +40,8 @@ ALLOWED = {
     "backend_sim": {"include"},
     "backend_cuda": {"include"},
     "harness": {"include", "core"},
-    "bench": {"include", "core", "harness"},
-    "tools": {"include", "core", "harness", "bench"},
+    "tools/bench": {"include", "core", "harness"},
+    "tools": {"include", "harness", "tools/bench"},
     "fuzz": {"include"},
     "examples": {"include"},
 }
@@ -119,7 +119,15 @@ def walk(root):
                 yield os.path.normpath(os.path.join(rel, f))
 
 
+# Rooms inside a room: tools/bench is the tools' library, below the tool (it includes nothing of
+# tools/ itself).
+SUBROOMS = ("tools/bench",)
+
+
 def room_of(path):
+    for sub in SUBROOMS:
+        if path == sub or path.startswith(sub + os.sep):
+            return sub
     top = path.split(os.sep)[0]
     return "python" if top == "python" else top
 

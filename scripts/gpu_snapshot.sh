@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes .snap/src.tar: the committed tree (git archive HEAD) plus .snap-commit naming it, for
-# scripts/gpu_round.sh on a GPU machine (carry ".snap" and ".deps"). Uncommitted edits are left
-# out on purpose: a GPU round tests exactly one commit.
+# scripts/gpu.sh (its build step) on a GPU machine (carry ".snap" and ".deps"). Uncommitted
+# edits are left out on purpose: a GPU round tests exactly one commit.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mkdir -p .snap

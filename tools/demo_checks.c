@@ -10,7 +10,7 @@
 
 #include "reference.h"
 
-#include "internal.h" /* TPF_CHECK, TPF_CHECK_GOTO */
+#include "tpflex/tpflex_backend_support.h" /* TPF_CHECK, TPF_CHECK_GOTO */
 
 #include <stdarg.h>
 #include <stdio.h>

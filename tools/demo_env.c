@@ -9,7 +9,7 @@
 #ifdef TPF_HAVE_CUDA
 #include "cuda_env.h"
 #endif
-#include "internal.h" /* TPF_CHECK */
+#include "tpflex/tpflex_backend_support.h" /* TPF_CHECK */
 
 #include <stdio.h>
 #include <string.h>

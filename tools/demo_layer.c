@@ -7,7 +7,7 @@
 #include "cli_args.h"
 #include "reference.h" /* tpf_ref_mix, tpf_ref_rand_u64: the seeded draws */
 
-#include "internal.h" /* TPF_CHECK */
+#include "tpflex/tpflex_backend_support.h" /* TPF_CHECK */
 
 #include <errno.h>
 #include <stdio.h>

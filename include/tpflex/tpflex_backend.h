@@ -129,6 +129,28 @@ typedef struct {
  * step writes the operation's output D and applies tpf_exec_args.epi to what it writes. */
 enum { TPF_STEP_TRANS_A = 1u << 0, TPF_STEP_TRANS_W = 1u << 1, TPF_STEP_EPILOGUE = 1u << 2 };
 
+/* Mechanisms as data (0.3): what a backend must do beside a step's bytes, chosen by the core when
+ * it builds the schedule (core/schedule_mech.c, one table row per algorithm, as NCCL picks a
+ * protocol per collective), checked by tpf_schedule_check and before every execute, so a backend
+ * maps each value to its mechanism and decides nothing from the algorithm.
+ * Transport classes: how a step that moves or combines bytes runs. */
+typedef enum {
+  TPF_XPORT_NONE = 0,      /* moves no bytes itself: HANDSHAKE, GEMM, RECV, BARRIER */
+  TPF_XPORT_COPY_ENGINE,   /* SEND: a DMA copy (no SMs), which runs even after a failed handshake */
+  TPF_XPORT_COPY_KERNEL,   /* SEND: a copy kernel of the backend's communication CTAs, which
+                            * skips its bytes once the registration holds a failure */
+  TPF_XPORT_REDUCE_KERNEL, /* REDUCE, PEER_REDUCE: the reduction kernel of those CTAs */
+  TPF_XPORT_COUNT
+} tpf_xport;
+
+/* SM budgets of a GEMM step. */
+typedef enum {
+  TPF_SMS_ALL = 0,    /* every SM: nothing of this operation runs on SMs beside it */
+  TPF_SMS_LEAVE_COMM, /* all but the backend's communication CTAs, which this operation's copy
+                       * or reduction kernels use at the same time */
+  TPF_SMS_COUNT
+} tpf_sm_budget;
+
 typedef struct {
   uint8_t kind;                     /* tpf_step_kind */
   uint8_t stream;                   /* tpf_stream_id */
@@ -143,6 +165,9 @@ typedef struct {
   uint64_t m, n, k;                 /* GEMM dims; REDUCE: m rows x n cols, k unused */
   uint64_t stride_bytes;            /* REDUCE: distance between summed views */
   uint32_t count;                   /* REDUCE/PEER_REDUCE: number of summed views */
+  /* ---- 0.3, in the tail padding 0.1 left (every size and offset above unchanged) ---- */
+  uint8_t xport;     /* tpf_xport: SEND, REDUCE, PEER_REDUCE; TPF_XPORT_NONE elsewhere */
+  uint8_t sm_budget; /* tpf_sm_budget: GEMM; TPF_SMS_ALL elsewhere */
 } tpf_step;
 
 /* One rank's schedule of one operation. */
@@ -164,6 +189,12 @@ typedef struct {
   tpf_step *steps;                 /* nsteps entries, owned by the schedule */
   /* ---- Appended in 0.2: every field above keeps its 0.1 offset (tests/unit/test_abi1.c) ---- */
   uint8_t op_key; /* TPF_OP_KEY of the operation (handshake) */
+  /* ---- Appended in 0.3 ---- */
+  /* The ranks whose ready word this rank's handshake must see on the device before its steps
+   * run (bit q: rank q; never this rank; 0 at P = 1): every peer it exchanges bytes with, and
+   * every peer when a BARRIER, a PEER_REDUCE or a copy kernel is in the schedule. A backend may
+   * wait on more, never on fewer. */
+  uint64_t handshake_peers;
 } tpf_schedule;
 
 /* GEMM dimensions an operation's schedule needs beside the layout. RING AG: n = N (weight rows),

@@ -2,7 +2,7 @@
  * argument with TPF_EINVAL naming it, before any CUDA call: on a machine without a GPU a call
  * that got as far as CUDA would fail with TPF_EBACKEND instead, so each refusal below also shows
  * that nothing was enqueued. The backend is a zeroed tpf_cuda_backend whose ops are the CUDA
- * backend's (what the probes check); the launches themselves run in scripts/gpu_tools_check.sh
+ * backend's (what the probes check); the launches themselves run in scripts/gpu.sh tools-smoke
  * (tpflex calibrate --quick). */
 #define _POSIX_C_SOURCE 200809L
 #include "tpf_test.h"

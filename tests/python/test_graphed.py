@@ -15,7 +15,7 @@ CUDA-enabled libtpflex and skips naming which is missing. Run it as
     torchrun --standalone --nproc-per-node 2 tests/python/test_graphed.py --cuda   P = 2
 
 (CTest python_graphed_cuda, label gpu, in CUDA builds: exit 77, reported as skipped, without a
-GPU; scripts/gpu_graphed.sh runs both). unittest style."""
+GPU; scripts/gpu.sh graphed runs both). unittest style."""
 import math
 import os
 import random

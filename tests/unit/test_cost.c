@@ -465,7 +465,7 @@ static void test_shipped_tables(void **state) {
       TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_BF16, 512, 3584, 8192, &one));
       TPF_ASSERT_OK(tpf_cost_gemm_us(&t, TPF_BF16, 64, 3584, 8192, &chunk));
       assert_true(fabs(one - 41.94) < 1e-9); /* a measured point (2026-12-03) comes back exactly */
-      assert_true(8 * chunk > 4 * one);      /* the chunking tax of bench/RESULTS.md section 3 */
+      assert_true(8 * chunk > 4 * one); /* the chunking tax (docs/results/h200.md, 2026-12-02) */
     }
   }
 }

@@ -169,6 +169,33 @@ static void c_peer_count(built *b) {
   b->s.steps[first_of(&b->s, TPF_STEP_PEER_REDUCE)].count = P + 1;
 }
 
+/* The mechanisms (0.3): the CUDA backend maps them without a check of its own. */
+static void c_send_no_xport(built *b) {
+  b->s.steps[first_of(&b->s, TPF_STEP_SEND)].xport = TPF_XPORT_NONE;
+}
+static void c_reduce_copy(built *b) {
+  b->s.steps[first_of(&b->s, TPF_STEP_REDUCE)].xport = TPF_XPORT_COPY_ENGINE;
+}
+static void c_gemm_xport(built *b) {
+  b->s.steps[first_of(&b->s, TPF_STEP_GEMM)].xport = TPF_XPORT_COPY_KERNEL;
+}
+static void c_sms_range(built *b) {
+  b->s.steps[first_of(&b->s, TPF_STEP_GEMM)].sm_budget = TPF_SMS_COUNT;
+}
+static void c_sms_on_send(built *b) {
+  b->s.steps[first_of(&b->s, TPF_STEP_SEND)].sm_budget = TPF_SMS_LEAVE_COMM;
+}
+static void c_hs_skips_peer(built *b) {
+  const tpf_step *st = &b->s.steps[first_of(&b->s, TPF_STEP_SEND)];
+  b->s.handshake_peers &= ~(1ull << (unsigned)st->peer);
+}
+static void c_hs_self(built *b) {
+  b->s.handshake_peers |= 1ull << (unsigned)b->s.rank;
+}
+static void c_hs_outside(built *b) {
+  b->s.handshake_peers |= 1ull << P;
+}
+
 static void test_exec_check__corruptions_refused(void **state) {
   (void)state;
   const struct {
@@ -201,6 +228,14 @@ static void test_exec_check__corruptions_refused(void **state) {
       {"barrier tag", TPF_ALGO_PIPELINE, TPF_COLL_RS, c_barrier_tag, TPF_EINVAL},
       {"peer reduce of P+1", TPF_ALGO_PIPELINE, TPF_COLL_RS, c_peer_count, TPF_EINVAL},
       {"rs x block past its matrix", TPF_ALGO_PIPELINE, TPF_COLL_RS, c_gemm_rows, TPF_EINVAL},
+      {"send without a transport", TPF_ALGO_RING, TPF_COLL_AG, c_send_no_xport, TPF_EINVAL},
+      {"reduce by the copy engine", TPF_ALGO_RING, TPF_COLL_RS, c_reduce_copy, TPF_EINVAL},
+      {"gemm with a transport", TPF_ALGO_BULK, TPF_COLL_AG, c_gemm_xport, TPF_EINVAL},
+      {"sm budget out of range", TPF_ALGO_PIPELINE, TPF_COLL_RS, c_sms_range, TPF_EINVAL},
+      {"sm budget on a send", TPF_ALGO_BULK, TPF_COLL_AG, c_sms_on_send, TPF_EINVAL},
+      {"handshake skips a send peer", TPF_ALGO_RING, TPF_COLL_AG, c_hs_skips_peer, TPF_EINVAL},
+      {"handshake names itself", TPF_ALGO_RING, TPF_COLL_AG, c_hs_self, TPF_EINVAL},
+      {"handshake past the group", TPF_ALGO_BULK, TPF_COLL_AG, c_hs_outside, TPF_EINVAL},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     built b;

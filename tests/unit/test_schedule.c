@@ -469,12 +469,58 @@ static void test_names(void **state) {
   assert_string_equal(tpf_stream_name(5), "?");
 }
 
+/* The mechanism table (core/schedule_mech.c): per algorithm the SENDs' transport class and the
+ * GEMMs' SM budget, the reductions' kernel, and the handshake's peers (RING AG: the two
+ * neighbours it exchanges with; RING RS (a barrier), PIPELINE and BULK: every peer); at P = 1
+ * every SM and no peer. */
+static void mech_expect(tpf_algo algo, tpf_coll coll, int P, int r, int send, int sms,
+                        uint64_t peers) {
+  tpf_layout_desc d = tpf_test_layout_desc(algo, coll, P, r, 16 * (uint64_t)P, 8, 0, false);
+  tpf_gemm_dims g = {16 * (uint64_t)P, 8, 8};
+  tpf_schedule s;
+  TPF_ASSERT_OK(tpf_schedule_build(&d, &g, &s));
+  int sends = 0, gemms = 0;
+  for (int i = 0; i < s.nsteps; i++) {
+    const tpf_step *st = &s.steps[i];
+    if (st->kind == TPF_STEP_SEND) {
+      assert_int_equal(st->xport, send);
+      sends++;
+    } else if (st->kind == TPF_STEP_REDUCE || st->kind == TPF_STEP_PEER_REDUCE) {
+      assert_int_equal(st->xport, TPF_XPORT_REDUCE_KERNEL);
+    } else {
+      assert_int_equal(st->xport, TPF_XPORT_NONE);
+    }
+    if (st->kind == TPF_STEP_GEMM) {
+      assert_int_equal(st->sm_budget, sms);
+      gemms++;
+    } else {
+      assert_int_equal(st->sm_budget, TPF_SMS_ALL);
+    }
+  }
+  assert_true(gemms > 0);
+  assert_true(P == 1 || algo != TPF_ALGO_RING || sends > 0);
+  assert_int_equal(s.handshake_peers, peers);
+  tpf_schedule_free(&s);
+}
+
+static void test_mechanisms(void **state) {
+  (void)state;
+  mech_expect(TPF_ALGO_RING, TPF_COLL_AG, 4, 1, TPF_XPORT_COPY_ENGINE, TPF_SMS_ALL, 0x5);
+  mech_expect(TPF_ALGO_RING, TPF_COLL_RS, 4, 0, TPF_XPORT_COPY_ENGINE, TPF_SMS_ALL, 0xE);
+  mech_expect(TPF_ALGO_PIPELINE, TPF_COLL_RS, 4, 2, TPF_XPORT_COPY_ENGINE, TPF_SMS_LEAVE_COMM,
+              0xB);
+  mech_expect(TPF_ALGO_BULK, TPF_COLL_AG, 4, 3, TPF_XPORT_COPY_KERNEL, TPF_SMS_LEAVE_COMM, 0x7);
+  mech_expect(TPF_ALGO_BULK, TPF_COLL_RS, 2, 0, TPF_XPORT_COPY_KERNEL, TPF_SMS_LEAVE_COMM, 0x2);
+  mech_expect(TPF_ALGO_PIPELINE, TPF_COLL_RS, 1, 0, TPF_XPORT_NONE, TPF_SMS_ALL, 0);
+  mech_expect(TPF_ALGO_BULK, TPF_COLL_AG, 1, 0, TPF_XPORT_NONE, TPF_SMS_ALL, 0);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_all_schedules),   cmocka_unit_test(test_ring_ag_example),
       cmocka_unit_test(test_ring_rs_example), cmocka_unit_test(test_pipeline_and_bulk_shape),
       cmocka_unit_test(test_determinism),     cmocka_unit_test(test_errors),
-      cmocka_unit_test(test_names),
+      cmocka_unit_test(test_names),           cmocka_unit_test(test_mechanisms),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -4,12 +4,13 @@
  * the ring variants at P = 5; fp32, plus bf16 headers and structure at P = 4) with
  * tpf_schedule_build, then apply one mutation at a time to a copy and run tpf_schedule_check:
  *  - one field of one step (kind, stream, ndeps, each used dep, peer, tag, chunk, src_off,
- *    dst_off, bytes, every tpf_mref field of a, w and d, m, n, k, stride_bytes, count), on one
+ *    dst_off, bytes, every tpf_mref field of a, w and d, m, n, k, stride_bytes, count, and the
+ *    mechanism: xport, sm_budget), on one
  *    rank and, as a second mutation class, on the same step of every rank (a builder bug would
  *    break every rank alike, so cross-rank disagreement cannot give it away);
  *  - one header field (tp_size, rank, algo, coll, dtype, num_splits, aggregate, rows, cols,
- *    chunk_rows, chunk_bytes, registered/active bytes, gemm dims, compute streams, nsteps), on
- *    one rank and on every rank;
+ *    chunk_rows, chunk_bytes, registered/active bytes, gemm dims, compute streams, nsteps,
+ *    handshake_peers), on one rank and on every rank;
  *  - delete a step, duplicate a step, swap two neighbouring steps (one rank, every rank).
  * Each mutation has a verdict decided here, not by the checker:
  *  - MUST_REJECT: the checker must return TPF_EINVAL with a detail naming a rank.
@@ -54,7 +55,7 @@ static const variant variants[] = {
     {"bulk rs", TPF_ALGO_BULK, TPF_COLL_RS, 0, false},
 };
 
-enum { MUST_REJECT, HARMLESS, ORDER, UNDETECTABLE };
+enum { MUST_REJECT, HARMLESS, ORDER, UNDETECTABLE, MECH /* decided on the mutated group */ };
 
 typedef struct {
   const variant *v;
@@ -296,8 +297,11 @@ static bool p1_noop(const group *g, const tpf_step *st) {
 
 /* ---- running one mutation ---- */
 
+static int mech_verdict(const group *g, const char **why);
+
 static void verdict_check(group *g, int verdict, const char *why) {
   char owhy[160] = "";
+  if (verdict == MECH) verdict = mech_verdict(g, &why);
   cnt.tried++;
   tpf_status rc = tpf_schedule_check(g->mut, g->P);
   const char *msg = tpf_last_error();
@@ -384,6 +388,8 @@ enum {
   F_K,
   F_STRIDE,
   F_COUNT,
+  F_XPORT,
+  F_SMS,
   F_NUM
 };
 
@@ -428,6 +434,8 @@ static const sfield sfields[F_NUM] = {
     SF(F_K, k, 8),
     SF(F_STRIDE, stride_bytes, 8),
     SF(F_COUNT, count, 4),
+    SF(F_XPORT, xport, 1),
+    SF(F_SMS, sm_budget, 1),
 };
 
 static uint64_t get_field(const tpf_step *st, int f) {
@@ -533,6 +541,10 @@ static bool field_used(const tpf_step *st, int f) {
     return k == TPF_STEP_REDUCE && st->count > 1; /* view t starts at t * stride: t = 0 only */
   case F_COUNT:
     return red;
+  case F_XPORT:
+    return k == TPF_STEP_SEND || red; /* how the bytes move; nothing else moves any */
+  case F_SMS:
+    return k == TPF_STEP_GEMM;
   default:
     return true;
   }
@@ -611,6 +623,16 @@ static int cands_for(const group *g, const tpf_step *st, int f, int i, cand *c) 
     SET(TPF_MAX_RANKS + 1);
     SET(UINT32_MAX);
     break;
+  case F_XPORT:
+    for (int k = 0; k <= TPF_XPORT_COUNT; k++)
+      SET(k);
+    SET(255);
+    break;
+  case F_SMS:
+    for (int k = 0; k <= TPF_SMS_COUNT; k++)
+      SET(k);
+    SET(255);
+    break;
   default: {
     const int64_t d[] = {
         1, -1, (int64_t)g->e, (int64_t)g->S, -(int64_t)g->S, (int64_t)g->pitch, (int64_t)g->R};
@@ -633,10 +655,55 @@ static uint64_t apply(cand c, uint64_t old) {
   return c.add ? old + c.v : c.v;
 }
 
+/* The mechanism oracle (tpflex_backend.h, decided here from what each value means): harmful when
+ * a step moves bytes by a class its kind cannot use, the operation's SENDs use two classes, a
+ * GEMM leaves SMs to kernels its schedule does not run, or a rank's handshake skips a peer it
+ * must see start (one it exchanges bytes with; every peer beside a BARRIER, a PEER_REDUCE or a
+ * copy kernel), names itself or a rank outside the group. */
+static int mech_verdict(const group *g, const char **why) {
+  int send_class = -1;
+  for (int r = 0; r < g->P; r++) {
+    const tpf_schedule *s = &g->mut[r];
+    uint64_t need = 0, grp = (1ull << (unsigned)g->P) - 1u, me = 1ull << (unsigned)r;
+    bool all = false, kernels = false;
+    for (int i = 0; i < s->nsteps; i++) {
+      const tpf_step *st = &s->steps[i];
+      const int k = st->kind;
+      const bool red = k == TPF_STEP_REDUCE || k == TPF_STEP_PEER_REDUCE;
+      const bool fits = k == TPF_STEP_SEND ? st->xport == TPF_XPORT_COPY_ENGINE ||
+                                                 st->xport == TPF_XPORT_COPY_KERNEL
+                        : red ? st->xport == TPF_XPORT_REDUCE_KERNEL
+                              : st->xport == TPF_XPORT_NONE;
+      if (!fits) return *why = "a transport class the step's kind cannot use", MUST_REJECT;
+      if (k == TPF_STEP_SEND && send_class >= 0 && st->xport != send_class)
+        return *why = "two copy classes in one operation", MUST_REJECT;
+      if (k == TPF_STEP_SEND) send_class = st->xport;
+      if ((k == TPF_STEP_SEND || k == TPF_STEP_RECV) && st->peer >= 0 && st->peer < 64)
+        need |= 1ull << (unsigned)st->peer;
+      kernels = kernels || st->xport == TPF_XPORT_COPY_KERNEL || red;
+      all = all || k == TPF_STEP_BARRIER || k == TPF_STEP_PEER_REDUCE ||
+            st->xport == TPF_XPORT_COPY_KERNEL;
+    }
+    for (int i = 0; i < s->nsteps; i++) {
+      const tpf_step *st = &s->steps[i];
+      if (st->sm_budget >= TPF_SMS_COUNT ||
+          (st->kind != TPF_STEP_GEMM && st->sm_budget != TPF_SMS_ALL) ||
+          (st->sm_budget == TPF_SMS_LEAVE_COMM && !kernels))
+        return *why = "an SM budget no kernel of the schedule uses", MUST_REJECT;
+    }
+    need = (all ? grp : need) & ~me;
+    if ((s->handshake_peers & ~grp) || (s->handshake_peers & me) || (need & ~s->handshake_peers))
+      return *why = "a handshake that skips a peer it must see start", MUST_REJECT;
+  }
+  *why = "another mechanism the backend runs correctly (a superset of peers, another class)";
+  return HARMLESS;
+}
+
 /* Special verdicts for value changes of used fields that are harmless after all. */
 static int value_verdict(const group *g, const tpf_step *st, int f, uint64_t nv, const char **why) {
   *why = NULL;
   if (order_field(f)) return ORDER;
+  if (f == F_XPORT || f == F_SMS) return MECH;
   if (!field_used(st, f)) {
     *why = "field unused by this kind";
     return HARMLESS;
@@ -806,6 +873,7 @@ enum {
   H_GK,
   H_NCS,
   H_NSTEPS,
+  H_HSPEERS,
   H_NUM
 };
 static const char *const hnames[H_NUM] = {"tp_size",
@@ -825,7 +893,8 @@ static const char *const hnames[H_NUM] = {"tp_size",
                                           "gemm_n",
                                           "gemm_k",
                                           "num_compute_streams",
-                                          "nsteps"};
+                                          "nsteps",
+                                          "handshake_peers"};
 
 static uint64_t hget(const tpf_schedule *s, int f) {
   switch (f) {
@@ -863,6 +932,8 @@ static uint64_t hget(const tpf_schedule *s, int f) {
     return s->gemm_k;
   case H_NCS:
     return (uint64_t)(int64_t)s->num_compute_streams;
+  case H_HSPEERS:
+    return s->handshake_peers;
   default:
     return (uint64_t)(int64_t)s->nsteps;
   }
@@ -921,6 +992,9 @@ static void hset(tpf_schedule *s, int f, uint64_t v) {
   case H_NCS:
     s->num_compute_streams = (int)(int64_t)v;
     break;
+  case H_HSPEERS:
+    s->handshake_peers = v;
+    break;
   default:
     s->nsteps = (int)(int64_t)v;
     break;
@@ -930,6 +1004,12 @@ static void hset(tpf_schedule *s, int f, uint64_t v) {
 static int header_cands(const group *g, int f, uint64_t v, uint64_t *out) {
   int n = 0;
   switch (f) {
+  case H_HSPEERS: /* every bit flipped in turn (this rank's, one past the group), none, all */
+    for (int q = 0; q <= g->P; q++)
+      out[n++] = v ^ (1ull << (unsigned)q);
+    out[n++] = 0;
+    out[n++] = UINT64_MAX;
+    break;
   case H_ALGO:
     for (int k = 0; k <= TPF_ALGO_COUNT; k++)
       out[n++] = (uint64_t)k;
@@ -980,6 +1060,7 @@ static int header_cands(const group *g, int f, uint64_t v, uint64_t *out) {
  * their own), registered bytes only bound the active bytes, and extra declared compute streams
  * that no step uses change nothing. */
 static int header_verdict(const group *g, int f, uint64_t nv, bool all) {
+  if (f == H_HSPEERS) return MECH; /* per rank, not a header every rank must share */
   int used = 0;
   for (int r = 0; r < g->P; r++)
     for (int i = 0; i < g->orig[r].nsteps; i++) {

@@ -1,7 +1,7 @@
 /* The bench library's declarations (tpf_bench; the `tpflex bench` command around it is
  * tools/cmd_bench.c): options, rank groups (simulator world or in-process CUDA ranks),
  * device-neutral memory and timing, the CUDA primitives, and the sections. The rooms, each calling
- * only the ones above it (bench/README.md, "Rooms"; scripts/check_rooms.py checks):
+ * only the ones above it (tools/bench/README.md, "Rooms"; scripts/check_rooms.py checks):
  *
  *   bench_util.c           leaf: clock, statistics, allocator counts, the report (bench_util.h)
  *   bench_cuda_dev.c       leaf: CUDA rank groups (harness tpf_cuda_ranks), device memory,
@@ -9,7 +9,10 @@
  *   bench_group.c          rank groups, the random source, memory and timing on either backend
  *   bench_lt.c             CUDA-only: the plain cuBLASLt matmul of every GPU baseline (bench_lt.h)
  *   bench_cuda_sections.c  GPU-only: cuBLASLt baselines, section 3, section 1's IPC alternative
- *   bench_ops.c            sections 1, 2, 4/5 and the variants runner, through the public API
+ *   bench_ops.c            the operation jobs' runner (bench_job.h) and the variants runner
+ *   bench_check.c          a job's output check, results across processes, enqueue breakdown
+ *   bench_setshape.c       section 1 (set_active_shape cost)
+ *   bench_tp.c             sections 2 and 4/5, through the public API
  *   bench_planner.c        section 6, the planner
  *   bench_host_cuda.c      --section host on CUDA: host and device cost against a plain matmul
  *   bench_host.c           --section host: the core's host cost per operation (then the above)
@@ -281,7 +284,7 @@ typedef struct {
  * least that). */
 tpf_status bench_run_variants(bench_group *g, bench_variants *v);
 
-/* ---- the tp section's operations on one group (bench_ops.c; bench_modes.c) ---------------- */
+/* ---- the tp section's operations on one group (bench_tp.c; bench_modes.c) ----------------- */
 
 /* The enqueue breakdown of one operation (bench_tp_result.enq): from the differences of
  * tpf_cuda_enqueue_stats over the host-wall repetitions, per operation: host us inside the
@@ -392,7 +395,8 @@ typedef struct {
 /* Runs r on group g (P = g->tp; shape, repetitions from o). The status of the run. */
 tpf_status bench_run_dtype(bench_group *g, const bench_opts *o, bench_dtype_run *r);
 
-/* ---- sections (bench_ops.c, bench_planner.c, bench_modes.c; 3 is bench_cuda_sections.c) --- */
+/* ---- sections (bench_setshape.c, bench_tp.c, bench_planner.c, bench_modes.c; 3 is
+ * bench_cuda_sections.c) ---------------------------------------------------------------------- */
 int bench_section_setshape(const bench_opts *o);
 int bench_section_dynamic(const bench_opts *o);
 int bench_section_tp(const bench_opts *o); /* bench_modes.c: both modes */
