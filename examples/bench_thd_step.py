@@ -164,6 +164,9 @@ def main() -> int:
     ap.add_argument("--ops", action="store_true",
                     help="the aten operations per step, and those whose counts differ")
     ap.add_argument("--profile", action="store_true")
+    ap.add_argument("--fp8", default="", choices=("", "delayed", "current"),
+                    help="cuda: also time tpflex's step under tpflex.torch.autocast with this "
+                         "recipe (FP8 registrations beside the bf16 ones), and fp8/bf16")
     a = ap.parse_args()
     if a.device == "cpu":
         return cpu_main(a)
@@ -175,13 +178,17 @@ def main() -> int:
     torch.cuda.set_device(dev)
     dt, H = torch.bfloat16, a.hidden
     Ts = [int(t) for t in a.T.split(",")]
-    te.initialize_ub([max(Ts), H], P, dtype=dt)
+    modes = [te.UserBufferQuantizationMode.NONE] + \
+        ([te.UserBufferQuantizationMode.FP8] if a.fp8 else [])
+    te.initialize_ub([max(Ts), H], P, quantization_modes=modes, dtype=dt)
+    recipe = {"": None, "delayed": te.DelayedScaling, "current": te.Float8CurrentScaling}[a.fp8]
     model = torch.nn.Sequential(Block(H, P, dt, dev), Block(H, P, dt, dev))
     plain = torch.nn.Sequential(PlainBlock(H, P, dt, dev), PlainBlock(H, P, dt, dev))
     if rank == 0:
         print(f"bench_thd_step: P {P}, H {H}, bf16, two blocks, median of {a.iters} steps "
               f"(forward + backward), tpflex.torch modules vs plain torch on the same shards")
-        print(f"{'T':>6} {'tpflex ms':>10} {'torch ms':>10} {'ratio':>7}")
+        print(f"{'T':>6} {'tpflex ms':>10} {'torch ms':>10} {'ratio':>7}" +
+              (f" {'fp8 ms':>8} {'bf16/fp8':>9}  ({a.fp8} scaling)" if a.fp8 else ""))
     for T in (te.legal_rows(t) for t in Ts):
         x = torch.randn(T // P, H, device=dev, dtype=dt, requires_grad=True)
         xp = torch.randn(T // P, H, device=dev, dtype=dt, requires_grad=True)
@@ -194,10 +201,17 @@ def main() -> int:
                     torch.cuda.synchronize()
                 print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=18))
             o = aten_ops(lambda: model(x).sum().backward()) if a.ops else None
+            if recipe is not None:
+                def fp8_step():
+                    with te.autocast(recipe=recipe()):
+                        y = model(x)
+                    y.sum().backward()
+                fp8 = median_ms(fp8_step, a.iters)
         theirs = median_ms(lambda: plain(xp).sum().backward(), a.iters)
         p = aten_ops(lambda: plain(xp).sum().backward()) if a.ops else None
         if rank == 0:
-            print(f"{T:>6} {ours:>10.3f} {theirs:>10.3f} {ours / theirs:>7.2f}")
+            print(f"{T:>6} {ours:>10.3f} {theirs:>10.3f} {ours / theirs:>7.2f}" +
+                  (f" {fp8:>8.3f} {ours / fp8:>9.2f}" if recipe is not None else ""))
             if a.ops:
                 print(f"       aten ops per step: tpflex {sum(o.values())}, torch "
                       f"{sum(p.values())}; differ (tpflex/torch): {ops_differ(o, p)}")

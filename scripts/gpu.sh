@@ -44,6 +44,10 @@
 #   host-path          the C enqueue per operation (bench --section tp), the host section
 #                      (per operation host and device cost against one cuBLASLt matmul), the
 #                      Python overhead, the THD step against plain torch at P = 1 and 2 (MPS)
+#   layer              the transformer layer on THD: the training example (real attention)
+#                      checked against fp32 torch, the step against plain torch with the FP8
+#                      step beside it, bucketed graphs against one graph padded to the
+#                      capacity (examples/bench_graphs_vs_padding.py); P = 1, P = 2 under MPS
 #   thd-step           the THD step of the modules against plain torch (P = 1 with --ops
 #                      --profile, P = 2 under MPS), the training example at P = 1 and 2, the
 #                      graphed step at P = 1, test_layers.py; SKIP="name ..." leaves some out
@@ -71,7 +75,7 @@ ME=$ROOT/scripts/gpu.sh
 
 CALLS_HELP="calls (scripts/gpu_calls.sh): check = build gpu-tests-short gemm-plan fp8-tests;
   fp8 = build fp8-bench fp8-calibrate; host = build host-path;
-  thd = build thd-step without train_p1 and layers_sim"
+  thd = build thd-step without train_p1 and layers_sim; layer = build layer fp8-bench"
 
 # ---- where: snapshot mode or tree mode ----
 if [ -n "${BUILD:-}" ]; then
@@ -362,7 +366,25 @@ step_tools_smoke() {
   run calibrate 300 "$TPF calibrate --backend cuda --quick --out $D/calibrated.txt"
   grep -E "^calibrate summary|^  (gemm|reduce|launch_us) |FAILED" "$D/calibrate.log" | head -5 | tee -a "$D/summary.txt"
 }
-STEPS="build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
+# The transformer layer on THD (SPEC §13-14): the training example with real attention checked
+# against plain fp32 torch, the step against plain torch with the FP8 step beside it, and
+# bucketed graphs against one graph padded to the capacity; P = 1, then P = 2 under MPS.
+step_layer() {
+  run train_p1 200 "$TR --nproc-per-node 1 examples/thd_training_step.py --backend cuda"
+  run bench_p1 200 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
+  run graphs_pad_p1 300 "$TR --nproc-per-node 1 examples/bench_graphs_vs_padding.py"
+  mps_on
+  run train_p2_mps 200 "$TR --nproc-per-node 2 examples/thd_training_step.py --backend cuda"
+  run bench_p2_mps 200 "$TR --nproc-per-node 2 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
+  run graphs_pad_p2_mps 300 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --stream 50"
+  mps_off
+  {
+    for f in train_p1 bench_p1 graphs_pad_p1 train_p2_mps bench_p2_mps graphs_pad_p2_mps; do
+      echo "== $f"; grep -E '^(thd_training_step|bench_thd_step|bench_graphs_vs_padding)|^ *[0-9]+ ' "$D/$f.log"
+    done
+  } >"$D/figures.txt" 2>/dev/null
+}
+STEPS="layer build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
 gemm-plan fp8-tests fp8-bench fp8-bench-python fp8-calibrate host-path thd-step graphed python
 python-tests planner tp-modes lean-enqueue device-flags bench-all tools-smoke"
 
@@ -390,6 +412,7 @@ call_steps() {
   fp8) echo "build fp8-bench fp8-calibrate" ;;
   host) echo "build host-path" ;;
   thd) echo "build thd-step" ;;
+  layer) echo "build layer fp8-bench" ;;
   *) return 1 ;;
   esac
 }
