@@ -98,7 +98,11 @@ def cpu_main(a) -> int:
     iters, dev = a.iters or 50, torch.device("cpu")
 
     def body(rank):
-        te.initialize_ub([max(Ts), H], 1, dtype=dt, backend="sim")
+        modes = [te.UserBufferQuantizationMode.NONE] + \
+            ([te.UserBufferQuantizationMode.FP8] if a.fp8 else [])
+        te.initialize_ub([max(Ts), H], 1, dtype=dt, backend="sim", quantization_modes=modes)
+        recipe = {"": None, "delayed": te.DelayedScaling,
+                  "current": te.Float8CurrentScaling}[a.fp8]
         lines = [f"bench_thd_step --device cpu: P 1 (simulator), H {H}, {name}, two blocks, "
                  f"forward + backward; host µs per step: median of {a.blocks} alternating blocks "
                  f"of {iters} steps; torch threads {torch.get_num_threads()}; CPU figures (no GPU)",
@@ -119,6 +123,14 @@ def cpu_main(a) -> int:
                             s()
                     o, p = aten_ops(ours), aten_ops(theirs)
                     u, v = host_us([ours, theirs], iters, a.blocks)
+                    if recipe is not None:   # the same step in FP8 (the CPU's exact FP8 GEMM)
+                        def fp8_step():
+                            with torch.autocast("cpu", dtype=dt, enabled=dt != torch.float32), \
+                                    te.autocast(recipe=recipe()):
+                                y = model(x)
+                            y.sum().backward()
+                        fp8_step()
+                        f8 = host_us([fp8_step], iters, a.blocks)[0]
                     if a.profile and T == te.legal_rows(Ts[0]):
                         from torch.profiler import ProfilerActivity, profile
                         with profile(activities=[ProfilerActivity.CPU]) as prof:
@@ -127,6 +139,9 @@ def cpu_main(a) -> int:
                                                                row_limit=18))
                 lines.append(f"{T:>6} {u:>10.1f} {v:>10.1f} {u / v:>7.2f} {u - v:>10.1f} "
                              f"{sum(o.values()):>16} {sum(p.values()):>6}")
+                if recipe is not None:
+                    lines.append(f"       FP8 ({a.fp8} scaling) µs per step: {f8:.1f} "
+                                 f"({f8 / u:.2f}x the {name} step; CPU arithmetic, not a GPU's)")
                 if a.ops:
                     lines.append(f"       aten ops that differ (tpflex/torch): {ops_differ(o, p)}")
         finally:
