@@ -371,6 +371,7 @@ step_tools_smoke() {
 # bucketed graphs against one graph padded to the capacity; P = 1, then P = 2 under MPS.
 step_layer() {
   run train_p1 200 "$TR --nproc-per-node 1 examples/thd_training_step.py --backend cuda"
+  run te_example_fp8_p1 120 "$TR --nproc-per-node 1 examples/te_layer_with_overlap.py -s 2048 -n 16 -d 64 --fp8"
   run bench_p1 200 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
   run graphs_pad_p1 300 "$TR --nproc-per-node 1 examples/bench_graphs_vs_padding.py"
   mps_on
@@ -379,8 +380,8 @@ step_layer() {
   run graphs_pad_p2_mps 300 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --stream 50"
   mps_off
   {
-    for f in train_p1 bench_p1 graphs_pad_p1 train_p2_mps bench_p2_mps graphs_pad_p2_mps; do
-      echo "== $f"; grep -E '^(thd_training_step|bench_thd_step|bench_graphs_vs_padding)|^ *[0-9]+ ' "$D/$f.log"
+    for f in train_p1 te_example_fp8_p1 bench_p1 graphs_pad_p1 train_p2_mps bench_p2_mps graphs_pad_p2_mps; do
+      echo "== $f"; grep -E '^(thd_training_step|bench_thd_step|bench_graphs_vs_padding|te_layer)|^ *[0-9]+ |FP8' "$D/$f.log"
     done
   } >"$D/figures.txt" 2>/dev/null
 }
