@@ -163,10 +163,18 @@ def attend(where: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, qkv_fo
             mq = int((iq[1:] - iq[:-1]).max()) if max_seqlen_q is None else int(max_seqlen_q)
             mk = mq if same and max_seqlen_kv is None else (
                 int((ik[1:] - ik[:-1]).max()) if max_seqlen_kv is None else int(max_seqlen_kv))
-            o = _varlen(q, k, v, iq, ik, mq, mk, causal, sc)
+            # Tokens past cu_seqlens[-1] (the padding up to a legal T) belong to no sequence:
+            # the kernel leaves their output rows and, in its backward, their dq/dk/dv rows
+            # unwritten (whatever the allocator held). Masking the inputs as well as the output
+            # makes those gradient rows zeros, so they cannot reach the qkv GEMM's weight
+            # gradient or the norms' (found on an H100 at P = 2, where T is padded to even).
+            z = torch.zeros((), dtype=q.dtype, device=q.device)
             valid = torch.arange(tq, device=q.device) < iq[-1]
-            o = torch.where(valid[:, None, None], o, torch.zeros((), dtype=o.dtype,
-                                                                 device=o.device))
+            vk = valid if same and tk == tq else torch.arange(tk, device=k.device) < ik[-1]
+            q = torch.where(valid[:, None, None], q, z)
+            k, v = (torch.where(vk[:, None, None], t, z) for t in (k, v))
+            o = _varlen(q, k, v, iq, ik, mq, mk, causal, sc)
+            o = torch.where(valid[:, None, None], o, z)
             return o.reshape(tq, hq * d)
         allowed, valid = _thd_mask(cu_q, cu_k, tq, tk, causal, bottom)
         o = _sdpa(q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
