@@ -2,6 +2,7 @@
 scheduled as TE schedules them on tpflex's operations."""
 from __future__ import annotations
 
+import contextvars
 from typing import Any, Optional, Tuple
 
 import torch
@@ -59,9 +60,22 @@ class _Call:
                 f"backward has run)", self.where)
 
 
+# The shape the innermost active_tokens block set: (manager, its shape-change count then, T, H).
+# While no other shape change went through that manager it is the active shape, so the layers
+# take T from it instead of reading it back from C.
+_TOKENS: contextvars.ContextVar[Optional[Tuple[Any, int, int, int]]] = \
+    contextvars.ContextVar("tpflex_active_tokens", default=None)
+
+
 def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> int:
-    """Checks the microbatch's tokens against comm's active shape [T, H]; returns H."""
-    T, H = comm.active_shape
+    """Checks the microbatch's tokens against comm's active shape [T, H] (the one the
+    active_tokens block around the call set, else comm's as the C library has it); returns H."""
+    ctx = _TOKENS.get()
+    m = getattr(comm, "_mgr", None)
+    if ctx is not None and ctx[0] is m and m._serial == ctx[1] and not comm.external:
+        T, H = ctx[2], ctx[3]
+    else:
+        T, H = comm.active_shape
     if tokens != T:
         _tokens_hint(call, T, H, tokens, rows, what)
         per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
