@@ -170,23 +170,42 @@ class ActiveTokens(unittest.TestCase):
             self.assertEqual((brows, crows), (24, 24 // P))
 
     def test_layers_take_tokens_from_the_block(self):
-        """A module's forward inside active_tokens reads no active shape back from C."""
+        """A module's forward and backward inside active_tokens read no active shape back from
+        C; outside a block, or after another shape change inside it, they still check T."""
         from tpflex.layers import LayerNormMLP
 
         def f(rank):
             torch.manual_seed(0)
             m = LayerNormMLP(H, 64, tp_size=P, sequence_parallel=True, set_parallel_mode=True,
                              params_dtype=torch.float32, ub_overlap_ag=True, ub_overlap_rs=True)
-            x = torch.randn(16 // P, H)
             out = []
             for T in (16, 32, 16):
-                x = torch.randn(T // P, H)
+                x = torch.randn(T // P, H, requires_grad=True)
                 with tt.active_tokens(T):
-                    out.append(_count(lambda: m(x)))
-            return out
-        for counts in _on_ranks(f):
+                    out.append(_count(lambda: m(x).sum().backward()))
+            errs = []
+            with tt.active_tokens(16):
+                tt.set_ub_active_shape([32, H])   # the block's shape no longer holds
+                try:
+                    m(torch.randn(16 // P, H))
+                except Exception as e:  # noqa: BLE001
+                    errs.append(type(e).__name__)
+                y = m(torch.randn(32 // P, H, requires_grad=True))
+                tt.set_ub_active_shape([16, H])
+                try:
+                    y.sum().backward()            # its shape is gone before its backward
+                except Exception as e:  # noqa: BLE001
+                    errs.append(type(e).__name__)
+            try:
+                m(torch.randn(32 // P, H))        # after the block: the restored shape [64, H]
+            except Exception as e:  # noqa: BLE001
+                errs.append(type(e).__name__)
+            return out, errs
+        for counts, errs in _on_ranks(f):
             for c in counts:
                 self.assertNotIn("tpf_comm_active_shape", c, counts)
+                self.assertIn("tpf_ag_gemm_ex", c)  # the overlapped path ran
+            self.assertEqual(errs, ["TpflexShapeError"] * 3)
 
 
 if __name__ == "__main__":

@@ -2,7 +2,6 @@
 scheduled as TE schedules them on tpflex's operations."""
 from __future__ import annotations
 
-import contextvars
 from typing import Any, Optional, Tuple
 
 import torch
@@ -10,8 +9,8 @@ import torch.nn.functional as Fn
 
 from .._quant import QTensor, fp8_mm
 from ..errors import TpflexShapeError
-from ._sites import (_Plain, _add_bias, _autocast_off, _bias_grad, _fp8_wgrad_into, _gather_q,
-                     _linear, _mm, _wgrad_into)
+from ._sites import (_Plain, _add_bias, _autocast_off, _bias_grad, _block_shape,
+                     _fp8_wgrad_into, _gather_q, _linear, _mm, _wgrad_into)
 
 
 # ---- one call's settings -----------------------------------------------------------------------
@@ -53,29 +52,17 @@ class _Call:
     def check_backward(self) -> None:
         """The microbatch's shape must still be active when its backward runs."""
         c = self.shape_comm
-        if c is not None and c.active_shape[0] != self.tokens:
+        if c is not None and (_block_shape(c) or c.active_shape)[0] != self.tokens:
             raise TpflexShapeError(
                 f"backward of a microbatch of T = {self.tokens} tokens, but '{c.name}' is now "
                 f"active at {list(c.active_shape)} (keep the microbatch's shape active until its "
                 f"backward has run)", self.where)
 
 
-# The shape the innermost active_tokens block set: (manager, its shape-change count then, T, H).
-# While no other shape change went through that manager it is the active shape, so the layers
-# take T from it instead of reading it back from C.
-_TOKENS: contextvars.ContextVar[Optional[Tuple[Any, int, int, int]]] = \
-    contextvars.ContextVar("tpflex_active_tokens", default=None)
-
-
 def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> int:
     """Checks the microbatch's tokens against comm's active shape [T, H] (the one the
     active_tokens block around the call set, else comm's as the C library has it); returns H."""
-    ctx = _TOKENS.get()
-    m = getattr(comm, "_mgr", None)
-    if ctx is not None and ctx[0] is m and m._serial == ctx[1] and not comm.external:
-        T, H = ctx[2], ctx[3]
-    else:
-        T, H = comm.active_shape
+    T, H = _block_shape(comm) or comm.active_shape
     if tokens != T:
         _tokens_hint(call, T, H, tokens, rows, what)
         per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
@@ -309,7 +296,7 @@ def _column_fp8_fwd(ctx: Any, x: torch.Tensor, b: Optional[torch.Tensor], call: 
             kw["bias"] = b
         if call.gelu:
             kw["gelu"] = True
-        T = call.fprop.active_shape[0]
+        T = call.tokens  # checked against the active shape (_check_tokens)
         out = torch.empty((T, w.data.shape[0]), dtype=x.dtype, device=x.device)
         return call.fprop.ag_gemm(w.data, out=out, **kw)
     xt = _gather_q(call.plain, xq) if call.sp else xq
@@ -385,7 +372,7 @@ def _row_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tenso
     dx = None
     if c.ag_dgrad:  # FP8 RING AG of dY + GEMM; the wgrad reads the gathered FP8 dY there
         c.dgrad.local_chunk().copy_(dyq.data)
-        T = c.dgrad.active_shape[0]
+        T = c.tokens  # checked against the active shape (_check_tokens)
         dx = c.dgrad.ag_gemm(w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
                              w_scale_inv=w.scale_inv,
                              out=torch.empty((T, w.data.shape[1]), dtype=dt, device=dy.device))

@@ -10,9 +10,9 @@ import torch.nn.functional as Fn
 from .. import sim
 from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, TpflexShapeError,
                       TpflexStateError, TpflexUnsupportedError)
-from ._autograd import _TOKENS, _Call, _check_tokens, _ColumnParallel, _RowParallel
+from ._autograd import _Call, _check_tokens, _ColumnParallel, _RowParallel
 from .. import _quant
-from ._sites import (_Plain, _autocast_off, _autocast_on, _compute_dtype, _get, _linear,
+from ._sites import (_TOKENS, _Plain, _autocast_off, _autocast_on, _compute_dtype, _get, _linear,
                      _native, _need, _precision, _site_names, _tt)
 from ._te_args import _ExtraState, _init_param, _refuse
 
