@@ -504,12 +504,10 @@ static tpf_matrix view(const tpf_comm *c, uint64_t off, uint64_t rows) {
 tpf_status tpf_comm_buffer(tpf_comm *c, tpf_matrix *full) {
   TPF_CHECK_COMM(c, "tpf_comm_buffer");
   TPF_RETURN_IF(!full, TPF_EINVAL, "tpf_comm_buffer: NULL argument");
-  uint64_t rows = c->active.rows;
-  if (c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_RS) {
-    uint64_t p = (uint64_t)c->be->tp_size;
-    rows = (2 * p - 1) * (c->active.rows / p); /* validated: no overflow below capacity */
-  }
-  *full = view(c, 0, rows);
+  tpf_layout_desc d = tpf__comm_desc(c, c->active);
+  /* Every slot of the active layout (layout.c's slot rule); validated: no overflow. */
+  uint64_t p = (uint64_t)c->be->tp_size;
+  *full = view(c, 0, (uint64_t)tpf__layout_slots(&d) * (c->active.rows / p));
   return TPF_OK;
 }
 

@@ -56,12 +56,17 @@ typedef struct {
   int count;
   tpf_region chunk[2 * TPF_MAX_RANKS > TPF_MAX_SPLITS ? 2 * TPF_MAX_RANKS : TPF_MAX_SPLITS];
   tpf_region local;
+  tpf_region buffer; /* the whole active buffer (tpf_comm_buffer): offset 0, every slot */
   uint64_t registered_bytes, active_bytes;
 } tpf_layout_geom;
 tpf_status tpf__layout_geometry(const tpf_layout_desc *d, uint64_t align_bytes,
                                 tpf_layout_geom *out);
 /* Layout validations (every rule of SPEC §3 run once) made by the calling thread so far. */
 uint64_t tpf__layout_validations(void);
+/* The ring-RS slot rule (layout.c, its one home): the chunk slots a non-pipeline layout names
+ * (2P-1 for RING RS, else P) and the slot of this rank's shard (P-1 for RING RS, else rank). */
+int tpf__layout_slots(const tpf_layout_desc *d);
+int tpf__layout_local_slot(const tpf_layout_desc *d);
 /* The split count a descriptor resolves to (num_splits, or its default). d must be valid. */
 int tpf__layout_splits(const tpf_layout_desc *d);
 /* True for fp8 dtypes (1-byte elements; they follow the active shape like any other, SPEC §11). */

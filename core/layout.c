@@ -84,6 +84,23 @@ bool tpf__dtype_quantized(tpf_dtype t) {
   return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
 }
 
+/* The ring-RS slot rule, the one place it is written (the core, the communicator's views and,
+ * through tpf_manager_geometry, the Python package read it from here): RING RS registers 2P-1
+ * chunk slots (each rank's partials travel through the P-1 slots after its own) and this rank's
+ * reduced shard is slot P-1; every other layout names P chunks, and the local shard is chunk
+ * `rank`. d's enums must be valid. */
+static bool ring_rs(const tpf_layout_desc *d) {
+  return d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS;
+}
+
+int tpf__layout_slots(const tpf_layout_desc *d) {
+  return ring_rs(d) ? 2 * d->tp_size - 1 : d->tp_size;
+}
+
+int tpf__layout_local_slot(const tpf_layout_desc *d) {
+  return ring_rs(d) ? d->tp_size - 1 : d->rank;
+}
+
 int tpf__layout_splits(const tpf_layout_desc *d) {
   switch (d->algo) {
   case TPF_ALGO_RING:
@@ -165,7 +182,7 @@ static tpf_status compute_sizes(const tpf_layout_desc *d, const char *what, uint
   TPF_RETURN_IF(!tpf__mul3_u64(z.chunk_rows, h, e, &z.chunk_bytes), TPF_EOVERFLOW,
                 "%s chunk bytes %llu * %llu * %llu overflow 64 bits", what, (ull)z.chunk_rows,
                 (ull)h, (ull)e);
-  uint64_t slots = (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS) ? 2 * p - 1 : p;
+  uint64_t slots = (uint64_t)tpf__layout_slots(d);
   TPF_RETURN_IF(!tpf__mul_u64(slots, z.chunk_bytes, &z.total_bytes), TPF_EOVERFLOW,
                 "%s layout bytes %llu * %llu overflow 64 bits", what, (ull)slots,
                 (ull)z.chunk_bytes);
@@ -279,12 +296,7 @@ tpf_status tpf_layout_active_bytes(const tpf_layout_desc *d, uint64_t *bytes) {
 tpf_status tpf_layout_chunk_count(const tpf_layout_desc *d, int *count) {
   TPF_RETURN_IF(!count, TPF_EINVAL, "count out-parameter is NULL");
   TPF_CHECK(validate(d, 1, NULL, NULL));
-  if (d->algo == TPF_ALGO_PIPELINE)
-    *count = tpf__layout_splits(d);
-  else if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS)
-    *count = 2 * d->tp_size - 1;
-  else
-    *count = d->tp_size;
+  *count = d->algo == TPF_ALGO_PIPELINE ? tpf__layout_splits(d) : tpf__layout_slots(d);
   return TPF_OK;
 }
 
@@ -314,8 +326,7 @@ tpf_status tpf_layout_local(const tpf_layout_desc *d, tpf_region *out) {
   shape_sizes a;
   TPF_RETURN_IF(!out, TPF_EINVAL, "region out-parameter is NULL");
   TPF_CHECK(validate(d, 1, NULL, &a));
-  uint64_t j = (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS) ? (uint64_t)d->tp_size - 1
-                                                                    : (uint64_t)d->rank;
+  uint64_t j = (uint64_t)tpf__layout_local_slot(d);
   tpf_region r;
   r.offset_bytes = j * a.chunk_bytes;
   r.bytes = a.chunk_bytes;
@@ -332,18 +343,21 @@ tpf_status tpf__layout_geometry(const tpf_layout_desc *d, uint64_t align_bytes,
   tpf_layout_geom g;
   memset(&g, 0, sizeof g);
   const bool pipe = d->algo == TPF_ALGO_PIPELINE;
-  const bool ring_rs = d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_RS;
-  g.count = pipe ? tpf__layout_splits(d) : ring_rs ? 2 * d->tp_size - 1 : d->tp_size;
+  g.count = pipe ? tpf__layout_splits(d) : tpf__layout_slots(d);
   /* As tpf_layout_chunk and tpf_layout_local, from the sizes of the one validation. */
   for (int j = 0; j < g.count; j++) {
     g.chunk[j].offset_bytes = (uint64_t)j * (pipe ? a.block_bytes : a.chunk_bytes);
     g.chunk[j].bytes = pipe ? a.block_bytes : a.chunk_bytes;
     g.chunk[j].rows = pipe ? a.rows : a.chunk_rows;
   }
-  const uint64_t j = ring_rs ? (uint64_t)d->tp_size - 1 : (uint64_t)d->rank;
+  const uint64_t j = (uint64_t)tpf__layout_local_slot(d);
   g.local.offset_bytes = j * a.chunk_bytes;
   g.local.bytes = a.chunk_bytes;
   g.local.rows = a.chunk_rows;
+  /* The whole active buffer: every slot (RING RS: 2P-1 of them; otherwise the [T, H] prefix). */
+  g.buffer.offset_bytes = 0;
+  g.buffer.bytes = a.total_bytes;
+  g.buffer.rows = (uint64_t)tpf__layout_slots(d) * a.chunk_rows;
   g.registered_bytes = c.total_bytes;
   g.active_bytes = a.total_bytes;
   *out = g;

@@ -160,6 +160,68 @@ tpf_status tpf_manager_set_active_shape(tpf_manager *m, tpf_shape active) {
   return rc;
 }
 
+/* One record from the layout rules (tpf__layout_geometry), nothing re-derived here. The shape
+ * was validated when it was applied; alignment belongs to the backend and was checked then. */
+static tpf_status site_geometry(tpf_comm *c, tpf_site_geometry *g) {
+  tpf_layout_desc d = tpf__comm_desc(c, c->active);
+  tpf_layout_geom lg;
+  TPF_CHECK(tpf__layout_geometry(&d, 1, &lg));
+  const uint64_t row_bytes = c->cfg.capacity.cols * (uint64_t)tpf_dtype_size(c->cfg.dtype);
+  memset(g, 0, sizeof *g);
+  g->size = sizeof *g;
+  g->comm = c;
+  g->name = c->cfg.name;
+  g->epoch = c->epoch;
+  g->active = c->active;
+  g->dtype = c->cfg.dtype;
+  g->base = c->base;
+  g->registered_bytes = c->reg_bytes;
+  g->ld = c->cfg.capacity.cols;
+  g->buffer_off_bytes = lg.buffer.offset_bytes;
+  g->buffer_bytes = lg.buffer.bytes;
+  g->buffer_rows = lg.buffer.rows;
+  g->chunk_off_bytes = lg.local.offset_bytes;
+  g->chunk_bytes = lg.local.bytes;
+  g->chunk_rows = lg.local.rows;
+  g->chunk_row_off = lg.local.offset_bytes / row_bytes; /* row_bytes > 0: validated shape */
+  return TPF_OK;
+}
+
+tpf_status tpf_manager_geometry(tpf_manager *m, tpf_site_geometry *out, int cap, int *n) {
+  TPF_CHECK_MANAGER(m, "tpf_manager_geometry");
+  TPF_RETURN_IF(!n, TPF_EINVAL, "tpf_manager_geometry: n is NULL");
+  TPF_RETURN_IF(cap < 0, TPF_EINVAL, "tpf_manager_geometry: cap %d is negative", cap);
+  if (!out) {
+    TPF_RETURN_IF(cap != 0, TPF_EINVAL,
+                  "tpf_manager_geometry: out is NULL with cap %d (pass cap 0 to read the count)",
+                  cap);
+    *n = m->count;
+    return TPF_OK;
+  }
+  /* Released layouts, oldest first; a field appended later adds its sizeof here. */
+  static const size_t released[] = {sizeof(tpf_site_geometry)};
+  const size_t size = out->size ? out->size : sizeof *out;
+  TPF_CHECK(tpf__check_struct_size("tpf_manager_geometry", "out[0]", "tpf_site_geometry",
+                                   out->size, released, TPF_ARRAY_SIZE(released)));
+  TPF_RETURN_IF(cap < m->count, TPF_EINVAL,
+                "tpf_manager_geometry: cap %d is below the manager's %d communicators: pass an "
+                "array of at least %d records (out = NULL, cap = 0 reads the count)",
+                cap, m->count, m->count);
+  /* Every record is computed before any is written: a failure leaves out untouched. */
+  for (int i = 0; i < m->count; i++) {
+    tpf_site_geometry g;
+    TPF_CHECK(site_geometry(m->comms[i], &g));
+  }
+  for (int i = 0; i < m->count; i++) {
+    tpf_site_geometry g;
+    (void)site_geometry(m->comms[i], &g); /* succeeded above on the same, unchanged state */
+    g.size = size;
+    memcpy((char *)out + (size_t)i * size, &g, size);
+  }
+  *n = m->count;
+  return TPF_OK;
+}
+
 /* tpf_comm_destroy of a managed communicator (the recovery path of a failed one: destroy it on
  * every rank, then tpf_manager_add it again). Keeps the creation order of the others. */
 static void forget(tpf_manager *m, tpf_comm *c) {

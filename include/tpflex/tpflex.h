@@ -407,6 +407,38 @@ TPF_API tpf_status tpf_manager_at(tpf_manager *m, int i, tpf_comm **out);
  * changes nothing: the manager and all its communicators stay. */
 TPF_API tpf_status tpf_manager_destroy(tpf_manager *m);
 
+/* One site's geometry for its active shape: everything tpf_comm_buffer, tpf_comm_local_chunk,
+ * tpf_comm_active_shape, tpf_comm_epoch and tpf_comm_registration answer, computed by the core's
+ * layout rules (core/layout.c) in one place. Offsets are bytes from `base`; every view is
+ * row-major with ld = H elements. Versioned as tpf_comm_stats: the caller sets size. */
+typedef struct {
+  size_t size;               /* sizeof(tpf_site_geometry) as the caller compiled it; 0: this one */
+  tpf_comm *comm;            /* the site */
+  const char *name;          /* its name (points into the communicator) */
+  uint64_t epoch;            /* tpf_comm_epoch: successful shape changes so far */
+  tpf_shape active;          /* [T, H]: the active shape (an external site: its capacity) */
+  tpf_dtype dtype;           /* element type of every view */
+  void *base;                /* first byte of the registration (tpf_comm_registration) */
+  uint64_t registered_bytes; /* the whole registration (capacity) */
+  uint64_t ld;               /* elements between rows of every view: H */
+  uint64_t buffer_off_bytes; /* tpf_comm_buffer: always 0 */
+  uint64_t buffer_bytes;     /* every slot of the active layout */
+  uint64_t buffer_rows;      /* T (RING RS: all 2P-1 slots, (2P-1) * T/P) */
+  uint64_t chunk_off_bytes;  /* tpf_comm_local_chunk: this rank's shard */
+  uint64_t chunk_bytes;      /* (T/P) * H * element size */
+  uint64_t chunk_rows;       /* T/P */
+  uint64_t chunk_row_off;    /* chunk_off_bytes in rows of H elements (RING RS: (P-1) * T/P) */
+} tpf_site_geometry;
+/* Fills out[0 .. *n) with the geometry record of every communicator of m, in creation order
+ * (tpf_manager_at), for the shapes active now: one call after a shape change gives a binding
+ * every view it needs. out[0].size is the caller's sizeof(tpf_site_geometry) (0: this header's);
+ * the records are that many bytes apart, and each gets that size. out == NULL with cap == 0 only
+ * sets *n to the number of communicators. A read: call it from the thread that changes shapes.
+ * TPF_EINVAL (nothing written, *n untouched): m not live, n NULL, cap < 0, out NULL with
+ * cap > 0, out[0].size not 0 or a released size, or cap below the number of communicators (the
+ * detail names both counts). */
+TPF_API tpf_status tpf_manager_geometry(tpf_manager *m, tpf_site_geometry *out, int cap, int *n);
+
 /* ---- Telemetry (SPEC §16) -------------------------------------------------------------------
  * Counters per communicator and rank, kept by the core at the one point where an operation is
  * accepted (the backend took it: on CUDA enqueued, on the simulator run). Cheap enough to leave

@@ -130,7 +130,6 @@ class Communicator:
         self._vbuf: Optional[torch.Tensor] = None
         self._vchunk: Optional[torch.Tensor] = None
         self._reg: Optional[torch.Tensor] = None
-        self._reg_ptr = 0
         self._gbuf: Tuple[int, int, int, int] = (0, 0, 0, 0)  # rows, cols, ld, offset (elements)
         self._gchunk: Tuple[int, int, int, int] = (0, 0, 0, 0)
         if _lib.HAVE_BACKEND_CAPS:
@@ -172,8 +171,11 @@ class Communicator:
         self._vepoch = -1
 
     def _handle(self) -> int:
-        if self._mgr._h is None:
+        m = self._mgr
+        if m._h is None:
             raise TpflexStateError(f"communicator '{self.name}' used after destroy_ub()", self.name)
+        if m._pending is not None:  # active_tokens' restore, applied before the shape is used
+            m._settle()
         return self._h
 
     @property
@@ -224,57 +226,43 @@ class Communicator:
             except TpflexError as e2:
                 hint = f"no T >= {T} is legal here ({e2.detail})"
             raise type(e)(f"{e.detail}; {hint}", e.call) from None
+        self._mgr._serial += 1  # an active_tokens context no longer describes every site
         self._refresh_views()
 
     # ---- zero-copy views ----
-    def _geometry(self, m: Matrix) -> Tuple[int, int, int, int]:
-        if self._reg is None:
-            base, nbytes = self.registration()
-            esz = torch.empty((), dtype=self.dtype).element_size()
-            # The views keep the registration alive: the capsule holds the manager's lifetime
-            # (see _manager.Lifetime), so the C destroy waits for the last view.
-            self._reg = dlpack_view(base, 1, nbytes // esz, nbytes // esz, self.dtype,
-                                    self.device, owner=self._mgr._life)[0]
-            self._reg_ptr = base
-        esz = self._reg.element_size()
-        off = int(m.ptr or 0) - self._reg_ptr
-        if TPF_TO_TORCH[m.dtype] != self.dtype or off < 0 or off % esz:
-            raise TpflexStateError(f"'{self.name}': a view at offset {off} bytes of dtype "
-                                   f"{TPF_TO_TORCH[m.dtype]} is not an element of the "
-                                   f"registration ({self.dtype})", self.name)
-        return int(m.rows), int(m.cols), int(m.ld), off // esz
-
     def _refresh_views(self) -> None:
-        """Takes the views again when the shape epoch changed (one C call when it did not)."""
-        h = self._handle()
-        epoch = int(lib.tpf_comm_epoch(h))
+        """Takes the views again when the shape epoch changed (one C call when it did not):
+        the manager reads every site's geometry in one call (_apply_geometry)."""
+        if int(lib.tpf_comm_epoch(self._handle())) != self._vepoch:
+            self._mgr._read_geometry(self)
+
+    def _apply_geometry(self, g: Any) -> None:
+        """This site's record of tpf_manager_geometry (a _lib.SiteGeometry): the geometry the
+        views and the code under torch.compile read, as the C library computes it (RING RS: the
+        buffer is every 2P-1 slot and the local shard is slot P-1: core/layout.c). The eager
+        views are taken on first use. Nothing to do when the epoch is the one applied."""
+        epoch = int(g.epoch)
         if epoch == self._vepoch:
             return
         self._retire_views()
-        mb, mc = Matrix(), Matrix()
-        check(lib.tpf_comm_buffer(h, ctypes.byref(mb)), f"{self.name}.buffer")
-        check(lib.tpf_comm_local_chunk(h, ctypes.byref(mc)), f"{self.name}.local_chunk")
-        self._gbuf, self._gchunk = self._geometry(mb), self._geometry(mc)
-        a = lib.tpf_comm_active_shape(h)
-        self._active = (int(a.rows), int(a.cols))
+        if self._reg is None:
+            # The views keep the registration alive: the capsule holds the manager's lifetime
+            # (see _manager.Lifetime), so the C destroy waits for the last view.
+            base, nbytes = int(g.base or 0), int(g.registered_bytes)
+            esz = torch.empty((), dtype=self.dtype).element_size()
+            self._reg = dlpack_view(base, 1, nbytes // esz, nbytes // esz, self.dtype,
+                                    self.device, owner=self._mgr._life)[0]
+        esz = self._reg.element_size()
+        ld, boff, coff = int(g.ld), int(g.buffer_off_bytes), int(g.chunk_off_bytes)
+        if TPF_TO_TORCH[g.dtype] != self.dtype or boff % esz or coff % esz:
+            raise TpflexStateError(f"'{self.name}': views at byte offsets {boff}, {coff} of "
+                                   f"dtype {TPF_TO_TORCH[g.dtype]} are not elements of the "
+                                   f"registration ({self.dtype})", self.name)
+        self._gbuf = (int(g.buffer_rows), ld, ld, boff // esz)
+        self._gchunk = (int(g.chunk_rows), ld, ld, coff // esz)
+        self._active = (int(g.active.rows), int(g.active.cols))
         self._vbuf = self._vchunk = None  # made on first use (set_ub_active_shape stays cheap)
         self._vepoch = epoch
-
-    def _shape_applied(self, rows: int) -> None:
-        """After the manager applied [rows, H] (one C call for every site): the geometry of the
-        new views as tpf_comm_buffer / tpf_comm_local_chunk compute it (RING RS: the buffer is
-        all 2P-1 slots and the local shard is slot P-1; otherwise [T, H] and chunk `rank`), so
-        that code under torch.compile reads it with no C call; the eager views are taken again
-        on first use (the epoch no longer matches). tests/python/test_direct.py checks it
-        against the C geometry."""
-        self._retire_views()
-        P, H = self.tp_size, self._cols
-        R = rows // P
-        ring_rs = self.algo == "ring" and self.coll == "rs"
-        self._gbuf = ((2 * P - 1) * R if ring_rs else rows, H, H, 0)
-        self._gchunk = (R, H, H, ((P - 1) if ring_rs else self.rank) * R * H)
-        self._vbuf = self._vchunk = None
-        self._vepoch = -1
 
     def _retire_views(self) -> None:
         """The cached views are about to be dropped: one that a caller still holds is recorded
@@ -420,7 +408,8 @@ class Communicator:
 
     def _ag_gemm_eager(self, weight: Any, out: Any, options: Dict[str, Any]) -> torch.Tensor:
         f = fast_options(options) if options else DEFAULT_FAST
-        if f is None or f[0] or weight is None or self._mgr._h is None:
+        if f is None or f[0] or weight is None or self._mgr._h is None or \
+                self._mgr._pending is not None:
             return self._ag_gemm(weight, out, options)
         buf = self._vbuf
         if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
@@ -509,7 +498,8 @@ class Communicator:
     def _gemm_rs_eager(self, x: Any, weight: Any, out: Any,
                        options: Dict[str, Any]) -> torch.Tensor:
         f = fast_options(options) if options else DEFAULT_FAST
-        if f is None or x is None or weight is None or self._mgr._h is None:
+        if f is None or x is None or weight is None or self._mgr._h is None or \
+                self._mgr._pending is not None:
             return self._gemm_rs(x, weight, out, options)
         buf = self._vbuf
         if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
@@ -601,7 +591,8 @@ class Communicator:
 
     def _bulk_eager(self, a: Any, b: Any, out: Any, options: Dict[str, Any]) -> torch.Tensor:
         f = fast_options(options) if options else DEFAULT_FAST
-        if f is None or a is None or b is None or self._mgr._h is None:
+        if f is None or a is None or b is None or self._mgr._h is None or \
+                self._mgr._pending is not None:
             return self._bulk_overlap(a, b, out, options)
         buf = self._vbuf
         if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:

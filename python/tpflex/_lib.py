@@ -37,6 +37,16 @@ class Shape(ctypes.Structure):
     _fields_ = [("rows", c_uint64), ("cols", c_uint64)]
 
 
+class SiteGeometry(ctypes.Structure):
+    """tpf_site_geometry: one site's views for its active shape (tpf_manager_geometry)."""
+    _fields_ = [("size", c_size_t), ("comm", c_void_p), ("name", c_char_p), ("epoch", c_uint64),
+                ("active", Shape), ("dtype", c_int), ("base", c_void_p),
+                ("registered_bytes", c_uint64), ("ld", c_uint64),
+                ("buffer_off_bytes", c_uint64), ("buffer_bytes", c_uint64),
+                ("buffer_rows", c_uint64), ("chunk_off_bytes", c_uint64),
+                ("chunk_bytes", c_uint64), ("chunk_rows", c_uint64), ("chunk_row_off", c_uint64)]
+
+
 class Matrix(ctypes.Structure):
     _fields_ = [("ptr", c_void_p), ("rows", c_uint64), ("cols", c_uint64), ("ld", c_uint64),
                 ("dtype", c_int)]
@@ -232,6 +242,7 @@ _decl("tpf_manager_set_active_shape", c_int, c_void_p, Shape)
 _decl("tpf_manager_count", c_int, c_void_p)
 _decl("tpf_manager_at", c_int, c_void_p, c_int, POINTER(c_void_p))
 _decl("tpf_manager_destroy", c_int, c_void_p)
+_decl("tpf_manager_geometry", c_int, c_void_p, POINTER(SiteGeometry), c_int, POINTER(c_int))
 
 HAVE_SIM = hasattr(lib, "tpf_sim_world_create")
 HAVE_CUDA = hasattr(lib, "tpf_cuda_backend_create")
@@ -286,5 +297,6 @@ def set_error(status: int, detail: str) -> int:
 
 
 __all__ = ["lib", "check", "last_error", "status_name", "set_error", "Shape", "Matrix",
+           "SiteGeometry",
            "CommConfig", "SimConfig", "SimStats", "OpOptions", "op_options_default", "Bootstrap",
            "BOOT_ALLGATHER_FN", "BOOT_BARRIER_FN", "SIM_FN", "TpflexError", "LIBRARY_PATH"]

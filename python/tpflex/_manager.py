@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -12,7 +12,7 @@ from . import _observe
 from ._bootstrap import CudaBackend
 from ._checks import U64_MAX, as_shape, int_arg
 from ._comm import Communicator
-from ._lib import CommConfig, Shape, check, lib
+from ._lib import CommConfig, Shape, SiteGeometry, check, lib
 from ._types import ALGO, COLL, TORCH_TO_TPF
 from .errors import (TpflexAlignError, TpflexDivisibleError, TpflexError, TpflexInvalidError,
                      TpflexStateError)
@@ -94,6 +94,16 @@ class Manager:
         self.backend = getattr(owner, "kind", "cuda") if owner is not None else "sim"
         self._owner = owner
         self._comms: Dict[str, Communicator] = {}
+        # tpf_manager_geometry's records (reused; grown with the communicators) and the
+        # communicators by handle, to hand each its record.
+        self._geo: Optional[ctypes.Array] = None
+        self._by_handle: Dict[int, Communicator] = {}
+        # Shape changes made through this manager (set_active_shape, a Communicator's): an
+        # active_tokens context that recorded the count still describes the active shape.
+        self._serial = 0
+        # The shape active_tokens owes on exit, applied by the next call that uses the shape
+        # (Communicator._handle, the operations) or superseded by the next set_active_shape.
+        self._pending: Optional[Tuple[int, int]] = None
 
     def add(self, name: str, method: str, coll: str, dtype: torch.dtype, capacity: Shape,
             external: bool = False, num_splits: int = 0, aggregate: bool = False) -> Communicator:
@@ -116,7 +126,29 @@ class Manager:
         check(lib.tpf_manager_add(self._h, ctypes.byref(cfg), ctypes.byref(c)), f"add '{name}'")
         comm = Communicator(self, c.value, name)  # type: ignore[arg-type]
         self._comms[name] = comm
+        self._by_handle[comm._h] = comm
         return comm
+
+    def _read_geometry(self, new: Optional[Communicator] = None) -> None:
+        """Every site's geometry for the active shapes in one C call (tpf_manager_geometry),
+        handed to each communicator (Communicator._apply_geometry). new: a communicator being
+        added, not yet in _comms."""
+        n = len(self._comms) + 1
+        geo = self._geo
+        if geo is None or len(geo) < n:
+            geo = self._geo = (SiteGeometry * (2 * n))()
+            geo[0].size = ctypes.sizeof(SiteGeometry)
+        got = ctypes.c_int(0)
+        check(lib.tpf_manager_geometry(self._h, geo, len(geo), ctypes.byref(got)),
+              "set_ub_active_shape")
+        by_h = self._by_handle
+        for i in range(got.value):
+            g = geo[i]
+            c = by_h.get(g.comm)
+            if c is None and new is not None and g.comm == new._h:
+                c = new
+            if c is not None:
+                c._apply_geometry(g)
 
     def _eligible(self) -> List[Communicator]:
         """The communicators set_active_shape changes (the others stay at capacity)."""
@@ -141,6 +173,7 @@ class Manager:
         return t
 
     def set_active_shape(self, shape: Sequence[int]) -> None:
+        """Applies [T, H] to every communicator not external, all-or-nothing."""
         if _observe.ON:  # profiler ranges or a trace (SPEC §16)
             return _observe.shape_change(self, shape, Manager._set_active_shape)
         self._set_active_shape(shape)
@@ -150,14 +183,26 @@ class Manager:
         if self._h is None:
             raise TpflexStateError("manager destroyed", where)
         s = as_shape(where, "shape", shape)
+        # A restore active_tokens still owes is superseded by this shape, or applied (the
+        # _handle of _shape_hint's legal_rows) when this one is refused.
+        pending, self._pending = self._pending, None
         try:
             check(lib.tpf_manager_set_active_shape(self._h, s), where)
-        except (TpflexDivisibleError, TpflexAlignError) as e:
-            raise self._shape_hint(e, s) from None
-        rows = int(s.rows)
-        for c in self._comms.values():  # the geometry code under torch.compile reads; the
-            if not c.external:            # eager views are taken again on first use
-                c._shape_applied(rows)
+        except TpflexError as e:
+            self._pending = pending
+            if isinstance(e, (TpflexDivisibleError, TpflexAlignError)):
+                raise self._shape_hint(e, s) from None
+            raise
+        self._serial += 1
+        # Every site's views from the C library's records (one call); the eager views are
+        # taken on first use.
+        self._read_geometry()
+
+    def _settle(self) -> None:
+        """Applies the shape active_tokens restored on exit (see _pending)."""
+        shape, self._pending = self._pending, None
+        if shape is not None and self._h is not None:
+            self.set_active_shape(shape)
 
     def _shape_hint(self, e: TpflexError, s: Shape) -> TpflexError:
         """The refusal of a row count, naming the communicator that refused it and the row count
@@ -206,6 +251,7 @@ class Manager:
         any rank holds a view; del the views and call again."""
         if self._h is None:
             return
+        self._pending = None
         for c in self._comms.values():
             c._drop_views()
         if self._owner is not None:

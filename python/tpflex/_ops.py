@@ -29,8 +29,8 @@ def _ag_gemm_impl(comm: str, key: int, buffer: torch.Tensor, weight: torch.Tenso
     where = f"ag_gemm on '{comm}'"
     c = resolve(comm, key, where)
     o = make_opts(False, trans_w, alpha, beta, bias, gelu, num_splits, a_scale_inv, w_scale_inv)
-    T, H = c.active_shape
-    live = c._registration_arg(where, buffer)
+    live = c._registration_arg(where, buffer)  # refreshes c's geometry: c._active is current
+    T, H = c._active
     N, ld_w, ld_d = plan_ag_gemm(where, c.device, c.dtype, T, H, weight, out, bias, trans_w,
                                  a_scale_inv, w_scale_inv)
     if out is None:
@@ -50,8 +50,8 @@ def _gemm_rs_impl(comm: str, key: int, tp_size: int, buffer: torch.Tensor, x: to
     c = resolve(comm, key, where)
     o = make_opts(trans_a, trans_w, alpha, beta, bias, gelu, num_splits, a_scale_inv,
                   w_scale_inv)
-    T, H = c.active_shape
-    live = c._registration_arg(where, buffer)
+    live = c._registration_arg(where, buffer)  # refreshes c's geometry: c._active is current
+    T, H = c._active
     rows, ld_x, ld_w, ld_d = plan_gemm_rs(where, c.device, c.dtype, T, H, c.tp_size, x, weight,
                                           out, bias, trans_a, trans_w, a_scale_inv, w_scale_inv)
     if out is None:

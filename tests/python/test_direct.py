@@ -148,8 +148,9 @@ class Direct(unittest.TestCase):
 
 
 class LazyViews(unittest.TestCase):
-    """set_ub_active_shape is one C call: the geometry the compiled code reads is computed in
-    Python, the eager views are taken again on first use. Both must equal the C library's."""
+    """set_ub_active_shape is the shape change and one tpf_manager_geometry read: the geometry
+    the compiled code reads comes from its records, the eager views are taken on first use.
+    Both must equal the C library's per-communicator views (tpf_comm_buffer / _local_chunk)."""
 
     def test_geometry_equals_the_c_views(self):
         # TE's default sites (ring AG, pipeline RS, bulk AG and RS) and a ring RS.
@@ -166,12 +167,17 @@ class LazyViews(unittest.TestCase):
                     tt.set_ub_active_shape([T, H])
                     for c in m._comms.values():
                         lazy = (c._gbuf, c._gchunk, c._vepoch)
-                        c._vepoch = -1
-                        c._refresh_views()  # the C library's buffer and local chunk
-                        # external sites keep capacity (and their views); the others are
-                        # left for the eager path to take again (epoch -1)
-                        if lazy[:2] != (c._gbuf, c._gchunk) or (lazy[2] != -1) != c.external:
-                            bad.append((c.name, T, lazy, c._gbuf, c._gchunk))
+                        esz = c._reg.element_size()
+                        base = c.registration()[0]
+                        views = []
+                        for fn in (L.lib.tpf_comm_buffer, L.lib.tpf_comm_local_chunk):
+                            mx = L.Matrix()
+                            L.check(fn(c._h, mx))
+                            views.append((mx.rows, mx.cols, mx.ld, (mx.ptr - base) // esz))
+                        # every site's geometry and epoch is the C library's; external sites
+                        # keep capacity
+                        if lazy != (views[0], views[1], L.lib.tpf_comm_epoch(c._h)):
+                            bad.append((c.name, T, lazy, views))
                         buf, chunk = c.buffer(), c.local_chunk()
                         if c.external:
                             continue

@@ -9,8 +9,8 @@ import torch.nn.functional as Fn
 
 from .._quant import QTensor, fp8_mm
 from ..errors import TpflexShapeError
-from ._sites import (_Plain, _add_bias, _autocast_off, _bias_grad, _fp8_wgrad_into, _gather_q,
-                     _linear, _mm, _wgrad_into)
+from ._sites import (_Plain, _add_bias, _autocast_off, _bias_grad, _block_shape,
+                     _fp8_wgrad_into, _gather_q, _linear, _mm, _wgrad_into)
 
 
 # ---- one call's settings -----------------------------------------------------------------------
@@ -52,7 +52,7 @@ class _Call:
     def check_backward(self) -> None:
         """The microbatch's shape must still be active when its backward runs."""
         c = self.shape_comm
-        if c is not None and c.active_shape[0] != self.tokens:
+        if c is not None and (_block_shape(c) or c.active_shape)[0] != self.tokens:
             raise TpflexShapeError(
                 f"backward of a microbatch of T = {self.tokens} tokens, but '{c.name}' is now "
                 f"active at {list(c.active_shape)} (keep the microbatch's shape active until its "
@@ -60,8 +60,9 @@ class _Call:
 
 
 def _check_tokens(call: _Call, comm: Any, tokens: int, rows: int, what: str) -> int:
-    """Checks the microbatch's tokens against comm's active shape [T, H]; returns H."""
-    T, H = comm.active_shape
+    """Checks the microbatch's tokens against comm's active shape [T, H] (the one the
+    active_tokens block around the call set, else comm's as the C library has it); returns H."""
+    T, H = _block_shape(comm) or comm.active_shape
     if tokens != T:
         _tokens_hint(call, T, H, tokens, rows, what)
         per = f"{rows} rows x P = {tokens} tokens" if tokens != rows else f"{rows} rows"
@@ -295,7 +296,7 @@ def _column_fp8_fwd(ctx: Any, x: torch.Tensor, b: Optional[torch.Tensor], call: 
             kw["bias"] = b
         if call.gelu:
             kw["gelu"] = True
-        T = call.fprop.active_shape[0]
+        T = call.tokens  # checked against the active shape (_check_tokens)
         out = torch.empty((T, w.data.shape[0]), dtype=x.dtype, device=x.device)
         return call.fprop.ag_gemm(w.data, out=out, **kw)
     xt = _gather_q(call.plain, xq) if call.sp else xq
@@ -371,7 +372,7 @@ def _row_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tenso
     dx = None
     if c.ag_dgrad:  # FP8 RING AG of dY + GEMM; the wgrad reads the gathered FP8 dY there
         c.dgrad.local_chunk().copy_(dyq.data)
-        T = c.dgrad.active_shape[0]
+        T = c.tokens  # checked against the active shape (_check_tokens)
         dx = c.dgrad.ag_gemm(w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
                              w_scale_inv=w.scale_inv,
                              out=torch.empty((T, w.data.shape[1]), dtype=dt, device=dy.device))

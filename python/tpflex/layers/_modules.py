@@ -12,7 +12,7 @@ from ..errors import (TpflexDivisibleError, TpflexError, TpflexInvalidError, Tpf
                       TpflexStateError, TpflexUnsupportedError)
 from ._autograd import _Call, _check_tokens, _ColumnParallel, _RowParallel
 from .. import _quant
-from ._sites import (_Plain, _autocast_off, _autocast_on, _compute_dtype, _get, _linear,
+from ._sites import (_TOKENS, _Plain, _autocast_off, _autocast_on, _compute_dtype, _get, _linear,
                      _native, _need, _precision, _site_names, _tt)
 from ._te_args import _ExtraState, _init_param, _refuse
 
@@ -517,15 +517,28 @@ def _shape_comm() -> Any:
 @contextlib.contextmanager
 def active_tokens(tokens: int) -> Iterator[Tuple[int, int]]:
     """Sets the manager's active shape to [tokens, H] (H: the registration's hidden size) for
-    the block, and restores the shape that was active before on exit. Yields (tokens, H)."""
+    the block, and restores the shape that was active before on exit. Yields (tokens, H).
+
+    The restore is owed, not made, on a normal exit: the next call of this package that uses
+    the shape (an operation, a view, active_shape, legal_rows, ...) applies it first, and the
+    next set_ub_active_shape / active_tokens supersedes it, so a training loop of one block per
+    microbatch makes one shape change per microbatch, not two (tests/python/test_geometry.py
+    counts them). A block left by an exception restores at once. Inside the block the modules
+    take T from this block's shape rather than reading it back from the C library."""
     tt = _tt()
     c = _shape_comm()
-    prev = tuple(c.active_shape)
-    H = c.capacity_shape[1]
+    m = c._mgr
+    H = c._cols  # the registration's hidden size (fixed at creation)
+    # the shape to restore: one a previous block still owes (superseded below), else the
+    # active one
+    prev = m._pending if m._pending is not None else tuple(c.active_shape)
     tt.set_ub_active_shape([tokens, H])
+    serial = m._serial
+    tok = _TOKENS.set((m, serial, int(tokens), int(H)))
     try:
         yield (int(tokens), int(H))
     except BaseException as e:
+        _TOKENS.reset(tok)
         # the block's own exception is the one raised; a restore that fails too is noted on it
         try:
             tt.set_ub_active_shape(list(prev))
@@ -536,4 +549,6 @@ def active_tokens(tokens: int) -> Iterator[Tuple[int, int]]:
             else:  # Python < 3.11
                 e.args = e.args + (note,)
         raise
-    tt.set_ub_active_shape(list(prev))
+    _TOKENS.reset(tok)
+    if m._h is not None and (m._serial != serial or tuple(prev) != (int(tokens), int(H))):
+        m._pending = (int(prev[0]), int(prev[1]))

@@ -1,6 +1,7 @@
 """Communicators by site name, their checks, and the GEMMs and collectives of the plain path."""
 from __future__ import annotations
 
+import contextvars
 from typing import Any, List, Optional, Sequence, Tuple
 
 import torch
@@ -336,7 +337,7 @@ class _Plain:
                 f"tpflex.torch.autocast(recipe=...)", self.where)
 
     def _check(self, c: Any, rows: int, cols: int, what: str) -> None:
-        T, H = c.active_shape
+        T, H = _block_shape(c) or c.active_shape
         if rows != T or cols != H:
             raise TpflexShapeError(
                 f"{what} is [{rows}, {cols}] in tokens, but '{c.name}' (the plain path's "
@@ -396,3 +397,20 @@ class _Plain:
         t = y.contiguous().clone()
         dist.all_reduce(t, group=self.group)
         return t
+
+
+# The shape the innermost active_tokens block set: (manager, its shape-change count then, T, H).
+# While no other shape change went through that manager it is the active shape, so the layers
+# take T from it instead of reading it back from C.
+_TOKENS: contextvars.ContextVar[Optional[Tuple[Any, int, int, int]]] = \
+    contextvars.ContextVar("tpflex_active_tokens", default=None)
+
+
+def _block_shape(comm: Any) -> Optional[Tuple[int, int]]:
+    """The active shape [T, H] of comm as the active_tokens block around the call set it, or
+    None (no block, another manager, a shape change since, or an external site)."""
+    ctx = _TOKENS.get()
+    if ctx is None or getattr(comm, "external", True):
+        return None
+    m = comm._mgr
+    return (ctx[2], ctx[3]) if ctx[0] is m and m._serial == ctx[1] else None
