@@ -4,12 +4,22 @@ function a public class defines (methods, properties, __call__) has a docstring 
 help() shows their annotations evaluated (`shape: Sequence[int]`), never quoted
 (`shape: 'Sequence[int]'`, what `from __future__ import annotations` leaves without
 tpflex._help.evaluate). A dataclass's generated docstring (its signature) does not count.
-Seconds: imports and inspect only."""
+And the docs are a map of the tree: every top-level folder is in README.md's layout table, every
+file of the C rooms is named in docs/DESIGN.md (a header with its source file; `demo_*.c` names
+a family; backend_cuda/ in cuda_backend.c's header, which DESIGN.md points to), every module of
+python/tpflex in python/README.md or DESIGN.md. Seconds: imports, inspect and text only."""
+import fnmatch
+import glob
 import importlib
 import inspect
+import os
 import pydoc
+import re
+import subprocess
 import unittest
 import warnings
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
 
@@ -99,6 +109,79 @@ class Docs(unittest.TestCase):
             text = pydoc.render_doc(obj, renderer=pydoc.plaintext)
             first = _own_doc(obj).splitlines()[0].strip() if _own_doc(obj) else ""
             self.assertIn(first, text, where)
+
+
+def _read(rel):
+    with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+        return f.read()
+
+
+def _names(text):
+    """The file names and patterns a text puts in backticks (`core/layout.c`, `demo_*.c`)."""
+    out = set()
+    for tok in re.findall(r"`([^`]+)`", text):
+        for w in re.split(r"[\s,()]+", tok):
+            if w:
+                out.add(os.path.basename(w.rstrip("/")))
+    return out
+
+
+def _named(names, path):
+    base = os.path.basename(path)
+    stem, ext = os.path.splitext(base)
+    if ext == ".h" and stem + ".c" in names:   # a header belongs to the source file of its name
+        return True
+    return base in names or any(re.fullmatch(r"\w+\*[\w*]*\.\w+", n) and fnmatch.fnmatch(base, n)
+                                for n in names)   # a family: `demo_*.c`, `bench_host*.c`
+
+
+def _top_folders():
+    """The top-level folders git tracks (a checkout's own build*/, venv/ and logs are not the
+    tree's); without git (an archive of the tree), every folder but those."""
+    try:
+        out = subprocess.run(["git", "-C", ROOT, "ls-files"], capture_output=True, text=True,
+                             timeout=60)
+        if out.returncode == 0 and out.stdout:
+            return sorted({line.split("/")[0] for line in out.stdout.splitlines() if "/" in line
+                           and not line.startswith(".")})
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return [d for d in sorted(os.listdir(ROOT)) if os.path.isdir(os.path.join(ROOT, d))
+            and not d.startswith((".", "build")) and d not in ("venv", "gpu-logs")]
+
+
+class Map(unittest.TestCase):
+    def test_readme_names_every_top_level_folder(self):
+        readme = _read("README.md")
+        layout = readme[readme.index("## Layout"):]
+        folders = _top_folders()
+        missing = [d for d in folders if f"| `{d}/" not in layout]
+        self.assertEqual(missing, [], "top-level folders missing from README.md's Layout table")
+
+    def test_design_names_every_file(self):
+        design = _names(_read("docs/DESIGN.md"))
+        cuda_head = _read("backend_cuda/cuda_backend.c")
+        cuda_head = _names("`" + "` `".join(re.findall(r"cuda_\w+\.(?:cu|c|h)",
+                                                         cuda_head[:cuda_head.index("*/")])) + "`")
+        missing = []
+        for room in ("core", "backend_sim", "backend_cuda", "harness", "tools", "tools/bench",
+                     "include/tpflex", "scripts"):
+            names = design | cuda_head if room == "backend_cuda" else design
+            for f in sorted(os.listdir(os.path.join(ROOT, room))):
+                path = os.path.join(ROOT, room, f)
+                if os.path.isfile(path) and f not in ("CMakeLists.txt", "README.md") \
+                        and not _named(names, path):
+                    missing.append(f"{room}/{f}")
+        self.assertEqual(missing, [], "files docs/DESIGN.md's map does not name")
+
+    def test_python_readme_names_every_module(self):
+        names = _names(_read("python/README.md")) | _names(_read("docs/DESIGN.md"))
+        pkg = os.path.join(ROOT, "python", "tpflex")
+        missing = [os.path.relpath(p, pkg) for p in sorted(glob.glob(os.path.join(pkg, "**", "*.py"),
+                                                                      recursive=True))
+                   if os.path.basename(p) != "__init__.py" and not _named(names, p)]
+        self.assertEqual(missing, [], "python/tpflex modules neither python/README.md nor "
+                                      "docs/DESIGN.md names")
 
 
 if __name__ == "__main__":
