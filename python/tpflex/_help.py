@@ -2,9 +2,9 @@
 
 The package's modules use ``from __future__ import annotations`` (Python 3.8's typing), so every
 annotation is stored as its source text and help() shows ``shape: 'Sequence[int]'``. evaluate()
-replaces each such string of a public function, or of every function a public class defines, by the object it
-names, in the function's own module; one it cannot evaluate (a name imported only for type
-checkers) stays a string, and tests/python/test_docs.py names it. Nothing calls the functions
+replaces each such string of a public function, or of every function a public class defines, by
+the object it names, in the function's own module (else in the public face's names); one it
+cannot evaluate stays a string, and tests/python/test_docs.py names it. Nothing calls the functions
 differently: only ``__annotations__`` changes, once, at import.
 """
 from __future__ import annotations

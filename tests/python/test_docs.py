@@ -177,8 +177,8 @@ class Map(unittest.TestCase):
     def test_python_readme_names_every_module(self):
         names = _names(_read("python/README.md")) | _names(_read("docs/DESIGN.md"))
         pkg = os.path.join(ROOT, "python", "tpflex")
-        missing = [os.path.relpath(p, pkg) for p in sorted(glob.glob(os.path.join(pkg, "**", "*.py"),
-                                                                      recursive=True))
+        files = sorted(glob.glob(os.path.join(pkg, "**", "*.py"), recursive=True))
+        missing = [os.path.relpath(p, pkg) for p in files
                    if os.path.basename(p) != "__init__.py" and not _named(names, p)]
         self.assertEqual(missing, [], "python/tpflex modules neither python/README.md nor "
                                       "docs/DESIGN.md names")
