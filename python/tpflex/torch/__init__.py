@@ -51,6 +51,7 @@ This module is the public face; the code lives in modules named for what they do
                    TransformerLayer (SPEC §13)
     quantization.py  autocast (FP8, TE's recipes from tpflex.common.recipe), quantized_model_init
                    (SPEC §14); the code in tpflex._quant, below the layers
+    _help.py       help() shows the public names' annotations evaluated, not quoted
 """
 from __future__ import annotations
 
