@@ -184,5 +184,25 @@ class Map(unittest.TestCase):
                                       "docs/DESIGN.md names")
 
 
+class Spec(unittest.TestCase):
+    def test_spec_signatures_are_the_modules(self):
+        """docs/SPEC.md §12's signatures of Linear and LayerNormMLP are the modules' own: names in
+        TE's positional order, defaults equal."""
+        import ast
+        import tpflex.torch as te
+        spec = _read("docs/SPEC.md")
+        for cls in (te.Linear, te.LayerNormMLP):
+            m = re.search(r"`tpflex\.torch\.%s\(([^`]*)\)`" % cls.__name__, spec)
+            self.assertIsNotNone(m, f"SPEC §12 has no signature of {cls.__name__}")
+            text = " ".join(m.group(1).split())
+            self.assertNotIn("*", text, f"SPEC §12's {cls.__name__} has a keyword-only marker; "
+                                        f"TE's order has none")
+            call = ast.parse(f"f({text})", mode="eval").body
+            doc = [(a.id, inspect.Parameter.empty) for a in call.args] + \
+                [(k.arg, ast.literal_eval(k.value)) for k in call.keywords]
+            params = list(inspect.signature(cls.__init__).parameters.values())[1:]
+            self.assertEqual(doc, [(p.name, p.default) for p in params], cls.__name__)
+
+
 if __name__ == "__main__":
     unittest.main()
