@@ -7,7 +7,8 @@ tpflex._help.evaluate). A dataclass's generated docstring (its signature) does n
 And the docs are a map of the tree: every top-level folder is in README.md's layout table, every
 file of the C rooms is named in docs/DESIGN.md (a header with its source file; `demo_*.c` names
 a family; backend_cuda/ in cuda_backend.c's header, which DESIGN.md points to), every module of
-python/tpflex in python/README.md or DESIGN.md. Seconds: imports, inspect and text only."""
+python/tpflex in python/README.md or DESIGN.md; docs/SPEC.md §12's module signatures are the
+modules' own. Seconds: imports, inspect and text only."""
 import fnmatch
 import glob
 import importlib
