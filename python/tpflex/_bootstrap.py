@@ -64,6 +64,8 @@ class GlooBootstrap:
         self._bar = BOOT_BARRIER_FN(self._barrier_cb)
 
     def struct(self, device: int) -> Bootstrap:
+        """The C tpf_bootstrap for this rank on CUDA device ``device``, its callbacks bound to
+        this object (keep the object alive while the backend uses it)."""
         return Bootstrap(tp_size=self.size, rank=self.rank, device=device, allgather=self._ag,
                          barrier=self._bar, ctx=None)
 
@@ -88,6 +90,7 @@ class GlooBootstrap:
         return [ctypes.string_at(t.data_ptr(), n) if n else b"" for t in outs]
 
     def allgather_varlen(self, data: bytes) -> List[bytes]:
+        """Every rank's ``data`` in rank order, the lengths free to differ between ranks."""
         lens = self.allgather(len(data).to_bytes(8, "little"))
         width = max(int.from_bytes(x, "little") for x in lens)
         parts = self.allgather(data.ljust(width, b"\0"))

@@ -180,16 +180,21 @@ class Communicator:
 
     @property
     def active_shape(self) -> Tuple[int, int]:
+        """(T, H): the manager's active shape as this communicator runs it (an external one
+        stays at its capacity)."""
         s = lib.tpf_comm_active_shape(self._handle())
         return (int(s.rows), int(s.cols))
 
     @property
     def capacity_shape(self) -> Tuple[int, int]:
+        """(C, H): the shape registered once, at capacity."""
         s = lib.tpf_comm_capacity_shape(self._handle())
         return (int(s.rows), int(s.cols))
 
     @property
     def epoch(self) -> int:
+        """The shape epoch: it changes with every active shape change (views are cached per
+        epoch)."""
         return int(lib.tpf_comm_epoch(self._handle()))
 
     def legal_rows(self, rows: int) -> int:

@@ -574,6 +574,8 @@ class GraphedCallable:
     # -- the call --
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """fn(*args, **kwargs) at this microbatch's T: pads T to its bucket, captures fn on the
+        bucket's first use and replays it after, and returns the outputs cut back to T rows."""
         if not self._bound:
             self._bind()
         mgr = self._mgr

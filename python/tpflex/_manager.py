@@ -173,7 +173,8 @@ class Manager:
         return t
 
     def set_active_shape(self, shape: Sequence[int]) -> None:
-        """Applies [T, H] to every communicator not external, all-or-nothing."""
+        """tpf_manager_set_active_shape: every communicator of the manager to [T, H],
+        all-or-nothing, no allocation (a refused T names the communicator and the T to pad to)."""
         if _observe.ON:  # profiler ranges or a trace (SPEC §16)
             return _observe.shape_change(self, shape, Manager._set_active_shape)
         self._set_active_shape(shape)
@@ -228,6 +229,7 @@ class Manager:
         return type(e)(f"{detail}; {hint}", e.call)
 
     def get(self, name: str) -> Communicator:
+        """The communicator registered as ``name`` (an unknown name lists the known ones)."""
         if self._h is None:
             raise TpflexStateError("manager destroyed", "get_ub")
         c = self._comms.get(name) if isinstance(name, str) else None
@@ -238,6 +240,7 @@ class Manager:
 
     @property
     def names(self) -> List[str]:
+        """The registered communicators' names, in registration order."""
         return list(self._comms)
 
     def __len__(self) -> int:

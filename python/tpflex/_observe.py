@@ -256,6 +256,7 @@ class StatsReport(dict):
     backend = "?"
 
     def table(self) -> str:
+        """The counters as a short text table, one row per site (what print() shows)."""
         head = (f"tpflex stats, rank {self.rank} ({self.backend}): since initialize_ub or "
                 "reset_stats; 'padded' = every operation at capacity")
         cols = (f"{'site':16s} {'ops':>6s} {'rows':>10s} {'padded rows':>12s} {'saved':>6s} "

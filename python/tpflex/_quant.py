@@ -91,6 +91,7 @@ def is_fp8_enabled() -> bool:
 
 
 def get_fp8_recipe() -> Recipe:
+    """The recipe of the innermost active autocast, else TE's default recipe."""
     q = _qstate()
     return q.recipe if q.recipe is not None else get_default_fp8_recipe()
 

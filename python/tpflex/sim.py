@@ -87,6 +87,7 @@ class RankContext:
 
     @property
     def tp_size(self) -> int:
+        """The world's rank count P."""
         return self.world.tp_size
 
     @property
@@ -120,6 +121,11 @@ def _root_cause(errors: List[Tuple[int, int, BaseException]]) -> BaseException:
 
 
 class World:
+    """A simulator world of tp_size ranks (tpf_sim_world_create): ranks are threads of this
+    process over one shared arena. ``seed`` and ``max_delay_us`` seed and bound the random step
+    delays, ``timeout_ms`` bounds every wait, ``arena_bytes`` sizes the arena (0: the default).
+    Use it as a context manager (or call close()); run() may be called many times."""
+
     def __init__(self, tp_size: int, seed: int = 0, timeout_ms: int = 5000,
                  max_delay_us: int = 0, arena_bytes: int = 0) -> None:
         where = "tpflex.sim.World"
@@ -159,6 +165,9 @@ class World:
         return release
 
     def run(self, fn: Callable[..., Any], *args: Any) -> List[Any]:
+        """Runs fn(rank, *args) on every rank's thread and returns the results in rank order;
+        on failure raises the root cause (the first exception in time) with the others attached.
+        Not from a rank thread (ranks cannot nest)."""
         if self._handle is None or self._h is None:
             raise TpflexStateError("world already closed", "World.run")
         if current() is not None:
@@ -240,3 +249,7 @@ def run(tp_size: int, fn: Callable[..., Any], *args: Any, seed: int = 0, timeout
         raise TpflexInvalidError(f"fn={fn!r} is not callable", "tpflex.sim.run")
     with World(tp_size, seed=seed, timeout_ms=timeout_ms, max_delay_us=max_delay_us) as w:
         return w.run(fn, *args)
+
+
+from . import _help  # noqa: E402 (help() shows the annotations, not their source text)
+_help.evaluate([World, RankContext, run, current, live_worlds])

@@ -70,30 +70,38 @@ class Recipe:
 
     @classmethod
     def nvfp4(cls) -> bool:
+        """True for NVFP4BlockScaling and its subclasses (TE's helper)."""
         return issubclass(cls, NVFP4BlockScaling)
 
     @classmethod
     def mxfp8(cls) -> bool:
+        """True for MXFP8BlockScaling and its subclasses (TE's helper)."""
         return issubclass(cls, MXFP8BlockScaling)
 
     @classmethod
     def delayed(cls) -> bool:
+        """True for DelayedScaling and its subclasses (TE's helper)."""
         return issubclass(cls, DelayedScaling)
 
     @classmethod
     def float8_current_scaling(cls) -> bool:
+        """True for Float8CurrentScaling and its subclasses (TE's helper)."""
         return issubclass(cls, Float8CurrentScaling)
 
     @classmethod
     def float8_per_tensor_scaling(cls) -> bool:
+        """True for the per-tensor recipes, DelayedScaling and Float8CurrentScaling (TE's
+        helper)."""
         return issubclass(cls, (DelayedScaling, Float8CurrentScaling))
 
     @classmethod
     def float8_block_scaling(cls) -> bool:
+        """True for Float8BlockScaling and its subclasses (TE's helper)."""
         return issubclass(cls, Float8BlockScaling)
 
     @classmethod
     def custom(cls) -> bool:
+        """True for CustomRecipe and its subclasses (TE's helper)."""
         return issubclass(cls, CustomRecipe)
 
 
@@ -219,3 +227,8 @@ class CustomRecipe(Recipe):
 
 __all__ = ["Format", "MMParams", "QParams", "Recipe", "DelayedScaling", "Float8CurrentScaling",
            "MXFP8BlockScaling", "Float8BlockScaling", "NVFP4BlockScaling", "CustomRecipe"]
+
+
+from .. import _help  # noqa: E402 (help() shows the annotations, not their source text)
+_help.evaluate(v for v in list(globals().values())
+               if isinstance(v, type) and v.__module__ == __name__)

@@ -51,9 +51,10 @@ module resolves its sites' communicators once per registration (initialize_ub), 
 T changes per call under one registration: a module reads the active shape the manager holds
 (set_ub_active_shape, or active_tokens(T)); a microbatch whose rows disagree with it raises
 TpflexShapeError naming both, before anything is communicated. The gradients of the
-sequence-parallel LayerNorm parameters are this rank's partial sums, as in TE: those parameters
-carry ``sequence_parallel = True`` and the caller all-reduces them over the TP group (Megatron
-does). A row-parallel bias's gradient is the full one on every rank (it reads the gathered dY).
+sequence-parallel LayerNorm parameters and of a sequence-parallel row-parallel bias are this
+rank's partial sums (the bias: the sum over this rank's rows of dY, in every precision): those
+parameters carry ``sequence_parallel = True`` and the caller all-reduces them over the TP group
+(Megatron does) for the unsharded gradient (SPEC §12's gradient contract).
 
 Precision (SPEC §14): under torch.autocast the parameters keep their dtype and every GEMM and
 communicator runs in the autocast dtype (a registration in another dtype is refused naming

@@ -285,6 +285,11 @@ class Linear(_ExtraState, torch.nn.Module):
             self.register_parameter("bias", None)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> Any:
+        """y = inp @ weight.T + bias over the TP group. With sequence_parallel a column-parallel
+        input and a row-parallel output are this rank's rows [T/P, ...] of the active shape's T
+        (a mismatch is TpflexShapeError naming both); returns y, or (y, bias) with return_bias.
+        is_first_microbatch as TE: True overwrites main_grad and caches the FP8 weight, False
+        reuses the cache, None quantizes every call."""
         w = self.weight
         K = w.shape[1]
         if self._local and not self.fuse_wgrad_accumulation and _native(w) and \
@@ -323,6 +328,7 @@ class Linear(_ExtraState, torch.nn.Module):
         return y
 
     def extra_repr(self) -> str:
+        """The sizes, parallel mode, tp_size and the overlap flags on (print(module))."""
         s = self._site
         flags = [k for k in ("ag", "rs", "ag_dgrad", "rs_dgrad", "bulk_dgrad", "bulk_wgrad")
                  if getattr(s, k)]
@@ -456,6 +462,9 @@ class LayerNormMLP(_ExtraState, torch.nn.Module):
         return y.to(x.dtype)
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None) -> Any:
+        """fc2(act(fc1(norm(inp)))): inp is this rank's rows [T/P, H] with sequence_parallel
+        (else [T, H]), the output likewise; returns it, or (out, fc2_bias) with return_bias.
+        is_first_microbatch as Linear's."""
         H = self.hidden_size
         w1 = self.fc1_weight
         if self._local and not self.fuse_wgrad_accumulation and _native(w1) and \
@@ -494,6 +503,7 @@ class LayerNormMLP(_ExtraState, torch.nn.Module):
         return y
 
     def extra_repr(self) -> str:
+        """The sizes, norm, activation, tp_size and sequence_parallel (print(module))."""
         return (f"hidden_size={self.hidden_size}, ffn_hidden_size={self.ffn_hidden_size}, "
                 f"normalization={self.normalization}, activation={self.activation}, "
                 f"tp_size={self.tp_size}, sequence_parallel={self.sequence_parallel}")

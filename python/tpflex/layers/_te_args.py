@@ -84,10 +84,14 @@ class _ExtraState(_SharesGroups):
     _tpf_extra: Optional[torch.Tensor] = None
 
     def get_extra_state(self) -> torch.Tensor:
+        """The `_extra_state` entry saved in a state_dict: an empty uint8 tensor, or the TE
+        checkpoint's bytes this module was loaded with."""
         e = self._tpf_extra
         return torch.empty(0, dtype=torch.uint8) if e is None else e
 
     def set_extra_state(self, state: Any) -> None:
+        """Takes a state_dict's `_extra_state`: empty or None, or TE's FP8 scaling state kept
+        unread (with a warning); anything else is TpflexInvalidError naming what TE saves."""
         if state is None:
             return
         if isinstance(state, torch.Tensor):

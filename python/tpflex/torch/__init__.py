@@ -51,6 +51,7 @@ This module is the public face; the code lives in modules named for what they do
                    TransformerLayer (SPEC §13)
     quantization.py  autocast (FP8, TE's recipes from tpflex.common.recipe), quantized_model_init
                    (SPEC §14); the code in tpflex._quant, below the layers
+    _help.py       help() shows the public names' annotations evaluated, not quoted
 """
 from __future__ import annotations
 
@@ -87,3 +88,7 @@ __all__ = ["initialize_ub", "set_ub_active_shape", "get_ub", "destroy_ub", "lega
            "quantized_model_init", "fp8_model_init", "is_fp8_enabled", "recipe", "Recipe",
            "Format", "DelayedScaling", "Float8CurrentScaling", "MXFP8BlockScaling",
            "Float8BlockScaling", "NVFP4BlockScaling", "CustomRecipe"]
+
+from .. import _help  # noqa: E402 (help() shows the annotations, not their source text)
+_help.evaluate([getattr(quantization, n) for n in quantization.__all__]
+              + [globals()[n] for n in __all__], globals())

@@ -155,6 +155,10 @@ class TransformerLayer(_SharesGroups, torch.nn.Module):
                 max_seqlen_q: Optional[int] = None, max_seqlen_kv: Optional[int] = None,
                 fast_zero_fill: bool = True,
                 pad_between_seqs: Optional[bool] = None) -> torch.Tensor:
+        """x + proj(attention(norm(x))), then + fc2(act(fc1(norm(.)))) (TE's encoder layer):
+        hidden_states is this rank's rows [T/P, H] of the active T with sequence_parallel, and
+        so is the output. THD takes cu_seqlens_q / cu_seqlens_kv and max_seqlen_q /
+        max_seqlen_kv as DotProductAttention's."""
         # encoder_output and the enc_dec_* arguments belong to the decoder's cross-attention
         # (layer_type 'decoder', refused at construction): an encoder layer ignores them, as TE.
         mt = self.self_attn_mask_type if self_attn_mask_type is None else self_attn_mask_type

@@ -305,6 +305,12 @@ class DotProductAttention(_ExtraState, torch.nn.Module):
                 score_mod_bprop_tensors: Optional[Dict[str, torch.Tensor]] = None,
                 qkv_layer: Optional[torch.Tensor] = None, kv_layer: Optional[torch.Tensor] = None,
                 qkv_interleave_dim: int = -3) -> torch.Tensor:
+        """Attention of query_layer over key_layer / value_layer in TE's arguments. THD
+        (qkv_format="thd"): [T, heads, d] packed sequences that cu_seqlens_q / cu_seqlens_kv
+        delimit (causal within each for the *causal* mask types; rows past cu_seqlens[-1] are
+        0), returned as [T, heads * d]; "sbhd" / "bshd" run SDPA with attention_mask (True =
+        masked out). TE's arguments tpflex does not implement are refused off their defaults
+        (TpflexUnsupportedError naming them)."""
         where = self._where
         _refuse(where, cu_seqlens_q_padded=(cu_seqlens_q_padded, None),
                 cu_seqlens_kv_padded=(cu_seqlens_kv_padded, None),

@@ -168,6 +168,12 @@ class MultiheadAttention(_SharesGroups, torch.nn.Module):
                 cu_seqlens_kv_padded: Optional[torch.Tensor] = None,
                 max_seqlen_q: Optional[int] = None, max_seqlen_kv: Optional[int] = None,
                 fast_zero_fill: bool = True, pad_between_seqs: Optional[bool] = None) -> Any:
+        """Self-attention of hidden_states: the qkv projection (site 'qkv', with the input
+        norm when input_layernorm), DotProductAttention, the output projection (site 'proj').
+        With sequence_parallel and THD, hidden_states is this rank's rows [T/P, H] of the
+        active T and so is the output (sbhd: [s/P, b, H]); returns it, then the proj bias with
+        return_bias, then the norm's output with return_layernorm_output. encoder_output,
+        inference_params and rotary_pos_emb are refused unless None."""
         where = self._where
         _refuse(where, encoder_output=(encoder_output, None),
                 inference_params=(inference_params, None), rotary_pos_emb=(rotary_pos_emb, None))

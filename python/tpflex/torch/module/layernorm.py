@@ -96,12 +96,15 @@ class _Norm(_ExtraState, torch.nn.Module):
                     p.sequence_parallel = sequence_parallel
 
     def reset_parameters(self) -> None:
+        """weight to 1 (0 with zero_centered_gamma), bias to 0."""
         with torch.no_grad():
             self.weight.fill_(0.0 if self.zero_centered_gamma else 1.0)
             if self.bias is not None:
                 self.bias.zero_()
 
     def forward(self, inp: torch.Tensor) -> torch.Tensor:
+        """The norm over inp's trailing normalized_shape dimensions (computed in fp32, rounded
+        once to inp's dtype)."""
         n = len(self.normalized_shape)
         if not isinstance(inp, torch.Tensor):
             raise TpflexInvalidError(f"the input must be a torch.Tensor, got "
@@ -114,6 +117,7 @@ class _Norm(_ExtraState, torch.nn.Module):
                           self.eps, self.zero_centered_gamma)
 
     def extra_repr(self) -> str:
+        """normalized_shape, eps and zero_centered_gamma (print(module))."""
         return (f"{list(self.normalized_shape)}, eps={self.eps}, "
                 f"zero_centered_gamma={self.zero_centered_gamma}")
 

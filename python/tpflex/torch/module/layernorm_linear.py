@@ -170,6 +170,10 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
 
     def forward(self, inp: torch.Tensor, is_first_microbatch: Optional[bool] = None,
                 fp8_output: Optional[bool] = False, fp8_grad: Optional[bool] = False) -> Any:
+        """y = norm(inp) @ weight.T + bias: inp is this rank's rows [T/P, in] with
+        sequence_parallel (column-parallel), else [..., in]; returns y, then bias with
+        return_bias and the norm's output with return_layernorm_output, as TE. fp8_output and
+        fp8_grad are accepted at False only; is_first_microbatch as Linear's."""
         _refuse(self._where, fp8_output=(bool(fp8_output), False),
                 fp8_grad=(bool(fp8_grad), False))
         H = self.in_features
@@ -208,6 +212,7 @@ class LayerNormLinear(_ExtraState, torch.nn.Module):
         return out if len(out) > 1 else y
 
     def extra_repr(self) -> str:
+        """The sizes, norm, bias, parallel mode, tp_size and the overlap flags on."""
         s = self._site
         flags = [k for k in ("ag", "rs_dgrad", "bulk_dgrad", "bulk_wgrad") if getattr(s, k)]
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
