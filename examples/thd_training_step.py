@@ -6,8 +6,8 @@ on (ub_tp_comm_overlap): RING AG+GEMM, GEMM+RS, the dgrad RING AG, bulk AG/RS be
   python3 examples/thd_training_step.py --backend sim [--tp 2] [--dtype bf16|fp32] [--steps 6]
   torchrun --standalone --nproc-per-node 2 examples/thd_training_step.py --backend cuda
   TPFLEX_BACKEND=sim torchrun --standalone --nproc-per-node 2 examples/thd_training_step.py
-  (under torchrun --backend sim, or TPFLEX_BACKEND=sim, makes each process a simulator rank on CPU)
-  (--bench T1,T2: median ms of one forward+backward at each T instead of training)"""
+  (under torchrun --backend sim, or TPFLEX_BACKEND=sim, makes each process a simulator rank on CPU;
+  examples/bench_thd_step.py times the step)"""
 import argparse, functools, importlib.util, os, random, sys, threading, time, warnings  # noqa: E401
 warnings.filterwarnings("ignore")
 if importlib.util.find_spec("tpflex") is None:  # not installed: the source tree's (PYTHONPATH=python)
@@ -58,7 +58,7 @@ def packed_stream(seed, C, H):
         yield lens, torch.randn(sum(lens), H, generator=g), torch.randn(sum(lens), H, generator=g)
 
 
-def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --bench): (lines, ok)
+def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank: (lines, ok)
     H, C = a.hidden, a.capacity
     te.initialize_ub([C, H], P, dtype=dt, **({"backend": "sim"} if a.backend == "sim" else {}))
     model = torch.nn.ModuleList(te.TransformerLayer(    # TE's arguments; THD, causal per sequence
@@ -68,17 +68,6 @@ def train(rank, P, a, dt, dev, allreduce):  # --steps steps on this rank (or --b
         ub_tp_comm_overlap=True) for _ in range(2))
     run = lambda x, cu, m: functools.reduce(lambda h, layer: layer(  # noqa: E731
         h, cu_seqlens_q=cu, cu_seqlens_kv=cu, max_seqlen_q=m, max_seqlen_kv=m), model, x)
-    if a.bench:                                           # median ms of forward+backward per T
-        for T in (te.legal_rows(int(t)) for t in a.bench.split(",")):
-            x, ts = torch.randn(T // P, H, device=dev, dtype=dt, requires_grad=True), []
-            cu = torch.arange(0, T + 1, T // 8, dtype=torch.int32, device=dev)   # 8 sequences
-            with te.active_tokens(T):
-                for _ in range(a.bench_iters + 2):
-                    torch.cuda.synchronize(), ts.append(time.perf_counter())
-                    run(x, cu, T // 8).sum().backward()
-                    torch.cuda.synchronize(), ts.append(time.perf_counter() - ts.pop())
-            print(f"T={T} rank {rank}: {1e3 * sorted(ts[2:])[len(ts[2:]) // 2]:.3f} ms fwd+bwd")
-        return te.destroy_ub() or [], True
     full = full_weights(model, P, dt, a.seed)
     with torch.no_grad():                                 # this rank's shards (TE's layout)
         for n, p in model.named_parameters():
@@ -121,9 +110,7 @@ def main():
                      lr=0.02, seed=0, bench="", bench_iters=10).items():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     a = ap.parse_args()
-    a.hidden = a.hidden or (1024 if a.bench else 64)          # --bench: capacity for its largest T
-    a.capacity, dt = max([a.capacity] + [int(t) for t in a.bench.split(",") if t]), \
-        {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
+    a.hidden, dt = a.hidden or 64, {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
     print(f"thd_training_step: backend {a.backend}, {a.dtype}, H={a.hidden}, capacity {a.capacity}"
           f", two TransformerLayers on THD, {a.micro} microbatches per step")
     if a.backend == "sim" and not torchrun:               # ranks are threads of this process
@@ -142,16 +129,15 @@ def main():
         import torch.distributed as dist
         dist.init_process_group("gloo")
         P, rank = dist.get_world_size(), dist.get_rank()
-        if a.backend == "sim":                            # a simulator rank: CPU tensors
-            dev = torch.device("cpu")
-        else:
-            dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) %
-                               torch.cuda.device_count())
+        dev = torch.device("cpu") if a.backend == "sim" else torch.device(   # sim: CPU tensors
+            "cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
+        if dev.type == "cuda":
             torch.cuda.set_device(dev)
         allreduce = lambda _, t: t.copy_(dist.all_reduce(c := t.cpu()) or c)  # noqa: E731
         rows, ok = train(rank, P, a, dt, dev, allreduce)
         dist.all_reduce(flag := torch.tensor([int(ok)]), op=dist.ReduceOp.MIN)  # every rank's
         ok, rows = bool(flag.item()), rows if rank == 0 else []
+        dist.barrier(), dist.destroy_process_group()  # every rank done, then gloo's teardown
     print("\n".join(rows))
     print("thd_training_step: every check OK" if ok else "thd_training_step: CHECK FAILED")
     return 0 if ok else 1

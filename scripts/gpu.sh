@@ -302,8 +302,8 @@ step_python_tests() {
 step_python() {
   step_python_tests
   [ $? -eq 77 ] && return 77
-  run bench-step-p1 100 "$PY examples/thd_training_step.py --backend cuda --bench $TOKENS"
-  run bench-step-p2 100 "$TR --nproc-per-node 2 examples/thd_training_step.py --backend cuda --bench $TOKENS"
+  run bench-step-p1 100 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS"
+  run bench-step-p2 100 "$TR --nproc-per-node 2 examples/bench_thd_step.py --T $TOKENS"
   run overhead-cuda 100 "$PY examples/bench_python_overhead.py --backend cuda --iters 2000"
   run overhead-sim 100 "$PY examples/bench_python_overhead.py --backend sim --iters 2000"
   run sim-tests-cuda-build 100 "$PY tests/python/run_tests.py test_sim.py"

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "tpflex/tpflex_cost.h"
@@ -241,4 +242,25 @@ int cli_finish_output(const char *cmd, FILE *f, const char *what) {
   fprintf(stderr, "%s: writing %s failed: %s\n", cmd, what,
           err ? strerror(err) : "an earlier write to it failed");
   return 1;
+}
+
+bool cli_path_writable(const char *path) {
+  struct stat sb;
+  if (stat(path, &sb) == 0) {
+    if (S_ISDIR(sb.st_mode)) {
+      errno = EISDIR;
+      return false;
+    }
+    return access(path, W_OK) == 0;
+  }
+  if (errno != ENOENT) return false;
+  char dir[4096];
+  const char *slash = strrchr(path, '/');
+  if (!slash)
+    snprintf(dir, sizeof dir, ".");
+  else if (slash == path)
+    snprintf(dir, sizeof dir, "/");
+  else
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+  return access(dir, W_OK | X_OK) == 0;
 }

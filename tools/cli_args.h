@@ -73,6 +73,11 @@ void cli_usage(FILE *f, const cli_opt *opts, int n, const char *usage_intro, con
 /* True when argv[1..argc) contains exactly the word w (to decide --json before parsing). */
 bool cli_has_word(int argc, char **argv, const char *w);
 
+/* True when path could be written: an existing file (not a directory) that is writable, or a new
+ * one in a writable, searchable directory. Creates nothing (stat(2), access(2)); errno says why
+ * not. */
+bool cli_path_writable(const char *path);
+
 /* The whole file as a NUL-terminated string (malloc'ed; free it), or NULL when it cannot be read
  * or is longer than max bytes. */
 char *cli_read_text(const char *path, size_t max);

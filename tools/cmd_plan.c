@@ -345,7 +345,7 @@ static int parse_args(const cli_ctx *ctx, int argc, char **argv, plan_args *a) {
   a->svg = v[O_SVG].set ? v[O_SVG].s : NULL;
   if (a->cost && !a->predict && !a->svg)
     return cli_error(ctx, "--cost applies with --predict, --project or --svg only");
-  if (a->svg && !svg_path_writable(a->svg))
+  if (a->svg && !cli_path_writable(a->svg))
     return cli_error(ctx, "--svg '%s' cannot be written (%s)", a->svg, strerror(errno));
   if (a->predict && (v[O_SPLITS].set || v[O_AGG].set))
     return cli_error(ctx, "%s does not apply with --predict (it prices every candidate)",

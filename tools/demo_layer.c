@@ -85,29 +85,6 @@ static const cli_opt kDemoOpts[D_NOPTS] = {
                    "skip the reference checks (timing only)", 0, false},
 };
 
-/* True when path could be written: an existing file (not a directory) writable, or a new one in
- * a writable directory. Creates nothing (stat(2), access(2)); errno says why not. */
-static bool demo_path_writable(const char *path) {
-  struct stat sb;
-  if (stat(path, &sb) == 0) {
-    if (S_ISDIR(sb.st_mode)) {
-      errno = EISDIR;
-      return false;
-    }
-    return access(path, W_OK) == 0;
-  }
-  if (errno != ENOENT) return false;
-  char dir[4096];
-  const char *slash = strrchr(path, '/');
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == path)
-    snprintf(dir, sizeof dir, "/");
-  else
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-  return access(dir, W_OK | X_OK) == 0;
-}
-
 int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
   static const cli_ctx ctx = {"tpflex demo", false, NULL};
   cli_val v[D_NOPTS];
@@ -159,7 +136,7 @@ int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
     return cli_error(&ctx, "--max-delay-us applies to --backend sim only");
   /* A trace that could not be written fails the run at its end; a path that cannot be written
    * at all is refused now, before any work (nothing is created here). */
-  if (o->trace && !demo_path_writable(o->trace))
+  if (o->trace && !cli_path_writable(o->trace))
     return cli_error(&ctx, "--trace '%s' cannot be written (%s)", o->trace, strerror(errno));
   return -1;
 }

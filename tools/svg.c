@@ -10,27 +10,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-bool svg_path_writable(const char *path) {
-  struct stat sb;
-  if (stat(path, &sb) == 0) {
-    if (S_ISDIR(sb.st_mode)) {
-      errno = EISDIR;
-      return false;
-    }
-    return access(path, W_OK) == 0;
-  }
-  if (errno != ENOENT) return false;
-  char dir[4096];
-  const char *slash = strrchr(path, '/');
-  if (!slash)
-    snprintf(dir, sizeof dir, ".");
-  else if (slash == path)
-    snprintf(dir, sizeof dir, "/");
-  else
-    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
-  return access(dir, W_OK) == 0;
-}
-
 void svg_escaped(FILE *f, const char *s) {
   for (; *s; s++) {
     switch (*s) {

@@ -11,9 +11,6 @@
 #include "tpflex/tpflex_backend.h"
 #include "tpflex/tpflex_cost.h"
 
-/* True when path could be written: an existing regular file that is writable, or a new one in a
- * writable directory. Creates nothing; errno says why not. */
-bool svg_path_writable(const char *path);
 
 /* Opens path and writes the document header (width x height pixels) with title as its <title>.
  * NULL (errno set) when the file cannot be opened. */

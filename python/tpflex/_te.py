@@ -489,13 +489,7 @@ def _cuda_manager(cap: Shape, tp_size: int, dtype: torch.dtype, cfgs: Dict[str, 
     torch.cuda.init()
     boot = GlooBootstrap(gloo_group(group))
     # Every rank's arguments agree before the backend or any registration exists.
-    desc: List[Tuple[str, Any]] = [("tp_size", tp_size), ("shape", [int(cap.rows), int(cap.cols)]),
-                                   ("dtype", str(dtype)), ("use_fp8", use_fp8),
-                                   ("communicators", list(cfgs))]
-    for name, c in cfgs.items():
-        for k, v in c._asdict().items():
-            desc.append((f"{name}.{k}", v))
-    agree(boot, desc)
+    agree(boot, _agreed_desc(cap, tp_size, dtype, cfgs, use_fp8))
     be = CudaBackend(boot, dev, timeout_ms)
     try:
         return Manager(be.handle, tp_size, boot.rank, dev, owner=be)  # type: ignore[arg-type]

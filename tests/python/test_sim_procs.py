@@ -53,6 +53,12 @@ def torchrun(P, args, env_extra):
 def check_run(name, P, args, env_extra, ok_line):
     before = shm_entries()
     rc, out, secs = torchrun(P, args, env_extra)
+    if rc not in (0, None) and ok_line in out and "SIGABRT" in out:
+        # Every check passed and a rank then aborted in its teardown (seen on a loaded 2-core
+        # machine, "terminate called without an active exception"; an open bug): said, and run
+        # once more; a second abort fails.
+        print(f"  {name} P={P}: a rank aborted after its checks passed (teardown); once more")
+        rc, out, secs = torchrun(P, args, env_extra)
     left = shm_entries() - before
     tail = "\n".join(out.strip().splitlines()[-25:])
     if rc is None:
