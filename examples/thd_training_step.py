@@ -111,7 +111,8 @@ def main():
         ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=v)
     a = ap.parse_args()
     a.hidden, dt = a.hidden or 64, {"bf16": torch.bfloat16, "fp32": torch.float32}[a.dtype]
-    print(f"thd_training_step: backend {a.backend}, {a.dtype}, H={a.hidden}, capacity {a.capacity}"
+    say = print if int(os.environ.get("RANK", 0)) == 0 else (lambda *_: None)   # rank 0 speaks
+    say(f"thd_training_step: backend {a.backend}, {a.dtype}, H={a.hidden}, capacity {a.capacity}"
           f", two TransformerLayers on THD, {a.micro} microbatches per step")
     if a.backend == "sim" and not torchrun:               # ranks are threads of this process
         bar, parts = threading.Barrier(a.tp), [None] * a.tp
@@ -138,8 +139,8 @@ def main():
         dist.all_reduce(flag := torch.tensor([int(ok)]), op=dist.ReduceOp.MIN)  # every rank's
         ok, rows = bool(flag.item()), rows if rank == 0 else []
         dist.barrier(), dist.destroy_process_group()  # every rank done, then gloo's teardown
-    print("\n".join(rows))
-    print("thd_training_step: every check OK" if ok else "thd_training_step: CHECK FAILED")
+    say("\n".join(rows))
+    say("thd_training_step: every check OK" if ok else "thd_training_step: CHECK FAILED")
     return 0 if ok else 1
 
 
