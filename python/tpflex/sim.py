@@ -44,6 +44,19 @@ _SEQ: Iterator[int] = itertools.count()  # the order in which ranks' exceptions 
 _live = [0]  # worlds created and not yet destroyed
 
 
+def _note(exc: BaseException, text: str) -> None:
+    """exc.add_note(text) (Python >= 3.11: printed with the traceback); on older Pythons the text
+    joins exc.__notes__ all the same (the package supports 3.8 on)."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(text)
+    else:
+        notes = getattr(exc, "__notes__", None)
+        if not isinstance(notes, list):
+            notes = []
+            exc.__notes__ = notes  # type: ignore[attr-defined]
+        notes.append(text)
+
+
 def live_worlds() -> int:
     """How many simulator worlds of this process are not destroyed yet (a closed world whose
     memory a view still uses counts until the view dies)."""
@@ -114,9 +127,9 @@ def _root_cause(errors: List[Tuple[int, int, BaseException]]) -> BaseException:
     others = [(r, e) for _, r, e in errors[1:]]
     root.peer_errors = others  # type: ignore[attr-defined]
     if others:
-        root.add_note(f"tpflex.sim: raised on rank {rank} first; later, in time order:")
+        _note(root, f"tpflex.sim: raised on rank {rank} first; later, in time order:")
         for r, e in others:
-            root.add_note(f"  rank {r}: {type(e).__name__}: {e}")
+            _note(root, f"  rank {r}: {type(e).__name__}: {e}")
     return root
 
 
@@ -238,7 +251,7 @@ class World:
             if exc is None:
                 raise
             # The body's exception is the one the caller must see; the teardown's goes with it.
-            exc.add_note(f"tpflex.sim: closing the world also failed: {type(e).__name__}: {e}")
+            _note(exc, f"tpflex.sim: closing the world also failed: {type(e).__name__}: {e}")
 
 
 def run(tp_size: int, fn: Callable[..., Any], *args: Any, seed: int = 0, timeout_ms: int = 5000,
