@@ -351,13 +351,11 @@ tpf_status tpf_cuda_backend_enqueue_stats(tpf_backend *be, tpf_cuda_enqueue_stat
 
 tpf_status tpf_cuda_backend_comm_timing(tpf_backend *be, const char *name,
                                         tpf_cuda_comm_timing *out, int reset) {
-  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || name == NULL || out == NULL,
-                TPF_EINVAL,
+  TPF_RETURN_IF(be == NULL || be->ops != &tpf_cuda__ops || name == NULL || out == NULL, TPF_EINVAL,
                 "tpf_cuda_backend_comm_timing: not a CUDA backend, or name or out is NULL");
   static const size_t released[] = {sizeof(*out)};
-  TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_comm_timing", "timing",
-                                  "tpf_cuda_comm_timing", out->size, released,
-                                  TPF_ARRAY_SIZE(released)));
+  TPF_CHECK(tpf_check_struct_size("tpf_cuda_backend_comm_timing", "timing", "tpf_cuda_comm_timing",
+                                  out->size, released, TPF_ARRAY_SIZE(released)));
   const size_t size = out->size == 0 ? sizeof(*out) : out->size;
   tpf_cuda_comm_timing t;
   memset(&t, 0, sizeof t);

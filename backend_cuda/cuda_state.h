@@ -105,10 +105,10 @@ struct tpf_reg {
   tpf_cuda_status *status_host;
   tpf_cuda_status *status_dev;
   unsigned int *claim_dev;
-  struct tpf_reg *next_memops; /* memops transport: the backend's list (b->memops_regs) */
+  struct tpf_reg *next_memops;    /* memops transport: the backend's list (b->memops_regs) */
   struct tpf_cuda_timing *timing; /* device timing while profiling (cuda_timing.c), or NULL */
   struct tpf_reg *next_timed;     /* the backend's list of timed registrations (b->timed_regs) */
-  atomic_int released;         /* memops: tpf_cuda__memops_release ran */
+  atomic_int released;            /* memops: tpf_cuda__memops_release ran */
 };
 
 typedef struct {

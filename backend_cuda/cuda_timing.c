@@ -90,7 +90,8 @@ static bool account(tpf_cuda_comm_timing *acc, const tslot *s) {
   const double op = since_us(s->ev[0], s->ev[1]);
   if (isnan(op)) return false;
   for (int j = 0; j < s->n && j < MAXI; j++) {
-    const double lo = since_us(s->ev[0], s->ev[2 + 2 * j]), hi = since_us(s->ev[0], s->ev[3 + 2 * j]);
+    const double lo = since_us(s->ev[0], s->ev[2 + 2 * j]),
+                 hi = since_us(s->ev[0], s->ev[3 + 2 * j]);
     if (isnan(lo) || isnan(hi)) return false;
     if (s->kind[j] == 1) {
       glo[ng] = lo;
@@ -102,7 +103,8 @@ static bool account(tpf_cuda_comm_timing *acc, const tslot *s) {
     alo[na] = lo;
     ahi[na++] = hi;
   }
-  const double g = union_len(glo, ghi, ng), c = union_len(clo, chi, nc), all = union_len(alo, ahi, na);
+  const double g = union_len(glo, ghi, ng), c = union_len(clo, chi, nc),
+               all = union_len(alo, ahi, na);
   acc->timed_ops++;
   acc->op_us += op;
   acc->gemm_us += g;

@@ -201,8 +201,8 @@ tpf_status tpf_manager_geometry(tpf_manager *m, tpf_site_geometry *out, int cap,
   /* Released layouts, oldest first; a field appended later adds its sizeof here. */
   static const size_t released[] = {sizeof(tpf_site_geometry)};
   const size_t size = out->size ? out->size : sizeof *out;
-  TPF_CHECK(tpf__check_struct_size("tpf_manager_geometry", "out[0]", "tpf_site_geometry",
-                                   out->size, released, TPF_ARRAY_SIZE(released)));
+  TPF_CHECK(tpf__check_struct_size("tpf_manager_geometry", "out[0]", "tpf_site_geometry", out->size,
+                                   released, TPF_ARRAY_SIZE(released)));
   TPF_RETURN_IF(cap < m->count, TPF_EINVAL,
                 "tpf_manager_geometry: cap %d is below the manager's %d communicators: pass an "
                 "array of at least %d records (out = NULL, cap = 0 reads the count)",

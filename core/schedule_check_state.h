@@ -112,8 +112,8 @@ static inline bool ivec_covers(const ivec *norm, uint64_t lo, uint64_t hi) {
 }
 
 /* The byte intervals of an m x ncols view of a registration, starting at `off`. */
-static inline tpf_status view_bytes(const chk *c, int r, int i, int kind, const tpf_mref *v, uint64_t off,
-                             uint64_t m, uint64_t ncols, ivec *out) {
+static inline tpf_status view_bytes(const chk *c, int r, int i, int kind, const tpf_mref *v,
+                                    uint64_t off, uint64_t m, uint64_t ncols, ivec *out) {
   uint64_t end_col, start, row_bytes, len, t;
   if (v->ld == 0 || !tpf__add_u64(v->col, ncols, &end_col) || end_col > v->ld)
     return BAD(r, i, kind, "buffer view ld %llu cannot hold columns [%llu, %llu + %llu)",

@@ -53,8 +53,8 @@
 #include <stdatomic.h>
 
 #include "tpflex/tpflex_backend_support.h" /* TPF_CHECK, TPF_RETURN_IF */
-#include "reference.h"          /* tpf_ref_store: random operands of any dtype */
-#include "tpflex/tpflex_cuda.h" /* the P = 1 backend, its enqueue counters and probes */
+#include "reference.h"                     /* tpf_ref_store: random operands of any dtype */
+#include "tpflex/tpflex_cuda.h"            /* the P = 1 backend, its enqueue counters and probes */
 
 #include "cli_args.h" /* cli_parse_u64: the TPF_CAL_* environment knobs */
 
@@ -418,7 +418,6 @@ static tpf_status cal_handshake(int device, double *us) {
 }
 
 /* ---- the whole measurement ---- */
-
 
 static void cal_free(cal_cu *c) {
   for (int i = 0; i < CAL_MAX_ITERS; i++) {

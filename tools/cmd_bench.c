@@ -1,7 +1,7 @@
 /* `tpflex bench`: the options, the run header, the sections in order and the output files. The
- * sections, tables and statistics are the bench library's (tools/bench/, bench.h; see tools/bench/README.md,
- * "Rooms"); the option parsing and the checked writing of files are cli_args.c's, shared with
- * the other commands. */
+ * sections, tables and statistics are the bench library's (tools/bench/, bench.h; see
+ * tools/bench/README.md, "Rooms"); the option parsing and the checked writing of files are
+ * cli_args.c's, shared with the other commands. */
 #define _POSIX_C_SOURCE 200809L
 #include "bench.h"
 #include "cli_args.h"

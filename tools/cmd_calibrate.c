@@ -113,7 +113,6 @@ static const char kCalIntro[] =
     "schedules measured as whole operations (sched lines). Exit 0 OK, 1 a failed measurement,\n"
     "2 bad input.";
 
-
 /* ---- the text writer ---------------------------------------------------------------------- */
 
 /* Writes the table, after `comments` (lines already starting with '#'). */

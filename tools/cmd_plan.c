@@ -215,9 +215,10 @@ static int project_tokens(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
 /* --project: the grid of the projection. -1 on success; else the exit status after reporting. */
 static int parse_project(const cli_ctx *ctx, const cli_val *v, plan_args *a) {
   static const int refused[] = {O_SPLITS, O_AGG, O_RANK, O_JSON, O_K, O_SVG};
-  static const char *const why[] = {"it prices every candidate", "it prices every candidate",
-                                    "it replays all ranks", "it prints text", "RS rows use K = N",
-                                    "it draws nothing; --predict --svg draws one operation"};
+  static const char *const why[] = {
+      "it prices every candidate", "it prices every candidate",
+      "it replays all ranks",      "it prints text",
+      "RS rows use K = N",         "it draws nothing; --predict --svg draws one operation"};
   for (size_t i = 0; i < sizeof refused / sizeof *refused; i++)
     if (v[refused[i]].set)
       return cli_error(ctx, "%s does not apply with --project (%s)", kPlanOpts[refused[i]].name,
@@ -1050,8 +1051,7 @@ static int predict_svg(const cli_ctx *ctx, const plan_args *a, const tpf_cost_ta
            base_name(used));
   int ret = svg_plan_predict(a->svg, title, ts, n, ser, ns, a->d.active.rows);
   if (ret < 0) return cli_error(ctx, "--svg '%s' cannot be written (%s)", a->svg, strerror(errno));
-  if (ret == 0 && !a->json)
-    printf("svg: %s (%d candidates over %d values of T)\n", a->svg, ns, n);
+  if (ret == 0 && !a->json) printf("svg: %s (%d candidates over %d values of T)\n", a->svg, ns, n);
   return ret;
 }
 

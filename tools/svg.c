@@ -43,8 +43,9 @@ FILE *svg_begin(const char *path, int width, int height, const char *title) {
           "viewBox=\"0 0 %d %d\" font-family=\"sans-serif\">\n<title>",
           width, height, width, height);
   svg_escaped(f, title);
-  fprintf(f, "</title>\n<rect class=\"background\" x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" "
-             "fill=\"white\"/>\n",
+  fprintf(f,
+          "</title>\n<rect class=\"background\" x=\"0\" y=\"0\" width=\"%d\" height=\"%d\" "
+          "fill=\"white\"/>\n",
           width, height);
   return f;
 }

@@ -11,7 +11,6 @@
 #include "tpflex/tpflex_backend.h"
 #include "tpflex/tpflex_cost.h"
 
-
 /* Opens path and writes the document header (width x height pixels) with title as its <title>.
  * NULL (errno set) when the file cannot be opened. */
 FILE *svg_begin(const char *path, int width, int height, const char *title);

@@ -53,8 +53,9 @@ static void legend(FILE *f, double y) {
   double x = LEFT;
   for (int i = 0; i < 5; i++) {
     kind_style k = style_of(kinds[i]);
-    fprintf(f, "<rect class=\"legend\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" "
-               "fill=\"%s\"/>\n",
+    fprintf(f,
+            "<rect class=\"legend\" x=\"%.1f\" y=\"%.1f\" width=\"12\" height=\"12\" "
+            "fill=\"%s\"/>\n",
             x, y - 10, k.fill);
     svg_text(f, x + 16, y, 11, "start", "legend-label", names[i]);
     x += 30 + 7.0 * (double)strlen(names[i]);
@@ -69,8 +70,9 @@ static void time_axis(FILE *f, double y, double total_us) {
     const double x = LEFT + pw * k / 5.0;
     char lab[32];
     snprintf(lab, sizeof lab, "%.1f", total_us * k / 5.0);
-    fprintf(f, "<line class=\"tick\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
-               "stroke=\"#333\"/>\n",
+    fprintf(f,
+            "<line class=\"tick\" x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" "
+            "stroke=\"#333\"/>\n",
             x, y, x, y + 4);
     svg_text(f, x, y + 16, 10, "middle", "tick-label", lab);
   }
@@ -93,8 +95,9 @@ static double rank_band(FILE *f, const tpf_schedule *s, int r, const tpf_cost_sp
   for (int k = 0; k < TPF_NUM_STREAMS; k++) {
     if (lane[k] < 0) continue;
     const double ly = y + lane[k] * LANE_H;
-    fprintf(f, "<rect class=\"lane\" data-stream=\"%s\" x=\"%d\" y=\"%.1f\" width=\"%.1f\" "
-               "height=\"%d\" fill=\"%s\"/>\n",
+    fprintf(f,
+            "<rect class=\"lane\" data-stream=\"%s\" x=\"%d\" y=\"%.1f\" width=\"%.1f\" "
+            "height=\"%d\" fill=\"%s\"/>\n",
             tpf_stream_name(k), LEFT, ly, pw, LANE_H - 2, lane[k] % 2 ? "#f4f4f4" : "#e9e9e9");
     svg_text(f, LEFT - 6, ly + 12, 11, "end", "lane-label", tpf_stream_name(k));
   }
@@ -103,8 +106,9 @@ static double rank_band(FILE *f, const tpf_schedule *s, int r, const tpf_cost_sp
     const kind_style k = style_of(st->kind);
     const double x0 = LEFT + sp[i].start_us * scale, w = (sp[i].end_us - sp[i].start_us) * scale;
     const double ly = y + (st->stream < TPF_NUM_STREAMS ? lane[st->stream] : 0) * LANE_H;
-    fprintf(f, "<rect class=\"box %s\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%d\" "
-               "fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"><title>",
+    fprintf(f,
+            "<rect class=\"box %s\" x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%d\" "
+            "fill=\"%s\" stroke=\"white\" stroke-width=\"0.5\"><title>",
             k.cls, x0, ly + 1, w > 1.0 ? w : 1.0, LANE_H - 4, k.fill);
     snprintf(buf, sizeof buf, "rank %d step %d: %s chunk %d on %s, %.2f .. %.2f us", r, i,
              tpf_step_kind_name(st->kind), (int)st->chunk, tpf_stream_name(st->stream),
@@ -165,7 +169,8 @@ static void pred_axes(FILE *f, const pred_scale *s) {
     svg_text(f, px(s, T), PRED_H - PB + 16, 10, "middle", "tick-label", lab);
     snprintf(lab, sizeof lab, "%.1f", us);
     svg_text(f, PL - 6, py(s, us) + 4, 10, "end", "tick-label", lab);
-    fprintf(f, "<line class=\"grid\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
+    fprintf(f,
+            "<line class=\"grid\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"#ddd\"/>\n",
             PL, py(s, us), PRED_W - PR, py(s, us));
   }
   svg_text(f, PL + (PRED_W - PL - PR) / 2.0, PRED_H - PB + 34, 11, "middle", "axis-label",
@@ -202,8 +207,9 @@ static void pred_series(FILE *f, const pred_scale *s, const uint64_t *ts, int n,
       fprintf(f, " (%.1f us)</title></circle>\n", se->us[i]);
     }
   const double ly = PT + 10 + 18.0 * idx;
-  fprintf(f, "<line class=\"legend\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
-             "stroke-width=\"3\"/>\n",
+  fprintf(f,
+          "<line class=\"legend\" x1=\"%d\" y1=\"%.1f\" x2=\"%d\" y2=\"%.1f\" stroke=\"%s\" "
+          "stroke-width=\"3\"/>\n",
           PRED_W - PR + 14, ly, PRED_W - PR + 38, ly, col);
   svg_text(f, PRED_W - PR + 44, ly + 4, 11, "start", "legend-label", se->label);
 }
@@ -220,8 +226,9 @@ int svg_plan_predict(const char *path, const char *title, const uint64_t *ts, in
   svg_text(f, 8, 20, 14, "start", "title", title);
   pred_axes(f, &s);
   if (asked_T)
-    fprintf(f, "<line class=\"asked\" data-t=\"%llu\" x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
-               "stroke=\"#555\" stroke-dasharray=\"4 3\"/>\n",
+    fprintf(f,
+            "<line class=\"asked\" data-t=\"%llu\" x1=\"%.1f\" y1=\"%d\" x2=\"%.1f\" y2=\"%d\" "
+            "stroke=\"#555\" stroke-dasharray=\"4 3\"/>\n",
             (unsigned long long)asked_T, px(&s, (double)asked_T), PT, px(&s, (double)asked_T),
             PRED_H - PB);
   for (int k = 0; k < nseries; k++)

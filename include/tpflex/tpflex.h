@@ -473,12 +473,12 @@ typedef struct {
   uint64_t other_ops;                                /* operations that ran none of those */
 } tpf_stats_bucket;
 typedef struct {
-  size_t size;           /* sizeof(tpf_comm_stats) as the caller compiled it; 0: this header's */
-  uint64_t ops;          /* operations accepted */
-  uint64_t rows;         /* active rows T, summed over them */
-  uint64_t padded_rows;  /* capacity rows C, summed over them: the pad-to-capacity run */
-  uint64_t bytes;        /* bytes this rank moved to or from peers (see above) */
-  uint64_t padded_bytes; /* the same at capacity (see above) */
+  size_t size;            /* sizeof(tpf_comm_stats) as the caller compiled it; 0: this header's */
+  uint64_t ops;           /* operations accepted */
+  uint64_t rows;          /* active rows T, summed over them */
+  uint64_t padded_rows;   /* capacity rows C, summed over them: the pad-to-capacity run */
+  uint64_t bytes;         /* bytes this rank moved to or from peers (see above) */
+  uint64_t padded_bytes;  /* the same at capacity (see above) */
   uint64_t shape_changes; /* successful set_active_shape calls (direct or by the manager) */
   tpf_stats_bucket buckets[TPF_STATS_BUCKETS];
 } tpf_comm_stats;

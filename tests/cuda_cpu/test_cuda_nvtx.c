@@ -107,7 +107,8 @@ static void test_cuda_nvtx__names_and_colours_by_kind(void **state) {
     const char *want;
     uint32_t color;
   } cases[] = {
-      {TPF_ALGO_RING, TPF_COLL_AG, 4, false, "tpflex.ag_gemm site T=128 ring splits=4", 0xFF4C78A8u},
+      {TPF_ALGO_RING, TPF_COLL_AG, 4, false, "tpflex.ag_gemm site T=128 ring splits=4",
+       0xFF4C78A8u},
       {TPF_ALGO_RING, TPF_COLL_AG, 2, true, "tpflex.ag_gemm site T=128 ring splits=2 aggregate",
        0xFF4C78A8u},
       {TPF_ALGO_PIPELINE, TPF_COLL_RS, 2, false, "tpflex.gemm_rs site T=128 pipeline splits=2",

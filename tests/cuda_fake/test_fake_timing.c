@@ -115,26 +115,27 @@ static int body(int r, tpf_backend *be, pthread_barrier_t *bar) {
   OK(r, tpf_comm_create(be, &cfg, &rs));
   void *x = NULL, *w = NULL, *d = NULL;
   cudaStream_t s = NULL;
-  CHECK(r, cudaMalloc(&x, (size_t)C * N * 2) == cudaSuccess &&
-               cudaMalloc(&w, (size_t)H * N * 2) == cudaSuccess &&
-               cudaMalloc(&d, (size_t)C * H * 2) == cudaSuccess &&
-               cudaStreamCreate(&s) == cudaSuccess,
+  CHECK(r,
+        cudaMalloc(&x, (size_t)C * N * 2) == cudaSuccess &&
+            cudaMalloc(&w, (size_t)H * N * 2) == cudaSuccess &&
+            cudaMalloc(&d, (size_t)C * H * 2) == cudaSuccess && cudaStreamCreate(&s) == cudaSuccess,
         "allocation");
   if (r == 0) tpf_cuda_set_profile(0);
   pthread_barrier_wait(bar);
   if (run_ops(r, ag, rs, x, w, d, s)) return 1;
   if (check_timing(r, be, "fc1_fprop", 0)) return 1; /* off: nothing timed */
   pthread_barrier_wait(bar);
-  CHECK(r, atomic_load(&g_push) + atomic_load(&g_mark) == 0, "profiling off, yet %d ranges, %d marks",
-        atomic_load(&g_push), atomic_load(&g_mark));
+  CHECK(r, atomic_load(&g_push) + atomic_load(&g_mark) == 0,
+        "profiling off, yet %d ranges, %d marks", atomic_load(&g_push), atomic_load(&g_mark));
   if (r == 0) tpf_cuda_set_profile(1);
   pthread_barrier_wait(bar);
   if (run_ops(r, ag, rs, x, w, d, s)) return 1;
   pthread_barrier_wait(bar);
   if (r == 0) tpf_cuda_set_profile(0);
   /* Both ranks: one range per operation (2 communicators x OPS), one mark per shape change. */
-  CHECK(r, atomic_load(&g_push) == 2 * P * OPS && atomic_load(&g_pop) == 2 * P * OPS &&
-               atomic_load(&g_mark) == 2 * P * OPS,
+  CHECK(r,
+        atomic_load(&g_push) == 2 * P * OPS && atomic_load(&g_pop) == 2 * P * OPS &&
+            atomic_load(&g_mark) == 2 * P * OPS,
         "NVTX: %d pushes, %d pops, %d marks, want %d each", atomic_load(&g_push),
         atomic_load(&g_pop), atomic_load(&g_mark), 2 * P * OPS);
   if (check_timing(r, be, "fc1_fprop", OPS) || check_timing(r, be, "fc2_fprop", OPS)) return 1;

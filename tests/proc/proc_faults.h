@@ -1,8 +1,9 @@
 /* Faults with ranks as processes: the cases, shared by the CPU binaries (a host backend built
  * on the CUDA backend's host agreement, test_proc_faults.c; the simulator with ranks as
- * processes, test_proc_faults_sim.c) and the GPU binary (the CUDA backend). Each case forks P ranks through the launcher (harness/launcher.h), every rank
- * records statuses, messages and times in shared memory, and the parent checks them, the exit
- * statuses and what is left behind (/dev/shm, the rendezvous socket).
+ * processes, test_proc_faults_sim.c) and the GPU binary (the CUDA backend). Each case forks P ranks
+ * through the launcher (harness/launcher.h), every rank records statuses, messages and times in
+ * shared memory, and the parent checks them, the exit statuses and what is left behind (/dev/shm,
+ * the rendezvous socket).
  *
  * Cases (argv[1] of the binaries; "all" runs every case and "list" names them):
  *   kill-host        P=4, rank 2 SIGKILLed between operations: every survivor's next operation

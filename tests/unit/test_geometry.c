@@ -127,8 +127,7 @@ static void test_geometry__bad_inputs_change_nothing(void **state) {
   };
   for (size_t i = 0; i < TPF_ARRAY_SIZE(bad); i++) {
     tpf_set_error(TPF_OK, "%s", "-");
-    TPF_ASSERT_STATUS(tpf_manager_geometry(bad[i].m, bad[i].out, bad[i].cap, bad[i].n),
-                      TPF_EINVAL);
+    TPF_ASSERT_STATUS(tpf_manager_geometry(bad[i].m, bad[i].out, bad[i].cap, bad[i].n), TPF_EINVAL);
     assert_non_null(strstr(tpf_last_error(), bad[i].detail));
     assert_int_equal(n, 77);
     assert_memory_equal(g, before, sizeof g);

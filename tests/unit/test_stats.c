@@ -277,14 +277,13 @@ int main(void) {
       cmocka_unit_test(test_stats__bucket_of_is_floor_log2),
       cmocka_unit_test_setup_teardown(test_stats__counts_rows_padding_and_bytes, setup_ring_ag,
                                       teardown),
-      cmocka_unit_test_setup_teardown(test_stats__schedules_per_bucket_and_aggregate,
-                                      setup_ring_ag, teardown),
+      cmocka_unit_test_setup_teardown(test_stats__schedules_per_bucket_and_aggregate, setup_ring_ag,
+                                      teardown),
       cmocka_unit_test_setup_teardown(test_stats__more_schedules_than_slots_count_as_other,
                                       setup_pipe_rs, teardown),
       cmocka_unit_test_setup_teardown(test_stats__refused_operations_count_nothing, setup_ring_ag,
                                       teardown),
-      cmocka_unit_test_setup_teardown(test_stats__reset_and_bad_arguments, setup_ring_ag,
-                                      teardown),
+      cmocka_unit_test_setup_teardown(test_stats__reset_and_bad_arguments, setup_ring_ag, teardown),
       cmocka_unit_test(test_stats__bytes_match_the_simulators_count),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

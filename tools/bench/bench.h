@@ -124,12 +124,12 @@ struct bench_group {
   uint8_t *pool8;
   void *src8;
   uint64_t src8_elems;
-  double *t0, *t1; /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
-  double *h0, *h1; /* host-wall timing, either backend: [rank * BENCH_MAX_ITERS + it], ns */
-  double *enq;     /* host time of the operation call: [rank * BENCH_MAX_ITERS + it], ns */
-  void *sim_world; /* the simulator world (procs mode: the world of sim_be) */
+  double *t0, *t1;     /* simulator timing: [rank * BENCH_MAX_ITERS + it], ns */
+  double *h0, *h1;     /* host-wall timing, either backend: [rank * BENCH_MAX_ITERS + it], ns */
+  double *enq;         /* host time of the operation call: [rank * BENCH_MAX_ITERS + it], ns */
+  void *sim_world;     /* the simulator world (procs mode: the world of sim_be) */
   tpf_backend *sim_be; /* procs mode on the simulator: this process's rank */
-  void *cu; /* bench_cuda_dev.c's state */
+  void *cu;            /* bench_cuda_dev.c's state */
 };
 struct bench_rank {
   int rank, tp;

@@ -173,7 +173,7 @@ static long long chk_buffer(chk *k, const tpf_matrix *buf, long long *checked) {
 /* Checks this rank's output of the last (poisoned, then re-run) repetition `it`. Returns
  * elements wrong; *checked gets the elements compared. */
 long long bench_check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
-                              const tpf_matrix *buf, long long *checked) {
+                             const tpf_matrix *buf, long long *checked) {
   chk k = {.rk = rk, .j = j, .T = T, .it = it, .ag = is_ag(j->op)};
   const uint64_t H = j->H, N = j->N;
   k.R = T / (uint64_t)rk->tp;
@@ -274,7 +274,7 @@ bool bench_enq_snap(bench_rank *rk, tpf_cuda_enqueue_stats *s) {
 /* *acc += b - a: what happened between snapshots a and b (the paired baseline's calls, which
  * the operation's breakdown leaves out). */
 void bench_enq_add(tpf_cuda_enqueue_stats *acc, const tpf_cuda_enqueue_stats *a,
-                    const tpf_cuda_enqueue_stats *b) {
+                   const tpf_cuda_enqueue_stats *b) {
   acc->ops += b->ops - a->ops;
   acc->host_ns += b->host_ns - a->host_ns;
   for (int k = 0; k < TPF_CUDA_ENQ_COUNT; k++) {
@@ -286,7 +286,7 @@ void bench_enq_add(tpf_cuda_enqueue_stats *acc, const tpf_cuda_enqueue_stats *a,
 /* This rank's breakdown at T index ti: the statistics now minus s0 minus ex (the paired
  * baseline's share, zero without it), per operation. */
 void bench_enq_record(bench_rank *rk, bench_job *j, int ti, const tpf_cuda_enqueue_stats *s0,
-                       const tpf_cuda_enqueue_stats *ex) {
+                      const tpf_cuda_enqueue_stats *ex) {
   tpf_cuda_enqueue_stats s1;
   if (!bench_enq_snap(rk, &s1) || s1.ops <= s0->ops + ex->ops) return;
   double *e = j->enq_rank[ti][rk->rank];

@@ -36,7 +36,6 @@ typedef struct {
 /* Every operation: its name, algorithm, collective, split count, aggregate flag. */
 extern const bench_op_info bench_kops[BOP_COUNT];
 
-
 /* One operation over a sweep of T at one capacity: inputs, results. */
 typedef struct {
   bench_op op;
@@ -132,8 +131,8 @@ tpf_status bench_layer_gemm(const bench_opts *o, bench_group *g1, uint64_t T, ui
                             uint64_t k, double *us);
 /* Elements wrong of this rank's output of the checked repetition `it` (-1: the check failed);
  * *checked gets the elements compared. */
-long long bench_check_output(bench_rank *rk, bench_job *j, uint64_t T, int it,
-                             const tpf_matrix *d, const tpf_matrix *buf, long long *checked);
+long long bench_check_output(bench_rank *rk, bench_job *j, uint64_t T, int it, const tpf_matrix *d,
+                             const tpf_matrix *buf, long long *checked);
 /* Procs mode: every process's #wrong, checked counts and first failure, in every process. */
 void bench_job_gather(bench_rank *rk, bench_job *j);
 /* The CUDA enqueue statistics of this rank now (false on the simulator). */

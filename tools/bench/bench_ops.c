@@ -46,7 +46,6 @@ const bench_op_info bench_kops[BOP_COUNT] = {
     [BOP_BULK_AG] = {"bulk_ag+gemm", TPF_ALGO_BULK, TPF_COLL_AG, 0, false},
 };
 
-
 /* One repetition of the paired serial baseline (communicator pc, FIXED) on the operation's
  * operands w, x and output d, timed in host-wall slot pslot like the operation; every rank
  * calls it (the timing's agreements pair up), pc NULL or an earlier failure only skip the call.
@@ -439,7 +438,7 @@ tpf_status bench_run_job(bench_group *g, bench_job *j) {
 }
 
 void bench_job_init(bench_job *j, const bench_opts *o, bench_op op, int P, int nts,
-                     const uint64_t *ts) {
+                    const uint64_t *ts) {
   memset(j, 0, sizeof(*j));
   j->op = op;
   j->C = o->capacity;
@@ -513,7 +512,7 @@ tpf_status bench_run_dtype(bench_group *g, const bench_opts *o, bench_dtype_run 
 /* Time of one GEMM d[T, n] = x[T, k] * w[n, k]^T: cuBLASLt on CUDA; on the simulator, its own
  * GEMM through a P = 1 RING AG with one split (one GEMM, no exchange). */
 tpf_status bench_layer_gemm(const bench_opts *o, bench_group *g1, uint64_t T, uint64_t n,
-                             uint64_t k, double *us) {
+                            uint64_t k, double *us) {
   if (o->cuda) return bench_cuda_gemm_us(g1, T, n, k, us);
   bench_job j;
   bench_opts o1 = *o;

@@ -89,7 +89,6 @@ int bench_section_dynamic(const bench_opts *o) {
   return rc;
 }
 
-
 /* ---- section 4/5: TP emulation, serial baseline, whole-layer GEMM ------------------------- */
 
 /* What --ops selects, in bench_tp_sel_name order. */
@@ -144,8 +143,9 @@ int bench_tp_nops(const bench_opts *o, int P) {
 
 /* Shared (the default): one GEMM queue for all ranks (shared_device: their GEMMs take the device
  * one at a time) and a peer copy that is a copy within the device. Replayed against the measured
- * schedules of the H200 run of 2026-12-03 (docs/results/h200.md, session 3), this model's median error
- * was 13 %, against 20-23 % for the earlier approximation (GEMM times x P, bandwidths / P). */
+ * schedules of the H200 run of 2026-12-03 (docs/results/h200.md, session 3), this model's median
+ * error was 13 %, against 20-23 % for the earlier approximation (GEMM times x P, bandwidths / P).
+ */
 void bench_cost_model(const bench_opts *o, tpf_cost_table *out) {
   *out = *o->cost;
   if (!o->dedicated) {
