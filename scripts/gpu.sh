@@ -48,6 +48,9 @@
 #                      checked against fp32 torch, the step against plain torch with the FP8
 #                      step beside it, bucketed graphs against one graph padded to the
 #                      capacity (examples/bench_graphs_vs_padding.py); P = 1, P = 2 under MPS
+#   observe            the THD step under torch.profiler with tpflex's ranges and stats()'s
+#                      exposed / hidden communication (examples/profile_thd_step.py), the graphed
+#                      step against plain torch graphed; P = 1, P = 2 under MPS
 #   thd-step           the THD step of the modules against plain torch (P = 1 with --ops
 #                      --profile, P = 2 under MPS), the training example at P = 1 and 2, the
 #                      graphed step at P = 1, test_layers.py; SKIP="name ..." leaves some out
@@ -75,7 +78,8 @@ ME=$ROOT/scripts/gpu.sh
 
 CALLS_HELP="calls (scripts/gpu_calls.sh): check = build gpu-tests-short gemm-plan fp8-tests;
   fp8 = build fp8-bench fp8-calibrate; host = build host-path;
-  thd = build thd-step without train_p1 and layers_sim; layer = build layer fp8-bench"
+  thd = build thd-step without train_p1 and layers_sim; layer = build layer;
+  observe = build observe"
 
 # ---- where: snapshot mode or tree mode ----
 if [ -n "${BUILD:-}" ]; then
@@ -373,11 +377,11 @@ step_layer() {
   run train_p1 200 "$TR --nproc-per-node 1 examples/thd_training_step.py --backend cuda"
   run te_example_fp8_p1 120 "$TR --nproc-per-node 1 examples/te_layer_with_overlap.py -s 2048 -n 16 -d 64 --fp8"
   run bench_p1 200 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
-  run graphs_pad_p1 300 "$TR --nproc-per-node 1 examples/bench_graphs_vs_padding.py"
+  run graphs_pad_p1 240 "$TR --nproc-per-node 1 examples/bench_graphs_vs_padding.py --capacity 8192"
   mps_on
   run train_p2_mps 200 "$TR --nproc-per-node 2 examples/thd_training_step.py --backend cuda"
   run bench_p2_mps 200 "$TR --nproc-per-node 2 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
-  run graphs_pad_p2_mps 300 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --stream 50"
+  run graphs_pad_p2_mps 240 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --capacity 8192 --stream 50"
   mps_off
   {
     for f in train_p1 te_example_fp8_p1 bench_p1 graphs_pad_p1 train_p2_mps bench_p2_mps graphs_pad_p2_mps; do
@@ -385,7 +389,20 @@ step_layer() {
     done
   } >"$D/figures.txt" 2>/dev/null
 }
-STEPS="layer build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
+# Seeing the step (SPEC §16): the THD step under torch.profiler with tpflex's ranges on and
+# stats()'s exposed / hidden communication (examples/profile_thd_step.py, its traces kept), then
+# the graphed step against plain torch graphed; P = 1, then P = 2 under MPS.
+step_observe() {
+  run profile_p1 150 "$TR --nproc-per-node 1 examples/profile_thd_step.py --out $D/prof-p1"
+  run graphed_p1 200 "$TR --nproc-per-node 1 examples/thd_graphed_step.py --backend cuda --capacity 8192 --tokens 1024,4096 --stream 30"
+  mps_on
+  run profile_p2_mps 150 "$TR --nproc-per-node 2 examples/profile_thd_step.py --out $D/prof-p2"
+  run graphed_p2_mps 200 "$TR --nproc-per-node 2 examples/thd_graphed_step.py --backend cuda --capacity 8192 --tokens 1024,4096 --stream 30"
+  mps_off
+  { for f in profile_p1 profile_p2_mps; do echo "== $f"; grep -vE '^(W|E)[0-9]{4}|^\[' "$D/$f.log" | grep -E '^(profile_thd|tpflex|site|[a-z0-9_]+ +[0-9]|no op|exposed|traces)'; done
+    for f in graphed_p1 graphed_p2_mps; do echo "== $f"; grep '^thd_graphed_step:' "$D/$f.log"; done; } >"$D/figures.txt" 2>/dev/null
+}
+STEPS="layer observe build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
 gemm-plan fp8-tests fp8-bench fp8-bench-python fp8-calibrate host-path thd-step graphed python
 python-tests planner tp-modes lean-enqueue device-flags bench-all tools-smoke"
 
@@ -413,7 +430,8 @@ call_steps() {
   fp8) echo "build fp8-bench fp8-calibrate" ;;
   host) echo "build host-path" ;;
   thd) echo "build thd-step" ;;
-  layer) echo "build layer fp8-bench" ;;
+  layer) echo "build layer" ;;
+  observe) echo "build observe" ;;
   *) return 1 ;;
   esac
 }
