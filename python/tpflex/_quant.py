@@ -62,7 +62,7 @@ _UNSUPPORTED = {
 
 class _QState:
     __slots__ = ("enabled", "recipe", "group", "graph", "depth", "first_module", "buffers",
-                 "fp8_parameters")
+                 "packed", "fp8_parameters")
 
     def __init__(self) -> None:
         self.enabled = False
@@ -74,6 +74,8 @@ class _QState:
         # (forward, recipe key, group id) -> (recipe, group, [_DelayedMeta]): the delayed-
         # scaling metas updated together (TE's global amax buffers).
         self.buffers: Dict[Tuple[bool, str, int], Tuple[Recipe, Any, List[Any]]] = {}
+        # buffer key -> (metas packed, (history, scale) or None): reduce_and_update's packing.
+        self.packed: Dict[Tuple[bool, str, int], Tuple[int, Any]] = {}
         self.fp8_parameters = False
 
 
@@ -272,53 +274,92 @@ def fp8_dtype(recipe: Recipe, forward: bool) -> torch.dtype:
 
 def scale_from_amax(amax: torch.Tensor, fp8_max: float, pow2: bool = False,
                     epsilon: float = 0.0) -> torch.Tensor:
-    """Current scaling's scale (TE's compute_scale_from_amax), elementwise, fp32."""
+    """Current scaling's scale (TE's compute_scale_from_amax), elementwise, fp32: fp8_max / amax
+    (amax below epsilon raised to it), correctly rounded; 1 where amax is 0, inf or NaN; fp32's
+    max where the quotient overflows; its power of 2 (the exponent alone) with pow2."""
     a = amax.float()
-    a = torch.where(a < epsilon, torch.full_like(a, epsilon), a)
-    bad = torch.isinf(a) | torch.isnan(a) | (a == 0)
-    s = torch.full_like(a, fp8_max) / torch.where(bad, torch.ones_like(a), a)
-    s = torch.where(torch.isinf(s), torch.full_like(s, FP32_MAX), s)
+    if epsilon > 0.0:
+        a = torch.clamp_min(a, epsilon)   # NaN stays NaN
+    s = torch.div(torch.full_like(a, fp8_max), a)   # 0 -> inf, inf -> 0, NaN -> NaN
+    s.nan_to_num_(nan=1.0, posinf=FP32_MAX)
+    s.masked_fill_((a == 0.0) | (s == 0.0), 1.0)   # amax 0 or inf: 1
     if pow2:
         s = (s.view(torch.int32) & torch.tensor(-8388608, dtype=torch.int32, device=s.device)
              ).view(torch.float32)  # 0xFF800000: the exponent only
-    return torch.where(bad, torch.ones_like(s), s)
+    return s
 
 
 class _DelayedMeta:
     """One GEMM site's delayed-scaling state in one direction: scale [n] and amax_history
-    [len, n] (TE's DelayedScalingRecipeState), fp32 on the site's device."""
+    [len, n] (TE's DelayedScalingRecipeState), fp32 on the site's device. reduce_and_update packs
+    the metas of one buffer into one history and one scale tensor (TE's global amax buffer), so
+    that an update is a few operations for every site together; each meta then holds views."""
 
     def __init__(self, recipe: DelayedScaling, n: int, device: torch.device) -> None:
         self.recipe = recipe
-        self.scale = torch.ones(n, dtype=torch.float32, device=device)
-        self.amax_history = torch.zeros(recipe.amax_history_len, n, dtype=torch.float32,
-                                        device=device)
+        self.point(torch.zeros(recipe.amax_history_len, n, dtype=torch.float32, device=device),
+                   torch.ones(n, dtype=torch.float32, device=device))
+
+    def point(self, amax_history: torch.Tensor, scale: torch.Tensor) -> None:
+        """Holds these tensors (views of a packed buffer, or its own) and their per-tensor views:
+        newest[i], the newest amax row's element i, and scale_of[i]."""
+        self.amax_history, self.scale = amax_history, scale
+        n = scale.shape[0]
+        self.newest = [amax_history[0, i:i + 1] for i in range(n)]
+        self.scale_of = [scale[i:i + 1] for i in range(n)]
 
     def record(self, i: int, amax: torch.Tensor) -> None:
-        self.amax_history[0, i] = torch.maximum(self.amax_history[0, i], amax)
+        torch.maximum(self.newest[i], amax, out=self.newest[i])
 
     def update(self, fp8_max: float) -> None:
         """TE's _amax_and_scale_update: amax from the history, roll, scale from amax."""
-        r, h = self.recipe, self.amax_history
-        if callable(r.amax_compute_algo):
-            amax = r.amax_compute_algo(h)
-        elif r.amax_compute_algo == "max":
-            amax = h.max(0).values
-        else:
-            amax = h[0].clone()
-        if h.shape[0] > 1:
-            h.copy_(torch.roll(h, -1, 0))
-        h[0].fill_(0.0)
-        if r.scaling_factor_compute_algo is not None:
-            self.scale.copy_(r.scaling_factor_compute_algo(amax, self.scale, fp8_max, r))
-            return
-        # A correctly rounded fp32 quotient (TE's fused update divides with __fdiv_rn; torch's
-        # scalar / tensor multiplies by a reciprocal instead, one ulp off at times).
-        sf = (torch.full_like(amax, fp8_max) / amax) / (2 ** r.margin)
-        sf = torch.where(amax > 0.0, sf, self.scale)
-        sf = torch.where(torch.isfinite(amax), sf, self.scale)
-        sf = torch.where(torch.isinf(sf), torch.full_like(sf, FP32_MAX), sf)
-        self.scale.copy_(sf)
+        _update_delayed(self.recipe, self.amax_history, self.scale, fp8_max)
+
+
+def _update_delayed(r: DelayedScaling, h: torch.Tensor, scale: torch.Tensor,
+                    fp8_max: float) -> None:
+    """The delayed-scaling update of a history h [len, n] and scale [n] in place (columns are
+    independent, so a packed buffer updates every site at once)."""
+    if callable(r.amax_compute_algo):
+        amax = r.amax_compute_algo(h)
+    elif r.amax_compute_algo == "max":
+        amax = h.amax(0)
+    else:
+        amax = h[0].clone()
+    if h.shape[0] > 1:
+        h.copy_(torch.roll(h, -1, 0))
+    h[0].zero_()
+    if r.scaling_factor_compute_algo is not None:
+        scale.copy_(r.scaling_factor_compute_algo(amax, scale, fp8_max, r))
+        return
+    # A correctly rounded fp32 quotient (TE's fused update divides with __fdiv_rn; torch's
+    # scalar / tensor multiplies by a reciprocal instead, one ulp off at times). Where amax is 0
+    # or not finite the scale stays; an infinite quotient becomes fp32's max.
+    sf = torch.div(torch.full_like(amax, fp8_max / (2 ** r.margin)), amax) \
+        if r.margin == 0 else (torch.full_like(amax, fp8_max) / amax) / (2 ** r.margin)
+    sf.nan_to_num_(nan=0.0, posinf=FP32_MAX)
+    keep = (amax > 0.0) & (amax < float("inf"))
+    scale.copy_(torch.where(keep, sf, scale))
+
+
+def _pack(metas: List[_DelayedMeta]) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+    """One buffer's metas in one history and one scale tensor (their values kept; each meta then
+    holds views of them): the packed pair, or None where the metas cannot share one tensor
+    (different devices or history lengths)."""
+    h0 = metas[0].amax_history
+    if any(m.amax_history.device != h0.device or m.amax_history.shape[0] != h0.shape[0]
+           for m in metas):
+        return None
+    if len(metas) > 1 or metas[0].amax_history.shape[1] != metas[0].scale.shape[0]:
+        h = torch.cat([m.amax_history for m in metas], 1)
+        sc = torch.cat([m.scale for m in metas])
+        off = 0
+        for m in metas:
+            n = m.scale.shape[0]
+            m.point(h[:, off:off + n], sc[off:off + n])
+            off += n
+        return h, sc
+    return metas[0].amax_history, metas[0].scale
 
 
 def _key(recipe: Recipe, group: Any) -> Tuple[str, int]:
@@ -328,11 +369,25 @@ def _key(recipe: Recipe, group: Any) -> Tuple[str, int]:
 def reduce_and_update(forward: bool, recipe: Optional[Recipe] = None, group: Any = None) -> None:
     """TE's reduce_and_update_fp8_tensors: for every delayed-scaling buffer of this direction
     (of `recipe`/`group` when given), max-reduce the newest amaxes over the autocast's group
-    (recipe.reduce_amax), then update each site's history and scale."""
+    (recipe.reduce_amax), then update each site's history and scale. The buffer's metas are
+    packed into one history (TE's global amax buffer): one reduction and one update for all."""
     q = _qstate()
     want = None if recipe is None else _key(recipe, group)
-    for (fwd, rk, gk), (rec, grp, metas) in list(q.buffers.items()):
+    for key, (rec, grp, metas) in list(q.buffers.items()):
+        fwd, rk, gk = key
         if fwd != forward or (want is not None and (rk, gk) != want) or not metas:
+            continue
+        packed = q.packed.get(key)
+        if packed is None or packed[0] != len(metas):
+            pk = _pack(metas)
+            packed = q.packed[key] = (len(metas), pk)
+        fmax = _FMAX[fp8_dtype(rec, forward)]
+        if packed[1] is not None and not callable(rec.amax_compute_algo) and \
+                rec.scaling_factor_compute_algo is None:
+            h, sc = packed[1]
+            if rec.reduce_amax:
+                amax_allreduce(h[0], grp)
+            _update_delayed(rec, h, sc, fmax)
             continue
         newest = torch.cat([m.amax_history[0] for m in metas])
         if rec.reduce_amax:
@@ -342,35 +397,48 @@ def reduce_and_update(forward: bool, recipe: Optional[Recipe] = None, group: Any
             n = m.amax_history.shape[1]
             m.amax_history[0].copy_(newest[off:off + n])
             off += n
-            m.update(_FMAX[fp8_dtype(rec, forward)])
+            m.update(fmax)
 
 
 # ---- quantized tensors and GEMMs -----------------------------------------------------------
 
 class QTensor:
-    """A per-tensor quantized tensor: data (fp8), scale (one-element fp32) and
-    scale_inv = 1 / scale."""
-    __slots__ = ("data", "scale", "scale_inv")
+    """A per-tensor quantized tensor: data (fp8) and scale_inv (one-element fp32, 1 / the scale
+    it was cast with); scale is 1 / scale_inv, computed when read."""
+    __slots__ = ("data", "scale_inv")
 
-    def __init__(self, data: torch.Tensor, scale: torch.Tensor,
-                 scale_inv: torch.Tensor) -> None:
-        self.data, self.scale, self.scale_inv = data, scale, scale_inv
+    def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor) -> None:
+        self.data, self.scale_inv = data, scale_inv
+
+    @property
+    def scale(self) -> torch.Tensor:
+        return torch.reciprocal(self.scale_inv)
 
     def dequantize(self, dtype: torch.dtype) -> torch.Tensor:
         return (self.data.float() * self.scale_inv).to(dtype)
 
 
 def cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> QTensor:
-    """fp8(clamp(x * scale)) with scale_inv = 1 / scale (fp32), round to nearest even."""
+    """fp8(clamp(x * scale)) with scale_inv = 1 / scale (fp32), round to nearest even. scale: a
+    one-element fp32 tensor (read now: later changes to it change neither the data nor the
+    returned scale_inv, a new tensor). x * scale is one fp32 product per element (a one-element
+    fp32 tensor promotes x, exactly, to fp32)."""
     m = _FMAX[dtype]
-    s = scale.detach().reshape(1).float().clone()  # the scale of this cast, not a live view
-    data = (x.float() * s).clamp_(-m, m).to(dtype)
-    return QTensor(data, s, torch.reciprocal(s))
+    s = scale.detach()
+    if s.dim() != 1 or s.dtype != torch.float32:
+        s = s.reshape(1).float()
+    data = torch.mul(x, s).clamp_(-m, m).to(dtype)
+    return QTensor(data, torch.reciprocal(s))
+
+
+_INF = float("inf")
 
 
 def amax(x: torch.Tensor) -> torch.Tensor:
-    return x.detach().abs().amax().float().reshape(1) if x.numel() else \
-        torch.zeros(1, dtype=torch.float32, device=x.device)
+    """max |x| in fp32 (NaN where x holds one), one element; 0 for an empty x."""
+    if not x.numel():
+        return torch.zeros(1, dtype=torch.float32, device=x.device)
+    return torch.linalg.vector_norm(x.detach(), _INF, dtype=torch.float32).reshape(1)
 
 
 def fp8_mm(a: QTensor, b: QTensor, out_dtype: torch.dtype, trans_a: bool = False,
@@ -436,7 +504,7 @@ class SiteQuant:
             meta = self.meta_fwd if forward else self.meta_bwd
             i = 1 if kind == "weight" else 0
             meta.record(i, a)
-            scale = meta.scale[i]
+            scale = meta.scale_of[i]
         else:
             if tp is not None:
                 tp(a)

@@ -669,6 +669,52 @@ class Fp8(unittest.TestCase):
         self.assertEqual(fwd.amax_history[-1].tolist(), amax.tolist())
         self.assertEqual(fwd.scale.tolist(), (448.0 / (2 * amax) / 4).tolist())
 
+    def test_packed_update_equals_each_site_alone(self):
+        """reduce_and_update packs a buffer's metas into one history: its update equals each
+        meta's own update, a meta joining later keeps its values when the buffer is packed
+        again, and the metas' scale / history are views of the packed tensors afterwards."""
+        from tpflex import _quant as Q
+        torch.manual_seed(5)
+        rec = te.DelayedScaling(margin=1, amax_history_len=3)
+
+        def metas(n):
+            ms = [Q._DelayedMeta(rec, k, torch.device("cpu")) for k in (2, 1, 2)[:n]]
+            for m in ms:
+                m.amax_history.copy_(torch.rand(m.amax_history.shape) * 9)
+                m.amax_history[0, 0] = 0.0   # a zero amax keeps the scale
+                m.scale.copy_(torch.rand(m.scale.shape) + .5)
+            return ms
+        q = Q._qstate()
+        saved = dict(q.buffers), dict(q.packed)
+        try:
+            for joins in (False, True):
+                packed, alone = metas(3), metas(3)
+                for a, b in zip(alone, packed):   # the same values in both
+                    a.amax_history.copy_(b.amax_history), a.scale.copy_(b.scale)
+                key = (True, "test-packing", 0)
+                q.buffers[key] = (rec, None, packed[:2] if joins else packed)
+                q.packed.pop(key, None)
+                Q.reduce_and_update(True)
+                for m in (alone[:2] if joins else alone):
+                    m.update(448.0)
+                if joins:   # a third site joins: packed again with the first two's new values
+                    q.buffers[key][2].append(packed[2])
+                    Q.reduce_and_update(True)
+                    for m in alone:
+                        m.update(448.0)
+                for a, b in zip(packed, alone):
+                    self.assertEqual(a.amax_history.tolist(), b.amax_history.tolist())
+                    self.assertEqual(a.scale.tolist(), b.scale.tolist())
+                base = packed[0].amax_history.untyped_storage().data_ptr()
+                self.assertTrue(all(m.amax_history.untyped_storage().data_ptr() == base
+                                    for m in packed))
+                packed[2].record(0, torch.tensor([1e9]))   # a view: the packed row sees it
+                self.assertEqual(q.packed[key][1][0][0, 3].item(), 1e9)
+                del q.buffers[key]
+        finally:
+            q.buffers.clear(), q.buffers.update(saved[0])
+            q.packed.clear(), q.packed.update(saved[1])
+
     def test_refusals(self):
         with self.assertRaises(E.TpflexUnsupportedError):
             te.autocast(calibrating=True)

@@ -329,7 +329,7 @@ def _column_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Te
                     torch.empty((dy.shape[0], w.data.shape[1]), dtype=dt, device=dy.device)
                 part = c.dgrad.bulk_overlap(dyq.data, w.data, out=dst, trans_w=True,
                                             a_scale_inv=dyq.scale_inv, w_scale_inv=w.scale_inv)
-                xt = QTensor(c.dgrad.buffer(), xq.scale, xq.scale_inv)
+                xt = QTensor(c.dgrad.buffer(), xq.scale_inv)
             else:
                 if need_w:
                     xt = _gather_q(c.plain, xq)
@@ -376,7 +376,7 @@ def _row_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tenso
         dx = c.dgrad.ag_gemm(w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
                              w_scale_inv=w.scale_inv,
                              out=torch.empty((T, w.data.shape[1]), dtype=dt, device=dy.device))
-        dytq = QTensor(c.dgrad.buffer(), dyq.scale, dyq.scale_inv)
+        dytq = QTensor(c.dgrad.buffer(), dyq.scale_inv)
         dyt = None
     else:
         dyt = c.plain.ag(dy) if c.sp else dy

@@ -203,7 +203,7 @@ def _gather_q(plain: "_Plain", xq: Any) -> Any:
         g = plain.ag(data if c.dtype == data.dtype else data.to(c.dtype)).to(data.dtype)
     else:
         g = plain.ag(data.view(torch.uint8)).view(data.dtype)
-    return _quant.QTensor(g, xq.scale, xq.scale_inv)
+    return _quant.QTensor(g, xq.scale_inv)
 
 
 # ---- GEMMs and collectives of the plain path ----------------------------------------------------
