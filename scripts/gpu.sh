@@ -377,14 +377,14 @@ step_layer() {
   run train_p1 200 "$TR --nproc-per-node 1 examples/thd_training_step.py --backend cuda"
   run te_example_fp8_p1 120 "$TR --nproc-per-node 1 examples/te_layer_with_overlap.py -s 2048 -n 16 -d 64 --fp8"
   run bench_p1 200 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
+  run bench_h4096_p1 200 "$TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
   run graphs_pad_p1 240 "$TR --nproc-per-node 1 examples/bench_graphs_vs_padding.py --capacity 8192"
   mps_on
   run train_p2_mps 200 "$TR --nproc-per-node 2 examples/thd_training_step.py --backend cuda"
   run bench_p2_mps 200 "$TR --nproc-per-node 2 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
-  run graphs_pad_p2_mps 240 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --capacity 8192 --stream 50"
   mps_off
   {
-    for f in train_p1 te_example_fp8_p1 bench_p1 graphs_pad_p1 train_p2_mps bench_p2_mps graphs_pad_p2_mps; do
+    for f in train_p1 te_example_fp8_p1 bench_p1 bench_h4096_p1 graphs_pad_p1 train_p2_mps bench_p2_mps; do
       echo "== $f"; grep -E '^(thd_training_step|bench_thd_step|bench_graphs_vs_padding|te_layer)|^ *[0-9]+ |FP8' "$D/$f.log"
     done
   } >"$D/figures.txt" 2>/dev/null
@@ -398,9 +398,11 @@ step_observe() {
   mps_on
   run profile_p2_mps 150 "$TR --nproc-per-node 2 examples/profile_thd_step.py --out $D/prof-p2"
   run graphed_p2_mps 200 "$TR --nproc-per-node 2 examples/thd_graphed_step.py --backend cuda --capacity 8192 --tokens 1024,4096 --stream 30"
+  run graphs_pad_p2_mps 200 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --capacity 8192 --stream 50"
   mps_off
   { for f in profile_p1 profile_p2_mps; do echo "== $f"; grep -vE '^(W|E)[0-9]{4}|^\[' "$D/$f.log" | grep -E '^(profile_thd|tpflex|site|[a-z0-9_]+ +[0-9]|no op|exposed|traces)'; done
-    for f in graphed_p1 graphed_p2_mps; do echo "== $f"; grep '^thd_graphed_step:' "$D/$f.log"; done; } >"$D/figures.txt" 2>/dev/null
+    for f in graphed_p1 graphed_p2_mps; do echo "== $f"; grep '^thd_graphed_step:' "$D/$f.log"; done
+    echo "== graphs_pad_p2_mps"; grep '^bench_graphs_vs_padding' "$D/graphs_pad_p2_mps.log"; } >"$D/figures.txt" 2>/dev/null
 }
 STEPS="layer observe build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
 gemm-plan fp8-tests fp8-bench fp8-bench-python fp8-calibrate host-path thd-step graphed python
