@@ -44,6 +44,11 @@ def main() -> int:
     ap.add_argument("--hidden", type=int, default=0, help="cuda 1024, sim 64")
     ap.add_argument("--steps", type=int, default=3, help="steps profiled (after 3 warm-ups)")
     ap.add_argument("--out", default="profile-out", help="folder of the JSON traces")
+    ap.add_argument("--fp8", default="", choices=("", "delayed", "current"),
+                    help="the step under tpflex.torch.autocast with this recipe (FP8 "
+                         "registrations beside the bf16 ones)")
+    ap.add_argument("--kernels", type=int, default=12,
+                    help="CUDA: the top kernels by device time in the table (0: none)")
     a = ap.parse_args()
     sim = os.environ.get("TPFLEX_BACKEND", "") == "sim" or not torch.cuda.is_available()
     dist.init_process_group("gloo")
@@ -57,14 +62,23 @@ def main() -> int:
         dt, C, T0, H = torch.bfloat16, a.capacity or 16384, a.T or 4096, a.hidden or 1024
     os.makedirs(a.out, exist_ok=True)
     te.profile(True)
-    te.initialize_ub([C, H], P, dtype=dt, backend="sim" if sim else "cuda")
+    modes = [te.UserBufferQuantizationMode.NONE] + \
+        ([te.UserBufferQuantizationMode.FP8] if a.fp8 else [])
+    te.initialize_ub([C, H], P, dtype=dt, backend="sim" if sim else "cuda",
+                     quantization_modes=modes)
+    recipe = {"": None, "delayed": te.DelayedScaling, "current": te.Float8CurrentScaling}[a.fp8]
     T = te.legal_rows(T0)
     torch.manual_seed(0)
     model = torch.nn.Sequential(Block(H, P, dt, dev), Block(H, P, dt, dev))
     x = torch.randn(T // P, H, device=dev, dtype=dt, requires_grad=True)
 
     def step():
-        model(x).sum().backward()
+        if recipe is None:
+            model(x).sum().backward()
+            return
+        with te.autocast(recipe=recipe()):
+            y = model(x)
+        y.sum().backward()
 
     sync = torch.cuda.synchronize if not sim else (lambda: None)
     with te.active_tokens(T):
@@ -98,11 +112,25 @@ def main() -> int:
     if not sim and timed == 0:
         bad.append("stats() timed no operation on the device")
     if rank == 0:
-        print(f"profile_thd_step: P {P}, T {T} of capacity {C}, H {H}, {str(dt)[6:]}, "
+        print(f"profile_thd_step: P {P}, T {T} of capacity {C}, H {H}, {str(dt)[6:]}"
+              f"{', FP8 ' + a.fp8 + ' scaling' if a.fp8 else ''}, "
               f"{'simulator (CPU)' if sim else 'cuda'}, {a.steps} steps profiled")
         print(f"{'tpflex range (torch.profiler)':<64} {'count':>6} {'host µs':>9} {'device µs':>10}")
         for k, (n, cpu, gpu) in sorted(ranges.items()):
             print(f"{k[:64]:<64} {n:>6} {cpu:>9.0f} {gpu:>10.0f}")
+        if not sim and a.kernels:
+            def dev_us(e):
+                return getattr(e, "self_device_time_total", getattr(e, "self_cuda_time_total", 0))
+            ks = sorted((e for e in prof.key_averages() if dev_us(e) > 0 and
+                         str(getattr(e, "device_type", "")).endswith("CUDA")),
+                        key=lambda e: -dev_us(e))   # the kernels themselves
+            tot = sum(dev_us(e) for e in ks)
+            ks = ks[:a.kernels]
+            print(f"kernels: {tot / a.steps / 1e3:.3f} ms of device time per step; the top "
+                  f"{len(ks)} (µs per step, calls per step):")
+            for e in ks:
+                print(f"  {dev_us(e) / a.steps:>9.0f} {e.count / a.steps:>5.0f}  "
+                      f"{e.key[:90]}")
         print(rep.table())
         print(f"traces: {a.out}/profile.rank*.json (torch.profiler), "
               f"{a.out}/tpflex-trace.rank*.json (tpflex.torch.trace)")

@@ -405,10 +405,19 @@ def reduce_and_update(forward: bool, recipe: Optional[Recipe] = None, group: Any
 class QTensor:
     """A per-tensor quantized tensor: data (fp8) and scale_inv (one-element fp32, 1 / the scale
     it was cast with); scale is 1 / scale_inv, computed when read."""
-    __slots__ = ("data", "scale_inv")
+    __slots__ = ("data", "scale_inv", "_t")
 
     def __init__(self, data: torch.Tensor, scale_inv: torch.Tensor) -> None:
         self.data, self.scale_inv = data, scale_inv
+        self._t: Optional[torch.Tensor] = None
+
+    def t_data(self) -> torch.Tensor:
+        """data transposed, contiguous (made once per QTensor: a cached FP8 weight's transpose
+        is made once per cache). cuBLASLt runs FP8 GEMMs in the TN layout only, so the
+        operations take FP8 operands stored as they multiply, never with trans_a / trans_w."""
+        if self._t is None:
+            self._t = self.data.t().contiguous()
+        return self._t
 
     @property
     def scale(self) -> torch.Tensor:

@@ -136,6 +136,42 @@ class LayerPrecision(unittest.TestCase):
                     if not k.endswith("key_bias"):   # 0 in exact arithmetic: noise on both
                         self.assertLess(rel(g[k], gr[k]), bound, f"rank {r}: {k}")
 
+    def test_fp8_operations_take_operands_as_they_multiply(self):
+        """cuBLASLt runs FP8 GEMMs in the TN layout only (the CUDA backend refuses trans_a /
+        trans_w with FP8 operands), so every FP8 operation of the layer's forward and backward
+        gets its operands stored as they multiply (a cached transpose), never a trans flag:
+        found on an H100 at P = 2, where the row-parallel dgrad's RING AG passed trans_w."""
+        from tpflex import _comm
+        fp8 = (torch.float8_e4m3fn, torch.float8_e5m2)
+        seen = []
+
+        def spy(name):
+            real = getattr(_comm.Communicator, name)
+
+            def op(self, *args, **kw):
+                if any(isinstance(a, torch.Tensor) and a.dtype in fp8 for a in args):
+                    seen.append((self.name, name, kw.get("trans_a", False),
+                                 kw.get("trans_w", False)))
+                return real(self, *args, **kw)
+            return real, op
+        saved = {n: spy(n) for n in ("ag_gemm", "gemm_rs", "bulk_overlap")}
+
+        def body(rank):
+            m = layer(BF)
+            fill(m, 300)
+            return step(m, rank, lambda: te.autocast(recipe=te.DelayedScaling()))
+        try:
+            for n, (_, op) in saved.items():
+                setattr(_comm.Communicator, n, op)
+            on_ranks(body, quantization_modes=MODES)
+        finally:
+            for n, (real, _) in saved.items():
+                setattr(_comm.Communicator, n, real)
+        ops = {(c, o) for c, o, _, _ in seen}
+        self.assertTrue({("proj_dgrad.fp8", "ag_gemm"), ("fc1_wgrad", "bulk_overlap")} <= ops
+                        or len(ops) >= 6, sorted(ops))   # the backward's FP8 operations ran
+        self.assertEqual([s for s in seen if s[2] or s[3]], [])
+
 
 if __name__ == "__main__":
     unittest.main(verbosity=2)

@@ -320,14 +320,14 @@ def _column_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Te
             if need_w:
                 xt = _gather_q(c.plain, xq)
             if need_dx:  # FP8 dgrad GEMM + RS (in the compute dtype) on '{ub}_dgrad'
-                dx = c.dgrad.gemm_rs(dyq.data, w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
+                dx = c.dgrad.gemm_rs(dyq.data, w.t_data(), a_scale_inv=dyq.scale_inv,
                                      w_scale_inv=w.scale_inv)
         else:
             if bulk_dgrad:  # BULK AG of the FP8 input beside the FP8 dgrad GEMM
                 c.dgrad.local_chunk().copy_(xq.data)
                 dst = c.wgrad.buffer() if bulk_wgrad else \
                     torch.empty((dy.shape[0], w.data.shape[1]), dtype=dt, device=dy.device)
-                part = c.dgrad.bulk_overlap(dyq.data, w.data, out=dst, trans_w=True,
+                part = c.dgrad.bulk_overlap(dyq.data, w.t_data(), out=dst,
                                             a_scale_inv=dyq.scale_inv, w_scale_inv=w.scale_inv)
                 xt = QTensor(c.dgrad.buffer(), xq.scale_inv)
             else:
@@ -341,7 +341,7 @@ def _column_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Te
                     buf.copy_(part)
                 out = c.main_grad if c.fuse_wgrad else \
                     torch.empty(param.shape, dtype=param.dtype, device=dy.device)
-                c.wgrad.bulk_overlap(dyq.data, xt.data, out=out, trans_a=True, trans_w=True,
+                c.wgrad.bulk_overlap(dyq.t_data(), xt.t_data(), out=out,
                                      beta=1.0 if c.fuse_wgrad and c.accumulate else 0.0,
                                      a_scale_inv=dyq.scale_inv, w_scale_inv=xt.scale_inv)
                 dw = None if c.fuse_wgrad else out
@@ -373,7 +373,7 @@ def _row_fp8_bwd(ctx: Any, x: torch.Tensor, param: torch.Tensor, dy: torch.Tenso
     if c.ag_dgrad:  # FP8 RING AG of dY + GEMM; the wgrad reads the gathered FP8 dY there
         c.dgrad.local_chunk().copy_(dyq.data)
         T = c.tokens  # checked against the active shape (_check_tokens)
-        dx = c.dgrad.ag_gemm(w.data, trans_w=True, a_scale_inv=dyq.scale_inv,
+        dx = c.dgrad.ag_gemm(w.t_data(), a_scale_inv=dyq.scale_inv,
                              w_scale_inv=w.scale_inv,
                              out=torch.empty((T, w.data.shape[1]), dtype=dt, device=dy.device))
         dytq = QTensor(c.dgrad.buffer(), dyq.scale_inv)
