@@ -394,13 +394,17 @@ step_layer() {
 # the graphed step against plain torch graphed; P = 1, then P = 2 under MPS.
 step_observe() {
   run profile_p1 150 "$TR --nproc-per-node 1 examples/profile_thd_step.py --out $D/prof-p1"
+  run profile_h4096_p1 150 "$TR --nproc-per-node 1 examples/profile_thd_step.py --hidden 4096 --T 16384 --kernels 16 --out $D/prof-h4096"
+  run profile_h4096_fp8_p1 150 "$TR --nproc-per-node 1 examples/profile_thd_step.py --hidden 4096 --T 16384 --kernels 24 --fp8 delayed --out $D/prof-h4096-fp8"
   run graphed_p1 200 "$TR --nproc-per-node 1 examples/thd_graphed_step.py --backend cuda --capacity 8192 --tokens 1024,4096 --stream 30"
   mps_on
+  run bench_p2_mps 200 "$TR --nproc-per-node 2 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
   run profile_p2_mps 150 "$TR --nproc-per-node 2 examples/profile_thd_step.py --out $D/prof-p2"
   run graphed_p2_mps 200 "$TR --nproc-per-node 2 examples/thd_graphed_step.py --backend cuda --capacity 8192 --tokens 1024,4096 --stream 30"
   run graphs_pad_p2_mps 200 "$TR --nproc-per-node 2 examples/bench_graphs_vs_padding.py --capacity 8192 --stream 50"
   mps_off
-  { for f in profile_p1 profile_p2_mps; do echo "== $f"; grep -vE '^(W|E)[0-9]{4}|^\[' "$D/$f.log" | grep -E '^(profile_thd|tpflex|site|[a-z0-9_]+ +[0-9]|no op|exposed|traces)'; done
+  { for f in profile_p1 profile_h4096_p1 profile_h4096_fp8_p1 profile_p2_mps; do echo "== $f"; grep -vE '^(W|E)[0-9]{4}|^\[' "$D/$f.log" | grep -E '^(profile_thd|tpflex|site|[a-z0-9_.]+ +[0-9]|no op|exposed|traces|kernels|  +[0-9])'; done
+    echo "== bench_p2_mps"; grep -E '^bench_thd_step|^ *[0-9]+ ' "$D/bench_p2_mps.log"
     for f in graphed_p1 graphed_p2_mps; do echo "== $f"; grep '^thd_graphed_step:' "$D/$f.log"; done
     echo "== graphs_pad_p2_mps"; grep '^bench_graphs_vs_padding' "$D/graphs_pad_p2_mps.log"; } >"$D/figures.txt" 2>/dev/null
 }
