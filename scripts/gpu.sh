@@ -148,6 +148,16 @@ BENCH_P8="bench --backend cuda --section tp --tp-list 8 --capacity 32768 --hidde
 
 # ---- the steps ----
 step_build() {
+  # A folder left by another snapshot (a machine kept between calls) is replaced, never reused.
+  if [ "$SRC" != "$ROOT" ] && [ -f "$ROOT/.snap/src.tar" ]; then
+    local want have
+    want=$(tar -xOf "$ROOT/.snap/src.tar" .snap-commit 2>/dev/null)
+    have=$(cat "$SRC/.snap-commit" 2>/dev/null)
+    if [ -d "$SRC" ] && [ "$want" != "$have" ]; then
+      note "snapshot: $SRC held ${have:-?}, the carried one is ${want:-?}: replaced"
+      rm -rf "${SRC:?}"
+    fi
+  fi
   if [ -x "$TPF" ] && [ -f "$BUILD/libtpflex.so" ]; then note "build: $BUILD already built"; return 0; fi
   if [ "$SRC" != "$ROOT" ] && [ ! -d "$SRC/core" ]; then
     [ -f "$ROOT/.snap/src.tar" ] || { note "no .snap/src.tar: run scripts/gpu_snapshot.sh and carry .snap"; return 1; }
@@ -155,6 +165,7 @@ step_build() {
       { [ ! -d "$ROOT/.deps" ] || cp -r "$ROOT/.deps" "$SRC/.deps"; }
   fi
   note "snapshot: $(cat "$SRC/.snap-commit" 2>/dev/null || git -C "$SRC" rev-parse --short HEAD 2>/dev/null || echo '?')"
+  note "python package: $(cd "$SRC" && $PY -c 'import tpflex; print(tpflex.__file__)' 2>&1 | tail -1)"
   note "gpu: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)"
   local cm="-DTPF_WITH_CUDA=ON -DTPF_WERROR=OFF -DCMAKE_BUILD_TYPE=RelWithDebInfo"
   command -v ninja >/dev/null && cm="$cm -G Ninja"
