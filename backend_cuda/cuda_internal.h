@@ -111,6 +111,29 @@ cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, 
                                            uint64_t n, uint64_t k, unsigned flags,
                                            const tpf_cuda_epi *e, cudaStream_t s);
 
+/* ---- cuda_fp8cast.cu: the modules' FP8 casts (cuda_fp8cast.c checks the arguments) ---- */
+typedef struct {
+  const void *x;     /* [rows, cols] row-major, x_dtype (bf16, fp16, fp32) */
+  int x_dtype;       /* tpf_dtype */
+  uint64_t rows, cols;
+  void *out;         /* [rows, cols] fp8, or NULL */
+  void *out_t;       /* [cols, rows] fp8, or NULL */
+  int out_dtype;     /* TPF_FP8_E4M3 or TPF_FP8_E5M2 */
+  const float *scale; /* the scale (delayed scaling), or NULL: computed from *amax */
+  const float *amax;  /* current scaling's amax, with fmax, epsilon and pow2 */
+  float fmax, epsilon;
+  int pow2;
+  float *scale_inv;   /* receives 1 / scale */
+  float *amax_record; /* max(*amax_record, max |x|), or NULL */
+} tpf_cuda_fp8_cast_args;
+cudaError_t tpf_cuda__launch_fp8_cast(const tpf_cuda_fp8_cast_args *a, cudaStream_t s);
+/* *amax = max(*amax, max |x|) over n elements. */
+cudaError_t tpf_cuda__launch_fp8_amax(const void *x, int xt, uint64_t n, float *amax,
+                                      cudaStream_t s);
+/* dst [cols, rows] = src [rows, cols]^T, one byte per element. */
+cudaError_t tpf_cuda__launch_transpose_bytes(const void *src, uint64_t rows, uint64_t cols,
+                                             void *dst, cudaStream_t s);
+
 /* ---- cuda_hostsync.c: host agreement of ranks in different processes (no CUDA calls) ---- */
 /* Who is where, one record per rank (the backend's peers[], exchanged at creation). */
 typedef struct {

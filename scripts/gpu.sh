@@ -48,6 +48,9 @@
 #                      checked against fp32 torch, the step against plain torch with the FP8
 #                      step beside it, bucketed graphs against one graph padded to the
 #                      capacity (examples/bench_graphs_vs_padding.py); P = 1, P = 2 under MPS
+#   fp8-step           the CUDA FP8 casts against torch's (bit for bit), the THD step in FP8
+#                      against bf16 (delayed / current, H = 1024 and 4096, torch casts beside),
+#                      its kernels, P = 2 under MPS
 #   observe            the THD step under torch.profiler with tpflex's ranges and stats()'s
 #                      exposed / hidden communication (examples/profile_thd_step.py), the graphed
 #                      step against plain torch graphed; P = 1, P = 2 under MPS
@@ -79,7 +82,7 @@ ME=$ROOT/scripts/gpu.sh
 CALLS_HELP="calls (scripts/gpu_calls.sh): check = build gpu-tests-short gemm-plan fp8-tests;
   fp8 = build fp8-bench fp8-calibrate; host = build host-path;
   thd = build thd-step without train_p1 and layers_sim; layer = build layer;
-  observe = build observe"
+  observe = build observe; fp8step = build fp8-step"
 
 # ---- where: snapshot mode or tree mode ----
 if [ -n "${BUILD:-}" ]; then
@@ -419,7 +422,24 @@ step_observe() {
     for f in graphed_p1 graphed_p2_mps; do echo "== $f"; grep '^thd_graphed_step:' "$D/$f.log"; done
     echo "== graphs_pad_p2_mps"; grep '^bench_graphs_vs_padding' "$D/graphs_pad_p2_mps.log"; } >"$D/figures.txt" 2>/dev/null
 }
-STEPS="layer observe build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
+# FP8 (SPEC §14): the CUDA casts against torch's bit for bit, then the THD step in FP8 against
+# bf16 (delayed and current scaling, H = 1024 and 4096, the torch casts beside at H = 4096), the
+# FP8 step's kernels, and P = 2 under MPS.
+step_fp8_step() {
+  run fp8_cast_test 120 "$PY tests/python/test_fp8_cast_cuda.py"
+  run bench_p1 150 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
+  run bench_h4096_p1 150 "$TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
+  run bench_h4096_current_p1 150 "$TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 current"
+  run bench_h4096_torchcast_p1 150 "TPFLEX_FP8_TORCH_CAST=1 $TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
+  run profile_h4096_fp8_p1 120 "$TR --nproc-per-node 1 examples/profile_thd_step.py --hidden 4096 --T 16384 --kernels 16 --fp8 delayed --out $D/prof-h4096-fp8"
+  mps_on
+  run bench_h4096_p2_mps 150 "$TR --nproc-per-node 2 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
+  mps_off
+  { for f in bench_p1 bench_h4096_p1 bench_h4096_current_p1 bench_h4096_torchcast_p1 bench_h4096_p2_mps; do
+      echo "== $f"; grep -E '^bench_thd_step|^ *[0-9]+ ' "$D/$f.log"; done
+    echo "== profile_h4096_fp8_p1"; grep -E '^kernels|^  +[0-9]' "$D/profile_h4096_fp8_p1.log"; } >"$D/figures.txt" 2>/dev/null
+}
+STEPS="fp8-step layer observe build gpu-tests gpu-tests-short conformance conformance-procs sanitizers proc faults-memops
 gemm-plan fp8-tests fp8-bench fp8-bench-python fp8-calibrate host-path thd-step graphed python
 python-tests planner tp-modes lean-enqueue device-flags bench-all tools-smoke"
 
@@ -449,6 +469,7 @@ call_steps() {
   thd) echo "build thd-step" ;;
   layer) echo "build layer" ;;
   observe) echo "build observe" ;;
+  fp8step) echo "build fp8-step" ;;
   *) return 1 ;;
   esac
 }

@@ -101,6 +101,35 @@ typedef struct {
 TPF_API tpf_status tpf_cuda_backend_comm_timing(tpf_backend *be, const char *name,
                                                 tpf_cuda_comm_timing *out, int reset);
 
+/* FP8 casts for the modules (SPEC §14; python/tpflex/_quant.py calls them on CUDA tensors): one
+ * kernel per cast where torch takes five, each element fp8(saturate(float(x) * scale)) rounded to
+ * nearest even, bit for bit torch's fp32 product, clamp and conversion. All pointers are device
+ * memory; the work is enqueued on `stream` (a cudaStream_t; NULL: the legacy default stream) and
+ * nothing waits. They need no backend object.
+ *
+ * tpf_cuda_fp8_cast: x [rows, cols] row-major in x_dtype (TPF_BF16, TPF_FP16 or TPF_FP32) into
+ * out [rows, cols] and/or out_t [cols, rows] (either may be NULL, not both) in out_dtype
+ * (TPF_FP8_E4M3 or TPF_FP8_E5M2). The scale is *scale (delayed scaling), or, with scale NULL,
+ * computed from *amax as current scaling does (fp8_max / amax correctly rounded, amax below
+ * epsilon raised to it; 1 where amax is 0, inf or NaN; fp32's max where the quotient overflows;
+ * its exponent alone with pow2 != 0): exactly one of scale and amax is given. *scale_inv
+ * receives 1 / scale; amax_record (or NULL) receives max(*amax_record, max |x|) (NaN-propagating).
+ * TPF_EINVAL naming the argument for NULL x, scale_inv, both or neither of scale / amax, both
+ * outputs NULL, another dtype, negative epsilon, rows * cols overflowing, or out_t with more than
+ * 2,096,000 rows; TPF_EBACKEND with CUDA's message when the launch fails. */
+TPF_API tpf_status tpf_cuda_fp8_cast(const void *x, tpf_dtype x_dtype, uint64_t rows, uint64_t cols,
+                                     void *out, void *out_t, tpf_dtype out_dtype,
+                                     const float *scale, const float *amax, float epsilon,
+                                     int pow2, float *scale_inv, float *amax_record, void *stream);
+/* *amax = max(*amax, max |x|) over x's n elements (x_dtype TPF_BF16, TPF_FP16 or TPF_FP32):
+ * current scaling's amax, into a zeroed or running one-element buffer. */
+TPF_API tpf_status tpf_cuda_fp8_amax(const void *x, tpf_dtype x_dtype, uint64_t n, float *amax,
+                                     void *stream);
+/* dst [cols, rows] = src [rows, cols]^T, one byte per element (FP8 data): the TN layout
+ * cuBLASLt's FP8 GEMMs take. TPF_EINVAL for NULL pointers, overflow or over 2,096,000 rows. */
+TPF_API tpf_status tpf_cuda_transpose_bytes(const void *src, uint64_t rows, uint64_t cols,
+                                            void *dst, void *stream);
+
 /* In-process ranks (threads, possibly several on one GPU): one group object shared by the
  * threads; each thread fills its tpf_bootstrap with tpf_cuda_threads_bootstrap. */
 typedef struct tpf_cuda_threads tpf_cuda_threads;

@@ -31,8 +31,10 @@ gathered tensor with the shard's scale (the same values: a per-tensor cast is el
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import weakref
+from ctypes import c_float, c_int, c_uint64, c_void_p
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import torch
@@ -402,6 +404,70 @@ def reduce_and_update(forward: bool, recipe: Optional[Recipe] = None, group: Any
 
 # ---- quantized tensors and GEMMs -----------------------------------------------------------
 
+# ---- the CUDA casts (tpflex_cuda.h's tpf_cuda_fp8_cast: one kernel per cast) --------------
+
+_DT_CODE = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2, torch.float8_e4m3fn: 3,
+            torch.float8_e5m2: 4}   # tpf_dtype
+_fast_fns: Any = None
+
+
+def _fast() -> Any:
+    """(cast, amax, transpose_bytes) of a library built with the CUDA backend, else False; also
+    False with TPFLEX_FP8_TORCH_CAST=1 (the torch operations instead: the benchmarks' baseline)."""
+    global _fast_fns
+    if _fast_fns is None:
+        from ._lib import lib
+        fc = getattr(lib, "tpf_cuda_fp8_cast", None)
+        if fc is None or os.environ.get("TPFLEX_FP8_TORCH_CAST", "").strip() not in ("", "0"):
+            _fast_fns = False
+        else:
+            fc.argtypes = [c_void_p, c_int, c_uint64, c_uint64, c_void_p, c_void_p, c_int,
+                           c_void_p, c_void_p, c_float, c_int, c_void_p, c_void_p, c_void_p]
+            fc.restype = c_int
+            am, tb = lib.tpf_cuda_fp8_amax, lib.tpf_cuda_transpose_bytes
+            am.argtypes, am.restype = [c_void_p, c_int, c_uint64, c_void_p, c_void_p], c_int
+            tb.argtypes = [c_void_p, c_uint64, c_uint64, c_void_p, c_void_p]
+            tb.restype = c_int
+            _fast_fns = (fc, am, tb)
+    return _fast_fns
+
+
+def _on_fast(x: torch.Tensor) -> Any:
+    """The CUDA casts when x can take them (a CUDA tensor in bf16, fp16 or fp32), else False."""
+    return x.is_cuda and x.dtype in (torch.bfloat16, torch.float16, torch.float32) and \
+        x.numel() > 0 and _fast()
+
+
+def _rows_cols(x: torch.Tensor) -> Tuple[int, int]:
+    cols = x.shape[-1] if x.dim() else 1
+    return (x.numel() // cols if cols else 0), cols
+
+
+def _fast_cast(fns: Any, x: torch.Tensor, dtype: torch.dtype, scale: Optional[torch.Tensor],
+               amax: Optional[torch.Tensor] = None, pow2: bool = False, eps: float = 0.0,
+               record: Optional[torch.Tensor] = None) -> "QTensor":
+    from ._lib import check
+    x = x.detach().contiguous()
+    out = torch.empty(x.shape, dtype=dtype, device=x.device)
+    sinv = torch.empty(1, dtype=torch.float32, device=x.device)
+    rows, cols = _rows_cols(x)
+    check(fns[0](x.data_ptr(), _DT_CODE[x.dtype], rows, cols, out.data_ptr(), None,
+                 _DT_CODE[dtype], None if scale is None else scale.data_ptr(),
+                 None if amax is None else amax.data_ptr(), eps, int(pow2), sinv.data_ptr(),
+                 None if record is None else record.data_ptr(),
+                 torch.cuda.current_stream(x.device).cuda_stream), "FP8 cast")
+    return QTensor(out, sinv)
+
+
+def _fast_amax(fns: Any, x: torch.Tensor) -> torch.Tensor:
+    from ._lib import check
+    x = x.detach().contiguous()
+    a = torch.zeros(1, dtype=torch.float32, device=x.device)
+    check(fns[1](x.data_ptr(), _DT_CODE[x.dtype], x.numel(), a.data_ptr(),
+                 torch.cuda.current_stream(x.device).cuda_stream), "FP8 amax")
+    return a
+
+
 class QTensor:
     """A per-tensor quantized tensor: data (fp8) and scale_inv (one-element fp32, 1 / the scale
     it was cast with); scale is 1 / scale_inv, computed when read."""
@@ -416,7 +482,17 @@ class QTensor:
         is made once per cache). cuBLASLt runs FP8 GEMMs in the TN layout only, so the
         operations take FP8 operands stored as they multiply, never with trans_a / trans_w."""
         if self._t is None:
-            self._t = self.data.t().contiguous()
+            d = self.data
+            fns = _fast() if d.is_cuda and d.dim() == 2 else False
+            if fns:
+                from ._lib import check
+                d = d.contiguous()
+                t = torch.empty((d.shape[1], d.shape[0]), dtype=d.dtype, device=d.device)
+                check(fns[2](d.data_ptr(), d.shape[0], d.shape[1], t.data_ptr(),
+                             torch.cuda.current_stream(d.device).cuda_stream), "FP8 transpose")
+                self._t = t
+            else:
+                self._t = d.t().contiguous()
         return self._t
 
     @property
@@ -431,11 +507,15 @@ def cast(x: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> QTensor:
     """fp8(clamp(x * scale)) with scale_inv = 1 / scale (fp32), round to nearest even. scale: a
     one-element fp32 tensor (read now: later changes to it change neither the data nor the
     returned scale_inv, a new tensor). x * scale is one fp32 product per element (a one-element
-    fp32 tensor promotes x, exactly, to fp32)."""
+    fp32 tensor promotes x, exactly, to fp32). CUDA: one kernel (tpf_cuda_fp8_cast), the same
+    bits."""
     m = _FMAX[dtype]
     s = scale.detach()
     if s.dim() != 1 or s.dtype != torch.float32:
         s = s.reshape(1).float()
+    fns = _on_fast(x)
+    if fns and s.is_cuda:
+        return _fast_cast(fns, x, dtype, s.contiguous())
     data = torch.mul(x, s).clamp_(-m, m).to(dtype)
     return QTensor(data, torch.reciprocal(s))
 
@@ -447,6 +527,9 @@ def amax(x: torch.Tensor) -> torch.Tensor:
     """max |x| in fp32 (NaN where x holds one), one element; 0 for an empty x."""
     if not x.numel():
         return torch.zeros(1, dtype=torch.float32, device=x.device)
+    fns = _on_fast(x)
+    if fns:
+        return _fast_amax(fns, x)
     return torch.linalg.vector_norm(x.detach(), _INF, dtype=torch.float32).reshape(1)
 
 
@@ -456,14 +539,23 @@ def fp8_mm(a: QTensor, b: QTensor, out_dtype: torch.dtype, trans_a: bool = False
     """op(a) @ op(b) * a.scale_inv * b.scale_inv (+ bias), accumulated in fp32, rounded once to
     out_dtype (or accumulated into out with beta = 1). CUDA: torch._scaled_mm where it takes
     the shapes; else the fp32 sum of the exactly decoded fp8 products."""
+    if a.data.is_cuda:   # _scaled_mm's layout: A row-major, B column-major (b's rows as [N, K])
+        A = a.t_data() if trans_a else a.data.contiguous()
+        Bt = b.data.contiguous() if trans_b else b.t_data()
+        try:
+            y = torch._scaled_mm(A, Bt.t(), a.scale_inv, b.scale_inv,
+                                 bias=bias if out is None else None,
+                                 out_dtype=out_dtype if out is None else torch.float32)
+        except (RuntimeError, TypeError):
+            y = None
+        if y is not None and out is None:
+            return y
+        if y is not None:
+            if bias is not None:
+                y = y + bias.float()
+            return out.add_(y.to(out.dtype)) if beta else out.copy_(y)
     A = a.data.t() if trans_a else a.data
     B = b.data.t() if trans_b else b.data
-    if A.is_cuda and out is None:
-        try:
-            return torch._scaled_mm(A.contiguous(), B.t().contiguous().t(), a.scale_inv,
-                                    b.scale_inv, bias=bias, out_dtype=out_dtype)
-        except (RuntimeError, TypeError):
-            pass
     y = (A.float() @ B.float()) * (a.scale_inv * b.scale_inv)
     if bias is not None:
         y = y + bias.float()
@@ -508,19 +600,22 @@ class SiteQuant:
         current scaling then scales by the group's amax."""
         forward = kind != "grad"
         dt = self.fwd if forward else self.bwd
-        a = amax(x)
+        fns = _on_fast(x)
         if self.delayed:
             meta = self.meta_fwd if forward else self.meta_bwd
             i = 1 if kind == "weight" else 0
-            meta.record(i, a)
-            scale = meta.scale_of[i]
-        else:
-            if tp is not None:
-                tp(a)
-            pow2, eps = self._qp({"input": "fp8_quant_fwd_inp", "weight": "fp8_quant_fwd_weight",
-                                  "grad": "fp8_quant_bwd_grad"}[kind])
-            scale = scale_from_amax(a, _FMAX[dt], pow2, eps)
-        return cast(x, scale, dt)
+            if fns and meta.scale.is_cuda:   # one kernel: the cast, its amax recorded
+                return _fast_cast(fns, x, dt, meta.scale_of[i], record=meta.newest[i])
+            meta.record(i, amax(x))
+            return cast(x, meta.scale_of[i], dt)
+        a = amax(x)
+        if tp is not None:
+            tp(a)
+        pow2, eps = self._qp({"input": "fp8_quant_fwd_inp", "weight": "fp8_quant_fwd_weight",
+                              "grad": "fp8_quant_bwd_grad"}[kind])
+        if fns:   # the scale from the amax on the device, in the cast's kernel
+            return _fast_cast(fns, x, dt, None, amax=a, pow2=pow2, eps=eps)
+        return cast(x, scale_from_amax(a, _FMAX[dt], pow2, eps), dt)
 
     def end_of_backward(self) -> None:
         """The first module of an autocast updates the backward scales after its backward."""
