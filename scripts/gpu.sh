@@ -430,7 +430,7 @@ step_fp8_step() {
   run bench_p1 150 "$TR --nproc-per-node 1 examples/bench_thd_step.py --T $TOKENS --fp8 delayed"
   run bench_h4096_p1 150 "$TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
   run bench_h4096_current_p1 150 "$TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 current"
-  run bench_h4096_torchcast_p1 150 "TPFLEX_FP8_TORCH_CAST=1 $TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
+  [ -n "${FP8_TORCH_CAST_TOO:-}" ] && run bench_h4096_torchcast_p1 150 "TPFLEX_FP8_TORCH_CAST=1 $TR --nproc-per-node 1 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"
   run profile_h4096_fp8_p1 120 "$TR --nproc-per-node 1 examples/profile_thd_step.py --hidden 4096 --T 16384 --kernels 16 --fp8 delayed --out $D/prof-h4096-fp8"
   mps_on
   run bench_h4096_p2_mps 150 "$TR --nproc-per-node 2 examples/bench_thd_step.py --hidden 4096 --T 4096,16384 --fp8 delayed"

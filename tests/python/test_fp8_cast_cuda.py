@@ -3,7 +3,9 @@ tpf_cuda_transpose_bytes) against torch's operations, on a GPU: the same bits fo
 (special values included: ±0, subnormals, values past the format's range, ±inf, NaN), both
 layouts, delayed scaling (the amax recorded into a running slot) and current scaling (the scale
 computed from the amax on the device: 0, inf, NaN, subnormal amaxes, epsilon, powers of 2), the
-byte transpose, fp8_mm's layouts against a dequantized reference, and the argument refusals.
+byte transpose, fp8_mm's layouts against a dequantized reference (within 2e-3 of the largest
+value: _scaled_mm's accumulation against torch's fp32 matmul; every layout gives the same
+error), and the argument refusals.
 Exit 77 (skipped) without CUDA or without a library built with the CUDA backend.
 
   python3 tests/python/test_fp8_cast_cuda.py"""
@@ -108,7 +110,12 @@ def main() -> int:
                 check(torch.equal(got.scale_inv, want_inv),
                       f"{tag}: scale_inv {got.scale_inv.item()} vs {want_inv.item()}")
                 check(same_fp8(got.data, want), f"{tag}: bits")
-    # the byte transpose, and fp8_mm's layouts against the dequantized product
+    # the byte transpose (4-byte tiles where rows and cols are multiples of 4, bytes elsewhere),
+    # and fp8_mm's layouts against the dequantized product
+    for r, c in ((33, 65), (4, 6), (96, 1028), (1, 4)):
+        q = Q.cast(sample(r, c, torch.bfloat16, r), torch.tensor([2.0], device="cuda"),
+                   torch.float8_e4m3fn)
+        check(same_fp8(q.t_data(), q.data.t().contiguous()), f"transpose [{r}, {c}]")
     g = torch.Generator(device="cuda").manual_seed(3)
     for (m, n, k) in ((64, 48, 32), (128, 256, 96)):
         qa = Q.cast(torch.randn(m, k, device="cuda", generator=g), torch.tensor([20.0],
@@ -123,12 +130,13 @@ def main() -> int:
             y = Q.fp8_mm(A, B, torch.float32, trans_a=ta, trans_b=tb)
             ref = da @ db.t()
             err = float((y - ref).abs().max() / ref.abs().max())
-            check(err < 1e-5, f"fp8_mm trans_a {ta} trans_b {tb} [{m}, {n}, {k}]: {err:.2e}")
+            check(err < 2e-3, f"fp8_mm trans_a {ta} trans_b {tb} [{m}, {n}, {k}]: {err:.2e}")
         out = torch.ones(m, n, device="cuda")
         Q.fp8_mm(Q.QTensor(qa.data, qa.scale_inv), Q.QTensor(qb.data, qb.scale_inv),
                  torch.float32, trans_b=True, out=out, beta=1.0)
-        err = float((out - 1 - da @ db.t()).abs().max())
-        check(err < 1e-3, f"fp8_mm accumulating into out: {err:.2e}")
+        ref = da @ db.t()
+        err = float((out - 1 - ref).abs().max() / ref.abs().max())
+        check(err < 2e-3, f"fp8_mm accumulating into out: {err:.2e}")
     # refusals: a status naming the argument, nothing launched
     from tpflex._lib import check as tcheck
     for args, word in (((None, 0, 1, 1, 1, None, 3, 1, None, 0.0, 0, 1, None, None), "x is NULL"),
