@@ -314,6 +314,17 @@ TPF_API tpf_status tpf_set_error(tpf_status s, const char *fmt, ...)
 #endif
     ;
 
+/* Prepends a printf-style prefix to the current detail in place and returns `s`: the detail of a
+ * failure below is kept whole, with the caller's context in front ("'fc1': " + "weight w ...").
+ * The detail is never copied out first (formatting into the buffer one reads from was the bug
+ * that made every caller copy it); a prefix the detail already starts with is not added twice.
+ * The result is cut at the detail buffer's size, the prefix kept. */
+TPF_API tpf_status tpf_prefix_error(tpf_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
 /* Host reference numerics shared by backends and tests: convert one element to/from float. */
 TPF_API float tpf_elem_to_float(tpf_dtype t, const void *p);
 TPF_API void tpf_float_to_elem(tpf_dtype t, float v, void *p);
