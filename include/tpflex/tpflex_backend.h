@@ -75,9 +75,8 @@ extern "C" {
 #define TPF_READY_ROWS(word) ((uint64_t)(word) & ((1ull << TPF_READY_ROWS_BITS) - 1))
 #define TPF_READY_BODY(word) ((uint64_t)(word)&TPF_READY_BODY_MASK)
 
-/* Operation kinds of the key, and the key itself: kind in the top 2 bits, splits - 1 in the low
+/* The operation key: its kind (tpf_op_kind, tpflex.h) in the top 2 bits, splits - 1 in the low
  * 6 (splits 1..TPF_MAX_SPLITS). */
-typedef enum { TPF_OP_AG_GEMM = 1, TPF_OP_GEMM_RS = 2, TPF_OP_BULK = 3 } tpf_op_kind;
 #define TPF_OP_KEY(kind, splits)                                                                   \
   ((uint8_t)((((unsigned)(kind)&3u) << 6) | (((unsigned)(splits)-1u) & 63u)))
 #define TPF_OP_KEY_KIND(key) (((unsigned)(key) >> 6) & 3u)
