@@ -404,7 +404,7 @@ typedef struct {
   bool a_scale, w_scale;  /* a_scale_inv / w_scale_inv is set */
   /* The operands, by role, with ptr ignored: a = gemm_rs x or bulk a (ag_gemm: unused, its
    * activation is the buffer), w = the weight (bulk: b), d = the output; NULL a or w is
-   * TPF_EINVAL, NULL d means the caller allocates it from *out. */
+   * TPF_EINVAL, NULL d means not given yet (a binding allocates it; *out is its shape). */
   const tpf_matrix *a, *w, *d;
   /* How the messages name them; NULL: this API's names ("input x", "weight w", ...). */
   const char *a_name, *w_name, *d_name;
@@ -415,8 +415,8 @@ typedef struct {
  * Changes nothing but tpf_last_error(); the detail names the operand, its shape or dtype and
  * what was expected, without a communicator name (the operations prefix theirs). Returns
  * TPF_ESHAPE (shapes, leading dimensions), TPF_EINVAL (dtypes, fp8 pairs, scales, a NULL
- * descriptor or operand), TPF_EUNSUPPORTED (ag_gemm's trans_a, e5m2 x e5m2) or TPF_EOVERFLOW (rows
- * * ld beyond 64 bits). */
+ * descriptor or operand), TPF_EUNSUPPORTED (ag_gemm's trans_a, e5m2 x e5m2) or TPF_EOVERFLOW
+ * (an operand's rows times ld beyond 64 bits). */
 TPF_API tpf_status tpf_check_operands(const tpf_operands *ops, tpf_shape *out);
 
 /* ---- Manager -------------------------------------------------------------------------------- */

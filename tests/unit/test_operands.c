@@ -60,6 +60,18 @@ static void test_operands__table(void **state) {
        NONE, TPF_EINVAL, "expected fp8_e4m3 or fp8_e5m2"},
       {"ag scale on bf16", TPF_OP_AG_GEMM, TPF_BF16, 0, 0, 1, 0, NONE, M(8, H, TPF_BF16), NONE,
        TPF_EINVAL, "a_scale_inv is set but the buffer has dtype bf16"},
+      {"ag weight ld",
+       TPF_OP_AG_GEMM,
+       TPF_BF16,
+       0,
+       0,
+       0,
+       0,
+       NONE,
+       {NULL, 8, H, H - 1, TPF_BF16},
+       NONE,
+       TPF_ESHAPE,
+       "weight w has ld 31 < cols 32"},
       {"rs ok", TPF_OP_GEMM_RS, TPF_BF16, 0, 0, 0, 0, M(T, 8, TPF_BF16), M(H, 8, TPF_BF16),
        M(T / P, H, TPF_BF16), TPF_OK, ""},
       {"rs x NULL", TPF_OP_GEMM_RS, TPF_BF16, 0, 0, 0, 0, NONE, M(H, 8, TPF_BF16), NONE, TPF_EINVAL,
@@ -96,9 +108,9 @@ static void test_operands__table(void **state) {
   tpf_shape out;
   TPF_ASSERT_OK(check(&rows[0], &out)); /* ag: [T, N] */
   assert_true(out.rows == T && out.cols == 8);
-  TPF_ASSERT_OK(check(&rows[8], &out)); /* rs: [T/P, H] */
+  TPF_ASSERT_OK(check(&rows[9], &out)); /* rs: [T/P, H] */
   assert_true(out.rows == T / P && out.cols == H);
-  TPF_ASSERT_OK(check(&rows[14], &out)); /* bulk with trans_w: [M, N] */
+  TPF_ASSERT_OK(check(&rows[15], &out)); /* bulk with trans_w: [M, N] */
   assert_true(out.rows == T && out.cols == 12);
 }
 
