@@ -119,8 +119,11 @@ def rules(where: str, op: int, buffer_dtype: Optional[torch.dtype], T: Any, H: A
     (name, tensor, ld) after check_mat; raises its status and detail as the TpflexError of
     `where`. One C call per new descriptor; a passed one is remembered."""
     try:
-        key = (op, -1 if buffer_dtype is None else TORCH_TO_TPF[buffer_dtype], _hint(T),
-               _hint(H), P, bool(trans_a), bool(trans_w), a_scale is not None,
+        t, h = _hint(T), _hint(H)
+        if t is None or h is None:
+            raise LookupError
+        key = (op, -1 if buffer_dtype is None else TORCH_TO_TPF[buffer_dtype], t,
+               h, P, bool(trans_a), bool(trans_w), a_scale is not None,
                w_scale is not None, None if a is None else (a[0],) + _desc(a[1], a[2]),
                (w[0],) + _desc(w[1], w[2]),  # type: ignore[operator]
                None if d is None else (d[0],) + _desc(d[1], d[2]))  # type: ignore[operator]
@@ -131,7 +134,7 @@ def rules(where: str, op: int, buffer_dtype: Optional[torch.dtype], T: Any, H: A
     mats = [None if x is None else Matrix(None, *x[1:]) for x in key[9:12]]
     refs = [None if m is None else ctypes.pointer(m) for m in mats]
     names = [None if x is None else x[0].encode() for x in key[9:12]]
-    desc = Operands(ctypes.sizeof(Operands), op, max(key[1], 0), Shape(key[2] or 0, key[3] or 0),
+    desc = Operands(ctypes.sizeof(Operands), op, max(key[1], 0), Shape(t, h),
                     P, key[5], key[6], key[7], key[8], refs[0], refs[1], refs[2], *names)
     rc = lib.tpf_check_operands(ctypes.byref(desc), None)
     if rc:
