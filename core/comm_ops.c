@@ -334,21 +334,18 @@ static tpf_status operand_tail(const tpf_comm *c, const operands *p, const tpf_o
     TPF_RETURN_IF(p->kind != TPF_OP_AG_GEMM, TPF_EINVAL, "'%s': %s is NULL", c->cfg.name, p->an);
   TPF_CHECK(null_operand(c, p->wn, p->w));
   TPF_CHECK(null_operand(c, p->dn, p->d));
-  tpf_operands r = {sizeof r,
-                    p->kind,
-                    c->cfg.dtype,
-                    c->active,
-                    c->be->tp_size,
-                    o->trans_a,
-                    o->trans_w,
-                    o->a_scale_inv != NULL,
-                    o->w_scale_inv != NULL,
-                    p->a,
-                    p->w,
-                    p->d,
-                    NULL,
-                    NULL,
-                    NULL};
+  const tpf_operands r = {.size = sizeof r,
+                          .op = p->kind,
+                          .buffer_dtype = c->cfg.dtype,
+                          .active = c->active,
+                          .tp_size = c->be->tp_size,
+                          .trans_a = o->trans_a,
+                          .trans_w = o->trans_w,
+                          .a_scale = o->a_scale_inv != NULL,
+                          .w_scale = o->w_scale_inv != NULL,
+                          .a = p->a,
+                          .w = p->w,
+                          .d = p->d};
   tpf_shape dshape;
   tpf_status rc = tpf_check_operands(&r, &dshape);
   if (rc != TPF_OK) return tpf_prefix_error(rc, "'%s' %s: ", c->cfg.name, p->op);
