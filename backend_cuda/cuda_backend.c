@@ -386,7 +386,5 @@ static tpf_status tpf_cuda__allgather(tpf_backend *be, const void *mine, void *a
   const uint64_t ms = b->timeout_ns / 1000000ull;
   tpf_status rc = tpf_cuda__boot_allgather(&b->boot, mine, all, bytes, ms > 0 ? ms : 1);
   if (rc == TPF_OK || rc == TPF_EMISMATCH) return rc; /* a mismatch already says what */
-  char detail[400];
-  snprintf(detail, sizeof detail, "%s", tpf_last_error());
-  return tpf_set_error(rc, "rank %d, configuration exchange at creation: %s", be->rank, detail);
+  return tpf_prefix_error(rc, "rank %d, configuration exchange at creation: ", be->rank);
 }

@@ -188,9 +188,7 @@ tpf_status tpf_cuda__reg_sync(tpf_backend *be, tpf_reg *r) {
     const tpf_status rc = k < TPF_NUM_STREAMS ? tpf_cuda__stream_wait_bounded(b, b->streams[k])
                                               : tpf_cuda__event_wait_bounded(b, r->done_ev);
     if (rc != TPF_OK) {
-      char msg[512]; /* the detail is formatted into the buffer it is read from: copy it first */
-      snprintf(msg, sizeof msg, "%s", tpf_last_error());
-      return tpf_set_error(rc, "'%s': %s", r->name, msg);
+      return tpf_prefix_error(rc, "'%s': ", r->name);
     }
   }
   if (r->deferred == TPF_OK && tpf_cuda__check_status(b, r) != TPF_OK) {

@@ -20,59 +20,11 @@
 #include <stdio.h>
 #include <string.h>
 
-/* The communicator as allocated: the shared struct (comm_internal.h) followed by what only this
- * file needs: the abort flag and the schedule storage, sized at creation for the largest
- * schedule any active shape T <= C can need, so an operation builds its schedule without
- * allocating. */
-/* Schedule reuse: the schedule of an operation depends only on the communicator, the active rows
- * T and the operation key (the resolved split count and aggregate, the transposes, whether an
- * epilogue is on, the GEMM dims). The last TPF_SCHED_CACHE of them are kept, built and resolved
- * (apply_options done), in storage reserved at creation; an operation whose key is cached hands
- * the backend that schedule without building anything or validating the layout again. */
-#define TPF_SCHED_CACHE 8
-typedef struct {
-  uint64_t rows, m, n, k;
-  int32_t num_splits, aggregate;
-  uint32_t flags; /* bit 0 trans_a, 1 trans_w, 2 epilogue */
-  int valid;
-} sched_key;
-typedef struct {
-  sched_key key;
-  tpf_schedule sched; /* steps point into comm_full.steps */
-} sched_entry;
-
-typedef struct {
-  struct tpf_comm c; /* must stay first */
-  atomic_int aborted;
-  atomic_int busy; /* a thread is inside an operation, set_active_shape or sync (item 5) */
-  int max_steps;
-  int next_slot;  /* the entry a miss replaces next (round robin) */
-  bool cache_off; /* tpf__comm_set_schedule_cache(c, false): build every time */
-  tpf_comm_cache_stats stats;
-  sched_entry cache[TPF_SCHED_CACHE];
-  tpf_step steps[]; /* TPF_SCHED_CACHE * max_steps entries: entry i owns [i * max_steps, ..) */
-} comm_full;
-
-static comm_full *full_of(const tpf_comm *c) {
-  return (comm_full *)(void *)(uintptr_t)c;
-}
-
-/* The handle check of every public call (core/handle.c): reads nothing of a destroyed c. */
-#define TPF_CHECK_COMM(c, call) TPF_CHECK(tpf__handle_check((c), TPF_HANDLE_COMM, (call)))
 /* For the calls that return a value, not a status: false (and the detail set) when c is not a
  * live communicator. */
 static bool comm_ok(const tpf_comm *c, const char *call) {
   return tpf__handle_check(c, TPF_HANDLE_COMM, call) == TPF_OK;
 }
-
-static bool aborted(const tpf_comm *c) {
-  return atomic_load(&full_of(c)->aborted) != 0;
-}
-
-#define TPF_RETURN_IF_ABORTED(c)                                                                   \
-  TPF_RETURN_IF(aborted(c), TPF_ESTATE,                                                            \
-                "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
-                (c)->cfg.name)
 
 /* One thread per rank at a time (tpflex.h): an operation, set_active_shape, sync or destroy (and
  * a manager's shape change or destroy, for each of its communicators) marks the communicator
@@ -81,7 +33,7 @@ static bool aborted(const tpf_comm *c) {
  * rank's job slot, and the loser waited forever). The rank as a whole is held with
  * tpf__be_claim (core/backend.c) around each backend call. */
 static tpf_status enter(tpf_comm *c, const char *call) {
-  TPF_RETURN_IF(atomic_exchange(&full_of(c)->busy, 1) != 0, TPF_ESTATE,
+  TPF_RETURN_IF(atomic_exchange(&tpf__comm_full(c)->busy, 1) != 0, TPF_ESTATE,
                 "%s: another thread is inside a call on '%s' for this rank right now; the rule is "
                 "one thread per rank at a time (tpflex.h, Threads): serialize the calls",
                 call, c->cfg.name);
@@ -89,7 +41,7 @@ static tpf_status enter(tpf_comm *c, const char *call) {
 }
 /* Leaves c failed with status rc, keeping the detail for the messages of later calls (they name
  * the original failure and the way out). */
-static void mark_failed(tpf_comm *c, tpf_status rc) {
+void tpf__comm_mark_failed(tpf_comm *c, tpf_status rc) {
   c->failed = rc;
   const char *e = tpf_last_error();
   const size_t n = strlen(e) < sizeof c->fail_detail - 1 ? strlen(e) : sizeof c->fail_detail - 1;
@@ -98,7 +50,7 @@ static void mark_failed(tpf_comm *c, tpf_status rc) {
 }
 
 static tpf_status leave(tpf_comm *c, tpf_status rc) {
-  atomic_store(&full_of(c)->busy, 0);
+  atomic_store(&tpf__comm_full(c)->busy, 0);
   return rc;
 }
 
@@ -119,15 +71,9 @@ tpf_layout_desc tpf__comm_desc(const tpf_comm *c, tpf_shape active) {
 
 /* Prefixes the current detail with the communicator's name, keeping the status; a detail that
  * already starts with it (a backend that names its registration, as CUDA's reg_sync does) is
- * left as it is, so the name never appears twice. */
-static tpf_status named(const tpf_comm *c, tpf_status s) {
-  char detail[400], prefix[264]; /* names are at most 255 bytes (check_config) */
-  strncpy(detail, tpf_last_error(), sizeof detail - 1);
-  detail[sizeof detail - 1] = '\0';
-  const int n = snprintf(prefix, sizeof prefix, "'%s': ", c->cfg.name);
-  if (n > 0 && (size_t)n < sizeof prefix && strncmp(detail, prefix, (size_t)n) == 0)
-    return tpf_set_error(s, "%s", detail);
-  return tpf_set_error(s, "'%s': %s", c->cfg.name, detail);
+ * left as it is, so the name never appears twice (tpf_prefix_error). */
+tpf_status tpf__comm_named(const tpf_comm *c, tpf_status s) {
+  return tpf_prefix_error(s, "'%s': ", c->cfg.name);
 }
 
 static tpf_status check_config(const tpf_comm_config *cfg) {
@@ -302,13 +248,9 @@ static tpf_status agree(tpf_backend *be, const tpf_comm_config *cfg, tpf_status 
   const char *name = cfg ? cfg->name : "?";
   tpf_status rc = allgather(be, &mine, all, sizeof mine);
   if (rc != TPF_OK) {
-    char detail[400];
-    strncpy(detail, tpf_last_error(), sizeof detail - 1);
-    detail[sizeof detail - 1] = '\0';
     if (!cfg) /* the local failure comes first; the exchange's fate follows it */
-      return tpf_set_error(local, "%s (and the creation exchange failed: %s)", local_detail,
-                           detail);
-    return tpf_set_error(rc, "'%s': %s", name, detail);
+      return tpf_prefix_error(local, "%s; the creation exchange failed too: ", local_detail);
+    return tpf_prefix_error(rc, "'%s': ", name);
   }
   if (!cfg) return tpf_set_error(local, "%s", local_detail);
   return compare_fingerprints(name, all, be->tp_size);
@@ -374,7 +316,7 @@ static tpf_status create_body(tpf_backend *be, const tpf_comm_config *user_cfg, 
   tpf_layout_desc d = tpf__comm_desc(c, cfg->capacity);
   rc = tpf__layout_check_align(&d, be->ops->align_bytes);
   if (rc != TPF_OK) {
-    rc = named(c, rc);
+    rc = tpf__comm_named(c, rc);
     goto fail;
   }
   TPF_CHECK_GOTO(tpf_layout_registered_bytes(&d, &c->reg_bytes), rc, fail);
@@ -431,7 +373,7 @@ tpf_status tpf__comm_destroy_held(tpf_comm *c) {
   tpf_status rc2 = tpf__be_reg_destroy(c->be, c->reg);
   tpf__planner_destroy(c->planner);
   tpf__free(c->name);
-  tpf__free(full_of(c));
+  tpf__free(tpf__comm_full(c));
   return rc != TPF_OK ? rc : rc2;
 }
 
@@ -445,7 +387,7 @@ tpf_status tpf__comm_check_shape(const tpf_comm *c, tpf_shape active, uint64_t *
                 c->cfg.name, tpf_status_name(c->failed), c->fail_detail);
   tpf_layout_desc d = tpf__comm_desc(c, active);
   tpf_status rc = tpf__layout_check_align(&d, c->be->ops->align_bytes);
-  if (rc != TPF_OK) return named(c, rc);
+  if (rc != TPF_OK) return tpf__comm_named(c, rc);
   /* Last, as in SPEC §3's table: a shape that breaks an earlier rule gets that rule's status. */
   TPF_RETURN_IF(c->cfg.external, TPF_EUNSUPPORTED,
                 "'%s' is external and stays at its capacity shape [%llu, %llu]", c->cfg.name,
@@ -537,531 +479,6 @@ tpf_status tpf_comm_registration(tpf_comm *c, void **base, uint64_t *bytes) {
   return TPF_OK;
 }
 
-/* ---- Operations ---- */
-
-static bool gemm_dtype(tpf_dtype t) {
-  return t == TPF_BF16 || t == TPF_FP16 || t == TPF_FP32;
-}
-
-static bool fp8_dtype(tpf_dtype t) {
-  return t == TPF_FP8_E4M3 || t == TPF_FP8_E5M2;
-}
-
-/* The dtype rules of an fp8 GEMM (SPEC §11), checked after check_matrix has passed the operands'
- * shapes with the dtype checks relaxed: a and w both fp8, not both E5M2 (cuBLASLt on Hopper has
- * no E5M2 x E5M2), D bf16, fp16 or fp32; the backend must run fp8 GEMMs. */
-static tpf_status check_fp8_gemm(const tpf_comm *c, const char *op, const char *an, tpf_dtype a,
-                                 const char *wn, tpf_dtype w, const char *dn, tpf_dtype d) {
-  const char *n = c->cfg.name;
-  TPF_RETURN_IF(!fp8_dtype(a) || !fp8_dtype(w), TPF_EINVAL,
-                "'%s' %s: %s is %s but %s is %s: an fp8 GEMM takes two fp8 operands "
-                "(fp8_e4m3 or fp8_e5m2)",
-                n, op, fp8_dtype(a) ? an : wn, tpf_dtype_name(fp8_dtype(a) ? a : w),
-                fp8_dtype(a) ? wn : an, tpf_dtype_name(fp8_dtype(a) ? w : a));
-  TPF_RETURN_IF(a == TPF_FP8_E5M2 && w == TPF_FP8_E5M2, TPF_EUNSUPPORTED,
-                "'%s' %s: %s and %s are both fp8_e5m2; fp8 GEMMs take e4m3 x e4m3, e4m3 x e5m2 "
-                "or e5m2 x e4m3 (cuBLASLt has no e5m2 x e5m2)",
-                n, op, an, wn);
-  TPF_RETURN_IF(!gemm_dtype(d), TPF_EINVAL,
-                "'%s' %s: %s dtype %s; the output of an fp8 GEMM (%s x %s) is bf16, fp16 or fp32",
-                n, op, dn, tpf_dtype_name(d), tpf_dtype_name(a), tpf_dtype_name(w));
-  TPF_RETURN_IF(!(tpf__be_caps(c->be) & TPF_BE_CAP_FP8), TPF_EUNSUPPORTED,
-                "'%s' %s: backend '%s' does not run fp8 GEMMs (TPF_BE_CAP_FP8)", n, op,
-                c->be->ops->name ? c->be->ops->name : "?");
-  return TPF_OK;
-}
-
-/* A scale given for an operand that is not fp8 means the caller's data is not what they think. */
-static tpf_status check_scales(const tpf_comm *c, const char *op, const tpf_op_options *o,
-                               const char *an, tpf_dtype a, const char *wn, tpf_dtype w) {
-  TPF_RETURN_IF(o->a_scale_inv && !fp8_dtype(a), TPF_EINVAL,
-                "'%s' %s: a_scale_inv is set but %s is %s; scales apply to fp8 operands only",
-                c->cfg.name, op, an, tpf_dtype_name(a));
-  TPF_RETURN_IF(o->w_scale_inv && !fp8_dtype(w), TPF_EINVAL,
-                "'%s' %s: w_scale_inv is set but %s is %s; scales apply to fp8 operands only",
-                c->cfg.name, op, wn, tpf_dtype_name(w));
-  return TPF_OK;
-}
-
-/* A dtype check_matrix accepts for an operand of an fp8-capable site: `want`, or (fp8_ok) any
- * fp8 dtype, which check_fp8_gemm then pairs. */
-static tpf_dtype want_or_fp8(tpf_dtype want, bool fp8_ok, const tpf_matrix *m) {
-  return fp8_ok && m && fp8_dtype(m->dtype) ? m->dtype : want;
-}
-
-/* Checks one operand: present, sane, of the expected shape and an allowed dtype. */
-static tpf_status check_matrix(const tpf_comm *c, const char *what, const tpf_matrix *m,
-                               uint64_t rows, uint64_t cols, tpf_dtype want, bool fp32_ok) {
-  const char *n = c->cfg.name;
-  TPF_RETURN_IF(!m, TPF_EINVAL, "'%s': %s is NULL", n, what);
-  TPF_RETURN_IF(!m->ptr, TPF_EINVAL, "'%s': %s has a NULL data pointer", n, what);
-  TPF_RETURN_IF((unsigned)m->dtype >= TPF_DTYPE_COUNT, TPF_EINVAL,
-                "'%s': %s dtype %d is not a tpf_dtype", n, what, (int)m->dtype);
-  TPF_RETURN_IF(m->rows != rows || m->cols != cols, TPF_ESHAPE,
-                "'%s': %s is [%llu, %llu], expected [%llu, %llu] for active rows %llu", n, what,
-                (unsigned long long)m->rows, (unsigned long long)m->cols, (unsigned long long)rows,
-                (unsigned long long)cols, (unsigned long long)c->active.rows);
-  TPF_RETURN_IF(m->ld < m->cols, TPF_ESHAPE, "'%s': %s has ld %llu < cols %llu", n, what,
-                (unsigned long long)m->ld, (unsigned long long)m->cols);
-  TPF_RETURN_IF(m->dtype != want && !(fp32_ok && m->dtype == TPF_FP32), TPF_EINVAL,
-                "'%s': %s dtype %s, expected %s%s", n, what, tpf_dtype_name(m->dtype),
-                tpf_dtype_name(want), fp32_ok ? " or fp32" : "");
-  uint64_t span;
-  TPF_RETURN_IF(!tpf__mul3_u64(m->rows, m->ld, tpf_dtype_size(m->dtype), &span), TPF_EOVERFLOW,
-                "'%s': %s of %llu rows x ld %llu overflows 64 bits", n, what,
-                (unsigned long long)m->rows, (unsigned long long)m->ld);
-  return TPF_OK;
-}
-
-/* True when [p, p+bytes) overlaps the registration. */
-static bool aliases(const tpf_comm *c, const tpf_matrix *m) {
-  uintptr_t lo = (uintptr_t)m->ptr;
-  uintptr_t hi = lo + (uintptr_t)(m->rows * m->ld * tpf_dtype_size(m->dtype));
-  uintptr_t blo = (uintptr_t)c->base;
-  uintptr_t bhi = blo + (uintptr_t)c->reg_bytes;
-  return lo < bhi && blo < hi;
-}
-
-/* ---- Operands overlapping each other ---- */
-
-/* One operand's byte extent [lo, hi): from its first element to one past its last, i.e.
- * ((rows - 1) * ld + cols) elements of its dtype (check_matrix has bounded rows * ld * e). */
-typedef struct {
-  const char *what;
-  uint64_t lo, hi;
-} extent;
-
-static extent matrix_extent(const char *what, const tpf_matrix *m) {
-  extent e = {what, (uint64_t)(uintptr_t)m->ptr, 0};
-  const uint64_t n = ((m->rows ? m->rows - 1 : 0) * m->ld + m->cols) * tpf_dtype_size(m->dtype);
-  e.hi = e.lo > UINT64_MAX - n ? UINT64_MAX : e.lo + n;
-  return e;
-}
-
-/* bias: n elements of D's dtype (NULL: an empty extent, which overlaps nothing). */
-static extent bias_extent(const void *bias, uint64_t n, tpf_dtype t) {
-  extent e = {"bias", (uint64_t)(uintptr_t)bias, (uint64_t)(uintptr_t)bias};
-  uint64_t bytes = 0;
-  if (bias && tpf__mul_u64(n, tpf_dtype_size(t), &bytes))
-    e.hi = e.lo > UINT64_MAX - bytes ? UINT64_MAX : e.lo + bytes;
-  return e;
-}
-
-/* The output must share no byte with any other operand: a GEMM that reads W, A or the bias
- * while it writes D over them computes from half-written data (errors of 300 to 4e5
- * came back as TPF_OK). Inputs may overlap each other (both are only read, e.g. bulk a == b for
- * a Gram matrix); D's own read with beta != 0 is the same operand. */
-static tpf_status check_disjoint(const tpf_comm *c, const char *op, const extent *out,
-                                 const extent *in, int n) {
-  for (int i = 0; i < n; i++) {
-    const extent *e = &in[i];
-    if (e->lo == e->hi) continue;
-    TPF_RETURN_IF(e->lo < out->hi && out->lo < e->hi, TPF_EINVAL,
-                  "'%s' %s: operands overlap: %s [0x%llx, 0x%llx) and %s [0x%llx, 0x%llx) share "
-                  "bytes; the output must not overlap any input",
-                  c->cfg.name, op, out->what, (unsigned long long)out->lo,
-                  (unsigned long long)out->hi, e->what, (unsigned long long)e->lo,
-                  (unsigned long long)e->hi);
-  }
-  return TPF_OK;
-}
-
-/* The bias is read while the collective writes the registration: it must lie outside it. */
-static bool bias_aliases(const tpf_comm *c, const extent *b) {
-  const uint64_t blo = (uint64_t)(uintptr_t)c->base, bhi = blo + c->reg_bytes;
-  return b->lo != b->hi && b->lo < bhi && blo < b->hi;
-}
-
-/* An fp8 scale: one float (NULL: an empty extent). */
-static extent scale_extent(const char *what, const float *p) {
-  extent e = {what, (uint64_t)(uintptr_t)p, (uint64_t)(uintptr_t)p};
-  if (p) e.hi = e.lo > UINT64_MAX - sizeof *p ? UINT64_MAX : e.lo + sizeof *p;
-  return e;
-}
-
-/* The fp8 scales are inputs like the others (SPEC §4): every GEMM of the operation reads them,
- * so a scale inside the output or the registration is read while it is being written (it came
- * back TPF_OK with wrong results). Checked after the bias, in the same two rules: the output
- * first, then the registration. */
-static tpf_status check_scale_overlap(const tpf_comm *c, const char *op, const extent *out,
-                                      const tpf_op_options *o) {
-  const extent s[] = {scale_extent("a_scale_inv", o->a_scale_inv),
-                      scale_extent("w_scale_inv", o->w_scale_inv)};
-  TPF_CHECK(check_disjoint(c, op, out, s, 2));
-  for (int i = 0; i < 2; i++)
-    TPF_RETURN_IF(bias_aliases(c, &s[i]), TPF_EINVAL,
-                  "'%s' %s: %s [0x%llx, 0x%llx) overlaps the registered buffer [0x%llx, "
-                  "0x%llx), which the collective writes while the GEMMs read the scale; keep "
-                  "scales in memory of their own",
-                  c->cfg.name, op, s[i].what, (unsigned long long)s[i].lo,
-                  (unsigned long long)s[i].hi, (unsigned long long)(uintptr_t)c->base,
-                  (unsigned long long)((uintptr_t)c->base + c->reg_bytes));
-  return TPF_OK;
-}
-
-static tpf_status check_op(const tpf_comm *c, const char *op, bool ok_kind, const char *want) {
-  TPF_CHECK_COMM(c, op);
-  TPF_RETURN_IF_ABORTED(c);
-  TPF_RETURN_IF(c->failed != TPF_OK, TPF_ESTATE,
-                "'%s' failed earlier (%s); destroy it and create a new one", c->cfg.name,
-                tpf_status_name(c->failed));
-  TPF_RETURN_IF(!ok_kind, TPF_EUNSUPPORTED, "%s needs a %s communicator; '%s' is %s %s", op, want,
-                c->cfg.name, tpf_algo_name(c->cfg.algo), tpf_coll_name(c->cfg.coll));
-  TPF_RETURN_IF(fp8_dtype(c->cfg.dtype) && c->cfg.coll == TPF_COLL_RS, TPF_EUNSUPPORTED,
-                "'%s': %s on an %s RS buffer: it would hold the partial sums in fp8; register "
-                "the RS site in bf16, fp16 or fp32 (fp8 x and w are taken there, SPEC §11)",
-                c->cfg.name, op, tpf_dtype_name(c->cfg.dtype));
-  return TPF_OK;
-}
-
-/* ---- Per-operation options ---- */
-
-/* The caller's options as this library's struct (NULL: the defaults), checked. */
-static tpf_status op_options(const tpf_comm *c, const char *op, const tpf_op_options *in,
-                             tpf_op_options *o) {
-  const tpf_op_options def = TPF_OP_OPTIONS_INIT;
-  *o = def;
-  if (!in) return TPF_OK;
-  const char *n = c->cfg.name;
-  static const size_t released[] = {offsetof(tpf_op_options, a_scale_inv), /* 0.2 */
-                                    sizeof(tpf_op_options)}; /* + fp8 scales; see check_config */
-  if (tpf__check_struct_size(op, "options", "tpf_op_options", in->size, released,
-                             TPF_ARRAY_SIZE(released)) != TPF_OK) {
-    char detail[400];
-    strncpy(detail, tpf_last_error(), sizeof detail - 1);
-    detail[sizeof detail - 1] = '\0';
-    return tpf_set_error(TPF_EINVAL, "'%s' %s", n, detail);
-  }
-  memcpy(o, in, in->size ? in->size : sizeof *o);
-  o->size = sizeof *o;
-  TPF_RETURN_IF(!isfinite(o->alpha) || !isfinite(o->beta), TPF_EINVAL,
-                "'%s' %s: alpha %g and beta %g must be finite", n, op, (double)o->alpha,
-                (double)o->beta);
-  TPF_RETURN_IF(o->num_splits < 0 || o->num_splits > TPF_MAX_SPLITS, TPF_EINVAL,
-                "'%s' %s: num_splits %d outside 0..%d", n, op, o->num_splits, TPF_MAX_SPLITS);
-  return TPF_OK;
-}
-
-static bool has_epilogue(const tpf_op_options *o) {
-  return o->alpha != 1.0f || o->beta != 0.0f || o->bias != NULL || o->gelu;
-}
-
-/* The layout of this operation: the communicator's, with the operation's split count when it
- * names one (RING AG: P/2 is the aggregate variant, P and 1 the plain ring), checked against
- * the active shape with the backend's alignment. */
-static tpf_status op_desc(const tpf_comm *c, const tpf_op_options *o, tpf_layout_desc *d) {
-  *d = tpf__comm_desc(c, c->active);
-  TPF_RETURN_IF((o->trans_a || o->trans_w || has_epilogue(o)) &&
-                    !(tpf__be_caps(c->be) & TPF_BE_CAP_OPTIONS),
-                TPF_EUNSUPPORTED,
-                "'%s': backend '%s' (ABI %d) does not implement transposes or epilogues "
-                "(TPF_BE_CAP_OPTIONS); only num_splits may be set",
-                c->cfg.name, c->be->ops->name ? c->be->ops->name : "?", c->be->ops->abi_version);
-  if (o->num_splits == 0) return TPF_OK;
-  TPF_RETURN_IF(d->algo == TPF_ALGO_BULK, TPF_EUNSUPPORTED,
-                "'%s': a bulk operation has no splits (num_splits %d given; use 0)", c->cfg.name,
-                o->num_splits);
-  d->num_splits = o->num_splits;
-  if (d->algo == TPF_ALGO_RING && d->coll == TPF_COLL_AG) {
-    const int P = d->tp_size;
-    d->aggregate = P > 2 && P % 2 == 0 && o->num_splits == P / 2;
-  }
-  tpf_status rc = tpf__layout_check_align(d, c->be->ops->align_bytes);
-  if (rc == TPF_OK) return TPF_OK;
-  char detail[300];
-  strncpy(detail, tpf_last_error(), sizeof detail - 1);
-  detail[sizeof detail - 1] = '\0';
-  return tpf_set_error(rc, "'%s': num_splits %d is not legal for active rows %llu: %s", c->cfg.name,
-                       o->num_splits, (unsigned long long)c->active.rows, detail);
-}
-
-/* Operand resolution, done once here so a backend only maps steps: a GEMM
- * operand of a stored-transposed user matrix names the stored element where its block starts
- * and carries the flag; the steps that write D carry the epilogue flag. */
-static void apply_options(tpf_schedule *s, const tpf_op_options *o) {
-  const bool epi = has_epilogue(o);
-  for (int i = 0; i < s->nsteps; i++) {
-    tpf_step *st = &s->steps[i];
-    if (st->kind == TPF_STEP_GEMM) {
-      if (o->trans_a && st->a.id == TPF_MAT_X) {
-        uint64_t t = st->a.row;
-        st->a.row = st->a.col;
-        st->a.col = t;
-        st->flags |= TPF_STEP_TRANS_A;
-      }
-      if (o->trans_w && st->w.id == TPF_MAT_W) {
-        uint64_t t = st->w.row;
-        st->w.row = st->w.col;
-        st->w.col = t;
-        st->flags |= TPF_STEP_TRANS_W;
-      }
-    }
-    if (epi && st->d.id == TPF_MAT_D &&
-        (st->kind == TPF_STEP_GEMM || st->kind == TPF_STEP_REDUCE ||
-         st->kind == TPF_STEP_PEER_REDUCE))
-      st->flags |= TPF_STEP_EPILOGUE;
-  }
-}
-
-/* The schedule of this operation: the cached one of its key, or built into the storage of the
- * entry it replaces (no allocation either way). */
-static tpf_status cached_schedule(tpf_comm *c, comm_full *f, const tpf_layout_desc *desc,
-                                  const tpf_gemm_dims *g, const tpf_op_options *o,
-                                  const tpf_schedule **out) {
-  sched_key key;
-  memset(&key, 0, sizeof key);
-  key.rows = desc->active.rows;
-  key.m = g->m;
-  key.n = g->n;
-  key.k = g->k;
-  key.num_splits = desc->num_splits;
-  key.aggregate = desc->aggregate ? 1 : 0;
-  key.flags = (o->trans_a ? 1u : 0u) | (o->trans_w ? 2u : 0u) | (has_epilogue(o) ? 4u : 0u);
-  key.valid = 1;
-  if (!f->cache_off)
-    for (int i = 0; i < TPF_SCHED_CACHE; i++)
-      if (memcmp(&f->cache[i].key, &key, sizeof key) == 0) {
-        f->stats.hits++;
-        *out = &f->cache[i].sched;
-        return TPF_OK;
-      }
-  f->stats.misses++;
-  const int slot = f->next_slot;
-  sched_entry *e = &f->cache[slot];
-  e->key.valid = 0; /* a failed build leaves the entry empty */
-  tpf_status rc = tpf__schedule_build_into(desc, g, f->steps + (size_t)slot * (size_t)f->max_steps,
-                                           f->max_steps, &e->sched);
-  if (rc != TPF_OK) return named(c, rc);
-  apply_options(&e->sched, o);
-  e->key = key;
-  f->next_slot = (slot + 1) % TPF_SCHED_CACHE;
-  *out = &e->sched;
-  return TPF_OK;
-}
-
-void tpf__comm_set_schedule_cache(tpf_comm *c, bool on) {
-  comm_full *f = full_of(c);
-  f->cache_off = !on;
-  for (int i = 0; i < TPF_SCHED_CACHE; i++)
-    f->cache[i].key.valid = 0;
-}
-
-tpf_comm_cache_stats tpf__comm_cache_stats(const tpf_comm *c) {
-  return full_of(c)->stats;
-}
-
-/* Builds (or reuses) the schedule for the current active shape in the communicator's storage
- * (no allocation) and runs it on the backend. The backend is done with the steps when execute
- * returns: synchronous backends have run them, asynchronous ones have enqueued them. */
-static tpf_status run_op(tpf_comm *c, const tpf_gemm_dims *g, const tpf_matrix *x,
-                         const tpf_matrix *w, const tpf_matrix *d, const tpf_op_options *o,
-                         void *stream) {
-  tpf_layout_desc desc;
-  TPF_CHECK(op_desc(c, o, &desc));
-  comm_full *f = full_of(c);
-  tpf_status rc = TPF_OK;
-  /* Adaptive: the split count (and aggregate) the planner chose for this T, GEMM size and x
-   * dtype (an fp8 gemm_rs prices fp8 GEMMs). It depends only on the configuration, the agreed
-   * shape, the GEMM dims and x's dtype: every rank chooses the same, and the handshake would
-   * still catch a rank that did not. An operation that names its split count is not planned. (The
-   * planner caches its own choice; it is asked every time so that tpf_comm_plan_info reports the
-   * last operation's.) */
-  if (c->planner && desc.algo != TPF_ALGO_BULK && o->num_splits == 0)
-    rc = tpf__planner_apply(c->planner, &desc, g, x ? x->dtype : desc.dtype);
-  if (rc != TPF_OK) return named(c, rc);
-  const tpf_schedule *sched = NULL;
-  TPF_CHECK(cached_schedule(c, f, &desc, g, o, &sched));
-  tpf_exec_args a;
-  memset(&a, 0, sizeof a);
-  a.sched = sched;
-  a.comm_name = c->cfg.name;
-  a.seq = c->seq + 1;
-  if (x) a.x = *x;
-  if (w) a.w = *w;
-  if (d) a.d = *d;
-  a.epi.alpha = o->alpha;
-  a.epi.beta = o->beta;
-  a.epi.bias = o->bias;
-  a.epi.gelu = o->gelu;
-  a.a_scale_inv = o->a_scale_inv;
-  a.w_scale_inv = o->w_scale_inv;
-  bool claimed = false;
-  TPF_CHECK(tpf__be_claim(c->be, NULL, c->cfg.name, &claimed));
-  rc = tpf__be_execute(c->be, c->reg, c->reg_bytes, &a, stream);
-  if (claimed) tpf__be_release(c->be);
-  /* Refused before the handshake (e.g. a stream under CUDA-graph capture): nothing was enqueued
-   * and no peer saw this sequence number, so the communicator stays as it was. */
-  if (rc == TPF_EUNSUPPORTED) return rc;
-  /* Every rank consumed this sequence number once the backend ran the handshake; a mismatch is
-   * detected there, before any byte moves, so the group stays in step and usable. Anything else
-   * may have left partial data behind: refuse to continue. */
-  c->seq = a.seq;
-  if (rc != TPF_OK && rc != TPF_EMISMATCH) mark_failed(c, rc);
-  c->ops++;
-  if (rc == TPF_OK) tpf__stats_op(&c->telemetry, sched, c->cfg.capacity.rows); /* accepted */
-  return rc;
-}
-
-/* Rows and columns of a matrix as stored, for an operand used as [rows, cols] (transposed when
- * `trans`). */
-static void stored(bool trans, uint64_t rows, uint64_t cols, uint64_t *sr, uint64_t *sc) {
-  *sr = trans ? cols : rows;
-  *sc = trans ? rows : cols;
-}
-
-static tpf_status ag_gemm_body(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
-                               const tpf_op_options *opt, void *stream) {
-  TPF_CHECK_COMM(c, "tpf_ag_gemm"); /* before ok_kind reads c */
-  TPF_CHECK(check_op(c, "tpf_ag_gemm",
-                     c && c->cfg.algo == TPF_ALGO_RING && c->cfg.coll == TPF_COLL_AG, "ring ag"));
-  tpf_op_options o;
-  TPF_CHECK(op_options(c, "tpf_ag_gemm", opt, &o));
-  TPF_RETURN_IF(o.trans_a, TPF_EUNSUPPORTED,
-                "'%s': tpf_ag_gemm's activation is the gathered buffer [T, H]; trans_a is not "
-                "available (use trans_w for a weight stored [H, N])",
-                c->cfg.name);
-  const uint64_t T = c->active.rows, H = c->cfg.capacity.cols;
-  TPF_RETURN_IF(!w, TPF_EINVAL, "'%s': weight w is NULL", c->cfg.name);
-  const uint64_t N = o.trans_w ? w->cols : w->rows;
-  uint64_t wr, wc;
-  stored(o.trans_w, N, H, &wr, &wc);
-  const bool f8 = fp8_dtype(c->cfg.dtype);
-  TPF_CHECK(check_matrix(c, o.trans_w ? "weight w (trans_w: [H, N])" : "weight w", w, wr, wc,
-                         want_or_fp8(c->cfg.dtype, f8, w), false));
-  TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': weight w has 0 %s", c->cfg.name,
-                o.trans_w ? "columns (trans_w)" : "rows");
-  /* fp8: D's dtype is checked by check_fp8_gemm, whose message names the fp8 rule. */
-  TPF_CHECK(check_matrix(c, "output d", d, T, N, f8 && d ? d->dtype : c->cfg.dtype, true));
-  if (f8)
-    TPF_CHECK(check_fp8_gemm(c, "tpf_ag_gemm", "the buffer", c->cfg.dtype, "weight w", w->dtype,
-                             "output d", d->dtype));
-  TPF_CHECK(check_scales(c, "tpf_ag_gemm", &o, "the buffer", c->cfg.dtype, "weight w", w->dtype));
-  TPF_RETURN_IF(aliases(c, w) || aliases(c, d), TPF_EINVAL,
-                "'%s': w or d overlaps the registered buffer", c->cfg.name);
-  const extent dx = matrix_extent("output d", d);
-  const extent ins[] = {matrix_extent("weight w", w), bias_extent(o.bias, N, d->dtype)};
-  TPF_CHECK(check_disjoint(c, "tpf_ag_gemm", &dx, ins, 2));
-  TPF_RETURN_IF(bias_aliases(c, &ins[1]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
-                c->cfg.name);
-  TPF_CHECK(check_scale_overlap(c, "tpf_ag_gemm", &dx, &o));
-  tpf_gemm_dims g = {T, N, H};
-  return run_op(c, &g, NULL, w, d, &o, stream);
-}
-
-static tpf_status gemm_rs_body(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w,
-                               tpf_matrix *out, const tpf_op_options *opt, void *stream) {
-  TPF_CHECK_COMM(c, "tpf_gemm_rs");
-  TPF_CHECK(check_op(c, "tpf_gemm_rs",
-                     c && c->cfg.coll == TPF_COLL_RS &&
-                         (c->cfg.algo == TPF_ALGO_RING || c->cfg.algo == TPF_ALGO_PIPELINE),
-                     "ring rs or pipeline rs"));
-  tpf_op_options o;
-  TPF_CHECK(op_options(c, "tpf_gemm_rs", opt, &o));
-  const uint64_t T = c->active.rows, H = c->cfg.capacity.cols;
-  const uint64_t P = (uint64_t)c->be->tp_size;
-  TPF_RETURN_IF(!x, TPF_EINVAL, "'%s': input x is NULL", c->cfg.name);
-  const uint64_t K = o.trans_a ? x->rows : x->cols;
-  uint64_t xr, xc, wr, wc;
-  stored(o.trans_a, T, K, &xr, &xc);
-  stored(o.trans_w, H, K, &wr, &wc);
-  const bool f8 = fp8_dtype(x->dtype) || (w && fp8_dtype(w->dtype));
-  TPF_CHECK(check_matrix(c, o.trans_a ? "input x (trans_a: [K, T])" : "input x", x, xr, xc,
-                         want_or_fp8(c->cfg.dtype, f8, x), false));
-  TPF_RETURN_IF(K == 0, TPF_ESHAPE, "'%s': input x has 0 %s", c->cfg.name,
-                o.trans_a ? "rows (trans_a)" : "columns");
-  TPF_CHECK(check_matrix(c, o.trans_w ? "weight w (trans_w: [K, H])" : "weight w", w, wr, wc,
-                         want_or_fp8(c->cfg.dtype, f8, w), false));
-  TPF_CHECK(check_matrix(c, "output out", out, T / P, H, c->cfg.dtype, true));
-  if (f8)
-    TPF_CHECK(check_fp8_gemm(c, "tpf_gemm_rs", "input x", x->dtype, "weight w", w->dtype,
-                             "output out", out->dtype));
-  TPF_CHECK(check_scales(c, "tpf_gemm_rs", &o, "input x", x->dtype, "weight w", w->dtype));
-  TPF_RETURN_IF(aliases(c, x) || aliases(c, w) || aliases(c, out), TPF_EINVAL,
-                "'%s': x, w or out overlaps the registered buffer", c->cfg.name);
-  const extent ox = matrix_extent("output out", out);
-  const extent ins[] = {matrix_extent("input x", x), matrix_extent("weight w", w),
-                        bias_extent(o.bias, H, out->dtype)};
-  TPF_CHECK(check_disjoint(c, "tpf_gemm_rs", &ox, ins, 3));
-  TPF_RETURN_IF(bias_aliases(c, &ins[2]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
-                c->cfg.name);
-  TPF_CHECK(check_scale_overlap(c, "tpf_gemm_rs", &ox, &o));
-  tpf_gemm_dims g = {T, H, K};
-  return run_op(c, &g, x, w, out, &o, stream);
-}
-
-static tpf_status bulk_body(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
-                            const tpf_op_options *opt, void *stream) {
-  TPF_CHECK_COMM(c, "tpf_bulk_overlap");
-  TPF_CHECK(check_op(c, "tpf_bulk_overlap", c && c->cfg.algo == TPF_ALGO_BULK, "bulk"));
-  tpf_op_options o;
-  TPF_CHECK(op_options(c, "tpf_bulk_overlap", opt, &o));
-  TPF_RETURN_IF(!a || !b, TPF_EINVAL, "'%s': a or b is NULL", c->cfg.name);
-  TPF_RETURN_IF((unsigned)a->dtype >= TPF_DTYPE_COUNT, TPF_EINVAL,
-                "'%s': a dtype %d is not a tpf_dtype", c->cfg.name, (int)a->dtype);
-  const bool f8 = fp8_dtype(a->dtype) || fp8_dtype(b->dtype);
-  const uint64_t M = o.trans_a ? a->cols : a->rows, K = o.trans_a ? a->rows : a->cols;
-  TPF_CHECK(check_matrix(c, "a", a, a->rows, a->cols, a->dtype, false));
-  TPF_RETURN_IF(M == 0 || K == 0, TPF_ESHAPE, "'%s': a is [%llu, %llu]", c->cfg.name,
-                (unsigned long long)a->rows, (unsigned long long)a->cols);
-  const uint64_t N = o.trans_w ? b->cols : b->rows;
-  uint64_t br, bc;
-  stored(o.trans_w, N, K, &br, &bc);
-  TPF_CHECK(check_matrix(c, o.trans_w ? "b (trans_w: [K, N])" : "b", b, br, bc,
-                         want_or_fp8(a->dtype, f8, b), false));
-  TPF_RETURN_IF(N == 0, TPF_ESHAPE, "'%s': b has 0 %s", c->cfg.name,
-                o.trans_w ? "columns (trans_w)" : "rows");
-  TPF_CHECK(check_matrix(c, "d", d, M, N, f8 && d ? d->dtype : a->dtype, true));
-  if (f8)
-    TPF_CHECK(check_fp8_gemm(c, "tpf_bulk_overlap", "a", a->dtype, "b", b->dtype, "d", d->dtype));
-  TPF_CHECK(check_scales(c, "tpf_bulk_overlap", &o, "a", a->dtype, "b", b->dtype));
-  TPF_RETURN_IF(aliases(c, a) || aliases(c, b) || aliases(c, d), TPF_EINVAL,
-                "'%s': a, b or d overlaps the registered buffer", c->cfg.name);
-  const extent dx = matrix_extent("output d", d);
-  const extent ins[] = {matrix_extent("a", a), matrix_extent("b", b),
-                        bias_extent(o.bias, N, d->dtype)};
-  TPF_CHECK(check_disjoint(c, "tpf_bulk_overlap", &dx, ins, 3));
-  TPF_RETURN_IF(bias_aliases(c, &ins[2]), TPF_EINVAL, "'%s': bias overlaps the registered buffer",
-                c->cfg.name);
-  TPF_CHECK(check_scale_overlap(c, "tpf_bulk_overlap", &dx, &o));
-  tpf_gemm_dims g = {M, N, K};
-  return run_op(c, &g, a, b, d, &o, stream);
-}
-
-tpf_status tpf_ag_gemm_ex(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d,
-                          const tpf_op_options *opt, void *stream) {
-  TPF_CHECK_COMM(c, "tpf_ag_gemm");
-  TPF_CHECK(enter(c, "tpf_ag_gemm"));
-  return leave(c, ag_gemm_body(c, w, d, opt, stream));
-}
-
-tpf_status tpf_gemm_rs_ex(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
-                          const tpf_op_options *opt, void *stream) {
-  TPF_CHECK_COMM(c, "tpf_gemm_rs");
-  TPF_CHECK(enter(c, "tpf_gemm_rs"));
-  return leave(c, gemm_rs_body(c, x, w, out, opt, stream));
-}
-
-tpf_status tpf_bulk_overlap_ex(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
-                               const tpf_op_options *opt, void *stream) {
-  TPF_CHECK_COMM(c, "tpf_bulk_overlap");
-  TPF_CHECK(enter(c, "tpf_bulk_overlap"));
-  return leave(c, bulk_body(c, a, b, d, opt, stream));
-}
-
-tpf_status tpf_ag_gemm(tpf_comm *c, const tpf_matrix *w, tpf_matrix *d, void *stream) {
-  return tpf_ag_gemm_ex(c, w, d, NULL, stream);
-}
-
-tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matrix *w, tpf_matrix *out,
-                       void *stream) {
-  return tpf_gemm_rs_ex(c, x, w, out, NULL, stream);
-}
-
-tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b, tpf_matrix *d,
-                            void *stream) {
-  return tpf_bulk_overlap_ex(c, a, b, d, NULL, stream);
-}
-
 /* ---- Completion and errors ---- */
 
 /* The deferred status of what was enqueued: the failure that left the communicator failed, else
@@ -1083,8 +500,8 @@ static tpf_status sync_body(tpf_comm *c) {
   tpf_status rc = tpf__be_reg_sync_op(c->be) ? tpf__be_reg_sync_op(c->be)(c->be, c->reg)
                                              : tpf__be_sync(c->be, NULL);
   if (rc != TPF_OK) {
-    if (c->failed == TPF_OK && rc != TPF_EMISMATCH) mark_failed(c, rc);
-    return named(c, rc);
+    if (c->failed == TPF_OK && rc != TPF_EMISMATCH) tpf__comm_mark_failed(c, rc);
+    return tpf__comm_named(c, rc);
   }
   TPF_RETURN_IF(c->failed != TPF_OK, c->failed,
                 "'%s': an enqueued operation failed earlier (%s); destroy the communicator",
@@ -1115,7 +532,7 @@ tpf_status tpf_comm_abort(tpf_comm *c) {
   TPF_CHECK_COMM(c, "tpf_comm_abort");
   /* Only an atomic store and the backend's thread-safe abort: callable from any thread while the
    * rank's own thread is blocked in an operation on c. */
-  atomic_store(&full_of(c)->aborted, 1);
+  atomic_store(&tpf__comm_full(c)->aborted, 1);
   tpf_status (*abort_op)(tpf_backend *, tpf_reg *) = tpf__be_reg_abort_op(c->be);
   if (abort_op) return abort_op(c->be, c->reg);
   return TPF_OK;

@@ -4,6 +4,8 @@
 
 #include "internal.h"
 
+#include <stdatomic.h>
+
 struct tpf_comm {
   tpf_backend *be;             /* the rank's backend */
   tpf_comm_config cfg;         /* as created; cfg.name points to name */
@@ -60,5 +62,60 @@ tpf_comm_cache_stats tpf__comm_cache_stats(const tpf_comm *c);
 /* Turns the cache on (the default) or off (every operation builds its schedule: the benchmark's
  * side-by-side baseline); either way the cached entries are dropped. */
 void tpf__comm_set_schedule_cache(tpf_comm *c, bool on);
+
+/* The communicator as allocated: the shared struct above followed by what only comm.c and
+ * comm_ops.c need: the abort flag and the schedule storage, sized at creation for the largest
+ * schedule any active shape T <= C can need, so an operation builds its schedule without
+ * allocating. */
+/* Schedule reuse: the schedule of an operation depends only on the communicator, the active rows
+ * T and the operation key (the resolved split count and aggregate, the transposes, whether an
+ * epilogue is on, the GEMM dims). The last TPF_SCHED_CACHE of them are kept, built and resolved
+ * (apply_options done), in storage reserved at creation; an operation whose key is cached hands
+ * the backend that schedule without building anything or validating the layout again. */
+#define TPF_SCHED_CACHE 8
+typedef struct {
+  uint64_t rows, m, n, k;
+  int32_t num_splits, aggregate;
+  uint32_t flags; /* bit 0 trans_a, 1 trans_w, 2 epilogue */
+  int valid;
+} sched_key;
+typedef struct {
+  sched_key key;
+  tpf_schedule sched; /* steps point into comm_full.steps */
+} sched_entry;
+
+typedef struct {
+  struct tpf_comm c; /* must stay first */
+  atomic_int aborted;
+  atomic_int busy; /* a thread is inside an operation, set_active_shape or sync (item 5) */
+  int max_steps;
+  int next_slot;  /* the entry a miss replaces next (round robin) */
+  bool cache_off; /* tpf__comm_set_schedule_cache(c, false): build every time */
+  tpf_comm_cache_stats stats;
+  sched_entry cache[TPF_SCHED_CACHE];
+  tpf_step steps[]; /* TPF_SCHED_CACHE * max_steps entries: entry i owns [i * max_steps, ..) */
+} comm_full;
+
+static inline comm_full *tpf__comm_full(const tpf_comm *c) {
+  return (comm_full *)(void *)(uintptr_t)c;
+}
+
+/* The handle check of every public call (core/handle.c): reads nothing of a destroyed c. */
+#define TPF_CHECK_COMM(c, call) TPF_CHECK(tpf__handle_check((c), TPF_HANDLE_COMM, (call)))
+
+static inline bool tpf__comm_aborted(const tpf_comm *c) {
+  return atomic_load(&tpf__comm_full(c)->aborted) != 0;
+}
+
+#define TPF_RETURN_IF_ABORTED(c)                                                                   \
+  TPF_RETURN_IF(tpf__comm_aborted(c), TPF_ESTATE,                                                  \
+                "'%s' was aborted (tpf_comm_abort); destroy it and create a new one",              \
+                (c)->cfg.name)
+
+/* Leaves c failed with status rc, keeping the detail for the messages of later calls (they name
+ * the original failure and the way out). */
+void tpf__comm_mark_failed(tpf_comm *c, tpf_status rc);
+/* Prefixes tpf_last_error() with "'name': " (once) and returns s. */
+tpf_status tpf__comm_named(const tpf_comm *c, tpf_status s);
 
 #endif

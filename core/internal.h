@@ -71,6 +71,8 @@ int tpf__layout_local_slot(const tpf_layout_desc *d);
 int tpf__layout_splits(const tpf_layout_desc *d);
 /* True for fp8 dtypes (1-byte elements; they follow the active shape like any other, SPEC §11). */
 bool tpf__dtype_quantized(tpf_dtype t);
+/* fp8_e4m3 or fp8_e5m2 (core/operands.c). */
+bool tpf__fp8_dtype(tpf_dtype t);
 
 /* ---- schedule.c ---- */
 /* Steps reserved for any schedule of a communicator of d's configuration and capacity (any

@@ -337,12 +337,10 @@ tpf_status tpf__planner_create(const tpf_comm_config *cfg, const tpf_layout_desc
    * (fp8: on any table with a gemm point, tpf_cost_gemm_dtype). BULK is never planned. */
   tpf_dtype used;
   if (cfg->algo != TPF_ALGO_BULK && tpf_cost_gemm_dtype(cfg->cost, cfg->dtype, &used) != TPF_OK) {
-    char detail[300];
-    snprintf(detail, sizeof detail, "%s", tpf_last_error());
-    return tpf_set_error(TPF_EINVAL,
-                         "'%s': an adaptive %s communicator's cost table cannot price "
-                         "its GEMMs: %s",
-                         cfg->name, tpf_dtype_name(cfg->dtype), detail);
+    return tpf_prefix_error(TPF_EINVAL,
+                            "'%s': an adaptive %s communicator's cost table cannot price its "
+                            "GEMMs: ",
+                            cfg->name, tpf_dtype_name(cfg->dtype));
   }
   /* The same for its transfers: every schedule of P > 1 sends to peers, and a reduce-scatter's
    * reduces (a table without those lines priced them at inf). */
@@ -352,14 +350,11 @@ tpf_status tpf__planner_create(const tpf_comm_config *cfg, const tpf_layout_desc
     if (lrc == TPF_OK && cfg->coll == TPF_COLL_RS)
       lrc = tpf__cost_link_check(cfg->cost, TPF_STEP_REDUCE);
   }
-  if (lrc != TPF_OK) {
-    char detail[400];
-    snprintf(detail, sizeof detail, "%s", tpf_last_error());
-    return tpf_set_error(lrc,
-                         "'%s': an adaptive communicator's cost table cannot price its "
-                         "transfers: %s",
-                         cfg->name, detail);
-  }
+  if (lrc != TPF_OK)
+    return tpf_prefix_error(lrc,
+                            "'%s': an adaptive communicator's cost table cannot price its "
+                            "transfers: ",
+                            cfg->name);
   tpf_planner *p = tpf__calloc(1, sizeof *p);
   TPF_RETURN_IF(!p, TPF_ENOMEM, "'%s': cannot allocate the planner", cfg->name);
   p->table = *cfg->cost;

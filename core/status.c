@@ -4,6 +4,7 @@
 
 #include <stdarg.h>
 #include <stdio.h>
+#include <string.h>
 
 /* The detail of the last failure on this thread. Thread-local, so ranks running as threads
  * (simulator, in-process CUDA) never see each other's messages. */
@@ -49,6 +50,24 @@ tpf_status tpf_set_error(tpf_status s, const char *fmt, ...) {
   /* vsnprintf formats into memory only; the core does no I/O. */
   (void)vsnprintf(tpf_last_error_buf, sizeof tpf_last_error_buf, fmt, ap);
   va_end(ap);
+  return s;
+}
+
+tpf_status tpf_prefix_error(tpf_status s, const char *fmt, ...) {
+  char prefix[sizeof tpf_last_error_buf];
+  va_list ap;
+  va_start(ap, fmt);
+  const int k = vsnprintf(prefix, sizeof prefix, fmt, ap);
+  va_end(ap);
+  if (k <= 0) return s;
+  const size_t n = (size_t)k < sizeof prefix ? (size_t)k : sizeof prefix - 1;
+  if (strncmp(tpf_last_error_buf, prefix, n) == 0) return s; /* already there */
+  const size_t room = sizeof tpf_last_error_buf - 1;
+  size_t len = strlen(tpf_last_error_buf);
+  if (n + len > room) len = room - n; /* the tail of the detail goes, not the prefix */
+  memmove(tpf_last_error_buf + n, tpf_last_error_buf, len);
+  memcpy(tpf_last_error_buf, prefix, n);
+  tpf_last_error_buf[n + len] = '\0';
   return s;
 }
 

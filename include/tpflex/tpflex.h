@@ -384,6 +384,41 @@ TPF_API tpf_status tpf_gemm_rs(tpf_comm *c, const tpf_matrix *x, const tpf_matri
 TPF_API tpf_status tpf_bulk_overlap(tpf_comm *c, const tpf_matrix *a, const tpf_matrix *b,
                                     tpf_matrix *d, void *stream);
 
+/* ---- Operand rules ---------------------------------------------------------------------------
+ * The operations' rules on their operands' shapes and dtypes (the paragraphs above), as one pure
+ * function of a descriptor: the operations run it on their arguments, and a binding runs it
+ * before it allocates an output (Python calls it once per new operand signature), so the two
+ * cannot differ. It reads no pointer and no object: operand pointers (a matrix's ptr, NULL
+ * checks, overlaps, the registration) and the backend's capabilities are the operation's own
+ * checks. */
+/* The three operations (also the kind of a backend's operation key, tpflex_backend.h). */
+typedef enum { TPF_OP_AG_GEMM = 1, TPF_OP_GEMM_RS = 2, TPF_OP_BULK = 3 } tpf_op_kind;
+
+typedef struct {
+  size_t size;            /* sizeof(tpf_operands) or 0 (this header's); others: TPF_EINVAL */
+  tpf_op_kind op;         /* which operation's rules */
+  tpf_dtype buffer_dtype; /* the communicator's dtype (bulk: unused) */
+  tpf_shape active;       /* the communicator's active shape [T, H] (bulk: unused) */
+  int tp_size;            /* P (gemm_rs: out has T/P rows) */
+  bool trans_a, trans_w;  /* as in tpf_op_options */
+  bool a_scale, w_scale;  /* a_scale_inv / w_scale_inv is set */
+  /* The operands, by role, with ptr ignored: a = gemm_rs x or bulk a (ag_gemm: unused, its
+   * activation is the buffer), w = the weight (bulk: b), d = the output; NULL a or w is
+   * TPF_EINVAL, NULL d means not given yet (a binding allocates it; *out is its shape). */
+  const tpf_matrix *a, *w, *d;
+  /* How the messages name them; NULL: this API's names ("input x", "weight w", ...). */
+  const char *a_name, *w_name, *d_name;
+} tpf_operands;
+
+/* Checks the operands of one operation (see above); on success writes the output's shape
+ * ([T, N] for ag_gemm, [T/P, H] for gemm_rs, [M, N] for bulk) to *out when out is not NULL.
+ * Changes nothing but tpf_last_error(); the detail names the operand, its shape or dtype and
+ * what was expected, without a communicator name (the operations prefix theirs). Returns
+ * TPF_ESHAPE (shapes, leading dimensions), TPF_EINVAL (dtypes, fp8 pairs, scales, a NULL
+ * descriptor or operand), TPF_EUNSUPPORTED (ag_gemm's trans_a, e5m2 x e5m2) or TPF_EOVERFLOW
+ * (an operand's rows times ld beyond 64 bits). */
+TPF_API tpf_status tpf_check_operands(const tpf_operands *ops, tpf_shape *out);
+
 /* ---- Manager -------------------------------------------------------------------------------- */
 
 typedef struct tpf_manager tpf_manager;

@@ -75,9 +75,8 @@ extern "C" {
 #define TPF_READY_ROWS(word) ((uint64_t)(word) & ((1ull << TPF_READY_ROWS_BITS) - 1))
 #define TPF_READY_BODY(word) ((uint64_t)(word)&TPF_READY_BODY_MASK)
 
-/* Operation kinds of the key, and the key itself: kind in the top 2 bits, splits - 1 in the low
+/* The operation key: its kind (tpf_op_kind, tpflex.h) in the top 2 bits, splits - 1 in the low
  * 6 (splits 1..TPF_MAX_SPLITS). */
-typedef enum { TPF_OP_AG_GEMM = 1, TPF_OP_GEMM_RS = 2, TPF_OP_BULK = 3 } tpf_op_kind;
 #define TPF_OP_KEY(kind, splits)                                                                   \
   ((uint8_t)((((unsigned)(kind)&3u) << 6) | (((unsigned)(splits)-1u) & 63u)))
 #define TPF_OP_KEY_KIND(key) (((unsigned)(key) >> 6) & 3u)
@@ -309,6 +308,17 @@ struct tpf_backend {
 /* Records a failure detail for tpf_last_error() (printf-style); returns `s` for tail calls.
  * Backends use it at the edge where they translate a foreign error. */
 TPF_API tpf_status tpf_set_error(tpf_status s, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+
+/* Prepends a printf-style prefix to the current detail in place and returns `s`: the detail of a
+ * failure below is kept whole, with the caller's context in front ("'fc1': " + "weight w ...").
+ * The detail is never copied out first (formatting into the buffer one reads from was the bug
+ * that made every caller copy it); a prefix the detail already starts with is not added twice.
+ * The result is cut at the detail buffer's size, the prefix kept. */
+TPF_API tpf_status tpf_prefix_error(tpf_status s, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 2, 3)))
 #endif

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -14,7 +14,8 @@ from ._checks import (U64_MAX, as_shape, beta_needs_out, default_out_dtype, dims
                       need_tensor, plan_ag_gemm, plan_bulk, plan_gemm_rs, shape_str)
 from ._dlpack import dlpack_view
 from ._lib import Matrix, check, lib
-from ._options import DEFAULT_FAST, DEFAULT_OPTS, Opts, fast_options, opts_struct, parse_options
+from ._options import (DEFAULT_FAST, DEFAULT_OPTS, FastOpts, Opts, fast_options, opts_struct,
+                       parse_options)
 from ._state import register_comm, state
 from ._types import ALGO_NAME, COLL_NAME, TORCH_TO_TPF, TPF_TO_TORCH
 from .errors import (TpflexAlignError, TpflexDivisibleError, TpflexError, TpflexInvalidError,
@@ -70,6 +71,40 @@ def _metas(out: Any, bias: Any, sa: Any, sw: Any) -> Any:
 
 _MEMO_MAX = 512  # checked signatures kept per communicator (cleared when full)
 
+
+# What the checks computed for a remembered signature: the output's geometry, each operand's
+# leading dimension and tpf_dtype, the dtype of an output allocated for the caller.
+class _AgMemo(NamedTuple):
+    n: int
+    ld_w: int
+    ld_d: int
+    w_dtype: int
+    out_dtype: torch.dtype
+    d_dtype: int
+
+
+class _RsMemo(NamedTuple):
+    rows: int
+    ld_x: int
+    ld_w: int
+    ld_d: int
+    x_dtype: int
+    w_dtype: int
+    out_dtype: torch.dtype
+    d_dtype: int
+
+
+class _BulkMemo(NamedTuple):
+    m: int
+    n: int
+    ld_a: int
+    ld_b: int
+    ld_d: int
+    a_dtype: int
+    b_dtype: int
+    out_dtype: torch.dtype
+    d_dtype: int
+
 # Stale views (issue 41): a buffer() / local_chunk() view a caller still held when the active
 # shape changed, by id: (weakref to the view, weakref to its communicator, which view, its
 # geometry, the active shape it was taken at). Recorded when the communicator drops the view
@@ -104,9 +139,9 @@ def _check_views(where: str, *named: Tuple[str, Any]) -> None:
 
 class Communicator:
     """One registered site (tpf_comm). Its operations are the custom ops torch.ops.tpflex.*
-    (usable under torch.compile); the methods parse the options and call them, or, eagerly,
-    their implementation directly (_direct), or, for a call whose signature passed the checks
-    before, the C function alone (the _*_eager fast paths)."""
+    (usable under torch.compile); each method has one path (_ag_gemm, ...): a call whose
+    signature passed the checks before is the C function alone, any other parses the options
+    and calls the op, or, eagerly, its implementation directly (_direct)."""
 
     def __init__(self, manager: "Manager", handle: int, name: str) -> None:
         self._mgr = manager
@@ -144,7 +179,7 @@ class Communicator:
                     f"'{name}': backend '{self.backend_name}' registrations are "
                     f"{'host' if host else 'device'} memory but tensors are on {self.device}",
                     "initialize_ub")
-        # The eager fast path (the methods' _*_eager): the `where` of each operation, the
+        # The remembered path of the operations (_ag_gemm, ...): the `where` of each one, the
         # binding (state dict) the key resolves in, the active shape of the views' epoch, and
         # the signatures (tensor metadata and flags) that passed every check, with what the
         # checks computed (leading dimensions, output shape and dtype).
@@ -378,30 +413,14 @@ class Communicator:
         if live is not None:
             buffer.copy_(live)
 
-    # ---- operations: parse the options, call torch.ops.tpflex.* ----
-    def ag_gemm(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
-                **options: Any) -> torch.Tensor:
-        """RING AG: the local shard is already in local_chunk(); returns
-        act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
-        [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
-        AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
-        if torch.compiler.is_compiling():
-            return self._ag_gemm(weight, out, options)
-        if _STALE:
-            _check_views(self._w_ag, ("weight", weight), ("out", out))
-        try:
-            if _observe.ON:  # profiler ranges or a trace (SPEC §16)
-                return _observe.op(self, "ag_gemm", self._ag_gemm_eager, weight, out, options)
-            return self._ag_gemm_eager(weight, out, options)
-        except TpflexError as e:  # raised from this frame (see above)
-            raise e.with_traceback(None)
-
-    # The eager fast paths. A call whose options, tensors and binding are the plain case, and
-    # whose signature (the metadata every check reads, and the flags) passed every check
-    # before, goes straight to the C call; anything else, and the first call of a signature,
-    # takes the full path (_ag_gemm, ...: the same checks and messages, then the custom op or
-    # its implementation), and a signature that passed is remembered. The checks are pure
-    # functions of that signature (_checks.py), so a remembered one passes them again.
+    # ---- operations ----
+    # One path per operation (_ag_gemm, _gemm_rs, _bulk_overlap). A plain eager call (options,
+    # tensors and binding of the plain case, _eligible) whose signature (the metadata every
+    # check reads, and the flags) passed every check before is one C call with what the checks
+    # computed (an _AgMemo, ...). Anything else, and the first call of a signature, takes every
+    # check (_checks.py: the tensor facts, then the C rulebook) and then the custom op or its
+    # implementation; a plain signature that passed is remembered. The checks are pure
+    # functions of that signature, so a remembered one passes them again.
 
     def _remember(self, key: Any, value: Tuple[Any, ...]) -> None:
         if len(self._memo) >= _MEMO_MAX:
@@ -411,77 +430,93 @@ class Communicator:
     def _cur_stream(self) -> Optional[int]:
         return self._stream_ptr("", None)
 
-    def _ag_gemm_eager(self, weight: Any, out: Any, options: Dict[str, Any]) -> torch.Tensor:
+    def _eligible(self, options: Dict[str, Any], t1: Any, t2: Any,
+                  t3: Any = None) -> Optional[FastOpts]:
+        """The options of a call that may take the remembered path (a live manager with no
+        shape change owed, plain tensors t1.. and bias, this thread's binding), else None."""
         f = fast_options(options) if options else DEFAULT_FAST
-        if f is None or f[0] or weight is None or self._mgr._h is None or \
-                self._mgr._pending is not None:
-            return self._ag_gemm(weight, out, options)
+        if f is None or self._mgr._h is None or self._mgr._pending is not None:
+            return None
         buf = self._vbuf
         if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
             buf = self._views()[0]
-        bias = f[4]
-        if not _direct(buf, weight, out, bias) or state() is not self._home:
-            return self._ag_gemm(weight, out, options)
-        ws = weight.shape
-        key = (self._active, f[1], f[3] != 0.0, ws, weight.stride(), weight.dtype, weight.device,
-               _metas(out, bias, f[7], f[8]))
-        hit = self._memo.get(key)
-        if hit is None:
-            res = self._ag_gemm(weight, out, options)  # every check, then the operation
-            T, H = self._active
-            N, ld_w, ld_d = plan_ag_gemm(self._w_ag, self.device, self.dtype, T, H, weight, out,
-                                         bias, f[1], f[7], f[8])
-            od = default_out_dtype(self.dtype) if out is None else out.dtype
-            self._remember(key, (N, ld_w, N if out is None else ld_d, TORCH_TO_TPF[weight.dtype],
-                                 od, TORCH_TO_TPF[od]))
-            return res
-        N, ld_w, ld_d, cw, od, cd = hit
-        T = self._active[0]
-        if out is None:
-            out = torch.empty((T, N), dtype=od, device=self.device)
-        st = opts_struct(f) if options else None
-        s = self._cur_stream() if self._cuda else None
-        h = self._h
-        mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, cw)
-        md = Matrix(out.data_ptr(), T, N, ld_d, cd)
-        rc = lib.tpf_ag_gemm(h, mw, md, s) if st is None else lib.tpf_ag_gemm_ex(h, mw, md, st, s)
-        if rc:
-            check(rc, self._w_ag)
-        return out
+        if not _direct(buf, t1, t2, t3, f.bias) or state() is not self._home:
+            return None
+        return f
 
-    def _ag_gemm(self, weight: Any, out: Optional[torch.Tensor],
-                 options: Dict[str, Any]) -> torch.Tensor:
-        where = f"ag_gemm on '{self.name}'"
+    def ag_gemm(self, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
+                **options: Any) -> torch.Tensor:
+        """RING AG: the local shard is already in local_chunk(); returns
+        act(alpha AG(X) op(weight) + beta out + bias) [T, N], op(weight) = weight.T for weight
+        [N, H], or weight itself with trans_w=True (weight [H, N]). Afterwards buffer() holds
+        AG(X). torch.ops.tpflex.ag_gemm (out=None) / ag_gemm_out."""
+        if torch.compiler.is_compiling():
+            return self._ag_gemm(weight, out, options, True)
+        if _STALE:
+            _check_views(self._w_ag, ("weight", weight), ("out", out))
+        try:
+            if _observe.ON:  # profiler ranges or a trace (SPEC §16)
+                return _observe.op(self, "ag_gemm", self._ag_gemm, weight, out, options)
+            return self._ag_gemm(weight, out, options)
+        except TpflexError as e:  # raised from this frame (see above)
+            raise e.with_traceback(None)
+
+    def _ag_gemm(self, weight: Any, out: Optional[torch.Tensor], options: Dict[str, Any],
+                 traced: bool = False) -> torch.Tensor:
+        key = f = None
+        if not traced and weight is not None:
+            f = self._eligible(options, weight, out)
+        if f is not None:
+            key = (self._active, f.trans_a, f.trans_w, f.beta != 0.0, weight.shape,
+                   weight.stride(), weight.dtype, weight.device,
+                   _metas(out, f.bias, f.a_scale_inv, f.w_scale_inv))
+            m = self._memo.get(key)
+            if m is not None:  # remembered: one C call
+                n, ld_w, ld_d, w_dtype, out_dtype, d_dtype = m
+                T = self._active[0]
+                if out is None:
+                    out = torch.empty((T, n), dtype=out_dtype, device=self.device)
+                st = opts_struct(f) if options else None
+                s = self._cur_stream() if self._cuda else None
+                h, ws = self._h, weight.shape
+                mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, w_dtype)
+                md = Matrix(out.data_ptr(), T, n, ld_d, d_dtype)
+                rc = (lib.tpf_ag_gemm(h, mw, md, s) if st is None
+                      else lib.tpf_ag_gemm_ex(h, mw, md, st, s))
+                if rc:
+                    check(rc, self._w_ag)
+                return out
+        where = self._w_ag
         o = parse_options(where, options) if options else DEFAULT_OPTS
-        if o.trans_a:
-            raise TpflexUnsupportedError("ag_gemm's activation is the gathered buffer [T, H]; "
-                                         "trans_a is not available (trans_w is)", where)
         stream = self._stream_arg(where, o) if o.stream is not None else None
         buf = self._views()[0]
-        if out is None:
-            if o.beta != 0.0:
-                T, H = buf.shape
-                N = plan_ag_gemm(where, self.device, self.dtype, T, H, weight, None, None,
-                                 o.trans_w, o.a_scale_inv, o.w_scale_inv)[0]
-                raise beta_needs_out(where, o.beta, (T, N))
-            dims(where, "weight", weight)
-            if _direct(buf, weight, o.bias):
-                return _ops._ag_gemm_impl(self.name, self.key, buf, weight, None, o.bias,
-                                          o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream,
-                                          o.a_scale_inv, o.w_scale_inv)
-            return _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w,
-                                   o.alpha, o.gelu, o.num_splits, stream, o.a_scale_inv,
-                                   o.w_scale_inv)
+        T, H = buf.shape
+        if o.trans_a or (out is None and o.beta != 0.0):  # the rulebook names what is wrong
+            n = plan_ag_gemm(where, self.device, self.dtype, T, H, weight, out, None, o.trans_w,
+                             o.a_scale_inv, o.w_scale_inv, o.trans_a).n
+            raise beta_needs_out(where, o.beta, (T, n))
         dims(where, "weight", weight)
-        need_tensor(where, "out", out)
+        if out is not None:
+            need_tensor(where, "out", out)
         if _direct(buf, weight, out, o.bias):
-            _ops._ag_gemm_impl(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
-                               o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
-                               o.w_scale_inv)
-            return out
-        _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w, o.alpha,
-                            o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
-        return out
+            res = _ops._ag_gemm_impl(self.name, self.key, buf, weight, out, o.bias, o.trans_w,
+                                     o.alpha, o.beta, o.gelu, o.num_splits, stream,
+                                     o.a_scale_inv, o.w_scale_inv)
+        elif out is None:
+            res = _ops.op_ag_gemm(self.name, self.key, buf, weight, o.bias, o.trans_w, o.alpha,
+                                  o.gelu, o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
+        else:
+            _ops.op_ag_gemm_out(self.name, self.key, buf, weight, out, o.bias, o.trans_w,
+                                o.alpha, o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
+                                o.w_scale_inv)
+            res = out
+        if key is not None and f is not None:  # passed: remember what the checks computed
+            p = plan_ag_gemm(where, self.device, self.dtype, T, H, weight, out, f.bias,
+                             f.trans_w, f.a_scale_inv, f.w_scale_inv)
+            od = default_out_dtype(self.dtype) if out is None else out.dtype
+            self._remember(key, _AgMemo(p.n, p.ld_w, p.n if out is None else p.ld_d,
+                                        TORCH_TO_TPF[weight.dtype], od, TORCH_TO_TPF[od]))
+        return res
 
     def gemm_rs(self, x: torch.Tensor, weight: torch.Tensor, out: Optional[torch.Tensor] = None,
                 **options: Any) -> torch.Tensor:
@@ -490,91 +525,78 @@ class Communicator:
         [K, T] with trans_a); op(weight) = weight.T for weight [H, K] (weight [K, H] with
         trans_w). torch.ops.tpflex.gemm_rs (out=None) / gemm_rs_out."""
         if torch.compiler.is_compiling():
-            return self._gemm_rs(x, weight, out, options)
+            return self._gemm_rs(x, weight, out, options, True)
         if _STALE:
             _check_views(self._w_rs, ("x", x), ("weight", weight), ("out", out))
         try:
             if _observe.ON:  # profiler ranges or a trace (SPEC §16)
-                return _observe.op(self, "gemm_rs", self._gemm_rs_eager, x, weight, out, options)
-            return self._gemm_rs_eager(x, weight, out, options)
+                return _observe.op(self, "gemm_rs", self._gemm_rs, x, weight, out, options)
+            return self._gemm_rs(x, weight, out, options)
         except TpflexError as e:  # raised from this frame (see above)
             raise e.with_traceback(None)
 
-    def _gemm_rs_eager(self, x: Any, weight: Any, out: Any,
-                       options: Dict[str, Any]) -> torch.Tensor:
-        f = fast_options(options) if options else DEFAULT_FAST
-        if f is None or x is None or weight is None or self._mgr._h is None or \
-                self._mgr._pending is not None:
-            return self._gemm_rs(x, weight, out, options)
-        buf = self._vbuf
-        if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
-            buf = self._views()[0]
-        bias = f[4]
-        if not _direct(buf, x, weight, out, bias) or state() is not self._home:
-            return self._gemm_rs(x, weight, out, options)
-        xs, ws = x.shape, weight.shape
-        key = (self._active, f[0], f[1], f[3] != 0.0, xs, x.stride(), x.dtype, x.device, ws,
-               weight.stride(), weight.dtype, weight.device, _metas(out, bias, f[7], f[8]))
-        hit = self._memo.get(key)
-        if hit is None:
-            res = self._gemm_rs(x, weight, out, options)  # every check, then the operation
-            T, H = self._active
-            rows, ld_x, ld_w, ld_d = plan_gemm_rs(self._w_rs, self.device, self.dtype, T, H,
-                                                  self.tp_size, x, weight, out, bias, f[0], f[1],
-                                                  f[7], f[8])
-            od = self.dtype if out is None else out.dtype
-            self._remember(key, (rows, ld_x, ld_w, H if out is None else ld_d,
-                                 TORCH_TO_TPF[x.dtype], TORCH_TO_TPF[weight.dtype], od,
-                                 TORCH_TO_TPF[od]))
-            return res
-        rows, ld_x, ld_w, ld_d, cx, cw, od, cd = hit
-        H = self._active[1]
-        if out is None:
-            out = torch.empty((rows, H), dtype=od, device=self.device)
-        st = opts_struct(f) if options else None
-        s = self._cur_stream() if self._cuda else None
-        h = self._h
-        mx = Matrix(x.data_ptr(), xs[0], xs[1], ld_x, cx)
-        mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, cw)
-        md = Matrix(out.data_ptr(), rows, H, ld_d, cd)
-        rc = (lib.tpf_gemm_rs(h, mx, mw, md, s) if st is None
-              else lib.tpf_gemm_rs_ex(h, mx, mw, md, st, s))
-        if rc:
-            check(rc, self._w_rs)
-        return out
-
     def _gemm_rs(self, x: Any, weight: Any, out: Optional[torch.Tensor],
-                 options: Dict[str, Any]) -> torch.Tensor:
-        where = f"gemm_rs on '{self.name}'"
+                 options: Dict[str, Any], traced: bool = False) -> torch.Tensor:
+        key = f = None
+        if not traced and x is not None and weight is not None:
+            f = self._eligible(options, x, weight, out)
+        if f is not None:
+            key = (self._active, f.trans_a, f.trans_w, f.beta != 0.0, x.shape, x.stride(),
+                   x.dtype, x.device, weight.shape, weight.stride(), weight.dtype, weight.device,
+                   _metas(out, f.bias, f.a_scale_inv, f.w_scale_inv))
+            m = self._memo.get(key)
+            if m is not None:  # remembered: one C call
+                rows, ld_x, ld_w, ld_d, x_dtype, w_dtype, out_dtype, d_dtype = m
+                H = self._active[1]
+                if out is None:
+                    out = torch.empty((rows, H), dtype=out_dtype, device=self.device)
+                st = opts_struct(f) if options else None
+                s = self._cur_stream() if self._cuda else None
+                h, xs, ws = self._h, x.shape, weight.shape
+                mx = Matrix(x.data_ptr(), xs[0], xs[1], ld_x, x_dtype)
+                mw = Matrix(weight.data_ptr(), ws[0], ws[1], ld_w, w_dtype)
+                md = Matrix(out.data_ptr(), rows, H, ld_d, d_dtype)
+                rc = (lib.tpf_gemm_rs(h, mx, mw, md, s) if st is None
+                      else lib.tpf_gemm_rs_ex(h, mx, mw, md, st, s))
+                if rc:
+                    check(rc, self._w_rs)
+                return out
+        where = self._w_rs
         o = parse_options(where, options) if options else DEFAULT_OPTS
         stream = self._stream_arg(where, o) if o.stream is not None else None
         buf, chunk = self._views()
+        T, H = chunk.shape[0] * self.tp_size, chunk.shape[1]
         dims(where, "x", x)
         need_tensor(where, "weight", weight)
-        if out is None:
-            if o.beta != 0.0:
-                T, H = chunk.shape[0] * self.tp_size, chunk.shape[1]
-                rows = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x,
-                                    weight, None, None, o.trans_a, o.trans_w, o.a_scale_inv,
-                                    o.w_scale_inv)[0]
-                raise beta_needs_out(where, o.beta, (rows, H))
-            if _direct(buf, x, weight, o.bias):
-                return _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, None,
-                                          o.bias, o.trans_a, o.trans_w, o.alpha, 0.0, o.gelu,
-                                          o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
-            return _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
-                                   o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream,
-                                   o.a_scale_inv, o.w_scale_inv)
-        need_tensor(where, "out", out)
+        if out is None and o.beta != 0.0:
+            rows = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x, weight,
+                                None, None, o.trans_a, o.trans_w, o.a_scale_inv,
+                                o.w_scale_inv).rows
+            raise beta_needs_out(where, o.beta, (rows, H))
+        if out is not None:
+            need_tensor(where, "out", out)
         if _direct(buf, x, weight, out, o.bias):
-            _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
-                               o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits,
-                               stream, o.a_scale_inv, o.w_scale_inv)
-            return out
-        _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
-                            o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream,
-                            o.a_scale_inv, o.w_scale_inv)
-        return out
+            res = _ops._gemm_rs_impl(self.name, self.key, self.tp_size, buf, x, weight, out,
+                                     o.bias, o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu,
+                                     o.num_splits, stream, o.a_scale_inv, o.w_scale_inv)
+        elif out is None:
+            res = _ops.op_gemm_rs(self.name, self.key, self.tp_size, buf, x, weight, o.bias,
+                                  o.trans_a, o.trans_w, o.alpha, o.gelu, o.num_splits, stream,
+                                  o.a_scale_inv, o.w_scale_inv)
+        else:
+            _ops.op_gemm_rs_out(self.name, self.key, self.tp_size, buf, x, weight, out, o.bias,
+                                o.trans_a, o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits,
+                                stream, o.a_scale_inv, o.w_scale_inv)
+            res = out
+        if key is not None and f is not None:  # passed: remember what the checks computed
+            T, H = self._active
+            p = plan_gemm_rs(where, self.device, self.dtype, T, H, self.tp_size, x, weight, out,
+                             f.bias, f.trans_a, f.trans_w, f.a_scale_inv, f.w_scale_inv)
+            od = self.dtype if out is None else out.dtype
+            self._remember(key, _RsMemo(p.rows, p.ld_x, p.ld_w, H if out is None else p.ld_d,
+                                        TORCH_TO_TPF[x.dtype], TORCH_TO_TPF[weight.dtype], od,
+                                        TORCH_TO_TPF[od]))
+        return res
 
     def bulk_overlap(self, a: torch.Tensor, b: torch.Tensor, out: Optional[torch.Tensor] = None,
                      **options: Any) -> torch.Tensor:
@@ -584,85 +606,74 @@ class Communicator:
         [N, K] (b [K, N] with trans_w). a, b, out must not alias this communicator's buffer.
         torch.ops.tpflex.bulk_overlap (out=None) / bulk_overlap_out."""
         if torch.compiler.is_compiling():
-            return self._bulk_overlap(a, b, out, options)
+            return self._bulk_overlap(a, b, out, options, True)
         if _STALE:
             _check_views(self._w_bulk, ("a", a), ("b", b), ("out", out))
         try:
             if _observe.ON:  # profiler ranges or a trace (SPEC §16)
-                return _observe.op(self, "bulk_overlap", self._bulk_eager, a, b, out, options)
-            return self._bulk_eager(a, b, out, options)
+                return _observe.op(self, "bulk_overlap", self._bulk_overlap, a, b, out, options)
+            return self._bulk_overlap(a, b, out, options)
         except TpflexError as e:  # raised from this frame (see above)
             raise e.with_traceback(None)
 
-    def _bulk_eager(self, a: Any, b: Any, out: Any, options: Dict[str, Any]) -> torch.Tensor:
-        f = fast_options(options) if options else DEFAULT_FAST
-        if f is None or a is None or b is None or self._mgr._h is None or \
-                self._mgr._pending is not None:
-            return self._bulk_overlap(a, b, out, options)
-        buf = self._vbuf
-        if buf is None or lib.tpf_comm_epoch(self._h) != self._vepoch:
-            buf = self._views()[0]
-        bias = f[4]
-        if not _direct(buf, a, b, out, bias) or state() is not self._home:
-            return self._bulk_overlap(a, b, out, options)
-        as_, bs = a.shape, b.shape
-        key = (f[0], f[1], f[3] != 0.0, as_, a.stride(), a.dtype, a.device, bs, b.stride(),
-               b.dtype, b.device, _metas(out, bias, f[7], f[8]))
-        hit = self._memo.get(key)
-        if hit is None:
-            res = self._bulk_overlap(a, b, out, options)  # every check, then the operation
-            M, N, ld_a, ld_b, ld_d = plan_bulk(self._w_bulk, self.device, a, b, out, bias, f[0],
-                                               f[1], f[7], f[8])
-            od = default_out_dtype(a.dtype) if out is None else out.dtype
-            self._remember(key, (M, N, ld_a, ld_b, N if out is None else ld_d,
-                                 TORCH_TO_TPF[a.dtype], TORCH_TO_TPF[b.dtype], od,
-                                 TORCH_TO_TPF[od]))
-            return res
-        M, N, ld_a, ld_b, ld_d, ca, cb, od, cd = hit
-        if out is None:
-            out = torch.empty((M, N), dtype=od, device=self.device)
-        st = opts_struct(f) if options else None
-        s = self._cur_stream() if self._cuda else None
-        h = self._h
-        ma = Matrix(a.data_ptr(), as_[0], as_[1], ld_a, ca)
-        mb = Matrix(b.data_ptr(), bs[0], bs[1], ld_b, cb)
-        md = Matrix(out.data_ptr(), M, N, ld_d, cd)
-        rc = (lib.tpf_bulk_overlap(h, ma, mb, md, s) if st is None
-              else lib.tpf_bulk_overlap_ex(h, ma, mb, md, st, s))
-        if rc:
-            check(rc, self._w_bulk)
-        return out
-
     def _bulk_overlap(self, a: Any, b: Any, out: Optional[torch.Tensor],
-                      options: Dict[str, Any]) -> torch.Tensor:
-        where = f"bulk_overlap on '{self.name}'"
+                      options: Dict[str, Any], traced: bool = False) -> torch.Tensor:
+        key = f = None
+        if not traced and a is not None and b is not None:
+            f = self._eligible(options, a, b, out)
+        if f is not None:
+            key = (f.trans_a, f.trans_w, f.beta != 0.0, a.shape, a.stride(), a.dtype, a.device,
+                   b.shape, b.stride(), b.dtype, b.device,
+                   _metas(out, f.bias, f.a_scale_inv, f.w_scale_inv))
+            m = self._memo.get(key)
+            if m is not None:  # remembered: one C call
+                M, N, ld_a, ld_b, ld_d, a_dtype, b_dtype, out_dtype, d_dtype = m
+                if out is None:
+                    out = torch.empty((M, N), dtype=out_dtype, device=self.device)
+                st = opts_struct(f) if options else None
+                s = self._cur_stream() if self._cuda else None
+                h, as_, bs = self._h, a.shape, b.shape
+                ma = Matrix(a.data_ptr(), as_[0], as_[1], ld_a, a_dtype)
+                mb = Matrix(b.data_ptr(), bs[0], bs[1], ld_b, b_dtype)
+                md = Matrix(out.data_ptr(), M, N, ld_d, d_dtype)
+                rc = (lib.tpf_bulk_overlap(h, ma, mb, md, s) if st is None
+                      else lib.tpf_bulk_overlap_ex(h, ma, mb, md, st, s))
+                if rc:
+                    check(rc, self._w_bulk)
+                return out
+        where = self._w_bulk
         o = parse_options(where, options) if options else DEFAULT_OPTS
         stream = self._stream_arg(where, o) if o.stream is not None else None
         buf = self._views()[0]
         dims(where, "a", a)
         dims(where, "b", b)
-        if out is None:
-            if o.beta != 0.0:
-                M, N = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w,
-                                 o.a_scale_inv, o.w_scale_inv)[:2]
-                raise beta_needs_out(where, o.beta, (M, N))
-            if _direct(buf, a, b, o.bias):
-                return _ops._bulk_impl(self.name, self.key, buf, a, b, None, o.bias, o.trans_a,
-                                       o.trans_w, o.alpha, 0.0, o.gelu, o.num_splits, stream,
-                                       o.a_scale_inv, o.w_scale_inv)
-            return _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a,
-                                        o.trans_w, o.alpha, o.gelu, o.num_splits, stream,
-                                        o.a_scale_inv, o.w_scale_inv)
-        need_tensor(where, "out", out)
+        if out is None and o.beta != 0.0:
+            p = plan_bulk(where, self.device, a, b, None, None, o.trans_a, o.trans_w,
+                          o.a_scale_inv, o.w_scale_inv)
+            raise beta_needs_out(where, o.beta, (p.m, p.n))
+        if out is not None:
+            need_tensor(where, "out", out)
         if _direct(buf, a, b, out, o.bias):
-            _ops._bulk_impl(self.name, self.key, buf, a, b, out, o.bias, o.trans_a, o.trans_w,
-                            o.alpha, o.beta, o.gelu, o.num_splits, stream, o.a_scale_inv,
-                            o.w_scale_inv)
-            return out
-        _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
-                                 o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream,
-                                 o.a_scale_inv, o.w_scale_inv)
-        return out
+            res = _ops._bulk_impl(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
+                                  o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream,
+                                  o.a_scale_inv, o.w_scale_inv)
+        elif out is None:
+            res = _ops.op_bulk_overlap(self.name, self.key, buf, a, b, o.bias, o.trans_a,
+                                       o.trans_w, o.alpha, o.gelu, o.num_splits, stream,
+                                       o.a_scale_inv, o.w_scale_inv)
+        else:
+            _ops.op_bulk_overlap_out(self.name, self.key, buf, a, b, out, o.bias, o.trans_a,
+                                     o.trans_w, o.alpha, o.beta, o.gelu, o.num_splits, stream,
+                                     o.a_scale_inv, o.w_scale_inv)
+            res = out
+        if key is not None and f is not None:  # passed: remember what the checks computed
+            p = plan_bulk(where, self.device, a, b, out, f.bias, f.trans_a, f.trans_w,
+                          f.a_scale_inv, f.w_scale_inv)
+            od = default_out_dtype(a.dtype) if out is None else out.dtype
+            self._remember(key, _BulkMemo(p.m, p.n, p.ld_a, p.ld_b, p.n if out is None else p.ld_d,
+                                          TORCH_TO_TPF[a.dtype], TORCH_TO_TPF[b.dtype], od,
+                                          TORCH_TO_TPF[od]))
+        return res
 
     # Bound only when the loaded libtpflex has them (tpf_comm_sync / _async_error / _abort).
     if _lib.HAVE_COMM_SYNC:

@@ -52,6 +52,15 @@ class Matrix(ctypes.Structure):
                 ("dtype", c_int)]
 
 
+class Operands(ctypes.Structure):
+    """tpf_operands: one operation's operands for the rulebook (tpf_check_operands)."""
+    _fields_ = [("size", c_size_t), ("op", c_int), ("buffer_dtype", c_int), ("active", Shape),
+                ("tp_size", c_int), ("trans_a", c_bool), ("trans_w", c_bool),
+                ("a_scale", c_bool), ("w_scale", c_bool), ("a", POINTER(Matrix)),
+                ("w", POINTER(Matrix)), ("d", POINTER(Matrix)), ("a_name", c_char_p),
+                ("w_name", c_char_p), ("d_name", c_char_p)]
+
+
 class CommConfig(ctypes.Structure):
     _fields_ = [("size", c_size_t), ("name", c_char_p), ("algo", c_int), ("coll", c_int), ("dtype", c_int),
                 ("capacity", Shape), ("num_splits", c_int), ("aggregate", c_bool),
@@ -242,6 +251,7 @@ _decl("tpf_manager_set_active_shape", c_int, c_void_p, Shape)
 _decl("tpf_manager_count", c_int, c_void_p)
 _decl("tpf_manager_at", c_int, c_void_p, c_int, POINTER(c_void_p))
 _decl("tpf_manager_destroy", c_int, c_void_p)
+_decl("tpf_check_operands", c_int, POINTER(Operands), POINTER(Shape))
 _decl("tpf_manager_geometry", c_int, c_void_p, POINTER(SiteGeometry), c_int, POINTER(c_int))
 
 HAVE_SIM = hasattr(lib, "tpf_sim_world_create")
@@ -296,7 +306,7 @@ def set_error(status: int, detail: str) -> int:
     return status
 
 
-__all__ = ["lib", "check", "last_error", "status_name", "set_error", "Shape", "Matrix",
+__all__ = ["lib", "check", "last_error", "status_name", "set_error", "Shape", "Matrix", "Operands",
            "SiteGeometry",
            "CommConfig", "SimConfig", "SimStats", "OpOptions", "op_options_default", "Bootstrap",
            "BOOT_ALLGATHER_FN", "BOOT_BARRIER_FN", "SIM_FN", "TpflexError", "LIBRARY_PATH"]

@@ -5,7 +5,8 @@ is no D to read); the _out one writes `out` and returns nothing (beta != 0 reads
 argument is read and written). Both declare `buffer` (the communicator's active buffer view,
 the registration the collective writes) mutated. The communicator is (comm, key), resolved on
 the calling thread (_state.resolve). The fake implementations compute the output from the
-tensors' metadata alone, with the same checks and messages, and never call the C library."""
+tensors' metadata alone, with the same checks and messages (the C operand rulebook, a pure
+function: no communicator, no C operation)."""
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple

@@ -20,10 +20,6 @@ TORCH_TO_TPF: Dict[torch.dtype, int] = {
 TPF_TO_TORCH: Dict[int, torch.dtype] = {v: k for k, v in TORCH_TO_TPF.items()}
 GEMM_DTYPES: Tuple[torch.dtype, ...] = (torch.bfloat16, torch.float16, torch.float32)
 FP8_DTYPES: Tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
-# The fp8 GEMM pairs (a, w) the library runs: cuBLASLt on Hopper has no e5m2 x e5m2.
-FP8_PAIRS: Tuple[Tuple[torch.dtype, torch.dtype], ...] = (
-    (torch.float8_e4m3fn, torch.float8_e4m3fn), (torch.float8_e4m3fn, torch.float8_e5m2),
-    (torch.float8_e5m2, torch.float8_e4m3fn))
 ALGO: Dict[str, int] = dict(_lib.ALGOS)   # "bulk", "pipeline", "ring"
 COLL: Dict[str, int] = dict(_lib.COLLS)   # "ag", "rs"
 ALGO_NAME: Dict[int, str] = {v: k for k, v in ALGO.items()}

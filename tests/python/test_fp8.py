@@ -191,13 +191,14 @@ class Fp8(unittest.TestCase):
             return errs
         errs = run(1, body)[0]
         want = {"missing w scale": "weight has dtype torch.float8_e4m3fn and needs its scale",
-                "bf16 weight": "weight has dtype torch.bfloat16",
+                # the operand rules are the C rulebook's (tpf_check_operands): C dtype names
+                "bf16 weight": "weight has dtype bf16, expected fp8_e4m3 or fp8_e5m2",
                 "two-element scale": "a_scale_inv (the scale of the buffer)",
                 "fp16 scale": "a_scale_inv (the scale of the buffer) has dtype torch.float16",
-                "e5m2 x e5m2": "are both torch.float8_e5m2",
-                "fp8 out": "out has dtype torch.float8_e4m3fn",
-                "scale on bf16 x": "a_scale_inv is given but x has dtype torch.bfloat16",
-                "fp8 x, bf16 w": "x has dtype torch.float8_e4m3fn but weight has torch.bfloat16",
+                "e5m2 x e5m2": "are both fp8_e5m2",
+                "fp8 out": "out has dtype fp8_e4m3; the output of an fp8 GEMM",
+                "scale on bf16 x": "a_scale_inv is set but x has dtype bf16",
+                "fp8 x, bf16 w": "x has dtype fp8_e4m3 but weight has bf16",
                 "scale not a tensor": "a_scale_inv must be a one-element float32 torch.Tensor"}
         for k, v in want.items():
             self.assertIn(v, errs[k], k)

@@ -5,7 +5,7 @@ the ctypes classes, the enum tables and the exception classes must agree with it
 reordered, inserted or resized in a header, or a renumbered enum, fails here, naming it.
 
 Mirrors checked: _lib's ctypes structs (tpf_shape, tpf_matrix, tpf_comm_config, tpf_sim_config,
-tpf_sim_stats, tpf_op_options, tpf_bootstrap), _lib.DTYPES / ALGOS / COLLS / CAP_* / TPF_OK,
+tpf_sim_stats, tpf_op_options, tpf_operands, tpf_bootstrap), _checks' tpf_op_kind values, _lib.DTYPES / ALGOS / COLLS / CAP_* / TPF_OK,
 errors.py's status numbers and names (every tpf_status has its class), _types' dtype table, and
 _dlpack's DLPack structs. Needs a C compiler ($CC, default cc): without one this test fails
 (it is the only way to read the compiled layout)."""
@@ -38,6 +38,7 @@ STRUCTS = [
     (L.SimConfig, "tpf_sim_config"),
     (L.SimStats, "tpf_sim_stats"),
     (L.OpOptions, "tpf_op_options"),
+    (L.Operands, "tpf_operands"),
     (L.Bootstrap, "tpf_bootstrap"),
     (D.DLDevice, "DLDevice"),
     (D.DLDataType, "DLDataType"),
@@ -56,6 +57,9 @@ CONSTANTS = {
     "kDLCPU": D.DL_CPU, "kDLCUDA": D.DL_CUDA,
     "kDLFloat": D.DL_DTYPE[torch.float32][0], "kDLBfloat": D.DL_DTYPE[torch.bfloat16][0],
 }
+import tpflex._checks as K  # noqa: E402
+CONSTANTS.update({"TPF_OP_AG_GEMM": K.OP_AG_GEMM, "TPF_OP_GEMM_RS": K.OP_GEMM_RS,
+                  "TPF_OP_BULK": K.OP_BULK})
 for _cls in E.STATUS_CLASSES.values():
     CONSTANTS[_cls.status_name] = _cls.status
 

@@ -373,7 +373,7 @@ static void test_gaps__gemm_rs_operands(void **state) {
   /* ag_gemm: a weight inside the registration. */
   static uint16_t d[C * N];
   tpf_matrix aw = {w->reg_ag, N, H, H, TPF_BF16}, ad = {d, C, N, N, TPF_BF16};
-  EXPECT(tpf_ag_gemm(w->ag, &aw, &ad, NULL), TPF_EINVAL, "w or d overlaps");
+  EXPECT(tpf_ag_gemm(w->ag, &aw, &ad, NULL), TPF_EINVAL, "weight w overlaps the registered buffer");
   assert_int_equal(w->be.executions, execs); /* no refused call reached the backend */
 }
 
@@ -396,12 +396,14 @@ static void test_gaps__bulk_operands(void **state) {
   EXPECT(tpf_bulk_overlap(w->bulk, &t, &b, &d, NULL), TPF_ESHAPE, "a is [8, 0]");
   t = b, t.rows = 0;
   EXPECT(tpf_bulk_overlap(w->bulk, &a, &t, &d, NULL), TPF_ESHAPE, "b has 0 rows");
+  /* The message names the operand inside the registration. */
   t = a, t.ptr = w->reg_bulk;
-  EXPECT(tpf_bulk_overlap(w->bulk, &t, &b, &d, NULL), TPF_EINVAL, "a, b or d overlaps");
+  EXPECT(tpf_bulk_overlap(w->bulk, &t, &b, &d, NULL), TPF_EINVAL, ": a overlaps the registered");
   t = b, t.ptr = (char *)w->reg_bulk + 256;
-  EXPECT(tpf_bulk_overlap(w->bulk, &a, &t, &d, NULL), TPF_EINVAL, "a, b or d overlaps");
+  EXPECT(tpf_bulk_overlap(w->bulk, &a, &t, &d, NULL), TPF_EINVAL, ": b overlaps the registered");
   t = d, t.ptr = (char *)w->reg_bulk + 512;
-  EXPECT(tpf_bulk_overlap(w->bulk, &a, &b, &t, NULL), TPF_EINVAL, "a, b or d overlaps");
+  EXPECT(tpf_bulk_overlap(w->bulk, &a, &b, &t, NULL), TPF_EINVAL,
+         "output d overlaps the registered");
   assert_int_equal(w->be.executions, execs);
 }
 

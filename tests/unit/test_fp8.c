@@ -185,23 +185,24 @@ static void test_fp8__operand_rules(void **state) {
   w.dtype = TPF_FP8_E5M2;
   expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EUNSUPPORTED, "both fp8_e5m2");
   w.dtype = TPF_BF16;
-  expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EINVAL, "weight w dtype bf16");
+  expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EINVAL,
+             "weight w has dtype bf16, expected fp8_e4m3 or fp8_e5m2");
   w.dtype = TPF_FP8_E4M3;
   d.dtype = TPF_FP8_E4M3;
   expect_err(tpf_ag_gemm_ex(ag, &w, &d, NULL, NULL), TPF_EINVAL,
-             "output d dtype fp8_e4m3; the output of an fp8 GEMM");
+             "output d has dtype fp8_e4m3; the output of an fp8 GEMM");
   d.dtype = TPF_BF16;
   /* gemm_rs: fp8 x and w on a bf16 RS buffer; mixed operands and stray scales refused. */
   tpf_matrix x = {g_buf[2], 16, MK, MK, TPF_FP8_E4M3}, wr = {g_buf[0], MH, MK, MK, TPF_BF16},
              out = {g_buf[1], 16 / MP, MH, MH, TPF_BF16};
   expect_err(tpf_gemm_rs_ex(rs, &x, &wr, &out, NULL, NULL), TPF_EINVAL,
-             "input x is fp8_e4m3 but weight w is bf16");
+             "input x has dtype fp8_e4m3 but weight w has bf16");
   wr.dtype = TPF_FP8_E5M2;
   expect_err(tpf_gemm_rs_ex(rs, &x, &wr, &out, NULL, NULL), TPF_EUNSUPPORTED, "TPF_BE_CAP_FP8");
   x.dtype = wr.dtype = TPF_BF16;
   o.a_scale_inv = &one;
   expect_err(tpf_gemm_rs_ex(rs, &x, &wr, &out, &o, NULL), TPF_EINVAL,
-             "a_scale_inv is set but input x is bf16");
+             "a_scale_inv is set but input x has dtype bf16");
   o.a_scale_inv = NULL;
   expect_err(tpf_gemm_rs_ex(rs8, &x, &wr, &out, NULL, NULL), TPF_EUNSUPPORTED,
              "fp8_e4m3 RS buffer");
@@ -209,11 +210,11 @@ static void test_fp8__operand_rules(void **state) {
   tpf_matrix a = {g_buf[2], 8, MK, MK, TPF_FP8_E4M3}, b = {g_buf[0], MN, MK, MK, TPF_BF16},
              db = {g_buf[1], 8, MN, MN, TPF_FP32};
   expect_err(tpf_bulk_overlap_ex(bk, &a, &b, &db, NULL, NULL), TPF_EINVAL,
-             "b dtype bf16, expected fp8_e4m3");
+             "b has dtype bf16, expected fp8_e4m3 or fp8_e5m2");
   a.dtype = TPF_BF16;
   o.w_scale_inv = &one;
   expect_err(tpf_bulk_overlap_ex(bk, &a, &b, &db, &o, NULL), TPF_EINVAL,
-             "w_scale_inv is set but b is bf16");
+             "w_scale_inv is set but b has dtype bf16");
   assert_int_equal(be.executions, execs); /* nothing reached the backend */
   /* 0.2's options size (without the scales) is still accepted. */
   tpf_op_options o2 = TPF_OP_OPTIONS_INIT;

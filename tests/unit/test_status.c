@@ -26,6 +26,29 @@ static void test_status__detail_is_recorded_and_cleared(void **state) {
   assert_string_equal(tpf_last_error(), "");
 }
 
+/* tpf_prefix_error puts context in front of the detail in place: the detail stays whole (it is
+ * not re-formatted from the buffer it lives in), a prefix already there is not doubled, and a
+ * detail too long for the buffer loses its tail, never the prefix. */
+static void test_status__prefix_keeps_the_detail(void **state) {
+  (void)state;
+  tpf_set_error(TPF_ESHAPE, "weight w has shape [%d, %d]", 8, 12);
+  assert_int_equal(tpf_prefix_error(TPF_ESHAPE, "'%s' %s: ", "fc1", "tpf_ag_gemm"), TPF_ESHAPE);
+  assert_string_equal(tpf_last_error(), "'fc1' tpf_ag_gemm: weight w has shape [8, 12]");
+  assert_int_equal(tpf_prefix_error(TPF_EINVAL, "'%s' ", "fc1"), TPF_EINVAL);
+  assert_string_equal(tpf_last_error(), "'fc1' tpf_ag_gemm: weight w has shape [8, 12]");
+  tpf__clear_error();
+  tpf_prefix_error(TPF_EINVAL, "ctx: ");
+  assert_string_equal(tpf_last_error(), "ctx: ");
+  char long_detail[600];
+  memset(long_detail, 'x', sizeof long_detail - 1);
+  long_detail[sizeof long_detail - 1] = '\0';
+  tpf_set_error(TPF_EINVAL, "%s", long_detail);
+  tpf_prefix_error(TPF_EINVAL, "front: ");
+  const char *e = tpf_last_error();
+  assert_int_equal(strncmp(e, "front: xxx", 10), 0);
+  assert_int_equal(strlen(e), 511); /* the buffer's 512 bytes with the NUL */
+}
+
 static void test_status__dtype_conversions_round_trip(void **state) {
   (void)state;
   const float vals[] = {0.0f, 1.0f, -2.5f, 0.15625f, 1000.0f, -0.0009765625f};
@@ -73,6 +96,7 @@ int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test(test_status__names_and_texts_cover_the_enum),
       cmocka_unit_test(test_status__detail_is_recorded_and_cleared),
+      cmocka_unit_test(test_status__prefix_keeps_the_detail),
       cmocka_unit_test(test_status__dtype_conversions_round_trip),
       cmocka_unit_test(test_status__allocator_hooks_need_all_four),
   };
