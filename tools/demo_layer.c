@@ -143,6 +143,10 @@ int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
   if (o->procs && strcmp(o->backend, "sim") != 0)
     return cli_error(&ctx, "--mode procs runs on --backend sim only (on GPUs, ranks as processes "
                            "are `tpflex bench --mode procs` or a torchrun script)");
+  if (o->procs && o->arena_bytes)
+    return cli_error(&ctx,
+                     "--arena-mib applies to --mode threads only (with one process per rank "
+                     "every registration is a shared memory segment of its own, in /dev/shm)");
   if (o->procs && o->trace)
     return cli_error(&ctx, "--trace applies to --mode threads only: with one process per rank "
                            "each simulator traces its own rank alone (trace the same run with "

@@ -447,6 +447,8 @@ for over in [{"--tp": "1", "--capacity": "8", "--hidden": "4"}, {"--seed": str(U
     case("demo valid %s" % over, argv(D, over), 0, out="result            every check OK")
 case("demo --mode procs with --trace", argv(D, {"--mode": "procs", "--trace": "/tmp/x.json"}), 2,
      err=["--trace applies to --mode threads only", "--mode threads"])
+case("demo --mode procs with --arena-mib", argv(D, {"--mode": "procs", "--arena-mib": "64"}), 2,
+     err="--arena-mib applies to --mode threads only")
 case("demo --mode procs with --backend cuda", argv(D, {"--mode": "procs", "--backend": "cuda"}),
      2, err="--mode procs runs on --backend sim only")
 case("demo --no-check", argv(D, extra=["--no-check"]), 0, out="(checks off)")
