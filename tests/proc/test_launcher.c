@@ -1,4 +1,4 @@
-/* The launcher and the socket bootstrap (harness/launcher.c) with real processes and no GPU:
+/* The launcher and the socket bootstrap (harness/launcher.c, sockboot.c), real processes, no GPU:
  * allgather and barrier results in rank order for P up to 8 and messages up to 200 KB, a peer
  * killed with SIGKILL (also rank 0, the hub), a peer that is alive but late, disagreeing calls, a
  * rank that never joins, ranks started by exec, the launcher's bound on stragglers, and nothing
