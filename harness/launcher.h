@@ -1,30 +1,20 @@
-/* Ranks as processes for tests and benchmarks (harness library; `tpflex bench --mode procs` and
- * the process-mode tests): a launcher that starts P processes, each a rank
- * (fork for a function, or fork + exec for a command), and a socket bootstrap that implements
- * tpf_bootstrap between them without MPI.
+/* Ranks as processes for tests and benchmarks (harness library; `tpflex bench --mode procs`,
+ * `tpflex demo --mode procs` and the process-mode tests): a launcher that starts P processes,
+ * each a rank (fork for a function, or fork + exec for a command), supervises them (bounded
+ * waits, exit codes, ranks that die with their launcher) and brings forked ranks' results back.
+ * Implemented in launcher.c. The ranks meet through the socket bootstrap (sockboot.h, included
+ * here: the rendezvous, tpf_launch_rank and tpf_sockboot_create), whose listening socket the
+ * launcher creates before starting any rank.
  *
- * Rendezvous. The launcher creates a listening Unix socket (Linux abstract namespace: no file,
- * nothing to clean up) before starting any rank; rank 0 inherits it, every other rank connects to
- * its name. A connection is queued by the kernel even before rank 0 accepts, so there is no start
- * race. Ranks started by something else may use the same bootstrap: rank 0 then binds the name
- * itself and the others retry their connect until the timeout.
- *
- * Bootstrap. Rank 0 is the hub: an allgather is every rank sending its bytes to rank 0, which
- * answers each with all of them in rank order; a barrier is an allgather of nothing. Every wait is
- * bounded by the bootstrap's timeout, and a dead peer is seen at once (its connection closes):
- * the call fails with TPF_ETIMEOUT naming the rank, never hangs. A failure is sticky and spreads:
- * the failing rank closes its connection (rank 0 first sends the reason to everyone), so every
- * rank's next bootstrap call fails promptly with a message naming the rank that went away.
- *
- * Everything here is plain POSIX plus Linux's abstract sockets; no CUDA, so the CPU tests use it
- * with forked processes and the GPU tests with ranks that each own a CUDA context.
+ * Plain POSIX; no CUDA, so the CPU tests use it with forked processes and the GPU tests with
+ * ranks that each own a CUDA context.
  */
 #ifndef TPF_LAUNCHER_H
 #define TPF_LAUNCHER_H
 
-#include "tpflex/tpflex_backend.h" /* TPF_MAX_RANKS */
-#include "tpflex/tpflex_cuda.h"    /* tpf_bootstrap */
+#include "sockboot.h" /* tpf_launch_rank, the bootstrap */
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
@@ -33,25 +23,11 @@
 extern "C" {
 #endif
 
-#define TPF_LAUNCH_ADDR_BYTES 108 /* sizeof sockaddr_un.sun_path */
-
 /* Environment of an exec'd rank (and of a forked one, for commands it may exec itself). */
 #define TPF_LAUNCH_ENV_RANK "TPF_LAUNCH_RANK"
 #define TPF_LAUNCH_ENV_NRANKS "TPF_LAUNCH_NRANKS"
 #define TPF_LAUNCH_ENV_ADDR "TPF_LAUNCH_ADDR"
 #define TPF_LAUNCH_ENV_FD "TPF_LAUNCH_LISTEN_FD"
-/* Bound of every bootstrap wait in ms when the caller passes 0 (default 120000, as the CUDA
- * backend's own bootstraps; TPF_CUDA_BOOT_TIMEOUT_MS is read too). */
-#define TPF_LAUNCH_ENV_TIMEOUT "TPF_BOOT_TIMEOUT_MS"
-
-/* Who a rank is and where its group meets. */
-typedef struct {
-  int rank, nranks;
-  char addr[TPF_LAUNCH_ADDR_BYTES]; /* "@name" (abstract socket) or a socket path */
-  int listen_fd;                    /* rank 0 started by a launcher: the listening socket; or -1 */
-  void *shared;                     /* fork mode: the launch's shared memory, or NULL */
-  size_t shared_bytes;
-} tpf_launch_rank;
 
 /* What a forked rank runs; its return value is the process's exit status (0..255). */
 typedef int (*tpf_launch_fn)(const tpf_launch_rank *me, void *arg);
@@ -116,18 +92,6 @@ int tpf_launch_device(int rank, int device_count);
 /* Fills *me from the TPF_LAUNCH_* environment of an exec'd rank. TPF_EINVAL when it is absent or
  * malformed. */
 tpf_status tpf_launch_rank_from_env(tpf_launch_rank *me);
-
-/* Joins the group as me->rank and fills *out for tpf_cuda_backend_create (tp_size, rank, device,
- * allgather, barrier, ctx). Collective: returns once every rank has joined. timeout_ms bounds
- * each bootstrap call (0: TPF_BOOT_TIMEOUT_MS, TPF_CUDA_BOOT_TIMEOUT_MS, else 120000). TPF_EINVAL,
- * TPF_ENOMEM, TPF_ETIMEOUT (a rank never joined, or left), TPF_EMISMATCH (ranks disagree on the
- * group size or two claim one rank), TPF_EBACKEND (socket errors, with errno's text). */
-tpf_status tpf_sockboot_create(const tpf_launch_rank *me, int device, uint64_t timeout_ms,
-                               tpf_bootstrap *out);
-/* Closes the connections and frees the context; NULL or an already freed bootstrap is a no-op. */
-void tpf_sockboot_free(tpf_bootstrap *b);
-/* Changes the bound of later bootstrap calls (ms, > 0). TPF_EINVAL otherwise. */
-tpf_status tpf_sockboot_set_timeout(tpf_bootstrap *b, uint64_t timeout_ms);
 
 #ifdef __cplusplus
 }

@@ -17,7 +17,9 @@
  * simulator it also reads the bytes the backend actually moved and requires them to equal the
  * schedule's. The capacity figure is what padding every microbatch to C would have moved.
  *
- * Ranks meet at a barrier after each microbatch so that rank 0 prints a complete table row.
+ * Ranks meet after each microbatch so that rank 0 prints a complete table row: at a barrier as
+ * threads of this process, through the bootstrap as processes (--mode procs, the simulator with
+ * one process per rank, as torchrun launches them).
  *
  * This file is the flow, to be read as an example of the API (examples/hello_tpflex.c is the
  * one-page version): the layer's communicators, one manager per rank, set_active_shape and the
@@ -85,6 +87,40 @@ static tpf_status run_site(demo_site_mem *sm, int si, tpf_comm *c, uint64_t mbi,
 
 /* ---- the rank function ---- */
 
+/* One microbatch on this rank: one set_active_shape, then the operations. API failures are
+ * returned (the first), wrong results recorded in the rank's row of d->res. */
+static tpf_status run_microbatch(demo_ctx *d, tpf_manager *m, tpf_comm **comm, demo_site_mem *mem,
+                                 int rank, int mb) {
+  const demo_opts *o = &d->o;
+  tpf_status rc = TPF_OK;
+  demo_rank_mb *res = &d->res[(size_t)mb * (size_t)o->P + (size_t)rank];
+  res->ok = true;
+  uint64_t T = d->mb[mb].T;
+  uint64_t h0 = d->now_ns(d);
+  tpf_shape active = {T, o->H};
+  tpf_status st = tpf_manager_set_active_shape(m, active);
+  if (st != TPF_OK) {
+    demo_fail(res, "set_active_shape [%llu, %llu]: %s: %s", (unsigned long long)T,
+              (unsigned long long)o->H, tpf_status_name(st), tpf_last_error());
+    rc = st;
+  }
+  for (int k = 0; k < NOPS && st == TPF_OK; k++) {
+    int si = kOrder[k];
+    st = run_site(&mem[si], si, comm[si], (uint64_t)mb, T, res, &res->op_ms);
+    if (st != TPF_OK) {
+      demo_fail(res, "%s: %s: %s", kSites[si].name, tpf_status_name(st), tpf_last_error());
+      rc = st;
+    }
+  }
+  if (d->trace) {
+    char name[48];
+    snprintf(name, sizeof name, "microbatch %d T=%llu", mb + 1, (unsigned long long)T);
+    tpf_trace_span(d->trace, rank, TPF_TRACE_HOST_TID, name, "microbatch", h0, d->now_ns(d), 0,
+                   (uint64_t)mb + 1);
+  }
+  return rc;
+}
+
 /* One rank: a manager registers every communicator once at capacity (collective); then per
  * microbatch one set_active_shape (local: views and offsets only) and the operations. */
 static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
@@ -113,46 +149,27 @@ static tpf_status rank_main(tpf_backend *be, int rank, void *arg) {
     mem[i].stream = stream;
     if (rc == TPF_OK) rc = demo_site_mem_init(&mem[i], &kSites[i]);
   }
-  if (rc != TPF_OK) atomic_store(&d->abort_run, 1);
-  pthread_barrier_wait(&d->barrier);
+  bool go = true;
+  tpf_status mt = demo_meet(d, rank, -1, rc != TPF_OK, &go); /* every rank's managers exist */
+  if (rc == TPF_OK) rc = mt;
   uint64_t regs0 = 0;
   if (rank == 0 && d->bytes_moved) d->measured_total = d->bytes_moved(d);
   if (rank == 0 && d->registrations) regs0 = d->regs_setup = d->registrations(d);
-  pthread_barrier_wait(&d->barrier);
+  demo_meet_done(d);
 
-  for (int mb = 0; mb < o->mbs && !atomic_load(&d->abort_run); mb++) {
-    demo_rank_mb *res = &d->res[(size_t)mb * (size_t)o->P + (size_t)rank];
-    res->ok = true;
-    uint64_t T = d->mb[mb].T;
-    uint64_t h0 = d->now_ns(d);
-    tpf_shape active = {T, o->H};
-    tpf_status st = tpf_manager_set_active_shape(m, active);
-    if (st != TPF_OK) {
-      demo_fail(res, "set_active_shape [%llu, %llu]: %s: %s", (unsigned long long)T,
-                (unsigned long long)o->H, tpf_status_name(st), tpf_last_error());
-      rc = st;
+  for (int mb = 0; mb < o->mbs && go; mb++) {
+    tpf_status st = run_microbatch(d, m, comm, mem, rank, mb);
+    if (rc == TPF_OK) rc = st;
+    mt = demo_meet(d, rank, mb, rc != TPF_OK, &go); /* every rank's results of mb */
+    if (mt != TPF_OK) {
+      rc = rc == TPF_OK ? mt : rc;
+      break; /* a peer went away: there is no complete row to print */
     }
-    for (int k = 0; k < NOPS && st == TPF_OK; k++) {
-      int si = kOrder[k];
-      st = run_site(&mem[si], si, comm[si], (uint64_t)mb, T, res, &res->op_ms);
-      if (st != TPF_OK) {
-        demo_fail(res, "%s: %s: %s", kSites[si].name, tpf_status_name(st), tpf_last_error());
-        rc = st;
-      }
-    }
-    if (d->trace) {
-      char name[48];
-      snprintf(name, sizeof name, "microbatch %d T=%llu", mb + 1, (unsigned long long)T);
-      tpf_trace_span(d->trace, rank, TPF_TRACE_HOST_TID, name, "microbatch", h0, d->now_ns(d), 0,
-                     (uint64_t)mb + 1);
-    }
-    if (rc != TPF_OK) atomic_store(&d->abort_run, 1);
-    pthread_barrier_wait(&d->barrier);
     if (rank == 0) demo_report_mb(d, mb);
-    pthread_barrier_wait(&d->barrier);
+    demo_meet_done(d);
   }
 
-  /* Every rank has finished its microbatches once rank 0 has passed the last barrier. */
+  /* Every rank has finished its microbatches once rank 0 has passed the last meeting. */
   if (rank == 0 && d->registrations) {
     d->regs_loop = d->registrations(d) - regs0;
     d->have_registrations = true;

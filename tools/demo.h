@@ -49,6 +49,7 @@ typedef struct {
 
 typedef struct {
   const char *backend;
+  bool procs; /* --mode procs: one process per rank (simulator) */
   int P;
   uint64_t C, H;
   int mbs;
@@ -79,9 +80,10 @@ struct demo_ctx {
   demo_layer layer;
   tpf_conf_env *env;
   demo_mb *mb;
-  demo_rank_mb *res; /* [mb][rank] */
-  pthread_barrier_t barrier;
-  atomic_int abort_run;
+  demo_rank_mb *res;         /* [mb][rank] */
+  pthread_barrier_t barrier; /* ranks as threads: where they meet (demo_meet) */
+  atomic_int abort_run;      /* ranks as threads: some rank failed */
+  void *procs;               /* a rank's process (--mode procs): its state in demo_env.c */
   /* Filled by rank 0 between the barriers. */
   uint64_t measured_total, sched_total, padded_total, tokens_total, rows_total;
   uint64_t ops_total, ok_mbs, failed_mbs;
@@ -123,6 +125,15 @@ int demo_env_open(demo_ctx *d, tpf_conf_env *env);
 void demo_env_close(tpf_conf_env *env);
 /* Host monotonic clock, seconds. */
 double demo_now_s(void);
+/* Every rank meets every other after the setup (mb = -1) or after microbatch mb, bringing
+ * whether it failed. On return every rank knows whether all may go on (*go), and rank 0 holds
+ * every rank's results of mb (d->res) and the backend's counters over all ranks, for the table.
+ * Ranks as threads: a barrier. Ranks as processes: an allgather through the bootstrap (its
+ * failure, a peer that went away, is returned, naming the rank; *go is then false). */
+tpf_status demo_meet(demo_ctx *d, int rank, int mb, bool failed, bool *go);
+/* Rank 0 has read what demo_meet brought: the ranks may go on (threads: a second barrier, so
+ * that no rank moves bytes while rank 0 reads the counters; processes: nothing to wait for). */
+void demo_meet_done(demo_ctx *d);
 
 /* ---- demo_checks.c ---- */
 

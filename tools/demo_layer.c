@@ -41,6 +41,7 @@ tpf_gemm_dims demo_site_dims(const demo_site *s, uint64_t H, int P, uint64_t T) 
 
 enum {
   D_BACKEND,
+  D_MODE,
   D_TP,
   D_MBS,
   D_CAP,
@@ -58,6 +59,10 @@ enum {
 static const cli_opt kDemoOpts[D_NOPTS] = {
     [D_BACKEND] = {"--backend", CLI_CHOICE, 0, 0, "sim|cuda", NULL, "backend (default sim)", 0,
                    false},
+    [D_MODE] = {"--mode", CLI_CHOICE, 0, 0, "threads|procs", NULL,
+                "ranks as threads of this process (default), or one process per rank as torchrun "
+                "launches them (sim only)",
+                0, false},
     [D_TP] = {"--tp", CLI_U64, 1, TPF_MAX_RANKS, NULL, "P", "tensor-parallel ranks (default 4)", 0,
               false},
     [D_MBS] = {"--microbatches", CLI_U64, 1, 100000, NULL, "N", "microbatches to run (default 12)",
@@ -94,6 +99,7 @@ int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
   if (rc >= 0) return rc;
   static const tpf_dtype dts[] = {TPF_BF16, TPF_FP16, TPF_FP32};
   o->backend = v[D_BACKEND].set ? v[D_BACKEND].s : "sim";
+  o->procs = v[D_MODE].set && v[D_MODE].u == 1;
   o->P = v[D_TP].set ? (int)v[D_TP].u : 4;
   o->mbs = v[D_MBS].set ? (int)v[D_MBS].u : 12;
   o->C = v[D_CAP].set ? v[D_CAP].u : 1024;
@@ -134,6 +140,17 @@ int demo_parse(int argc, char **argv, const demo_layer *layer, demo_opts *o) {
     return cli_error(&ctx, "--arena-mib applies to --backend sim only");
   if (v[D_DELAY].set && strcmp(o->backend, "sim") != 0)
     return cli_error(&ctx, "--max-delay-us applies to --backend sim only");
+  if (o->procs && strcmp(o->backend, "sim") != 0)
+    return cli_error(&ctx, "--mode procs runs on --backend sim only (on GPUs, ranks as processes "
+                           "are `tpflex bench --mode procs` or a torchrun script)");
+  if (o->procs && o->arena_bytes)
+    return cli_error(&ctx,
+                     "--arena-mib applies to --mode threads only (with one process per rank "
+                     "every registration is a shared memory segment of its own, in /dev/shm)");
+  if (o->procs && o->trace)
+    return cli_error(&ctx, "--trace applies to --mode threads only: with one process per rank "
+                           "each simulator traces its own rank alone (trace the same run with "
+                           "--mode threads)");
   /* A trace that could not be written fails the run at its end; a path that cannot be written
    * at all is refused now, before any work (nothing is created here). */
   if (o->trace && !cli_path_writable(o->trace))

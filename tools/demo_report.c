@@ -92,10 +92,10 @@ void demo_report_mb(demo_ctx *d, int mb) {
 void demo_print_header(const demo_ctx *d) {
   const demo_opts *o = &d->o;
   const demo_layer *L = &d->layer;
-  printf("tpflex demo: backend %s, TP %d, one manager per rank, capacity [%llu, %llu] %s, %d "
+  printf("tpflex demo: backend %s, TP %d%s, one manager per rank, capacity [%llu, %llu] %s, %d "
          "microbatches of packed sequences\n",
-         d->env->name, o->P, (unsigned long long)o->C, (unsigned long long)o->H,
-         tpf_dtype_name(o->dtype), o->mbs);
+         d->env->name, o->P, o->procs ? " (one process per rank)" : "", (unsigned long long)o->C,
+         (unsigned long long)o->H, tpf_dtype_name(o->dtype), o->mbs);
   printf("communicators (TransformerEngine defaults):");
   for (int i = 0; i < L->nsites; i++)
     printf("%s %s=%s%s%s", i ? "," : "", L->sites[i].name,

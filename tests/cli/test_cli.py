@@ -56,6 +56,7 @@ CHOICES = [
     ("plan", "--algo", ["ring", "pipeline", "bulk"]), ("plan", "--coll", ["ag", "rs"]),
     ("plan", "--dtype", ["bf16", "fp16", "fp32", "fp8_e4m3", "fp8_e5m2"]),
     ("demo", "--backend", ["sim"]), ("demo", "--dtype", ["bf16", "fp16", "fp32"]),
+    ("demo", "--mode", ["threads", "procs"]),
     ("bench", "--backend", ["sim"]),
     ("bench", "--section", ["setshape", "dynamic", "chunking", "tp", "serial", "all", "planner"]),
     ("bench", "--model", ["shared", "dedicated"]), ("bench", "--mode", ["threads", "procs", "both"]),
@@ -444,6 +445,12 @@ for over in [{"--tp": "1", "--capacity": "8", "--hidden": "4"}, {"--seed": str(U
              {"--rows": "1"}, {"--dtype": "fp32"}, {"--arena-mib": "64"},
              {"--tp": "8", "--capacity": "64", "--hidden": "64"}]:
     case("demo valid %s" % over, argv(D, over), 0, out="result            every check OK")
+case("demo --mode procs with --trace", argv(D, {"--mode": "procs", "--trace": "/tmp/x.json"}), 2,
+     err=["--trace applies to --mode threads only", "--mode threads"])
+case("demo --mode procs with --arena-mib", argv(D, {"--mode": "procs", "--arena-mib": "64"}), 2,
+     err="--arena-mib applies to --mode threads only")
+case("demo --mode procs with --backend cuda", argv(D, {"--mode": "procs", "--backend": "cuda"}),
+     2, err="--mode procs runs on --backend sim only")
 case("demo --no-check", argv(D, extra=["--no-check"]), 0, out="(checks off)")
 case("demo --trace ok", argv(D, {"--trace": "/tmp/tpflex_cli_test_trace.json"}), 0,
      out="trace             /tmp/tpflex_cli_test_trace.json")

@@ -12,19 +12,18 @@
  * default: from the clock, printed), --timeout-ms N (bound of every wait, default 20000),
  * --procs.
  *
- * Method (process mode), as conformance_cuda's: run() forks P ranks through the launcher
- * (harness/launcher.h), each joins the socket bootstrap and creates its simulator rank from it;
- * the body's per-P state is brought back from the ranks' copies by a three-way merge
- * (tpf_launch_fork_merging, tpf_launch_merge: ranks write disjoint fields). Every rank's status
+ * Method (process mode), as conformance_cuda's: run() forks P ranks through the harness's
+ * simulator process runner (harness/sim_procs.h, over the launcher), each joins the socket
+ * bootstrap and creates its simulator rank from it; the body's per-P state is brought back from
+ * the ranks' copies by a three-way merge (ranks write disjoint fields). Every rank's status
  * comes back through the launch's shared memory; a rank that died is named.
  */
 #define _DEFAULT_SOURCE
 #define _POSIX_C_SOURCE 200809L
 #include "conformance.h"
-#include "launcher.h"
+#include "sim_procs.h"
 #include "tpflex/tpflex_sim.h"
 
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -62,86 +61,20 @@ static tpf_status sim_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *a
 
 /* ---- process mode ---- */
 
-#define PROC_DETAIL 600
-
-typedef struct {
-  _Atomic int32_t reported; /* 1 once status and detail are written */
-  int32_t status;
-  char detail[PROC_DETAIL];
-} proc_report;
-
-typedef struct {
-  tpf_sim_config cfg;
-  tpf_conf_rank_fn fn;
-  void *arg;
-} proc_job;
-
-static int proc_rank_main(const tpf_launch_rank *me, void *p) {
-  proc_job *job = p;
-  proc_report *rep = (proc_report *)me->shared + me->rank;
-  tpf_backend *be = NULL;
-  tpf_bootstrap boot;
-  bool have_boot = false;
-  tpf_status rc = tpf_sockboot_create(me, 0, 0, &boot);
-  have_boot = rc == TPF_OK;
-  if (rc == TPF_OK) rc = tpf_sim_backend_create(&job->cfg, &boot, &be);
-  if (rc == TPF_OK) rc = job->fn(be, me->rank, job->arg);
-  char saved[PROC_DETAIL];
-  snprintf(saved, sizeof saved, "%s", rc == TPF_OK ? "" : tpf_last_error());
-  if (be != NULL) {
-    tpf_status rc2 = tpf_sim_backend_destroy(be);
-    if (rc == TPF_OK && rc2 != TPF_OK) {
-      rc = rc2;
-      snprintf(saved, sizeof saved, "%s", tpf_last_error());
-    }
-  }
-  if (have_boot) tpf_sockboot_free(&boot);
-  rep->status = (int32_t)rc;
-  snprintf(rep->detail, sizeof rep->detail, "%s", saved);
-  atomic_store_explicit(&rep->reported, 1, memory_order_release);
-  return 0;
-}
-
 static tpf_status proc_run(tpf_conf_env *env, int P, tpf_conf_rank_fn fn, void *arg) {
   if (P < 1 || P > env->max_ranks)
     return tpf_set_error(TPF_EINVAL, "sim-procs env: P=%d outside 1..%d", P, env->max_ranks);
-  proc_job job = {run_config(env->ctx, P), fn, arg};
-  const size_t shared_bytes = (size_t)P * sizeof(proc_report);
-  tpf_launch *l = NULL;
-  tpf_status rc = arg != NULL
-                      ? tpf_launch_fork_merging(P, shared_bytes, proc_rank_main, &job, arg, 0, &l)
-                      : tpf_launch_fork(P, shared_bytes, proc_rank_main, &job, &l);
-  if (rc != TPF_OK) return rc;
-  int codes[TPF_MAX_RANKS];
+  tpf_sim_procs_job job;
+  memset(&job, 0, sizeof job);
+  job.cfg = run_config(env->ctx, P);
+  job.fn = fn;
+  job.arg = arg;
+  job.results = arg;
   /* A rank that dies makes the others fail within the timeout; one that hangs is killed. */
-  tpf_status wst = tpf_launch_wait(l, 600000, 30000, codes);
-  char wait_why[PROC_DETAIL / 2];
-  snprintf(wait_why, sizeof wait_why, "%s", wst == TPF_OK ? "" : tpf_last_error());
-  const proc_report *rep = tpf_launch_shared(l);
-  tpf_status rs[TPF_MAX_RANKS];
-  char why[TPF_MAX_RANKS][PROC_DETAIL];
-  for (int r = 0; r < P; r++) {
-    if (atomic_load_explicit(&rep[r].reported, memory_order_acquire) == 1) {
-      rs[r] = (tpf_status)rep[r].status;
-      snprintf(why[r], sizeof why[r], "%s", rep[r].detail);
-    } else {
-      rs[r] = wst == TPF_ETIMEOUT ? TPF_ETIMEOUT : TPF_EBACKEND;
-      snprintf(why[r], sizeof why[r], "rank %d's process ended (status %d) before reporting%s%s", r,
-               codes[r], wait_why[0] ? ": " : "", wait_why);
-    }
-  }
-  rc = arg != NULL ? tpf_launch_merge(l, arg, NULL) : TPF_OK;
-  tpf_launch_free(l);
-  if (rc != TPF_OK) return rc;
-  int first = -1;
-  for (int r = 0; r < P; r++) {
-    if (rs[r] == TPF_OK) continue;
-    fprintf(stderr, "conformance[sim-procs] P=%d rank %d: %s: %s\n", P, r, tpf_status_name(rs[r]),
-            why[r]);
-    if (first < 0) first = r;
-  }
-  if (first >= 0) return tpf_set_error(rs[first], "rank %d: %s", first, why[first]);
-  return TPF_OK;
+  job.wait_ms = 600000;
+  job.grace_ms = 30000;
+  job.who = "conformance[sim-procs]";
+  return tpf_sim_procs_run(P, &job);
 }
 
 int main(int argc, char **argv) {

@@ -1,4 +1,4 @@
-/* The launcher and the socket bootstrap (harness/launcher.c) with real processes and no GPU:
+/* The launcher and the socket bootstrap (harness/launcher.c, sockboot.c), real processes, no GPU:
  * allgather and barrier results in rank order for P up to 8 and messages up to 200 KB, a peer
  * killed with SIGKILL (also rank 0, the hub), a peer that is alive but late, disagreeing calls, a
  * rank that never joins, ranks started by exec, the launcher's bound on stragglers, and nothing
@@ -437,44 +437,72 @@ static int sleeper_rank(const tpf_launch_rank *me, void *arg) {
   return 0;
 }
 
+/* The doomed launcher's ranks: process ids and start times (a pid alone may be reused by
+ * another process once the rank is gone and reaped, on a busy machine within seconds). */
+typedef struct {
+  pid_t pid[2];
+  unsigned long long start[2];
+} doomed_ranks;
+
+/* Field 22 of /proc/pid/stat (the start time in clock ticks since boot) and the state letter;
+ * false when the process does not exist. */
+static bool proc_stat(pid_t pid, char *state, unsigned long long *start) {
+  char path[64], buf[1024];
+  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
+  FILE *f = fopen(path, "r");
+  if (!f) return false;
+  size_t n = fread(buf, 1, sizeof buf - 1, f);
+  fclose(f);
+  buf[n] = '\0';
+  const char *p = strrchr(buf, ')'); /* the name may hold spaces and parentheses */
+  if (!p || p[1] != ' ') return false;
+  *state = p[2];
+  *start = 0;
+  p += 2; /* field 3, the state */
+  for (int field = 3; field < 22 && p; field++) {
+    p = strchr(p, ' ');
+    if (p) p++;
+  }
+  if (p) *start = strtoull(p, NULL, 10);
+  return true;
+}
+
 static int doomed_launcher(void *arg) {
-  pid_t *pids = arg;
+  doomed_ranks *d = arg;
   tpf_launch *l = NULL;
   if (tpf_launch_fork(2, 0, sleeper_rank, NULL, &l) != TPF_OK) return 1;
-  pids[0] = tpf_launch_pid(l, 0);
-  pids[1] = tpf_launch_pid(l, 1);
+  for (int r = 0; r < 2; r++) {
+    char state = 0;
+    d->pid[r] = tpf_launch_pid(l, r);
+    if (!proc_stat(d->pid[r], &state, &d->start[r])) d->start[r] = 0;
+  }
   kill(getpid(), SIGKILL);
   return 0;
 }
 
-/* Gone, or a zombie waiting for whoever adopted it. */
-static bool process_gone(pid_t pid) {
-  char path[64], buf[256];
-  snprintf(path, sizeof path, "/proc/%ld/stat", (long)pid);
-  FILE *f = fopen(path, "r");
-  if (!f) return true;
-  size_t n = fread(buf, 1, sizeof buf - 1, f);
-  fclose(f);
-  buf[n] = '\0';
-  const char *close_paren = strrchr(buf, ')');
-  return close_paren && (close_paren[2] == 'Z' || close_paren[2] == 'X');
+/* Gone, a zombie waiting for whoever adopted it, or its pid taken by another process. */
+static bool process_gone(const doomed_ranks *d, int r) {
+  char state = 0;
+  unsigned long long start = 0;
+  if (!proc_stat(d->pid[r], &state, &start)) return true;
+  return state == 'Z' || state == 'X' || start != d->start[r];
 }
 
 static void test_launcher__ranks_die_with_their_launcher(void **state) {
   (void)state;
-  pid_t *pids = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  assert_true(pids != MAP_FAILED);
-  pids[0] = pids[1] = 0;
-  assert_int_equal(tpf_launch_in_child(doomed_launcher, pids), 128 + SIGKILL);
-  assert_true(pids[0] > 0 && pids[1] > 0);
+  doomed_ranks *d = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  assert_true(d != MAP_FAILED);
+  memset(d, 0, sizeof *d);
+  assert_int_equal(tpf_launch_in_child(doomed_launcher, d), 128 + SIGKILL);
+  assert_true(d->pid[0] > 0 && d->pid[1] > 0 && d->start[0] > 0 && d->start[1] > 0);
   const double t0 = now_ms();
-  while ((!process_gone(pids[0]) || !process_gone(pids[1])) && now_ms() - t0 < 5000.0) {
+  while ((!process_gone(d, 0) || !process_gone(d, 1)) && now_ms() - t0 < 5000.0) {
     struct timespec t = {0, 10 * 1000 * 1000};
     nanosleep(&t, NULL);
   }
-  assert_true(process_gone(pids[0]));
-  assert_true(process_gone(pids[1]));
-  munmap(pids, 4096);
+  assert_true(process_gone(d, 0));
+  assert_true(process_gone(d, 1));
+  munmap(d, 4096);
 }
 
 static int seven(void *arg) {
