@@ -24,14 +24,18 @@
  *   cuda_timing.c            device timing while profiling: exposed / hidden communication
  *   cuda_probe.c             the measurement probes (tpf_cuda_probe_*: one kernel each, for
  *                            tpflex calibrate)
+ *   cuda_fp8cast.cu          device code of the modules' FP8 casts (SPEC §14): cast, amax,
+ *                            byte transpose
+ *   cuda_fp8cast.c           their public calls (tpf_cuda_fp8_cast, _amax, transpose_bytes)
  *
  * Who calls whom (link-time references between the files, as tests/cuda_cpu/check_cuda_rooms.sh
  * lists them from the objects; it fails the build's tests on a cycle). By layer, each file
  * calling only files of lower layers:
  *   0  cuda_error.c, cuda_log.c, cuda_kernels.cu,        -> (none)
- *      cuda_nvtx.c
+ *      cuda_nvtx.c, cuda_fp8cast.cu
  *   1  cuda_param.c                                      -> log
  *      cuda_timing.c                                     -> nvtx (the switch)
+ *      cuda_fp8cast.c                                    -> fp8cast.cu, error
  *   2  cuda_gemm.c                                       -> kernels, param, error
  *      cuda_bootstrap.c                                  -> param, error
  *      cuda_hostsync.c                                   -> param, log
