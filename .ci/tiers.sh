@@ -2,13 +2,14 @@
 # CI tiers that .ci/run calls, one per subcommand. Each configures its own build folder, builds,
 # runs, prints a header and ctest's summary line, and exits non-zero on any failure.
 #
-#   bash .ci/tiers.sh asan                # clang ASan+UBSan build (build-asan), every non-GPU test
+#   bash .ci/tiers.sh asan                # clang ASan+UBSan build (build-asan), the non-GPU C tests
 #   bash .ci/tiers.sh ubsan               # gcc UBSan build (build-ubsan), -Werror, every non-GPU test
-#   bash .ci/tiers.sh tsan                # TSan build (build-tsan), every non-GPU test (simulator)
+#   bash .ci/tiers.sh tsan                # TSan build (build-tsan), the non-GPU C tests (simulator)
 #   bash .ci/tiers.sh coverage            # gcc --coverage build (build-cov), tests + gcovr + gate
 #   bash .ci/tiers.sh fuzz-smoke [SECS]   # libFuzzer build (build-fuzz), SECS (<= 60) per target
 #   bash .ci/tiers.sh afl                 # AFL++ build check (build-afl); skipped without afl++
 #   bash .ci/tiers.sh all [SECS]          # all of the above, in that order
+# (every tier: the quick variants of the tests labelled full; none labelled torchrun or selftest)
 #
 # Environment: JOBS (default 2) for build and ctest parallelism; CMAKE_FLAGS appended to every
 # configure. Output is captured 2>&1 (CMocka prints its closing line on stderr).
@@ -84,14 +85,18 @@ configure_build() { # DIR CMAKE_ARGS...
 
 # The Python tests (label python) load libtpflex.so into python3, which a sanitizer runtime must
 # come first in: they run in the plain and coverage builds, not under ASan/TSan.
+# Every tier leaves out the labels full (conformance_sim's 16P sweep, cli_options' whole table:
+# their quick variants conformance_sim_quick and cli_options_quick run instead), torchrun (the
+# Python tests under torchrun, whose C the C tests reach) and selftest (conformance_sim_quick's
+# operations again, its judge tested); make test-sim runs them all.
 tier_asan() {
   local start=$(date +%s) log=build-asan/ctest.log rc
-  header asan "clang, -fsanitize=address,undefined, every test without a GPU"
+  header asan "clang, -fsanitize=address,undefined, every C test without a GPU (-LE gpu|python|full|selftest)"
   CC=clang configure_build build-asan -DTPF_SANITIZE=address,undefined \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo || { finish asan 1 "$start"; return 1; }
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:abort_on_error=1:strict_string_checks=1} \
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    run_ctest build-asan -LE "gpu|python" | tee "$log"
+    run_ctest build-asan -LE "gpu|python|full|selftest" | tee "$log"
   rc=${PIPESTATUS[0]}
   finish asan "$rc" "$start" "$log"
 }
@@ -99,26 +104,26 @@ tier_asan() {
 # gcc (the default compiler, with the default -Werror) and -fsanitize=undefined with
 # -fno-sanitize-recover=all (CMakeLists.txt's TPF_SANITIZE): the configuration the README names,
 # which the clang ASan+UBSan tier did not build (gcc 12 warned -Wsign-conversion in core/dtype.c
-# under the instrumentation). Every test without a GPU, the Python ones included: libubsan,
-# unlike ASan's runtime, need not be loaded first.
+# under the instrumentation). Every test without a GPU, the Python ones included (but torchrun's):
+# libubsan, unlike ASan's runtime, need not be loaded first.
 tier_ubsan() {
   local start=$(date +%s) log=build-ubsan/ctest.log rc
-  header ubsan "gcc, -fsanitize=undefined -fno-sanitize-recover=all, -Werror, every test without a GPU"
+  header ubsan "gcc, -fsanitize=undefined -fno-sanitize-recover=all, -Werror, every test without a GPU (-LE gpu|full|torchrun|selftest)"
   CC=${UBSAN_CC:-gcc} configure_build build-ubsan -DTPF_SANITIZE=undefined \
     -DCMAKE_BUILD_TYPE=RelWithDebInfo || { finish ubsan 1 "$start"; return 1; }
   UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1} \
-    run_ctest build-ubsan -LE gpu | tee "$log"
+    run_ctest build-ubsan -LE "gpu|full|torchrun|selftest" | tee "$log"
   rc=${PIPESTATUS[0]}
   finish ubsan "$rc" "$start" "$log"
 }
 
 tier_tsan() {
   local start=$(date +%s) log=build-tsan/ctest.log rc
-  header tsan "clang, -fsanitize=thread, every test without a GPU (the simulator runs threads)"
+  header tsan "clang, -fsanitize=thread, every C test without a GPU (-LE gpu|python|full|selftest; the simulator runs threads)"
   CC=clang configure_build build-tsan -DTPF_SANITIZE=thread -DCMAKE_BUILD_TYPE=RelWithDebInfo ||
     { finish tsan 1 "$start"; return 1; }
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1:second_deadlock_stack=1} \
-    run_ctest build-tsan -LE "gpu|python" | tee "$log"
+    run_ctest build-tsan -LE "gpu|python|full|selftest" | tee "$log"
   rc=${PIPESTATUS[0]}
   finish tsan "$rc" "$start" "$log"
 }

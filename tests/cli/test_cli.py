@@ -10,6 +10,13 @@ plan's --json errors, the shape rules with the smallest legal value suggested (a
 runs), the top level's version and help, and the bench's section numbers (help and tables) are
 covered too. Every run is bounded by a timeout (a hang fails the test).
 Usage: test_cli.py PATH/TO/tpflex
+
+TPF_CLI_QUICK=1 (cli_options_quick: the instrumented CI tiers and the CUDA-enabled build, where a
+run costs 4-20x more) is the same table thinned where the code under test does not change: every
+invalid form, the '=' form and the missing and repeated value for the first option of each kind
+of each command, and for every other option its out-of-range values and range ends; the runs of
+the default demo, of every demo capacity suggestion but the first and of every calibrate
+--schedules grid but the first are left out. The full table (cli_options) runs in make test-sim.
 """
 import os
 import json
@@ -18,6 +25,7 @@ import sys
 
 TPF = sys.argv[1] if len(sys.argv) > 1 else "tpflex"
 TIMEOUT = int(os.environ.get("TPF_CLI_TIMEOUT", "20"))  # seconds per run
+QUICK = os.environ.get("TPF_CLI_QUICK", "0") not in ("", "0")
 U64 = 2**64
 failures = []
 count = 0
@@ -86,6 +94,21 @@ def argv(cmd, over=None, drop=(), extra=()):
     return out + list(extra)
 
 
+def firsts(table):
+    """The indices of the first row of each command in table (rows start with the command)."""
+    seen, out = set(), set()
+    for i, row in enumerate(table):
+        if row[0] not in seen:
+            seen.add(row[0])
+            out.add(i)
+    return out
+
+
+def full(table, i):
+    """Whether row i of table gets the whole sweep: always, or under QUICK its command's first."""
+    return not QUICK or i in firsts(table)
+
+
 def run(args):
     try:
         p = subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT)
@@ -115,8 +138,10 @@ def case(name, args, rc=0, err=None, out=None):
 
 
 # ---- numbers: every invalid form, the range ends, and the message ----
-for cmd, opt, lo, hi in NUMS:
+for i, (cmd, opt, lo, hi) in enumerate(NUMS):
     bad = ["-1", "+3", "010", "0x10", str(2**32 + 1), str(U64), "", "abc", "1e3", " 5", "5 "]
+    if not full(NUMS, i):
+        bad = []  # QUICK: this option's range only (its out-of-range values below)
     if lo > 0:
         bad.append(str(lo - 1))
     bad.append(str(hi + 1))
@@ -126,8 +151,11 @@ for cmd, opt, lo, hi in NUMS:
         rng = "[%d, %d]" % (lo, hi)
         case("%s %s %r" % (cmd, opt, v), argv(cmd, {opt: v}), 2,
              err=["%s '%s'" % (opt, v), rng])
-        case("%s %s=%r" % (cmd, opt, v), argv(cmd, extra=["%s=%s" % (opt, v)], drop=[opt]), 2,
-             err="%s '%s'" % (opt, v))
+        if full(NUMS, i):
+            case("%s %s=%r" % (cmd, opt, v), argv(cmd, extra=["%s=%s" % (opt, v)], drop=[opt]), 2,
+                 err="%s '%s'" % (opt, v))
+    if not full(NUMS, i):
+        continue
     case("%s %s without a value" % (cmd, opt), argv(cmd, drop=[opt], extra=[opt]), 2,
          err="%s needs a value" % opt)
     case("%s %s twice" % (cmd, opt), argv(cmd, {opt: str(lo)}, extra=[opt, str(lo)]), 2,
@@ -135,21 +163,23 @@ for cmd, opt, lo, hi in NUMS:
 
 # ---- the range ends pass the parser (for every numeric option, including calibrate's, which
 # needs a GPU to run): followed by an unknown option, the error is that option, not the value ----
-for cmd, opt, lo, hi in NUMS:
+for i, (cmd, opt, lo, hi) in enumerate(NUMS):
     for v in (lo, hi):
-        for form in ("sep", "eq"):
+        for form in ("sep", "eq") if full(NUMS, i) else ("sep",):
             extra = [opt, str(v)] if form == "sep" else ["%s=%d" % (opt, v)]
             case("%s %s %d accepted (%s)" % (cmd, opt, v, form),
                  argv(cmd, drop=[opt], extra=extra + ["--zz-end"]), 2,
                  err="unknown option '--zz-end'")
 # ---- a value that is an option: the value is missing (never a file called "--no-check") ----
-for cmd, opt in VALUED:
+for i, (cmd, opt) in enumerate(VALUED):
+    if not full(VALUED, i):
+        continue
     case("%s %s followed by an option" % (cmd, opt), argv(cmd, drop=[opt], extra=[opt, "--zz"]), 2,
          err="%s needs a value (the next word '--zz' is an option" % opt)
 
 # ---- choices, flags, files ----
-for cmd, opt, words in CHOICES:
-    for v in ["xyz", "", "RING", words[0] + "x"]:
+for i, (cmd, opt, words) in enumerate(CHOICES):
+    for v in ["xyz", "", "RING", words[0] + "x"] if full(CHOICES, i) else ["xyz"]:
         case("%s %s %r" % (cmd, opt, v), argv(cmd, {opt: v}), 2, err="%s '%s'" % (opt, v))
 for cmd, opt in FLAGS:
     case("%s %s=1" % (cmd, opt), argv(cmd, drop=[opt], extra=[opt + "=1"]), 2,
@@ -377,7 +407,7 @@ case("calibrate --schedules --dtype fp16", [TPF, CAL, "--schedules", "--dtype", 
 case("calibrate --schedules --iters 167", SCH + ["--iters", "167"], 2,
      err=["--iters '167' with --schedules", "at most 166"])
 for over in [["--iters", "166", "--tp", "2", "--capacity", "64"], ["--tp", "2"], ["--tp", "8"],
-             ["--capacity", "64"]]:
+             ["--capacity", "64"]][:1 if QUICK else None]:
     args = SCH + over
     for k in range(0, len(over), 2):  # the later of two equal options would be refused
         i = args.index(over[k])
@@ -409,13 +439,16 @@ case("demo capacity not a multiple", argv(D, {"--capacity": "33"}), 2,
      err=["--capacity '33' is not a multiple of --tp 2",
           "the smallest capacity >= 33 that every layout accepts is 36"])
 # the one suggestion is a capacity the demo runs with
-for over, want in [({"--capacity": "33"}, 36), ({"--tp": "3", "--capacity": "1000",
-                                                 "--hidden": "102"}, 1008),
-                   ({"--tp": "3", "--capacity": "1002", "--hidden": "126"}, 1008),
-                   ({"--tp": "1", "--capacity": "1", "--hidden": "4"}, 8)]:
+SUGGESTED = [({"--capacity": "33"}, 36),
+             ({"--tp": "3", "--capacity": "1000", "--hidden": "102"}, 1008),
+             ({"--tp": "3", "--capacity": "1002", "--hidden": "126"}, 1008),
+             ({"--tp": "1", "--capacity": "1", "--hidden": "4"}, 8)]
+for k, (over, want) in enumerate(SUGGESTED):
     case("demo capacity suggestion %s" % over, argv(D, over), 2,
          err="the smallest capacity >= %s that every layout accepts is %d" %
          (over["--capacity"], want))
+    if QUICK and k > 0:
+        continue  # QUICK: the first suggestion runs (the others take seconds each instrumented)
     case("demo suggested capacity %d runs" % want, argv(D, dict(over, **{"--capacity": str(want)})),
          0, out="every check OK")
 case("demo hidden not a multiple", argv(D, {"--tp": "4", "--capacity": "32", "--hidden": "18"}),
@@ -456,9 +489,10 @@ case("demo --trace ok", argv(D, {"--trace": "/tmp/tpflex_cli_test_trace.json"}),
      out="trace             /tmp/tpflex_cli_test_trace.json")
 case("demo --opt=value", [TPF, "demo", "--tp=2", "--capacity=32", "--hidden=16",
                           "--microbatches=1"], 0, out="every check OK")
-case("demo default", [TPF, "demo"], 0,
-     out=["12 of 12 run, 12 checked OK", "every check OK", "6 dgrad/wgrad", "tokens",
-          "rows/rank", "(external:", "a multiple of 4"])
+if not QUICK:  # the default shapes: the longest run of the table
+    case("demo default", [TPF, "demo"], 0,
+         out=["12 of 12 run, 12 checked OK", "every check OK", "6 dgrad/wgrad", "tokens",
+              "rows/rank", "(external:", "a multiple of 4"])
 
 # ---- bench: boundaries ----
 B = "bench"
