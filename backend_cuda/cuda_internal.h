@@ -113,12 +113,12 @@ cudaError_t tpf_cuda__launch_gemm_fallback(const void *a, int at, uint64_t lda, 
 
 /* ---- cuda_fp8cast.cu: the modules' FP8 casts (cuda_fp8cast.c checks the arguments) ---- */
 typedef struct {
-  const void *x;     /* [rows, cols] row-major, x_dtype (bf16, fp16, fp32) */
-  int x_dtype;       /* tpf_dtype */
+  const void *x; /* [rows, cols] row-major, x_dtype (bf16, fp16, fp32) */
+  int x_dtype;   /* tpf_dtype */
   uint64_t rows, cols;
-  void *out;         /* [rows, cols] fp8, or NULL */
-  void *out_t;       /* [cols, rows] fp8, or NULL */
-  int out_dtype;     /* TPF_FP8_E4M3 or TPF_FP8_E5M2 */
+  void *out;          /* [rows, cols] fp8, or NULL */
+  void *out_t;        /* [cols, rows] fp8, or NULL */
+  int out_dtype;      /* TPF_FP8_E4M3 or TPF_FP8_E5M2 */
   const float *scale; /* the scale (delayed scaling), or NULL: computed from *amax */
   const float *amax;  /* current scaling's amax, with fmax, epsilon and pow2 */
   float fmax, epsilon;

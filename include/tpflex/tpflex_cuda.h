@@ -119,8 +119,8 @@ TPF_API tpf_status tpf_cuda_backend_comm_timing(tpf_backend *be, const char *nam
  * 2,096,000 rows; TPF_EBACKEND with CUDA's message when the launch fails. */
 TPF_API tpf_status tpf_cuda_fp8_cast(const void *x, tpf_dtype x_dtype, uint64_t rows, uint64_t cols,
                                      void *out, void *out_t, tpf_dtype out_dtype,
-                                     const float *scale, const float *amax, float epsilon,
-                                     int pow2, float *scale_inv, float *amax_record, void *stream);
+                                     const float *scale, const float *amax, float epsilon, int pow2,
+                                     float *scale_inv, float *amax_record, void *stream);
 /* *amax = max(*amax, max |x|) over x's n elements (x_dtype TPF_BF16, TPF_FP16 or TPF_FP32):
  * current scaling's amax, into a zeroed or running one-element buffer. */
 TPF_API tpf_status tpf_cuda_fp8_amax(const void *x, tpf_dtype x_dtype, uint64_t n, float *amax,
