@@ -96,6 +96,7 @@ tpf_status bench_src8_reserve(bench_group *g, uint64_t elems) {
 
 /* ---- groups ------------------------------------------------------------------------------- */
 
+#ifdef TPF_HAVE_SIM
 typedef struct {
   bench_group *g;
   bench_rank_fn fn;
@@ -107,6 +108,7 @@ static tpf_status sim_rank(tpf_backend *be, int rank, void *arg) {
   bench_rank rk = {.rank = rank, .tp = t->g->tp, .stream = NULL, .g = t->g, .be = be};
   return t->fn(&rk, t->arg);
 }
+#endif
 
 static tpf_status group_create(const bench_opts *o, int tp, const tpf_bootstrap *xboot,
                                bench_group **out) {

@@ -136,6 +136,7 @@ static operands alloc_operands(void) {
 }
 
 /* ---- the simulator: rank threads, every rank times its own calls ---- */
+#ifdef TPF_HAVE_SIM
 typedef struct {
   int k, P, blocks, calls;
   uint64_t T;
@@ -164,6 +165,7 @@ static tpf_status sim_rank(tpf_backend *be, int r, void *arg) {
   tpf_status d = tpf_comm_destroy(c);
   return rc != TPF_OK ? rc : d;
 }
+#endif
 
 /* One row of the core-only table: operation kind k at P ranks and T rows on a backend that does
  * nothing (rank 0 of P), timed with the schedule cache on and off. 1 when it failed (printed). */
@@ -241,6 +243,7 @@ int bench_section_host(const bench_opts *o) {
   free(m.x);
   free(m.w);
   free(m.d);
+#ifdef TPF_HAVE_SIM
   /* The simulator: what a call costs with its stream workers (cache on). */
   printf("# simulator (ranks as threads; includes its workers' hand-off and the fp32 GEMM): "
          "median of %d blocks of %d calls, rank 0 and the slowest rank\n",
@@ -270,6 +273,9 @@ int bench_section_host(const bench_opts *o) {
         mx = j.us[r] > mx ? j.us[r] : mx;
       printf("%-8s %3d %5d %12.2f %12.2f\n", kKind[k], P, 64, j.us[0], mx);
     }
+#else
+  printf("# simulator: not built (-DTPF_WITH_SIM=OFF)\n");
+#endif
   if (o->cuda) fails += bench_host_cuda_table(o);
   return fails ? 1 : 0;
 }
