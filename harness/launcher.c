@@ -34,18 +34,6 @@ int __lsan_is_turned_off(void) {
 
 extern char **environ;
 
-static uint64_t now_ns(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static void sleep_ms(unsigned ms) {
-  struct timespec t = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
-  while (nanosleep(&t, &t) != 0 && errno == EINTR) {
-  }
-}
-
 /* ---- launcher ---- */
 
 struct tpf_launch {
@@ -84,7 +72,8 @@ static tpf_status launch_new(int nranks, size_t shared_bytes, tpf_launch **out) 
   }
   static _Atomic unsigned counter;
   snprintf(l->addr, sizeof l->addr, "@tpflex-boot-%ld-%u-%llx", (long)getpid(),
-           atomic_fetch_add(&counter, 1u), (unsigned long long)(now_ns() & 0xFFFFFFFFull));
+           atomic_fetch_add(&counter, 1u),
+           (unsigned long long)(tpf_sockboot_now_ns() & 0xFFFFFFFFull));
   l->listen_fd = tpf_sockboot_listen(l->addr);
   if (l->listen_fd < 0) {
     tpf_status st = tpf_set_error(TPF_EBACKEND, "launcher: cannot listen on '%s': %s", l->addr,
@@ -364,7 +353,7 @@ static int code_of(int ws) {
 
 tpf_status tpf_launch_wait(tpf_launch *l, uint64_t timeout_ms, uint64_t grace_ms, int *codes) {
   TPF_RETURN_IF(l == NULL, TPF_EINVAL, "tpf_launch_wait: launch is NULL");
-  const uint64_t t0 = now_ns();
+  const uint64_t t0 = tpf_sockboot_now_ns();
   const uint64_t deadline = timeout_ms ? t0 + timeout_ms * 1000000ull : 0;
   uint64_t grace_deadline = 0;
   int abnormal = -1;
@@ -381,14 +370,14 @@ tpf_status tpf_launch_wait(tpf_launch *l, uint64_t timeout_ms, uint64_t grace_ms
         const int c = l->codes[r];
         if (c != 0 && c != 77 && abnormal < 0) {
           abnormal = r;
-          if (grace_ms) grace_deadline = now_ns() + grace_ms * 1000000ull;
+          if (grace_ms) grace_deadline = tpf_sockboot_now_ns() + grace_ms * 1000000ull;
         }
       } else {
         running++;
       }
     }
     if (running == 0) break;
-    const uint64_t t = now_ns();
+    const uint64_t t = tpf_sockboot_now_ns();
     if ((deadline && t >= deadline) || (grace_deadline && t >= grace_deadline)) {
       char who[256] = "";
       size_t n = 0;
@@ -414,7 +403,7 @@ tpf_status tpf_launch_wait(tpf_launch *l, uint64_t timeout_ms, uint64_t grace_ms
       return tpf_set_error(TPF_ETIMEOUT, "launcher: rank(s) %s still running after %llu ms: killed",
                            who, (unsigned long long)timeout_ms);
     }
-    sleep_ms(pause_ms);
+    tpf_sockboot_sleep_ms(pause_ms);
     if (pause_ms < 20) pause_ms *= 2;
   }
   if (codes)

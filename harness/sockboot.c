@@ -30,13 +30,13 @@
 #include <time.h>
 #include <unistd.h>
 
-static uint64_t now_ns(void) {
+uint64_t tpf_sockboot_now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
 }
 
-static void sleep_ms(unsigned ms) {
+void tpf_sockboot_sleep_ms(unsigned ms) {
   struct timespec t = {(time_t)(ms / 1000u), (long)(ms % 1000u) * 1000000L};
   while (nanosleep(&t, &t) != 0 && errno == EINTR) {
   }
@@ -108,7 +108,7 @@ enum { IO_OK = 0, IO_CLOSED = 1, IO_TIMEOUT = 2, IO_ERROR = 3 };
 
 static int wait_fd(int fd, short events, uint64_t deadline) {
   for (;;) {
-    const uint64_t t = now_ns();
+    const uint64_t t = tpf_sockboot_now_ns();
     if (t >= deadline) return IO_TIMEOUT;
     uint64_t left_ms = (deadline - t + 999999u) / 1000000u;
     struct pollfd p = {fd, events, 0};
@@ -186,7 +186,7 @@ static tpf_status sb_fail(sockboot *sb, tpf_status st, const char *fmt, ...) {
     va_end(ap);
     sb->failed = st;
     if (sb->rank == 0) {
-      const uint64_t soon = now_ns() + 200000000ull;
+      const uint64_t soon = tpf_sockboot_now_ns() + 200000000ull;
       for (int q = 1; q < sb->nranks; q++)
         if (sb->peers[q] >= 0)
           (void)io_send_msg(sb->peers[q], SB_ERROR, 0, (int32_t)st, sb->seq, sb->why,
@@ -234,7 +234,7 @@ static uint64_t sb_bound_ms(const sockboot *sb) {
 }
 
 static uint64_t sb_deadline(const sockboot *sb) {
-  return now_ns() + sb_bound_ms(sb) * 1000000ull;
+  return tpf_sockboot_now_ns() + sb_bound_ms(sb) * 1000000ull;
 }
 
 static tpf_status sb_allgather_hub(sockboot *sb, const void *send, void *recv, size_t bytes) {
@@ -265,7 +265,7 @@ static tpf_status sb_allgather_hub(sockboot *sb, const void *send, void *recv, s
         pf[n] = (struct pollfd){sb->peers[q], POLLIN, 0};
         who[n++] = q;
       }
-    const uint64_t t = now_ns();
+    const uint64_t t = tpf_sockboot_now_ns();
     if (t >= deadline) {
       char missing[256] = "";
       size_t m = 0;
@@ -327,9 +327,9 @@ static tpf_status sb_allgather_leaf(sockboot *sb, const void *send, void *recv, 
   sb_hdr h;
   if (io == IO_CLOSED) {
     /* Rank 0 may have closed after writing its reason: read it if it is there. */
-    if (io_read(sb->fd, &h, sizeof h, now_ns() + 10000000ull) == IO_OK && h.magic == SB_MAGIC &&
-        h.kind == SB_ERROR)
-      return sb_take_error(sb, &h, now_ns() + 10000000ull);
+    if (io_read(sb->fd, &h, sizeof h, tpf_sockboot_now_ns() + 10000000ull) == IO_OK &&
+        h.magic == SB_MAGIC && h.kind == SB_ERROR)
+      return sb_take_error(sb, &h, tpf_sockboot_now_ns() + 10000000ull);
   }
   if (io != IO_OK) return sb_io_fail(sb, io, 0, "an allgather");
   io = io_read(sb->fd, &h, sizeof h, deadline);
@@ -435,7 +435,7 @@ static tpf_status sb_setup_hub(sockboot *sb, int lfd) {
         snprintf(why, sizeof why, "bootstrap setup: rank %d joined twice (or is outside 1..%d)",
                  (int)h.rank, P - 1);
       (void)io_send_msg(fd, SB_ERROR, 0, TPF_EMISMATCH, 0, why, strlen(why) + 1,
-                        now_ns() + 200000000ull);
+                        tpf_sockboot_now_ns() + 200000000ull);
       close(fd);
       return sb_fail(sb, TPF_EMISMATCH, "%s", why);
     }
@@ -468,11 +468,11 @@ static tpf_status sb_setup_leaf(sockboot *sb, const char *addr) {
     close(fd);
     if (e != ECONNREFUSED && e != ENOENT && e != EAGAIN && e != EINTR)
       return sb_fail(sb, TPF_EBACKEND, "bootstrap: connect to '%s': %s", addr, strerror(e));
-    if (now_ns() >= deadline)
+    if (tpf_sockboot_now_ns() >= deadline)
       return sb_fail(sb, TPF_ETIMEOUT,
                      "bootstrap setup: rank %d could not reach rank 0 at '%s' within %llu ms (%s)",
                      sb->rank, addr, (unsigned long long)sb->timeout_ms, strerror(e));
-    sleep_ms(5);
+    tpf_sockboot_sleep_ms(5);
   }
   int io = io_send_msg(sb->fd, SB_HELLO, sb->rank, sb->nranks, 0, NULL, 0, deadline);
   sb_hdr h;

@@ -60,6 +60,10 @@ tpf_status tpf_sockboot_set_timeout(tpf_bootstrap *b, uint64_t timeout_ms);
 /* A listening socket at addr ("@name": Linux's abstract namespace; else a path), close-on-exec:
  * the launcher's rendezvous. -1 with errno on failure. */
 int tpf_sockboot_listen(const char *addr);
+/* The monotonic clock in nanoseconds, and a sleep that resumes after signals (the launcher's
+ * supervision loop uses them too). */
+uint64_t tpf_sockboot_now_ns(void);
+void tpf_sockboot_sleep_ms(unsigned ms);
 
 #ifdef __cplusplus
 }
